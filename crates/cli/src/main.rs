@@ -1,0 +1,2 @@
+//! `iscsi`: one binary, one subcommand per job.
+fn main() {}
