@@ -1,2 +1,38 @@
-//! `iscsi`: one binary, one subcommand per job.
-fn main() {}
+//! `iscsi`: the one binary of iscsi-rs, one subcommand per job. Each
+//! subcommand lives in its own module under `cmd/`; this file only parses
+//! the command line and reports errors.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// iscsi-rs: an iSCSI target, initiator and the tools to measure them.
+#[derive(Parser)]
+#[command(name = "iscsi", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure every CRC32C algorithm, memcpy, copy-then-CRC and the fused
+    /// copy+CRC over buffer sizes from 512 B to 64 MiB.
+    CrcBench(cmd::crc_bench::Args),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::CrcBench(args) => cmd::crc_bench::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("iscsi: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

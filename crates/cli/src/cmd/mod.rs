@@ -1,0 +1,3 @@
+//! The subcommands of `iscsi`, one module each.
+
+pub mod crc_bench;
