@@ -69,13 +69,17 @@ pub enum Algorithm {
     /// 256-bit `VPCLMULQDQ` folding, four accumulators; copies and checksums
     /// in a single pass for the fused copy.
     Vpclmul,
+    /// `VPCLMULQDQ` folding and three SSE4.2 `crc32` streams in one loop,
+    /// keeping the vector and the integer CRC units busy together; the
+    /// fused copy is [`Algorithm::Vpclmul`]'s.
+    Hybrid,
     /// aarch64 `crc32c` instructions, three interleaved streams.
     Aarch64,
 }
 
 impl Algorithm {
     /// Every algorithm, slowest first.
-    pub const ALL: [Algorithm; 8] = [
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::Bitwise,
         Algorithm::Sarwate,
         Algorithm::Slicing8,
@@ -83,6 +87,7 @@ impl Algorithm {
         Algorithm::Sse42ThreeWay,
         Algorithm::Pclmul,
         Algorithm::Vpclmul,
+        Algorithm::Hybrid,
         Algorithm::Aarch64,
     ];
 
@@ -96,6 +101,7 @@ impl Algorithm {
             Algorithm::Sse42ThreeWay => "sse42_3way",
             Algorithm::Pclmul => "pclmul_fold",
             Algorithm::Vpclmul => "vpclmul_fold",
+            Algorithm::Hybrid => "hybrid_fold_crc32",
             Algorithm::Aarch64 => "aarch64_crc",
         }
     }
@@ -108,11 +114,12 @@ impl Algorithm {
             .collect()
     }
 
-    /// The fastest algorithm this CPU runs: the widest carry-less folding
-    /// available, else hardware `crc32` streams, else slicing-by-8.
+    /// The fastest algorithm this CPU runs: carry-less folding and `crc32`
+    /// streams together where both exist, else `crc32` streams, else
+    /// slicing-by-8 (measured by `iscsi crc-bench`; see docs/crc32c.md).
     pub fn fastest() -> Algorithm {
         [
-            Algorithm::Vpclmul,
+            Algorithm::Hybrid,
             Algorithm::Sse42ThreeWay,
             Algorithm::Aarch64,
         ]
@@ -137,6 +144,10 @@ impl Algorithm {
             #[cfg(target_arch = "x86_64")]
             Algorithm::Vpclmul if x86_64::has_vpclmul() => {
                 (hardware::vpclmul, Some(hardware::vpclmul_copy))
+            }
+            #[cfg(target_arch = "x86_64")]
+            Algorithm::Hybrid if x86_64::has_vpclmul() => {
+                (hardware::hybrid, Some(hardware::vpclmul_copy))
             }
             #[cfg(target_arch = "aarch64")]
             Algorithm::Aarch64 if aarch64::has_crc() => (hardware::aarch64_3way, None),
@@ -188,6 +199,12 @@ mod hardware {
     pub(crate) fn vpclmul(state: u32, data: &[u8]) -> u32 {
         // SAFETY: installed only when `x86_64::has_vpclmul()` returned true.
         unsafe { crate::x86_64::update_vpclmul(state, data) }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn hybrid(state: u32, data: &[u8]) -> u32 {
+        // SAFETY: installed only when `x86_64::has_vpclmul()` returned true.
+        unsafe { crate::x86_64::update_hybrid(state, data) }
     }
 
     #[cfg(target_arch = "x86_64")]

@@ -10,6 +10,10 @@
 //!   128 and 256 bits per register: the buffer is folded 16 bytes at a time
 //!   into a few accumulators, which are then folded into one 128-bit block and
 //!   reduced with two `crc32` instructions.
+//! - [`update_hybrid`]: both at once. `VPCLMULQDQ` folding and `crc32` run on
+//!   different execution units, so one loop that folds 128 bytes with vector
+//!   registers while three `crc32` streams cover 3 x 48 more keeps both busy;
+//!   the four partial registers are joined by carry-less multiplication.
 //! - [`update_copy_vpclmul`]: the same folding loop that also stores every
 //!   block it loaded into the destination, so each byte is read from memory
 //!   once, copied and folded while it is in a register (the FAST '05 study's
@@ -325,18 +329,25 @@ fn fold_vpclmul<const COPY: bool>(state: u32, src: &[u8], dst: &mut [u8]) -> u32
             *a = _mm256_xor_si256(fold_256(*a, k128), n);
         }
     }
-    // Join the four accumulators 32 bytes apart, then the two 16-byte lanes
-    // of the last one.
+    fold_rest_128::<COPY>(join_accumulators(acc), rest, dst_rest)
+}
+
+/// Joins four 256-bit accumulators covering consecutive 32-byte blocks
+/// (eight 16-byte lanes) into one 128-bit block standing for the last 16
+/// bytes: each accumulator is folded 32 bytes forward into the next, then
+/// the last one's low lane 16 bytes forward into its high lane.
+#[inline]
+#[target_feature(enable = "sse4.2,pclmulqdq,avx2,vpclmulqdq")]
+fn join_accumulators(acc: [__m256i; 4]) -> __m128i {
     let k32 = constants_256(FOLD_32);
     let mut joined = acc[0];
     for &a in &acc[1..] {
         joined = _mm256_xor_si256(fold_256(joined, k32), a);
     }
-    let lane = _mm_xor_si128(
+    _mm_xor_si128(
         fold_128(_mm256_castsi256_si128(joined), constants_128(FOLD_16)),
         _mm256_extracti128_si256::<1>(joined),
-    );
-    fold_rest_128::<COPY>(lane, rest, dst_rest)
+    )
 }
 
 /// Carry-less-multiply folding with four 256-bit accumulators (128 bytes per
@@ -359,4 +370,101 @@ pub fn update_copy_vpclmul(state: u32, dst: &mut [u8], src: &[u8]) -> u32 {
         return update_sse42_3way(state, dst);
     }
     fold_vpclmul::<true>(state, src, dst)
+}
+
+/// Bytes the vector half of the hybrid loop folds per iteration.
+const HYBRID_VECTOR_STEP: usize = 128;
+/// Bytes each of the three `crc32` streams covers per iteration.
+const HYBRID_STREAM_STEP: usize = 48;
+/// Bytes per hybrid iteration.
+const HYBRID_STEP: usize = HYBRID_VECTOR_STEP + 3 * HYBRID_STREAM_STEP;
+/// Iterations per round at most: each round is joined with constants for
+/// its length, so rounds come in a fixed set of sizes.
+const HYBRID_MAX_ITERATIONS: usize = 64;
+/// The fewest iterations worth a round; shorter buffers take the plain
+/// folding path.
+const HYBRID_MIN_ITERATIONS: usize = 4;
+
+/// `HYBRID_SHIFT[n][k]` shifts a register over `(k + 1) * 48 * n` bytes: the
+/// stretches that follow the second stream, the first stream and the vector
+/// part of an `n`-iteration round.
+static HYBRID_SHIFT: [[u64; 3]; HYBRID_MAX_ITERATIONS + 1] = hybrid_shift_constants();
+
+const fn hybrid_shift_constants() -> [[u64; 3]; HYBRID_MAX_ITERATIONS + 1] {
+    let mut table = [[0u64; 3]; HYBRID_MAX_ITERATIONS + 1];
+    let mut n = 1;
+    while n <= HYBRID_MAX_ITERATIONS {
+        let mut k = 0;
+        while k < 3 {
+            let bytes = (k + 1) * HYBRID_STREAM_STEP * n;
+            table[n][k] = clmul_shift_constant(8 * bytes as u64);
+            k += 1;
+        }
+        n += 1;
+    }
+    table
+}
+
+/// The shortest buffer [`update_hybrid`] runs its combined loop on.
+pub const HYBRID_MIN_LEN: usize = HYBRID_STEP * HYBRID_MIN_ITERATIONS;
+
+/// `VPCLMULQDQ` folding and three `crc32` streams in the same loop. Each
+/// round of `n` iterations splits its `272 n` bytes into a vector part
+/// (`128 n`) followed by three stream parts (`48 n` each); the vector part's
+/// register is reduced, and all four are shifted over what follows them and
+/// xored.
+#[target_feature(enable = "sse4.2,pclmulqdq,avx2,vpclmulqdq")]
+pub fn update_hybrid(mut state: u32, mut data: &[u8]) -> u32 {
+    while data.len() >= HYBRID_MIN_LEN {
+        let iterations = (data.len() / HYBRID_STEP).min(HYBRID_MAX_ITERATIONS);
+        let stream_len = HYBRID_STREAM_STEP * iterations;
+        let (vector, rest) = data.split_at(HYBRID_VECTOR_STEP * iterations);
+        let (first, rest) = rest.split_at(stream_len);
+        let (second, rest) = rest.split_at(stream_len);
+        let (third, rest) = rest.split_at(stream_len);
+        let (vector_steps, _) = vector.as_chunks::<HYBRID_VECTOR_STEP>();
+        let streams = first
+            .as_chunks::<HYBRID_STREAM_STEP>()
+            .0
+            .iter()
+            .zip(second.as_chunks::<HYBRID_STREAM_STEP>().0)
+            .zip(third.as_chunks::<HYBRID_STREAM_STEP>().0);
+        let [first_step, vector_steps @ ..] = vector_steps else {
+            break; // unreachable: iterations >= HYBRID_MIN_ITERATIONS
+        };
+        let mut acc = load_step(first_step);
+        acc[0] = _mm256_xor_si256(acc[0], _mm256_set_epi32(0, 0, 0, 0, 0, 0, 0, state as i32));
+        let k128 = constants_256(FOLD_128);
+        let (mut a, mut b, mut c) = (0u64, 0u64, 0u64);
+        let mut vector_steps = vector_steps.iter();
+        for ((x, y), z) in streams {
+            // The vector fold of the next step, if any, beside this step's
+            // 18 `crc32` instructions: independent work for two units.
+            if let Some(step) = vector_steps.next() {
+                let next = load_step(step);
+                for (accumulator, n) in acc.iter_mut().zip(next) {
+                    *accumulator = _mm256_xor_si256(fold_256(*accumulator, k128), n);
+                }
+            }
+            for ((wx, wy), wz) in x
+                .as_chunks::<8>()
+                .0
+                .iter()
+                .zip(y.as_chunks::<8>().0)
+                .zip(z.as_chunks::<8>().0)
+            {
+                a = _mm_crc32_u64(a, u64::from_le_bytes(*wx));
+                b = _mm_crc32_u64(b, u64::from_le_bytes(*wy));
+                c = _mm_crc32_u64(c, u64::from_le_bytes(*wz));
+            }
+        }
+        let vector_state = finish_128(join_accumulators(acc), &[]);
+        let shifts = &HYBRID_SHIFT[iterations];
+        state = shift_register(u64::from(vector_state), shifts[2])
+            ^ shift_register(a, shifts[1])
+            ^ shift_register(b, shifts[0])
+            ^ c as u32;
+        data = rest;
+    }
+    update_vpclmul(state, data)
 }
