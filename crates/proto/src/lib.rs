@@ -1,0 +1,23 @@
+//! The iSCSI protocol (RFC 7143) as pure state machines over bytes, in the
+//! style of quinn-proto and rustls: no sockets, no async, no clocks, no
+//! randomness. The target and initiator drivers feed it bytes and events and
+//! do what it says; later the iSER datamover (RFC 7145) drives the same
+//! logic over RDMA.
+//!
+//! Modules, each owning one concern:
+//!
+//! - [`text`]: `key=value` text, its continuation over PDUs, the table of
+//!   every key (RFC 7143 section 13, RFC 7145 section 6) and the negotiation
+//!   engine (section 6).
+//! - [`login`]: the login's authentication exchange (CHAP, section 12.1.3).
+//! - [`transfer`]: how a command's data is cut into immediate data,
+//!   unsolicited Data-Out, R2T bursts and Data-In sequences, and the
+//!   receiver's checks of each (sections 4.2.5, 11.7, 11.8, 13.10-13.19).
+//!
+//! Nothing here panics on peer input: every error is a typed value that
+//! names the RFC's answer (a Reject reason, a login status, a dropped
+//! connection).
+
+pub mod login;
+pub mod text;
+pub mod transfer;

@@ -1,0 +1,638 @@
+//! How a command's data is cut into PDUs, and the checks a receiver applies
+//! to what arrives: the rules RFC 7143 derives from the negotiated
+//! MaxRecvDataSegmentLength (13.12), MaxBurstLength (13.13),
+//! FirstBurstLength (13.14), InitialR2T (13.10), ImmediateData (13.11),
+//! MaxOutstandingR2T (13.17), DataPDUInOrder (13.18) and DataSequenceInOrder
+//! (13.19), and the data transfer rules of section 4.2.5 / 11.7-11.8.
+//!
+//! - Senders ask for a plan: [`Limits::write_plan`] (what the initiator may
+//!   send unsolicited: immediate data, then unsolicited Data-Out up to
+//!   FirstBurstLength), [`Limits::r2t_bursts`] (how a target solicits the
+//!   rest, each R2T at most MaxBurstLength), [`data_segments`] (one sequence
+//!   cut into PDUs of at most the receiver's MaxRecvDataSegmentLength, DataSN
+//!   from 0, F on the last) and [`Limits::data_in_segments`] (a read's Data-In
+//!   PDUs: sequences of at most MaxBurstLength, DataSN across the command,
+//!   status in the last one when phase collapse applies).
+//! - Receivers check with [`DataOutTracker`] (target side: every Data-Out
+//!   inside its R2T or the unsolicited window, DataSN in order, no overlap,
+//!   in offset order where the InOrder keys require it) and
+//!   [`R2tTracker`] (initiator side: every R2T inside the command, at most
+//!   MaxBurstLength, R2TSN in order, at most MaxOutstandingR2T outstanding).
+//!
+//! Offsets and lengths are `u32`: the Expected Data Transfer Length field
+//! (11.3.5) bounds every transfer.
+
+use thiserror::Error;
+
+use crate::text::NegotiatedParameters;
+
+/// The negotiated values that shape data transfers on one connection, seen
+/// from one side.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// The largest data segment this side may send (the peer's declared
+    /// MaxRecvDataSegmentLength).
+    pub max_send_segment: u32,
+    /// The largest data segment the peer may send this side (ours).
+    pub max_recv_segment: u32,
+    /// MaxBurstLength.
+    pub max_burst_length: u32,
+    /// FirstBurstLength.
+    pub first_burst_length: u32,
+    /// ImmediateData.
+    pub immediate_data: bool,
+    /// InitialR2T.
+    pub initial_r2t: bool,
+    /// MaxOutstandingR2T.
+    pub max_outstanding_r2t: u16,
+    /// DataPDUInOrder.
+    pub data_pdu_in_order: bool,
+    /// DataSequenceInOrder.
+    pub data_sequence_in_order: bool,
+}
+
+impl From<&NegotiatedParameters> for Limits {
+    fn from(p: &NegotiatedParameters) -> Self {
+        Limits {
+            max_send_segment: p.max_send_data_segment_length,
+            max_recv_segment: p.max_recv_data_segment_length,
+            max_burst_length: p.max_burst_length,
+            first_burst_length: p.first_burst_length,
+            immediate_data: p.immediate_data,
+            initial_r2t: p.initial_r2t,
+            max_outstanding_r2t: p.max_outstanding_r2t,
+            data_pdu_in_order: p.data_pdu_in_order,
+            data_sequence_in_order: p.data_sequence_in_order,
+        }
+    }
+}
+
+/// One data PDU of a sequence.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Segment {
+    /// Buffer Offset.
+    pub offset: u32,
+    /// Data segment length.
+    pub length: u32,
+    /// DataSN.
+    pub data_sn: u32,
+    /// The F bit: last PDU of its sequence.
+    pub last_in_sequence: bool,
+}
+
+/// What an initiator sends for a WRITE before any R2T.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WritePlan {
+    /// Bytes carried in the SCSI Command PDU itself (immediate data).
+    pub immediate: u32,
+    /// Bytes sent in unsolicited Data-Out PDUs after the command, starting
+    /// at offset `immediate`.
+    pub unsolicited: u32,
+}
+
+impl WritePlan {
+    /// All bytes sent without an R2T; the target solicits the rest.
+    pub fn unsolicited_total(&self) -> u32 {
+        self.immediate + self.unsolicited
+    }
+}
+
+impl Limits {
+    /// The unsolicited part of a WRITE of `length` bytes (RFC 7143 13.10,
+    /// 13.11, 13.14): immediate data up to FirstBurstLength and one data
+    /// segment, then, without InitialR2T, unsolicited Data-Out up to
+    /// FirstBurstLength in all.
+    pub fn write_plan(&self, length: u32) -> WritePlan {
+        let first_burst = self.first_burst_length.min(length);
+        let immediate = if self.immediate_data {
+            first_burst.min(self.max_send_segment)
+        } else {
+            0
+        };
+        let unsolicited = if self.initial_r2t {
+            0
+        } else {
+            first_burst - immediate
+        };
+        WritePlan {
+            immediate,
+            unsolicited,
+        }
+    }
+
+    /// The R2Ts a target sends for a WRITE of `length` bytes of which the
+    /// first `unsolicited` arrive unsolicited: `(offset, length)` of each,
+    /// at most MaxBurstLength, in offset order.
+    pub fn r2t_bursts(&self, length: u32, unsolicited: u32) -> Vec<(u32, u32)> {
+        let burst = self.max_burst_length.max(1);
+        let mut bursts = Vec::new();
+        let mut offset = unsolicited.min(length);
+        while offset < length {
+            let len = burst.min(length - offset);
+            bursts.push((offset, len));
+            offset += len;
+        }
+        bursts
+    }
+
+    /// A READ's Data-In PDUs for `length` bytes: segments of at most the
+    /// initiator's MaxRecvDataSegmentLength (`max_send_segment` on the
+    /// target), grouped in sequences of at most MaxBurstLength whose last
+    /// PDU has F; DataSN counts across the whole command (11.7.5, 11.8).
+    pub fn data_in_segments(&self, length: u32) -> Vec<Segment> {
+        let burst = self.max_burst_length.max(1);
+        let mut segments = Vec::new();
+        let mut sequence_start = 0;
+        while sequence_start < length {
+            let sequence_len = burst.min(length - sequence_start);
+            for mut segment in data_segments(sequence_start, sequence_len, self.max_send_segment) {
+                segment.data_sn = u32::try_from(segments.len()).unwrap_or(u32::MAX);
+                segments.push(segment);
+            }
+            sequence_start += sequence_len;
+        }
+        segments
+    }
+}
+
+/// One sequence of `length` bytes from `offset`, cut into PDUs of at most
+/// `max_segment` bytes, DataSN from 0, F on the last (RFC 7143 11.7.5: the
+/// DataSN of Data-Out restarts with every R2T's sequence).
+pub fn data_segments(offset: u32, length: u32, max_segment: u32) -> Vec<Segment> {
+    let max_segment = max_segment.max(1);
+    let count = length.div_ceil(max_segment);
+    (0..count)
+        .map(|i| {
+            let start = i * max_segment;
+            Segment {
+                offset: offset + start,
+                length: max_segment.min(length - start),
+                data_sn: i,
+                last_in_sequence: i + 1 == count,
+            }
+        })
+        .collect()
+}
+
+/// Why received data or an R2T breaks the transfer rules. At
+/// ErrorRecoveryLevel 0 the answer is a Reject of the PDU with the reason
+/// [`TransferError::reject_reason`] (RFC 7143 11.17.1) and, as the task
+/// cannot complete, a check condition or a dropped connection by the
+/// caller's policy.
+#[derive(Clone, Debug, PartialEq, Eq, Error)]
+pub enum TransferError {
+    /// Data beyond the command's Expected Data Transfer Length.
+    #[error("data at {offset}+{length} beyond the expected {expected} bytes")]
+    BeyondExpectedLength {
+        /// Buffer Offset.
+        offset: u32,
+        /// Segment length.
+        length: u32,
+        /// Expected Data Transfer Length.
+        expected: u32,
+    },
+    /// A segment longer than the receiver's MaxRecvDataSegmentLength.
+    #[error("segment of {length} bytes exceeds MaxRecvDataSegmentLength {max}")]
+    SegmentTooLong {
+        /// Its length.
+        length: u32,
+        /// The limit.
+        max: u32,
+    },
+    /// Unsolicited data the negotiation does not allow, or beyond
+    /// FirstBurstLength.
+    #[error("unsolicited data at {offset}+{length} not allowed (window {window} bytes)")]
+    UnsolicitedNotAllowed {
+        /// Buffer Offset.
+        offset: u32,
+        /// Length.
+        length: u32,
+        /// The unsolicited window.
+        window: u32,
+    },
+    /// Data-Out for a Target Transfer Tag with no R2T outstanding.
+    #[error("no outstanding R2T with target transfer tag {0:#x}")]
+    UnknownTransferTag(u32),
+    /// Data-Out outside the R2T it answers.
+    #[error("data at {offset}+{length} outside its R2T {r2t_offset}+{r2t_length}")]
+    OutsideR2t {
+        /// Buffer Offset.
+        offset: u32,
+        /// Length.
+        length: u32,
+        /// The R2T's Buffer Offset.
+        r2t_offset: u32,
+        /// The R2T's Desired Data Transfer Length.
+        r2t_length: u32,
+    },
+    /// A DataSN other than the next one expected.
+    #[error("DataSN {got}, expected {expected}")]
+    DataSnOutOfOrder {
+        /// Received.
+        got: u32,
+        /// Expected.
+        expected: u32,
+    },
+    /// Data overlapping bytes already received.
+    #[error("data at {offset}+{length} overlaps data already received")]
+    Overlap {
+        /// Buffer Offset.
+        offset: u32,
+        /// Length.
+        length: u32,
+    },
+    /// Data out of offset order where DataPDUInOrder requires order.
+    #[error("data at {offset}, expected offset {expected} (DataPDUInOrder=Yes)")]
+    OffsetOutOfOrder {
+        /// Received offset.
+        offset: u32,
+        /// Expected offset.
+        expected: u32,
+    },
+    /// An R2T larger than MaxBurstLength or outside the command.
+    #[error(
+        "R2T {offset}+{length} invalid for a {expected}-byte write, MaxBurstLength {max_burst}"
+    )]
+    InvalidR2t {
+        /// Buffer Offset.
+        offset: u32,
+        /// Desired Data Transfer Length.
+        length: u32,
+        /// Expected Data Transfer Length.
+        expected: u32,
+        /// MaxBurstLength.
+        max_burst: u32,
+    },
+    /// More R2Ts outstanding than MaxOutstandingR2T.
+    #[error("more than {0} R2Ts outstanding")]
+    TooManyR2ts(u16),
+    /// An R2TSN other than the next one.
+    #[error("R2TSN {got}, expected {expected}")]
+    R2tSnOutOfOrder {
+        /// Received.
+        got: u32,
+        /// Expected.
+        expected: u32,
+    },
+    /// An R2T out of offset order where DataSequenceInOrder requires order.
+    #[error("R2T at offset {offset} before offset {expected} (DataSequenceInOrder=Yes)")]
+    SequenceOutOfOrder {
+        /// Received offset.
+        offset: u32,
+        /// The lowest offset allowed.
+        expected: u32,
+    },
+}
+
+impl TransferError {
+    /// The Reject reason code (RFC 7143 11.17.1): 0x09 "Invalid PDU field"
+    /// for offsets, lengths, tags and sequence numbers; 0x04 "Protocol
+    /// error" for data the negotiated keys forbid.
+    pub fn reject_reason(&self) -> u8 {
+        match self {
+            TransferError::UnsolicitedNotAllowed { .. }
+            | TransferError::SegmentTooLong { .. }
+            | TransferError::TooManyR2ts(_)
+            | TransferError::OffsetOutOfOrder { .. }
+            | TransferError::SequenceOutOfOrder { .. } => 0x04,
+            _ => 0x09,
+        }
+    }
+}
+
+/// The byte ranges received so far, kept sorted and merged: what overlap
+/// and completion checks need, in memory proportional to the number of
+/// gaps, not of PDUs.
+#[derive(Clone, Debug, Default)]
+struct Ranges {
+    ranges: Vec<(u32, u32)>,
+}
+
+impl Ranges {
+    fn overlaps(&self, start: u32, end: u32) -> bool {
+        self.ranges.iter().any(|&(s, e)| start < e && s < end)
+    }
+
+    fn insert(&mut self, start: u32, end: u32) {
+        if start == end {
+            return;
+        }
+        let at = self.ranges.partition_point(|&(s, _)| s < start);
+        self.ranges.insert(at, (start, end));
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(self.ranges.len());
+        for &(s, e) in &self.ranges {
+            match merged.last_mut() {
+                Some(last) if s <= last.1 => last.1 = last.1.max(e),
+                _ => merged.push((s, e)),
+            }
+        }
+        self.ranges = merged;
+    }
+
+    fn covered(&self, start: u32, end: u32) -> u32 {
+        self.ranges
+            .iter()
+            .map(|&(s, e)| e.min(end).saturating_sub(s.max(start)))
+            .sum()
+    }
+}
+
+/// An R2T the target has sent and not yet seen completed.
+#[derive(Clone, Debug)]
+struct OutstandingR2t {
+    transfer_tag: u32,
+    offset: u32,
+    length: u32,
+    next_data_sn: u32,
+    next_offset: u32,
+}
+
+/// What a completed Data-Out PDU means for its task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DataOutProgress {
+    /// More data is due.
+    Continue,
+    /// The R2T with this Target Transfer Tag is complete: its tag may be
+    /// reused, and another R2T may be sent.
+    R2tComplete(u32),
+    /// The unsolicited burst is complete.
+    UnsolicitedComplete,
+}
+
+/// The target's check of a WRITE's incoming data: immediate data,
+/// unsolicited Data-Out (Target Transfer Tag 0xFFFFFFFF) and the Data-Out
+/// answering each R2T.
+#[derive(Clone, Debug)]
+pub struct DataOutTracker {
+    limits: Limits,
+    expected_length: u32,
+    unsolicited_window: u32,
+    unsolicited_next_data_sn: u32,
+    unsolicited_next_offset: u32,
+    received: Ranges,
+    outstanding: Vec<OutstandingR2t>,
+}
+
+/// The Target Transfer Tag of unsolicited Data-Out (RFC 7143 11.7.4).
+pub const UNSOLICITED_TRANSFER_TAG: u32 = 0xFFFF_FFFF;
+
+impl DataOutTracker {
+    /// A tracker for a WRITE of `expected_length` bytes whose command PDU
+    /// carried `immediate` bytes.
+    pub fn new(
+        limits: Limits,
+        expected_length: u32,
+        immediate: u32,
+    ) -> Result<Self, TransferError> {
+        if immediate > expected_length {
+            return Err(TransferError::BeyondExpectedLength {
+                offset: 0,
+                length: immediate,
+                expected: expected_length,
+            });
+        }
+        // Immediate data only where negotiated, and at most FirstBurstLength
+        // and one data segment (13.11, 13.14).
+        let allowed = if limits.immediate_data {
+            limits.first_burst_length.min(limits.max_recv_segment)
+        } else {
+            0
+        };
+        if immediate > allowed {
+            return Err(TransferError::UnsolicitedNotAllowed {
+                offset: 0,
+                length: immediate,
+                window: allowed,
+            });
+        }
+        let unsolicited_window = if limits.initial_r2t {
+            immediate
+        } else {
+            limits.first_burst_length.min(expected_length)
+        };
+        let mut received = Ranges::default();
+        received.insert(0, immediate);
+        Ok(DataOutTracker {
+            limits,
+            expected_length,
+            unsolicited_window,
+            unsolicited_next_data_sn: 0,
+            unsolicited_next_offset: immediate,
+            received,
+            outstanding: Vec::new(),
+        })
+    }
+
+    /// The bytes a target must solicit with R2Ts: everything past the
+    /// unsolicited window (sent or not: RFC 7143 does not re-solicit the
+    /// unsolicited part at ERL 0).
+    pub fn solicited_from(&self) -> u32 {
+        self.unsolicited_window
+    }
+
+    /// Records an R2T sent for `offset..offset + length` with `transfer_tag`.
+    pub fn r2t_sent(&mut self, transfer_tag: u32, offset: u32, length: u32) {
+        self.outstanding.push(OutstandingR2t {
+            transfer_tag,
+            offset,
+            length,
+            next_data_sn: 0,
+            next_offset: offset,
+        });
+    }
+
+    /// How many R2Ts await their data.
+    pub fn outstanding_r2ts(&self) -> usize {
+        self.outstanding.len()
+    }
+
+    /// Checks one Data-Out and records it.
+    pub fn data_out(
+        &mut self,
+        transfer_tag: u32,
+        data_sn: u32,
+        offset: u32,
+        length: u32,
+        last_in_sequence: bool,
+    ) -> Result<DataOutProgress, TransferError> {
+        let end = offset
+            .checked_add(length)
+            .filter(|&end| end <= self.expected_length)
+            .ok_or(TransferError::BeyondExpectedLength {
+                offset,
+                length,
+                expected: self.expected_length,
+            })?;
+        if length > self.limits.max_recv_segment {
+            return Err(TransferError::SegmentTooLong {
+                length,
+                max: self.limits.max_recv_segment,
+            });
+        }
+        if self.received.overlaps(offset, end) {
+            return Err(TransferError::Overlap { offset, length });
+        }
+        let in_order = self.limits.data_pdu_in_order;
+        let progress = if transfer_tag == UNSOLICITED_TRANSFER_TAG {
+            if end > self.unsolicited_window {
+                return Err(TransferError::UnsolicitedNotAllowed {
+                    offset,
+                    length,
+                    window: self.unsolicited_window,
+                });
+            }
+            check_order(
+                &mut self.unsolicited_next_data_sn,
+                &mut self.unsolicited_next_offset,
+                data_sn,
+                offset,
+                end,
+                in_order,
+            )?;
+            if last_in_sequence {
+                DataOutProgress::UnsolicitedComplete
+            } else {
+                DataOutProgress::Continue
+            }
+        } else {
+            let index = self
+                .outstanding
+                .iter()
+                .position(|r| r.transfer_tag == transfer_tag)
+                .ok_or(TransferError::UnknownTransferTag(transfer_tag))?;
+            let r2t = &mut self.outstanding[index];
+            if offset < r2t.offset || end > r2t.offset + r2t.length {
+                return Err(TransferError::OutsideR2t {
+                    offset,
+                    length,
+                    r2t_offset: r2t.offset,
+                    r2t_length: r2t.length,
+                });
+            }
+            check_order(
+                &mut r2t.next_data_sn,
+                &mut r2t.next_offset,
+                data_sn,
+                offset,
+                end,
+                in_order,
+            )?;
+            self.received.insert(offset, end);
+            let (start, stop) = (r2t.offset, r2t.offset + r2t.length);
+            if self.received.covered(start, stop) == stop - start {
+                self.outstanding.remove(index);
+                return Ok(DataOutProgress::R2tComplete(transfer_tag));
+            }
+            return Ok(DataOutProgress::Continue);
+        };
+        self.received.insert(offset, end);
+        Ok(progress)
+    }
+
+    /// Whether every byte of the WRITE has arrived.
+    pub fn is_complete(&self) -> bool {
+        self.received.covered(0, self.expected_length) == self.expected_length
+    }
+}
+
+/// With DataPDUInOrder=Yes (13.18) the PDUs of a sequence arrive in order:
+/// each DataSN is the next one (11.7.5) and each offset follows on from the
+/// last. With No, they may come in any order; the overlap and range checks
+/// still apply.
+fn check_order(
+    next_data_sn: &mut u32,
+    next_offset: &mut u32,
+    data_sn: u32,
+    offset: u32,
+    end: u32,
+    in_order: bool,
+) -> Result<(), TransferError> {
+    if !in_order {
+        return Ok(());
+    }
+    if data_sn != *next_data_sn {
+        return Err(TransferError::DataSnOutOfOrder {
+            got: data_sn,
+            expected: *next_data_sn,
+        });
+    }
+    if offset != *next_offset {
+        return Err(TransferError::OffsetOutOfOrder {
+            offset,
+            expected: *next_offset,
+        });
+    }
+    *next_data_sn = next_data_sn.wrapping_add(1);
+    *next_offset = (*next_offset).max(end);
+    Ok(())
+}
+
+/// The initiator's check of the R2Ts a target sends for one WRITE.
+#[derive(Clone, Debug)]
+pub struct R2tTracker {
+    limits: Limits,
+    expected_length: u32,
+    next_r2t_sn: u32,
+    lowest_next_offset: u32,
+    outstanding: Vec<(u32, u32, u32)>,
+}
+
+impl R2tTracker {
+    /// A tracker for a WRITE of `expected_length` bytes.
+    pub fn new(limits: Limits, expected_length: u32) -> Self {
+        R2tTracker {
+            limits,
+            expected_length,
+            next_r2t_sn: 0,
+            lowest_next_offset: 0,
+            outstanding: Vec::new(),
+        }
+    }
+
+    /// Checks an R2T and returns the Data-Out PDUs that answer it.
+    pub fn r2t(
+        &mut self,
+        r2t_sn: u32,
+        transfer_tag: u32,
+        offset: u32,
+        length: u32,
+    ) -> Result<Vec<Segment>, TransferError> {
+        if r2t_sn != self.next_r2t_sn {
+            return Err(TransferError::R2tSnOutOfOrder {
+                got: r2t_sn,
+                expected: self.next_r2t_sn,
+            });
+        }
+        let invalid = TransferError::InvalidR2t {
+            offset,
+            length,
+            expected: self.expected_length,
+            max_burst: self.limits.max_burst_length,
+        };
+        let end = offset
+            .checked_add(length)
+            .filter(|&end| end <= self.expected_length)
+            .ok_or(invalid.clone())?;
+        if length == 0 || length > self.limits.max_burst_length {
+            return Err(invalid);
+        }
+        if self.outstanding.len() >= usize::from(self.limits.max_outstanding_r2t) {
+            return Err(TransferError::TooManyR2ts(self.limits.max_outstanding_r2t));
+        }
+        if self.limits.data_sequence_in_order && offset < self.lowest_next_offset {
+            return Err(TransferError::SequenceOutOfOrder {
+                offset,
+                expected: self.lowest_next_offset,
+            });
+        }
+        self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
+        self.lowest_next_offset = self.lowest_next_offset.max(end);
+        self.outstanding.push((transfer_tag, offset, length));
+        Ok(data_segments(offset, length, self.limits.max_send_segment))
+    }
+
+    /// Marks the R2T with `transfer_tag` answered (its last Data-Out sent).
+    pub fn answered(&mut self, transfer_tag: u32) {
+        self.outstanding.retain(|&(tag, _, _)| tag != transfer_tag);
+    }
+}
