@@ -6,6 +6,13 @@
 //!
 //! Modules, each owning one concern:
 //!
+//! - [`pdu`]: the wire format of every PDU (RFC 7143 section 11), encoding
+//!   into caller buffers for vectored writes, and the streaming receive
+//!   decoder with digests (section 11.1, Appendix B.4) and length limits.
+//! - [`serial`]: RFC 1982 serial number arithmetic for CmdSN, StatSN,
+//!   DataSN and R2TSN, and the command window (section 4.2.2.1).
+//! - [`error`]: the codec's errors, each naming whose fault it is and the
+//!   RFC's answer (a Reject reason, or dropping the connection).
 //! - [`text`]: `key=value` text, its continuation over PDUs, the table of
 //!   every key (RFC 7143 section 13, RFC 7145 section 6) and the negotiation
 //!   engine (section 6).
@@ -18,6 +25,12 @@
 //! names the RFC's answer (a Reject reason, a login status, a dropped
 //! connection).
 
+// Wire format and arithmetic.
+pub mod error;
+pub mod pdu;
+pub mod serial;
+
+// Protocol logic built on them (more to come: session, datamover).
 pub mod login;
 pub mod text;
 pub mod transfer;
