@@ -21,12 +21,16 @@ enum Command {
     /// Measure every CRC32C algorithm, memcpy, copy-then-CRC and the fused
     /// copy+CRC over buffer sizes from 512 B to 64 MiB.
     CrcBench(cmd::crc_bench::Args),
+    /// Measure the per-PDU cost of receiving a Data-In: header decode and
+    /// digest, and a whole 8 KiB PDU landed with both digests.
+    PduBench(cmd::pdu_bench::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::CrcBench(args) => cmd::crc_bench::run(&args),
+        Command::PduBench(args) => cmd::pdu_bench::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
