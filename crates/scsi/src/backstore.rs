@@ -1,0 +1,290 @@
+//! Backstores: the storage behind a logical unit. Owns the [`Backstore`]
+//! trait (byte-addressed, synchronous, shared between sessions) and the sparse
+//! in-memory [`RamBackstore`].
+//!
+//! The SCSI layer has already range-checked every request in LBAs before it
+//! reaches a backstore; a backstore still refuses out-of-range byte ranges
+//! with an I/O error rather than panicking.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::io;
+use std::sync::{PoisonError, RwLock};
+
+/// The storage behind one logical unit.
+pub trait Backstore: Send + Sync + fmt::Debug {
+    /// Logical block size in bytes (512 or 4096).
+    fn block_size(&self) -> u32;
+    /// Number of logical blocks.
+    fn block_count(&self) -> u64;
+    /// Fills `buf` from byte `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `buf` at byte `offset`.
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Deallocates `len` bytes from `offset` (thin provisioning); the range
+    /// reads as zeros afterwards. RAM frees the chunks.
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// A stable per-LU identifier used for the NAA designator and unit serial
+    /// number.
+    fn unique_id(&self) -> u64;
+}
+
+/// Why a [`RamBackstore`] could not be created.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RamBackstoreError {
+    /// The block size is neither 512 nor 4096.
+    UnsupportedBlockSize(u32),
+    /// The size is zero or not a multiple of the block size.
+    InvalidSize {
+        /// The requested size in bytes.
+        size: u64,
+        /// The requested block size.
+        block_size: u32,
+    },
+}
+
+impl fmt::Display for RamBackstoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::UnsupportedBlockSize(bs) => {
+                write!(f, "unsupported block size {bs} (expected 512 or 4096)")
+            }
+            Self::InvalidSize { size, block_size } => write!(
+                f,
+                "size {size} is zero or not a multiple of the block size {block_size}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for RamBackstoreError {}
+
+/// Allocation granule of [`RamBackstore`].
+pub const RAM_CHUNK_SIZE: usize = 64 * 1024;
+const CHUNK: u64 = RAM_CHUNK_SIZE as u64;
+
+/// A sparse in-memory backstore: 64 KiB chunks allocated on first non-zero
+/// write, unwritten blocks read as zeros, UNMAP frees whole chunks.
+#[derive(Debug)]
+pub struct RamBackstore {
+    size: u64,
+    block_size: u32,
+    unique_id: u64,
+    chunks: RwLock<HashMap<u64, Box<[u8]>>>,
+}
+
+/// The part of one chunk a byte range touches.
+struct Piece {
+    chunk: u64,
+    /// Offset within the chunk.
+    start: usize,
+    /// Offset within the caller's buffer.
+    buf_start: usize,
+    len: usize,
+}
+
+/// Splits `[offset, offset + len)` into per-chunk pieces.
+fn pieces(offset: u64, len: usize) -> impl Iterator<Item = Piece> {
+    let mut done = 0usize;
+    std::iter::from_fn(move || {
+        if done >= len {
+            return None;
+        }
+        let pos = offset + done as u64;
+        let chunk = pos / CHUNK;
+        let start = (pos % CHUNK) as usize;
+        let n = (RAM_CHUNK_SIZE - start).min(len - done);
+        let p = Piece {
+            chunk,
+            start,
+            buf_start: done,
+            len: n,
+        };
+        done += n;
+        Some(p)
+    })
+}
+
+impl RamBackstore {
+    /// A zero-filled RAM disk of `size_bytes` (a non-zero multiple of
+    /// `block_size`, which is 512 or 4096). Nothing is allocated up front.
+    pub fn new(
+        size_bytes: u64,
+        block_size: u32,
+        unique_id: u64,
+    ) -> Result<Self, RamBackstoreError> {
+        if block_size != 512 && block_size != 4096 {
+            return Err(RamBackstoreError::UnsupportedBlockSize(block_size));
+        }
+        if size_bytes == 0 || !size_bytes.is_multiple_of(u64::from(block_size)) {
+            return Err(RamBackstoreError::InvalidSize {
+                size: size_bytes,
+                block_size,
+            });
+        }
+        Ok(Self {
+            size: size_bytes,
+            block_size,
+            unique_id,
+            chunks: RwLock::new(HashMap::new()),
+        })
+    }
+
+    /// Bytes of memory currently allocated for data.
+    pub fn allocated_bytes(&self) -> u64 {
+        let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
+        chunks.len() as u64 * CHUNK
+    }
+
+    fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.size => Ok(()),
+            _ => Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "byte range beyond the end of the RAM backstore",
+            )),
+        }
+    }
+}
+
+impl Backstore for RamBackstore {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    fn block_count(&self) -> u64 {
+        self.size / u64::from(self.block_size)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
+        for p in pieces(offset, buf.len()) {
+            let Some(dst) = buf.get_mut(p.buf_start..p.buf_start + p.len) else {
+                continue;
+            };
+            match chunks
+                .get(&p.chunk)
+                .and_then(|c| c.get(p.start..p.start + p.len))
+            {
+                Some(src) => dst.copy_from_slice(src),
+                None => dst.fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.check_range(offset, buf.len() as u64)?;
+        let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
+        for p in pieces(offset, buf.len()) {
+            let Some(src) = buf.get(p.buf_start..p.buf_start + p.len) else {
+                continue;
+            };
+            let chunk = match chunks.get_mut(&p.chunk) {
+                Some(c) => c,
+                // Zeros into an unallocated chunk change nothing.
+                None if src.iter().all(|&b| b == 0) => continue,
+                None => chunks
+                    .entry(p.chunk)
+                    .or_insert_with(|| vec![0u8; RAM_CHUNK_SIZE].into_boxed_slice()),
+            };
+            if let Some(dst) = chunk.get_mut(p.start..p.start + p.len) {
+                dst.copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        Ok(())
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.check_range(offset, len)?;
+        let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
+        let end = offset + len;
+        let mut pos = offset;
+        while pos < end {
+            let chunk = pos / CHUNK;
+            let start = pos % CHUNK;
+            let n = (CHUNK - start).min(end - pos);
+            if n == CHUNK {
+                chunks.remove(&chunk);
+            } else if let Some(c) = chunks.get_mut(&chunk) {
+                let (s, e) = (start as usize, (start + n) as usize);
+                if let Some(dst) = c.get_mut(s..e) {
+                    dst.fill(0);
+                }
+                if c.iter().all(|&b| b == 0) {
+                    chunks.remove(&chunk);
+                }
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+
+    fn unique_id(&self) -> u64 {
+        self.unique_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rejects_bad_geometry() {
+        assert!(RamBackstore::new(1000, 512, 1).is_err());
+        assert!(RamBackstore::new(0, 512, 1).is_err());
+        assert!(RamBackstore::new(4096, 1024, 1).is_err());
+        assert!(RamBackstore::new(4096, 4096, 1).is_ok());
+    }
+
+    #[test]
+    fn sparse_reads_zero_and_unmap_frees() {
+        let r = RamBackstore::new(1 << 20, 512, 7).unwrap();
+        let mut buf = vec![0xAAu8; 4096];
+        r.read_at(0, &mut buf).unwrap();
+        assert!(buf.iter().all(|&b| b == 0));
+        assert_eq!(r.allocated_bytes(), 0);
+        r.write_at(0, &vec![0u8; 8192]).unwrap();
+        assert_eq!(r.allocated_bytes(), 0);
+        // A write straddling a chunk boundary allocates two chunks.
+        let data: Vec<u8> = (0..1024u32).map(|i| (i % 251) as u8 + 1).collect();
+        r.write_at(CHUNK - 512, &data).unwrap();
+        assert_eq!(r.allocated_bytes(), 2 * CHUNK);
+        let mut back = vec![0u8; 1024];
+        r.read_at(CHUNK - 512, &mut back).unwrap();
+        assert_eq!(back, data);
+        r.unmap(0, 2 * CHUNK).unwrap();
+        assert_eq!(r.allocated_bytes(), 0);
+        r.read_at(CHUNK - 512, &mut back).unwrap();
+        assert!(back.iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn partial_unmap_zeroes() {
+        let r = RamBackstore::new(1 << 20, 512, 7).unwrap();
+        r.write_at(0, &[1u8; 1024]).unwrap();
+        r.unmap(0, 512).unwrap();
+        let mut b = [9u8; 1024];
+        r.read_at(0, &mut b).unwrap();
+        assert!(b[..512].iter().all(|&x| x == 0));
+        assert!(b[512..].iter().all(|&x| x == 1));
+        assert_eq!(r.allocated_bytes(), CHUNK);
+        r.unmap(512, 512).unwrap();
+        assert_eq!(r.allocated_bytes(), 0);
+    }
+
+    #[test]
+    fn out_of_range_is_error() {
+        let r = RamBackstore::new(4096, 512, 7).unwrap();
+        assert!(r.read_at(4096, &mut [0u8; 1]).is_err());
+        assert!(r.write_at(u64::MAX, &[0u8; 2]).is_err());
+        assert!(r.unmap(0, 4097).is_err());
+    }
+}

@@ -1,0 +1,290 @@
+//! CDB field parsing: operation codes, big-endian field readers that never
+//! index out of bounds, the LBA and block-count types, the READ/WRITE CDB
+//! decoder shared by the transport's [`command_info`] and the SBC handlers.
+
+use crate::sense::Sense;
+
+/// Operation codes this crate knows (SPC-4 / SBC-3).
+pub mod opcode {
+    /// TEST UNIT READY.
+    pub const TEST_UNIT_READY: u8 = 0x00;
+    /// REQUEST SENSE.
+    pub const REQUEST_SENSE: u8 = 0x03;
+    /// READ(6).
+    pub const READ_6: u8 = 0x08;
+    /// WRITE(6).
+    pub const WRITE_6: u8 = 0x0A;
+    /// INQUIRY.
+    pub const INQUIRY: u8 = 0x12;
+    /// MODE SENSE(6).
+    pub const MODE_SENSE_6: u8 = 0x1A;
+    /// READ CAPACITY(10).
+    pub const READ_CAPACITY_10: u8 = 0x25;
+    /// READ(10).
+    pub const READ_10: u8 = 0x28;
+    /// WRITE(10).
+    pub const WRITE_10: u8 = 0x2A;
+    /// SYNCHRONIZE CACHE(10).
+    pub const SYNCHRONIZE_CACHE_10: u8 = 0x35;
+    /// UNMAP.
+    pub const UNMAP: u8 = 0x42;
+    /// MODE SENSE(10).
+    pub const MODE_SENSE_10: u8 = 0x5A;
+    /// READ(16).
+    pub const READ_16: u8 = 0x88;
+    /// WRITE(16).
+    pub const WRITE_16: u8 = 0x8A;
+    /// SYNCHRONIZE CACHE(16).
+    pub const SYNCHRONIZE_CACHE_16: u8 = 0x91;
+    /// SERVICE ACTION IN(16); service action 0x10 is READ CAPACITY(16).
+    pub const SERVICE_ACTION_IN_16: u8 = 0x9E;
+    /// REPORT LUNS.
+    pub const REPORT_LUNS: u8 = 0xA0;
+    /// READ(12).
+    pub const READ_12: u8 = 0xA8;
+    /// WRITE(12).
+    pub const WRITE_12: u8 = 0xAA;
+}
+
+/// Service action of SERVICE ACTION IN(16) selecting READ CAPACITY(16).
+pub const SA_READ_CAPACITY_16: u8 = 0x10;
+
+/// A logical block address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Lba(pub u64);
+
+/// A number of logical blocks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Blocks(pub u64);
+
+impl Lba {
+    /// The byte offset of this block (saturating; callers range-check first).
+    pub fn byte_offset(self, block_size: u32) -> u64 {
+        self.0.saturating_mul(u64::from(block_size))
+    }
+}
+
+impl Blocks {
+    /// The number of bytes these blocks hold (saturating).
+    pub fn bytes(self, block_size: u32) -> u64 {
+        self.0.saturating_mul(u64::from(block_size))
+    }
+}
+
+/// Checks that `count` blocks from `lba` lie inside a unit of `capacity`
+/// blocks (SBC-3: LBA + transfer length must not exceed the capacity).
+pub fn check_range(lba: Lba, count: Blocks, capacity: Blocks) -> Result<(), Sense> {
+    match lba.0.checked_add(count.0) {
+        Some(end) if end <= capacity.0 => Ok(()),
+        _ => Err(Sense::LBA_OUT_OF_RANGE),
+    }
+}
+
+/// Byte `i` of the CDB, or INVALID FIELD IN CDB when the CDB is too short.
+pub fn byte(cdb: &[u8], i: usize) -> Result<u8, Sense> {
+    cdb.get(i).copied().ok_or(Sense::INVALID_FIELD_IN_CDB)
+}
+
+fn array<const N: usize>(cdb: &[u8], at: usize) -> Result<[u8; N], Sense> {
+    cdb.get(at..at.saturating_add(N))
+        .and_then(|s| <[u8; N]>::try_from(s).ok())
+        .ok_or(Sense::INVALID_FIELD_IN_CDB)
+}
+
+/// Big-endian u16 at `at`.
+pub fn be16(cdb: &[u8], at: usize) -> Result<u16, Sense> {
+    array(cdb, at).map(u16::from_be_bytes)
+}
+
+/// Big-endian u32 at `at`.
+pub fn be32(cdb: &[u8], at: usize) -> Result<u32, Sense> {
+    array(cdb, at).map(u32::from_be_bytes)
+}
+
+/// Big-endian u64 at `at`.
+pub fn be64(cdb: &[u8], at: usize) -> Result<u64, Sense> {
+    array(cdb, at).map(u64::from_be_bytes)
+}
+
+/// The CDB length implied by the group code in the opcode's top three bits
+/// (SPC-4 §4.2.5.1), `None` for the vendor-specific and reserved groups.
+pub fn cdb_len(op: u8) -> Option<usize> {
+    match op >> 5 {
+        0 => Some(6),
+        1 | 2 => Some(10),
+        4 => Some(16),
+        5 => Some(12),
+        _ => None,
+    }
+}
+
+/// Rejects a CDB shorter than its group's length and a CONTROL byte with the
+/// NACA bit set (SAM-5: NACA is not supported, so INVALID FIELD IN CDB).
+pub fn check_control(cdb: &[u8]) -> Result<(), Sense> {
+    let op = byte(cdb, 0)?;
+    let len = cdb_len(op).ok_or(Sense::INVALID_OPCODE)?;
+    let control = byte(cdb, len - 1)?;
+    if control & 0x04 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    Ok(())
+}
+
+/// A decoded READ or WRITE CDB of any size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RwCdb {
+    /// True for WRITE, false for READ.
+    pub write: bool,
+    /// First block.
+    pub lba: Lba,
+    /// Number of blocks (READ(6)/WRITE(6) length 0 already mapped to 256).
+    pub blocks: Blocks,
+    /// Force unit access: the data must be on stable storage before GOOD.
+    pub fua: bool,
+    /// RDPROTECT/WRPROTECT (bits 7-5 of byte 1); must be 0 without protection information.
+    pub protect: u8,
+}
+
+/// Decodes READ(6/10/12/16) and WRITE(6/10/12/16); `None` for other opcodes.
+pub fn parse_rw(cdb: &[u8]) -> Option<Result<RwCdb, Sense>> {
+    use opcode::*;
+    let op = *cdb.first()?;
+    let write = matches!(op, WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16);
+    let parsed = match op {
+        READ_6 | WRITE_6 => (|| {
+            let b1 = byte(cdb, 1)?;
+            let lba = (u64::from(b1 & 0x1F) << 16) | u64::from(be16(cdb, 2)?);
+            let len = byte(cdb, 4)?;
+            let blocks = if len == 0 { 256 } else { u64::from(len) };
+            Ok(RwCdb {
+                write,
+                lba: Lba(lba),
+                blocks: Blocks(blocks),
+                fua: false,
+                protect: 0,
+            })
+        })(),
+        READ_10 | WRITE_10 | READ_12 | WRITE_12 | READ_16 | WRITE_16 => (|| {
+            let b1 = byte(cdb, 1)?;
+            let (lba, blocks) = match op {
+                READ_10 | WRITE_10 => (u64::from(be32(cdb, 2)?), u64::from(be16(cdb, 7)?)),
+                READ_12 | WRITE_12 => (u64::from(be32(cdb, 2)?), u64::from(be32(cdb, 6)?)),
+                _ => (be64(cdb, 2)?, u64::from(be32(cdb, 10)?)),
+            };
+            Ok(RwCdb {
+                write,
+                lba: Lba(lba),
+                blocks: Blocks(blocks),
+                fua: b1 & 0x08 != 0,
+                protect: b1 >> 5,
+            })
+        })(),
+        _ => return None,
+    };
+    Some(parsed)
+}
+
+/// Where a command's data goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataDirection {
+    /// No data transfer.
+    None,
+    /// Data-In: target to initiator.
+    Read,
+    /// Data-Out: initiator to target.
+    Write,
+}
+
+/// What the transport needs to know from a CDB before executing it: the
+/// direction and the number of bytes the CDB says it transfers (for WRITEs,
+/// how much Data-Out to collect; for commands with an allocation length, that
+/// length). Unknown opcodes and malformed CDBs: direction `None`, length 0.
+/// Lengths that do not fit in `u32` saturate.
+pub fn command_info(cdb: &[u8], block_size: u32) -> (DataDirection, u32) {
+    use opcode::*;
+    let none = (DataDirection::None, 0);
+    if let Some(rw) = parse_rw(cdb) {
+        return match rw {
+            Ok(rw) => {
+                let bytes = u32::try_from(rw.blocks.bytes(block_size)).unwrap_or(u32::MAX);
+                let dir = if rw.write {
+                    DataDirection::Write
+                } else {
+                    DataDirection::Read
+                };
+                if bytes == 0 { none } else { (dir, bytes) }
+            }
+            Err(_) => none,
+        };
+    }
+    let Some(&op) = cdb.first() else {
+        return none;
+    };
+    let len: Result<u32, Sense> = match op {
+        REQUEST_SENSE | MODE_SENSE_6 => byte(cdb, 4).map(u32::from),
+        INQUIRY => be16(cdb, 3).map(u32::from),
+        MODE_SENSE_10 => be16(cdb, 7).map(u32::from),
+        READ_CAPACITY_10 => Ok(8),
+        SERVICE_ACTION_IN_16 if byte(cdb, 1).map(|b| b & 0x1F) == Ok(SA_READ_CAPACITY_16) => {
+            be32(cdb, 10)
+        }
+        REPORT_LUNS => be32(cdb, 6),
+        UNMAP => {
+            return match be16(cdb, 7) {
+                Ok(0) | Err(_) => none,
+                Ok(n) => (DataDirection::Write, u32::from(n)),
+            };
+        }
+        _ => return none,
+    };
+    match len {
+        Ok(0) | Err(_) => none,
+        Ok(n) => (DataDirection::Read, n),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rw6_zero_means_256() {
+        let rw = parse_rw(&[0x08, 0x1F, 0xFF, 0xFF, 0, 0]).unwrap().unwrap();
+        assert_eq!(rw.lba, Lba(0x1F_FFFF));
+        assert_eq!(rw.blocks, Blocks(256));
+        assert_eq!(
+            command_info(&[0x0A, 0, 0, 0, 0, 0], 512),
+            (DataDirection::Write, 256 * 512)
+        );
+    }
+
+    #[test]
+    fn info_for_each_family() {
+        let mut r16 = [0u8; 16];
+        r16[0] = 0x88;
+        r16[13] = 8;
+        assert_eq!(command_info(&r16, 4096), (DataDirection::Read, 32768));
+        r16[10] = 0xFF;
+        assert_eq!(command_info(&r16, 4096), (DataDirection::Read, u32::MAX));
+        assert_eq!(
+            command_info(&[0x12, 0, 0, 0, 96, 0], 512),
+            (DataDirection::Read, 96)
+        );
+        assert_eq!(command_info(&[0x00; 6], 512), (DataDirection::None, 0));
+        assert_eq!(command_info(&[0xFF; 6], 512), (DataDirection::None, 0));
+        assert_eq!(command_info(&[], 512), (DataDirection::None, 0));
+        assert_eq!(command_info(&[0x28, 0], 512), (DataDirection::None, 0));
+        assert_eq!(
+            command_info(&[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0], 512),
+            (DataDirection::Write, 24)
+        );
+    }
+
+    #[test]
+    fn range() {
+        assert!(check_range(Lba(0), Blocks(10), Blocks(10)).is_ok());
+        assert!(check_range(Lba(10), Blocks(0), Blocks(10)).is_ok());
+        assert!(check_range(Lba(11), Blocks(0), Blocks(10)).is_err());
+        assert!(check_range(Lba(u64::MAX), Blocks(2), Blocks(10)).is_err());
+    }
+}

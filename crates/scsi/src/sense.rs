@@ -1,0 +1,202 @@
+//! Sense data (SPC-4 §4.5): the sense keys, the additional sense codes this
+//! crate reports, and the fixed (0x70) and descriptor (0x72) encodings.
+//!
+//! Every ASC/ASCQ pair is a named constant checked against SPC-4's Annex D
+//! table ("ASC and ASCQ assignments"); nothing else in the crate writes a raw
+//! ASC number.
+
+/// A sense key (SPC-4 Table 28).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u8)]
+pub enum SenseKey {
+    /// 0x0: no specific sense key information.
+    NoSense = 0x0,
+    /// 0x1: the command completed with recovery action.
+    RecoveredError = 0x1,
+    /// 0x2: the logical unit cannot be accessed.
+    NotReady = 0x2,
+    /// 0x3: a non-recovered error caused by a flaw in the medium.
+    MediumError = 0x3,
+    /// 0x4: a non-recoverable hardware failure.
+    HardwareError = 0x4,
+    /// 0x5: an illegal parameter in the CDB or parameter list.
+    IllegalRequest = 0x5,
+    /// 0x6: a unit attention condition (reset, parameters changed, ...).
+    UnitAttention = 0x6,
+    /// 0x7: the medium is write-protected.
+    DataProtect = 0x7,
+    /// 0xB: the device server aborted the command.
+    AbortedCommand = 0xB,
+    /// 0xE: the source data did not match (COMPARE AND WRITE).
+    Miscompare = 0xE,
+}
+
+impl SenseKey {
+    /// The 4-bit wire value.
+    pub const fn code(self) -> u8 {
+        self as u8
+    }
+}
+
+/// An additional sense code and qualifier pair (ASC, ASCQ).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Asc {
+    /// ADDITIONAL SENSE CODE.
+    pub asc: u8,
+    /// ADDITIONAL SENSE CODE QUALIFIER.
+    pub ascq: u8,
+}
+
+impl Asc {
+    /// 00/00 NO ADDITIONAL SENSE INFORMATION.
+    pub const NO_ADDITIONAL_SENSE: Self = Self::new(0x00, 0x00);
+    /// 0C/00 WRITE ERROR.
+    pub const WRITE_ERROR: Self = Self::new(0x0C, 0x00);
+    /// 11/00 UNRECOVERED READ ERROR.
+    pub const UNRECOVERED_READ_ERROR: Self = Self::new(0x11, 0x00);
+    /// 1A/00 PARAMETER LIST LENGTH ERROR.
+    pub const PARAMETER_LIST_LENGTH_ERROR: Self = Self::new(0x1A, 0x00);
+    /// 20/00 INVALID COMMAND OPERATION CODE.
+    pub const INVALID_COMMAND_OPERATION_CODE: Self = Self::new(0x20, 0x00);
+    /// 21/00 LOGICAL BLOCK ADDRESS OUT OF RANGE.
+    pub const LBA_OUT_OF_RANGE: Self = Self::new(0x21, 0x00);
+    /// 24/00 INVALID FIELD IN CDB.
+    pub const INVALID_FIELD_IN_CDB: Self = Self::new(0x24, 0x00);
+    /// 25/00 LOGICAL UNIT NOT SUPPORTED.
+    pub const LOGICAL_UNIT_NOT_SUPPORTED: Self = Self::new(0x25, 0x00);
+    /// 26/00 INVALID FIELD IN PARAMETER LIST.
+    pub const INVALID_FIELD_IN_PARAMETER_LIST: Self = Self::new(0x26, 0x00);
+    /// 29/00 POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
+    pub const POWER_ON_RESET: Self = Self::new(0x29, 0x00);
+    /// 2A/01 MODE PARAMETERS CHANGED.
+    pub const MODE_PARAMETERS_CHANGED: Self = Self::new(0x2A, 0x01);
+    /// 39/00 SAVING PARAMETERS NOT SUPPORTED.
+    pub const SAVING_PARAMETERS_NOT_SUPPORTED: Self = Self::new(0x39, 0x00);
+    /// 3A/00 MEDIUM NOT PRESENT.
+    pub const MEDIUM_NOT_PRESENT: Self = Self::new(0x3A, 0x00);
+
+    /// An ASC/ASCQ pair.
+    pub const fn new(asc: u8, ascq: u8) -> Self {
+        Self { asc, ascq }
+    }
+}
+
+/// Sense data for one CHECK CONDITION (or for REQUEST SENSE).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sense {
+    /// The sense key.
+    pub key: SenseKey,
+    /// The additional sense code and qualifier.
+    pub asc: Asc,
+}
+
+/// Length of fixed-format sense data this crate produces.
+pub const FIXED_SENSE_LEN: usize = 18;
+
+impl Sense {
+    /// Sense data from a key and an ASC/ASCQ pair.
+    pub const fn new(key: SenseKey, asc: Asc) -> Self {
+        Self { key, asc }
+    }
+
+    /// "No sense": what REQUEST SENSE returns when nothing is pending.
+    pub const NO_SENSE: Self = Self::new(SenseKey::NoSense, Asc::NO_ADDITIONAL_SENSE);
+
+    /// ILLEGAL REQUEST / INVALID COMMAND OPERATION CODE.
+    pub const INVALID_OPCODE: Self = Self::new(
+        SenseKey::IllegalRequest,
+        Asc::INVALID_COMMAND_OPERATION_CODE,
+    );
+    /// ILLEGAL REQUEST / INVALID FIELD IN CDB.
+    pub const INVALID_FIELD_IN_CDB: Self =
+        Self::new(SenseKey::IllegalRequest, Asc::INVALID_FIELD_IN_CDB);
+    /// ILLEGAL REQUEST / LOGICAL BLOCK ADDRESS OUT OF RANGE.
+    pub const LBA_OUT_OF_RANGE: Self = Self::new(SenseKey::IllegalRequest, Asc::LBA_OUT_OF_RANGE);
+    /// ILLEGAL REQUEST / LOGICAL UNIT NOT SUPPORTED.
+    pub const LUN_NOT_SUPPORTED: Self =
+        Self::new(SenseKey::IllegalRequest, Asc::LOGICAL_UNIT_NOT_SUPPORTED);
+    /// ILLEGAL REQUEST / INVALID FIELD IN PARAMETER LIST.
+    pub const INVALID_FIELD_IN_PARAMETER_LIST: Self = Self::new(
+        SenseKey::IllegalRequest,
+        Asc::INVALID_FIELD_IN_PARAMETER_LIST,
+    );
+    /// ILLEGAL REQUEST / PARAMETER LIST LENGTH ERROR.
+    pub const PARAMETER_LIST_LENGTH_ERROR: Self =
+        Self::new(SenseKey::IllegalRequest, Asc::PARAMETER_LIST_LENGTH_ERROR);
+    /// ILLEGAL REQUEST / SAVING PARAMETERS NOT SUPPORTED.
+    pub const SAVING_PARAMETERS_NOT_SUPPORTED: Self = Self::new(
+        SenseKey::IllegalRequest,
+        Asc::SAVING_PARAMETERS_NOT_SUPPORTED,
+    );
+    /// MEDIUM ERROR / UNRECOVERED READ ERROR (a backstore read failed).
+    pub const READ_ERROR: Self = Self::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR);
+    /// MEDIUM ERROR / WRITE ERROR (a backstore write or flush failed).
+    pub const WRITE_ERROR: Self = Self::new(SenseKey::MediumError, Asc::WRITE_ERROR);
+    /// UNIT ATTENTION / POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
+    pub const POWER_ON_RESET: Self = Self::new(SenseKey::UnitAttention, Asc::POWER_ON_RESET);
+    /// UNIT ATTENTION / MODE PARAMETERS CHANGED.
+    pub const MODE_PARAMETERS_CHANGED: Self =
+        Self::new(SenseKey::UnitAttention, Asc::MODE_PARAMETERS_CHANGED);
+    /// NOT READY / MEDIUM NOT PRESENT.
+    pub const MEDIUM_NOT_PRESENT: Self = Self::new(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT);
+
+    /// Fixed-format sense data (SPC-4 §4.5.3): response code 0x70 (current
+    /// error), sense key in byte 2, additional sense length 10, ASC/ASCQ in
+    /// bytes 12/13.
+    pub fn to_fixed_format(&self) -> [u8; FIXED_SENSE_LEN] {
+        let mut b = [0u8; FIXED_SENSE_LEN];
+        b[0] = 0x70;
+        b[2] = self.key.code();
+        b[7] = (FIXED_SENSE_LEN - 8) as u8;
+        b[12] = self.asc.asc;
+        b[13] = self.asc.ascq;
+        b
+    }
+
+    /// Descriptor-format sense data (SPC-4 §4.5.2): response code 0x72
+    /// (current error), sense key, ASC, ASCQ, and no sense data descriptors
+    /// (additional sense length 0).
+    pub fn to_descriptor_format(&self) -> Vec<u8> {
+        vec![
+            0x72,
+            self.key.code(),
+            self.asc.asc,
+            self.asc.ascq,
+            0,
+            0,
+            0,
+            0,
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_layout() {
+        let b = Sense::LBA_OUT_OF_RANGE.to_fixed_format();
+        assert_eq!(b[0], 0x70);
+        assert_eq!(b[2], 0x05);
+        assert_eq!(b[7], 10);
+        assert_eq!((b[12], b[13]), (0x21, 0x00));
+    }
+
+    #[test]
+    fn descriptor_layout() {
+        let b = Sense::MODE_PARAMETERS_CHANGED.to_descriptor_format();
+        assert_eq!(b, [0x72, 0x06, 0x2A, 0x01, 0, 0, 0, 0]);
+    }
+
+    #[test]
+    fn spc4_values() {
+        assert_eq!(Asc::INVALID_COMMAND_OPERATION_CODE, Asc::new(0x20, 0));
+        assert_eq!(Asc::LBA_OUT_OF_RANGE, Asc::new(0x21, 0));
+        assert_eq!(Asc::INVALID_FIELD_IN_CDB, Asc::new(0x24, 0));
+        assert_eq!(Asc::LOGICAL_UNIT_NOT_SUPPORTED, Asc::new(0x25, 0));
+        assert_eq!(Asc::MEDIUM_NOT_PRESENT, Asc::new(0x3A, 0));
+        assert_eq!(Asc::POWER_ON_RESET, Asc::new(0x29, 0));
+        assert_eq!(Asc::MODE_PARAMETERS_CHANGED, Asc::new(0x2A, 1));
+    }
+}
