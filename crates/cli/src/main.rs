@@ -18,6 +18,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Serve block storage over iSCSI (default: a 1 GiB RAM LUN as
+    /// iqn.2026-11.rs.iscsi:target0 on 127.0.0.1:3260).
+    Target(cmd::target::Args),
     /// Measure every CRC32C algorithm, memcpy, copy-then-CRC and the fused
     /// copy+CRC over buffer sizes from 512 B to 64 MiB.
     CrcBench(cmd::crc_bench::Args),
@@ -28,7 +31,15 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let result = match cli.command {
+        Command::Target(args) => cmd::target::run(&args),
         Command::CrcBench(args) => cmd::crc_bench::run(&args),
         Command::PduBench(args) => cmd::pdu_bench::run(&args),
     };

@@ -3,3 +3,4 @@
 pub mod crc_bench;
 pub mod measure;
 pub mod pdu_bench;
+pub mod target;

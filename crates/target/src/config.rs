@@ -1,0 +1,84 @@
+//! What a target serves: its portals, targets and their LUNs, CHAP and the
+//! negotiation values it offers.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use iscsi_proto::login::chap::{ChapAlgorithm, Credentials};
+use iscsi_proto::login::target::ChapRequirement;
+use iscsi_proto::text::{Digest, NegotiationConfig, TextPair};
+use iscsi_scsi::Backstore;
+
+/// One iSCSI target: a name and its logical units.
+#[derive(Clone, Debug)]
+pub struct TargetEntry {
+    /// The iSCSI name (`iqn....`).
+    pub name: String,
+    /// An alias shown to initiators.
+    pub alias: Option<String>,
+    /// LUN 0, 1, ... in order.
+    pub luns: Vec<Arc<dyn Backstore>>,
+    /// CHAP the initiator must pass (and, for mutual CHAP, the target's
+    /// own credentials).
+    pub chap: Option<ChapRequirement>,
+    /// Initiator names allowed to log in; empty allows all.
+    pub allowed_initiators: Vec<String>,
+}
+
+impl TargetEntry {
+    /// A target with one-way CHAP for `user`/`secret` (every algorithm).
+    pub fn require_chap(&mut self, user: &str, secret: &str) {
+        self.chap = Some(ChapRequirement {
+            algorithms: ChapAlgorithm::ALL.to_vec(),
+            initiator: Credentials::new(user, secret),
+            mutual: None,
+        });
+    }
+}
+
+/// Everything `iscsi target` serves.
+#[derive(Clone, Debug)]
+pub struct TargetConfig {
+    /// Portals to listen on.
+    pub listen: Vec<SocketAddr>,
+    /// The targets.
+    pub targets: Vec<TargetEntry>,
+    /// The Target Portal Group Tag of every portal.
+    pub portal_group_tag: u16,
+    /// What the target offers and accepts in negotiation.
+    pub negotiation: NegotiationConfig,
+    /// MaxCmdSN - ExpCmdSN + 1: commands an initiator may have queued.
+    pub command_window: u32,
+}
+
+impl TargetConfig {
+    /// The negotiation values a target built for throughput offers: big
+    /// PDUs and bursts, immediate and unsolicited data, several R2Ts,
+    /// digests if the initiator wants them (RFC 7143 section 13).
+    pub fn default_negotiation() -> NegotiationConfig {
+        NegotiationConfig {
+            header_digest: vec![Digest::None, Digest::Crc32c],
+            data_digest: vec![Digest::None, Digest::Crc32c],
+            max_connections: 1,
+            initial_r2t: false,
+            immediate_data: true,
+            max_recv_data_segment_length: 262_144,
+            max_burst_length: 1 << 20,
+            first_burst_length: 262_144,
+            max_outstanding_r2t: 1,
+            ..NegotiationConfig::default()
+        }
+    }
+
+    /// The declarations a target makes in its first login response.
+    pub(crate) fn declarations(&self, target: Option<&TargetEntry>) -> Vec<TextPair> {
+        let mut declarations = vec![TextPair::new(
+            "TargetPortalGroupTag",
+            self.portal_group_tag.to_string(),
+        )];
+        if let Some(alias) = target.and_then(|t| t.alias.clone()) {
+            declarations.push(TextPair::new("TargetAlias", alias));
+        }
+        declarations
+    }
+}

@@ -1,0 +1,26 @@
+//! The iSCSI target driver: the thin async layer between TCP and the
+//! sans-I/O protocol core (`iscsi-proto`) and SCSI target core
+//! (`iscsi-scsi`).
+//!
+//! - [`config`]: targets, LUNs, portals, CHAP, negotiation defaults.
+//! - [`server`]: listeners, one task per connection, shutdown.
+//! - `connection`: reading and writing whole PDUs on one socket (the only
+//!   place bytes meet the decoder and encoder).
+//! - `policy`: the login decisions the protocol core asks for (which target,
+//!   which session).
+//! - `session`: the full feature phase of one connection: SCSI commands,
+//!   Data-In with phase collapse, R2T and Data-Out, NOP, Text (SendTargets),
+//!   Logout, task management, Reject.
+//!
+//! Threads or async: tokio, one task per connection. A connection's PDUs are
+//! processed in order by its task, so a command's data flow needs no locks;
+//! sessions and backstores are shared behind `Arc`.
+
+pub mod config;
+mod connection;
+mod policy;
+pub mod server;
+mod session;
+
+pub use config::{TargetConfig, TargetEntry};
+pub use server::{Server, serve};

@@ -1,0 +1,105 @@
+//! Listening on the portals and running one task per connection.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use iscsi_proto::login::chap::ChallengeHistory;
+use iscsi_scsi::{ScsiTarget, TargetIdentity};
+use tokio::net::TcpListener;
+use tokio::task::JoinSet;
+use tracing::{info, warn};
+
+use crate::config::TargetConfig;
+use crate::policy::Policy;
+use crate::session::{Shared, serve_connection};
+
+/// A target bound to its portals, ready to serve.
+pub struct Server {
+    listeners: Vec<TcpListener>,
+    shared: Arc<Shared>,
+}
+
+impl Server {
+    /// Binds every portal of `config`.
+    pub async fn bind(config: TargetConfig) -> std::io::Result<Server> {
+        let mut listeners = Vec::new();
+        for address in &config.listen {
+            listeners.push(TcpListener::bind(address).await?);
+        }
+        let scsi = config
+            .targets
+            .iter()
+            .map(|target| {
+                let identity = TargetIdentity {
+                    target_name: target.name.clone(),
+                    vendor: "ISCSI-RS".to_owned(),
+                    product: "RAM DISK".to_owned(),
+                    revision: "0001".to_owned(),
+                };
+                (
+                    target.name.clone(),
+                    Arc::new(ScsiTarget::new(identity, target.luns.clone())),
+                )
+            })
+            .collect();
+        let config = Arc::new(config);
+        let shared = Arc::new(Shared {
+            policy: Policy::new(Arc::clone(&config)),
+            config,
+            scsi,
+            challenge_history: Arc::new(Mutex::new(ChallengeHistory::default())),
+        });
+        Ok(Server { listeners, shared })
+    }
+
+    /// The addresses actually bound (port 0 becomes a real port).
+    pub fn local_addrs(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    /// Serves until `shutdown` completes, then closes every connection.
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+        let mut accepts = JoinSet::new();
+        for listener in self.listeners {
+            let shared = Arc::clone(&self.shared);
+            accepts.spawn(accept_loop(listener, shared));
+        }
+        shutdown.await;
+        info!("shutting down");
+        accepts.shutdown().await;
+        Ok(())
+    }
+}
+
+/// Accepts connections on one portal, a task each.
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let shared = Arc::clone(&shared);
+                    connections.spawn(async move {
+                        if let Err(error) = serve_connection(stream, shared).await {
+                            warn!(%peer, %error, "connection ended");
+                        }
+                    });
+                }
+                Err(error) => warn!(%error, "accept failed"),
+            },
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+}
+
+/// Binds `config` and serves until `shutdown` completes.
+pub async fn serve(
+    config: TargetConfig,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
+    Server::bind(config).await?.run_until(shutdown).await
+}
