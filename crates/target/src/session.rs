@@ -83,6 +83,7 @@ pub(crate) async fn serve_connection(
         max_send = params.max_send_data_segment_length,
         "login complete"
     );
+    let window = shared.config.command_window.max(1);
     let mut session = Session {
         pdus,
         shared,
@@ -92,13 +93,12 @@ pub(crate) async fn serve_connection(
         target_name,
         stat_sn: complete.next_stat_sn,
         exp_cmd_sn: cmd_sn,
-        window: 0,
+        window,
         next_transfer_tag: 1,
         pending: VecDeque::new(),
         data_out: Vec::new(),
         data_in: Vec::new(),
     };
-    session.window = session.shared.config.command_window.max(1);
     session.run().await
 }
 
@@ -488,16 +488,10 @@ impl Session {
         data_out: &mut Vec<u8>,
     ) -> Result<u32, Gather> {
         let expected = command.expected_data_transfer_length;
-        let recv_limits = self.limits;
-        let mut tracker = DataOutTracker::new(
-            Limits {
-                max_recv_segment: self.params.max_recv_data_segment_length,
-                ..recv_limits
-            },
-            expected,
-            immediate.len() as u32,
-        )
-        .map_err(|e| Gather::Protocol(reject_reason(e.reject_reason())))?;
+        // `limits.max_recv_segment` is our declared MaxRecvDataSegmentLength,
+        // the bound on each Data-Out we receive.
+        let mut tracker = DataOutTracker::new(self.limits, expected, immediate.len() as u32)
+            .map_err(|e| Gather::Protocol(reject_reason(e.reject_reason())))?;
         data_out.resize(expected as usize, 0);
         data_out[..immediate.len()].copy_from_slice(&immediate);
         let itt = command.initiator_task_tag;
