@@ -4,8 +4,6 @@
 //!
 //! - [`config`]: targets, LUNs, portals, CHAP, negotiation defaults.
 //! - [`server`]: listeners, one task per connection, shutdown.
-//! - `connection`: reading and writing whole PDUs on one socket (the only
-//!   place bytes meet the decoder and encoder).
 //! - `policy`: the login decisions the protocol core asks for (which target,
 //!   which session).
 //! - `session`: the full feature phase of one connection: SCSI commands,
@@ -17,7 +15,6 @@
 //! sessions and backstores are shared behind `Arc`.
 
 pub mod config;
-mod connection;
 mod policy;
 pub mod server;
 mod session;

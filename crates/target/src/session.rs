@@ -20,6 +20,10 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
+use iscsi_datamover::tcp::TcpDatamover;
+use iscsi_datamover::{
+    DatamoverError as ConnectionError, PduReceiver, PduSender, Received as Incoming,
+};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::login::chap::ChallengeHistory;
 use iscsi_proto::login::target::{LoginComplete, LoginOutcome, TargetLogin};
@@ -37,7 +41,6 @@ use tokio::net::TcpStream;
 use tracing::{debug, info, warn};
 
 use crate::config::TargetConfig;
-use crate::connection::{ConnectionError, Incoming, PduStream};
 use crate::policy::Policy;
 
 /// What every connection of a running target shares.
@@ -60,7 +63,7 @@ pub(crate) async fn serve_connection(
     stream: TcpStream,
     shared: Arc<Shared>,
 ) -> Result<(), ConnectionError> {
-    let mut pdus = PduStream::new(stream)?;
+    let mut pdus = TcpDatamover::new(stream)?;
     let Some((complete, cmd_sn)) = login(&mut pdus, &shared).await? else {
         return Ok(());
     };
@@ -69,7 +72,7 @@ pub(crate) async fn serve_connection(
         header: params.header_digest == Digest::Crc32c,
         data: params.data_digest == Digest::Crc32c,
     };
-    pdus.enter_full_feature(digests, params.max_recv_data_segment_length);
+    pdus.enable(digests, params.max_recv_data_segment_length);
     let target_name = complete.request.target_name.clone();
     let scsi = target_name
         .as_ref()
@@ -106,7 +109,7 @@ pub(crate) async fn serve_connection(
 /// starts from, or `None` if the login failed (the response was sent) or
 /// the initiator went away.
 async fn login(
-    pdus: &mut PduStream,
+    pdus: &mut TcpDatamover,
     shared: &Shared,
 ) -> Result<Option<(Box<LoginComplete>, CmdSn)>, ConnectionError> {
     let challenge: Vec<u8> = (0..32).map(|_| rand::random::<u8>()).collect();
@@ -117,7 +120,7 @@ async fn login(
         Arc::clone(&shared.challenge_history),
     );
     loop {
-        let Some(incoming) = pdus.read().await? else {
+        let Some(incoming) = pdus.receiver.receive().await? else {
             return Ok(None);
         };
         let (step, cmd_sn) = match &incoming.header.pdu {
@@ -131,11 +134,12 @@ async fn login(
             ),
         };
         let data_len = step.data.len() as u32;
-        pdus.write(
-            &Header::new(Pdu::LoginResponse(step.response.clone()), data_len),
-            &step.data,
-        )
-        .await?;
+        pdus.sender
+            .send_control(
+                &Header::new(Pdu::LoginResponse(step.response.clone()), data_len),
+                &step.data,
+            )
+            .await?;
         match step.outcome {
             LoginOutcome::Continue => {}
             LoginOutcome::Failed(status) => {
@@ -153,7 +157,7 @@ async fn login(
 
 /// The full feature phase of one connection.
 struct Session {
-    pdus: PduStream,
+    pdus: TcpDatamover,
     shared: Arc<Shared>,
     params: NegotiatedParameters,
     limits: Limits,
@@ -268,7 +272,7 @@ impl Session {
 
     async fn read_socket(&mut self) -> Result<Option<Incoming>, ConnectionError> {
         loop {
-            match self.pdus.read().await {
+            match self.pdus.receiver.receive().await {
                 Err(ConnectionError::Decode(DecodeError::DataDigestMismatch {
                     rejected_bhs,
                     ..
@@ -312,7 +316,7 @@ impl Session {
 
     async fn send(&mut self, pdu: Pdu, data: &[u8]) -> Result<(), ConnectionError> {
         let header = Header::new(pdu, data.len() as u32);
-        self.pdus.write(&header, data).await
+        self.pdus.sender.send_control(&header, data).await
     }
 
     async fn reject(
@@ -410,7 +414,7 @@ impl Session {
     /// The SendTargets answer: every target (discovery session) or this
     /// session's target, each with the address this connection reached.
     fn send_targets(&self, value: &str) -> Vec<TextPair> {
-        let local = self.pdus.socket().local_addr().ok();
+        let local = Some(self.pdus.local_addr());
         let address = local.map(|a| match a {
             std::net::SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
             std::net::SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),

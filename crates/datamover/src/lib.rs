@@ -1,0 +1,128 @@
+//! The datamover seam of iscsi-rs (RFC 5047, "Datamover Architecture for
+//! iSCSI"): the primitives the iSCSI layer — target and initiator alike —
+//! uses to move control PDUs and data, kept apart from any transport so that
+//! plain TCP and, later, iSER over RDMA (RFC 7145) are two implementations of
+//! the same interface.
+//!
+//! | RFC 5047 primitive | here |
+//! |---|---|
+//! | `Send_Control` (a control PDU, with any immediate or unsolicited data) | [`PduSender::send_control`] |
+//! | `Put_Data` (target: SCSI data towards the initiator) | [`PduSender::put_data`] |
+//! | `Get_Data` (target: fetch solicited data; over TCP an R2T answered by Data-Out) | [`PduSender::send_control`] of the R2T, then [`PduReceiver::receive_data_into`] |
+//! | `Control_Notify` (a control PDU arrived) | [`PduReceiver::receive_header`] / [`PduReceiver::receive`] |
+//! | `Data_Completion_Notify` (all data of a task placed) | the caller's data tracker (`iscsi_proto::transfer`) after [`PduReceiver::receive_data_into`] |
+//! | `Notice_Key_Values` / `Enable_Datamover` (the login result switches the connection to full feature phase) | [`tcp::TcpDatamover::enable`] |
+//! | `Allocate_Connection_Resources` / `Deallocate_Connection_Resources` | [`tcp::TcpDatamover::new`] / dropping it |
+//! | `Connection_Terminate` / `Connection_Terminate_Notify` | [`PduSender::terminate`] / a receive returning `Ok(None)` or an error |
+//!
+//! The two directions are separate objects ([`PduReceiver`], [`PduSender`])
+//! so a connection can read and write from different tasks: the target keeps
+//! receiving Data-Out and new commands while earlier commands' Data-In is
+//! being written.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `lib.rs` | the primitive traits and [`DatamoverError`] |
+//! | [`tcp`] | the TCP datamover (RFC 7143 framing over a byte stream): streaming receive into caller buffers with the data digest computed per chunk while hot, vectored sends with no copy of the data segment |
+
+pub mod tcp;
+
+use std::future::Future;
+
+use iscsi_proto::error::DecodeError;
+use iscsi_proto::pdu::Header;
+use thiserror::Error;
+
+/// Why a connection cannot go on (RFC 5047 `Connection_Terminate_Notify`).
+#[derive(Debug, Error)]
+pub enum DatamoverError {
+    /// The transport failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+    /// The peer sent bytes that are not a PDU we can accept. Some decode
+    /// errors leave the connection usable (a data digest error is answered
+    /// with a Reject, RFC 7143 section 7.8):
+    /// [`DecodeError::requires_connection_drop`] says which.
+    #[error("decode: {0}")]
+    Decode(#[from] DecodeError),
+    /// The peer closed the connection in the middle of a PDU.
+    #[error("connection closed in the middle of a PDU")]
+    Truncated,
+    /// A caller asked for data in a way that does not match the PDU being
+    /// received (a bug in the caller, reported rather than hidden).
+    #[error("receive misuse: {0}")]
+    Misuse(&'static str),
+    /// Our own PDU could not be encoded (a bug, reported rather than hidden).
+    #[error("encode: {0}")]
+    Encode(String),
+}
+
+/// A received PDU: its header and its whole data segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Received {
+    /// The decoded header (BHS and AHS), digest already verified.
+    pub header: Header,
+    /// The data segment, digest verified, padding removed.
+    pub data: Vec<u8>,
+}
+
+/// The receive direction of one connection (RFC 5047 `Control_Notify` and
+/// the data placement under `Get_Data`).
+pub trait PduReceiver: Send {
+    /// The next PDU's header, or `None` when the peer closed the connection
+    /// between PDUs. Its `data_segment_length` bytes must then be taken with
+    /// [`PduReceiver::receive_data_into`] or [`PduReceiver::receive_data`]
+    /// before the next header (zero-length segments need no call).
+    fn receive_header(
+        &mut self,
+    ) -> impl Future<Output = Result<Option<Header>, DatamoverError>> + Send;
+
+    /// Lands the current PDU's data segment in `destination`, which must be
+    /// exactly `data_segment_length` bytes long (for a Data-Out: its final
+    /// place in the task's buffer), and verifies the data digest.
+    fn receive_data_into(
+        &mut self,
+        destination: &mut [u8],
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send;
+
+    /// The current PDU's data segment in a new buffer, digest verified.
+    fn receive_data(&mut self) -> impl Future<Output = Result<Vec<u8>, DatamoverError>> + Send;
+
+    /// The next whole PDU, or `None` when the peer closed the connection
+    /// between PDUs.
+    fn receive(&mut self) -> impl Future<Output = Result<Option<Received>, DatamoverError>> + Send {
+        async {
+            let Some(header) = self.receive_header().await? else {
+                return Ok(None);
+            };
+            let data = self.receive_data().await?;
+            Ok(Some(Received { header, data }))
+        }
+    }
+}
+
+/// The send direction of one connection (RFC 5047 `Send_Control` and
+/// `Put_Data`).
+pub trait PduSender: Send {
+    /// `Send_Control`: a control PDU (any opcode but Data-In) with its data
+    /// segment (immediate data, text, sense, ping data).
+    fn send_control(
+        &mut self,
+        header: &Header,
+        data: &[u8],
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send;
+
+    /// `Put_Data`: a SCSI Data-In carrying `data` straight from the
+    /// caller's buffer (over TCP, one Data-In PDU; over iSER, an RDMA Write
+    /// into the initiator's buffer).
+    fn put_data(
+        &mut self,
+        header: &Header,
+        data: &[u8],
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
+        self.send_control(header, data)
+    }
+
+    /// `Connection_Terminate`: flushes and closes the send direction.
+    fn terminate(&mut self) -> impl Future<Output = Result<(), DatamoverError>> + Send;
+}

@@ -1,0 +1,206 @@
+//! The stream datamover over an in-memory pipe: PDUs of every data size go
+//! through the sender and come out of the receiver whole, with and without
+//! digests, landed in caller buffers through both the buffered and the
+//! direct-read paths; a corrupted data digest, a truncated stream and a
+//! misused receive give errors, never a panic or a hang.
+
+use iscsi_datamover::tcp::{StreamReceiver, StreamSender};
+use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
+use iscsi_proto::error::DecodeError;
+use iscsi_proto::pdu::{DataIn, Digests, Header, NopOut, Pdu};
+use iscsi_proto::serial::DataSn;
+use tokio::io::AsyncWriteExt;
+
+fn data_in(offset: u32, len: usize) -> Header {
+    Header::new(
+        Pdu::DataIn(DataIn {
+            final_flag: true,
+            initiator_task_tag: 7,
+            target_transfer_tag: 0xFFFF_FFFF,
+            data_sn: DataSn::new(offset / 512),
+            buffer_offset: offset,
+            ..DataIn::default()
+        }),
+        len as u32,
+    )
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+const SIZES: [usize; 9] = [0, 1, 3, 4, 511, 4096, 16 * 1024 - 1, 64 * 1024 + 3, 1 << 20];
+
+async fn round_trip(digests: Digests, into_place: bool) {
+    let (client, server) = tokio::io::duplex(64 * 1024);
+    let mut sender = StreamSender::new(client);
+    let mut receiver = StreamReceiver::new(server);
+    sender.enable(digests);
+    receiver.enable(digests, 1 << 20);
+    let writer = tokio::spawn(async move {
+        for (i, &len) in SIZES.iter().enumerate() {
+            let data = pattern(len, i as u8);
+            sender
+                .put_data(&data_in(i as u32, len), &data)
+                .await
+                .unwrap();
+        }
+        sender.terminate().await.unwrap();
+    });
+    for (i, &len) in SIZES.iter().enumerate() {
+        let header = receiver.receive_header().await.unwrap().expect("a PDU");
+        assert_eq!(header, data_in(i as u32, len));
+        let data = if into_place {
+            // A destination bigger than the segment, as a task's buffer is.
+            let mut buffer = vec![0xEE; len + 100];
+            receiver
+                .receive_data_into(&mut buffer[50..50 + len])
+                .await
+                .unwrap();
+            assert!(buffer[..50].iter().all(|&b| b == 0xEE));
+            assert!(buffer[50 + len..].iter().all(|&b| b == 0xEE));
+            buffer[50..50 + len].to_vec()
+        } else {
+            receiver.receive_data().await.unwrap()
+        };
+        assert_eq!(data, pattern(len, i as u8), "PDU {i}, {len} bytes");
+    }
+    assert!(receiver.receive().await.unwrap().is_none(), "clean end");
+    writer.await.unwrap();
+}
+
+#[tokio::test]
+async fn every_size_round_trips_without_digests() {
+    round_trip(Digests::default(), false).await;
+    round_trip(Digests::default(), true).await;
+}
+
+#[tokio::test]
+async fn every_size_round_trips_with_both_digests() {
+    let both = Digests {
+        header: true,
+        data: true,
+    };
+    round_trip(both, false).await;
+    round_trip(both, true).await;
+}
+
+/// The bytes of one PDU as the sender writes them.
+async fn encoded(header: &Header, data: &[u8], digests: Digests) -> Vec<u8> {
+    let (client, server) = tokio::io::duplex(4 << 20);
+    let mut sender = StreamSender::new(client);
+    sender.enable(digests);
+    sender.send_control(header, data).await.unwrap();
+    drop(sender);
+    let mut bytes = Vec::new();
+    let mut server = server;
+    tokio::io::AsyncReadExt::read_to_end(&mut server, &mut bytes)
+        .await
+        .unwrap();
+    bytes
+}
+
+#[tokio::test]
+async fn a_corrupted_data_digest_is_reported_and_the_next_pdu_still_arrives() {
+    let digests = Digests {
+        header: true,
+        data: true,
+    };
+    for len in [100usize, 200 * 1024] {
+        let data = pattern(len, 1);
+        let mut bad = encoded(&data_in(0, len), &data, digests).await;
+        let flip = 48 + 4 + len / 2;
+        bad[flip] ^= 0x10;
+        let good = encoded(&data_in(1, 5), &pattern(5, 2), digests).await;
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let mut receiver = StreamReceiver::new(server);
+        receiver.enable(digests, 1 << 20);
+        let writer = tokio::spawn(async move {
+            client.write_all(&bad).await.unwrap();
+            client.write_all(&good).await.unwrap();
+        });
+        receiver.receive_header().await.unwrap().unwrap();
+        let mut buffer = vec![0; len];
+        match receiver.receive_data_into(&mut buffer).await {
+            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {}
+            other => panic!("expected a data digest error, got {other:?}"),
+        }
+        // A data digest error leaves the connection usable (RFC 7143 7.8).
+        let next = receiver.receive().await.unwrap().unwrap();
+        assert_eq!(next.header, data_in(1, 5));
+        assert_eq!(next.data, pattern(5, 2));
+        writer.await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn truncation_anywhere_is_an_error_and_a_boundary_is_a_clean_end() {
+    let nop = Header::new(
+        Pdu::NopOut(NopOut {
+            initiator_task_tag: 1,
+            target_transfer_tag: 0xFFFF_FFFF,
+            ..NopOut::default()
+        }),
+        40_000,
+    );
+    let digests = Digests {
+        header: true,
+        data: true,
+    };
+    let bytes = encoded(&nop, &pattern(40_000, 3), digests).await;
+    for cut in [1, 47, 48, 51, 52, 1000, 30_000, bytes.len() - 1] {
+        let (mut client, server) = tokio::io::duplex(1 << 20);
+        let mut receiver = StreamReceiver::new(server);
+        receiver.enable(digests, 1 << 20);
+        client.write_all(&bytes[..cut]).await.unwrap();
+        drop(client);
+        let result = match receiver.receive_header().await {
+            Ok(Some(_)) => receiver.receive_data().await.map(|_| ()),
+            Ok(None) => panic!("cut at {cut}: reported as a clean end"),
+            Err(e) => Err(e),
+        };
+        assert!(
+            matches!(result, Err(DatamoverError::Truncated)),
+            "cut at {cut}: {result:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn misuse_is_an_error() {
+    let digests = Digests::default();
+    let bytes = encoded(&data_in(0, 10), &pattern(10, 0), digests).await;
+    let (mut client, server) = tokio::io::duplex(1 << 16);
+    client.write_all(&bytes).await.unwrap();
+    client.write_all(&bytes).await.unwrap();
+    let mut receiver = StreamReceiver::new(server);
+    receiver.receive_header().await.unwrap().unwrap();
+    let mut wrong = [0u8; 9];
+    assert!(matches!(
+        receiver.receive_data_into(&mut wrong).await,
+        Err(DatamoverError::Misuse(_))
+    ));
+    assert!(matches!(
+        receiver.receive_header().await,
+        Err(DatamoverError::Misuse(_))
+    ));
+    let mut right = [0u8; 10];
+    receiver.receive_data_into(&mut right).await.unwrap();
+    assert_eq!(right.to_vec(), pattern(10, 0));
+    assert!(receiver.receive().await.unwrap().is_some());
+}
+
+#[tokio::test]
+async fn a_segment_longer_than_declared_is_refused_before_allocation() {
+    let bytes = encoded(&data_in(0, 9000), &pattern(9000, 0), Digests::default()).await;
+    let (mut client, server) = tokio::io::duplex(1 << 16);
+    client.write_all(&bytes).await.unwrap();
+    let mut receiver = StreamReceiver::new(server);
+    // Login phase: 8192 bytes at most.
+    match receiver.receive_header().await {
+        Err(DatamoverError::Decode(DecodeError::DataSegmentTooLong { .. })) => {}
+        other => panic!("expected DataSegmentTooLong, got {other:?}"),
+    }
+}
