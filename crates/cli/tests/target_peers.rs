@@ -23,29 +23,39 @@ impl Drop for Target {
     }
 }
 
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
 impl Target {
+    /// `iscsi target --listen 127.0.0.1:PORT --name NAME EXTRA...`.
     fn start(extra: &[&str]) -> Target {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
+        let port = free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let mut args = vec!["--listen", &listen, "--name", NAME];
+        args.extend_from_slice(extra);
+        Target::spawn(&args, ("127.0.0.1", port))
+    }
+
+    /// `iscsi target ARGS...`, waiting until `probe` accepts connections.
+    fn spawn(args: &[&str], probe: (&str, u16)) -> Target {
         let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
         command
-            .args([
-                "target",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--name",
-                NAME,
-            ])
-            .args(extra)
+            .arg("target")
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
         let child = command.spawn().expect("iscsi target starts");
-        let target = Target { child, port };
+        let target = Target {
+            child,
+            port: probe.1,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        while TcpStream::connect(probe).is_err() {
             assert!(Instant::now() < deadline, "iscsi target did not listen");
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -127,15 +137,7 @@ fn qemu_img_writes_and_reads_back_the_same_bytes() {
     let source = dir.join("source.raw");
     let back = dir.join("back.raw");
     // 8 MiB of pseudo-random data, not block-aligned in content.
-    let mut state = 0x2545_F491_4F6C_DD1Du64;
-    let data: Vec<u8> = (0..8 << 20)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect();
+    let data = noise(8 << 20, 0x2545_F491_4F6C_DD1D);
     std::fs::write(&source, &data).unwrap();
     let mut write = tool("qemu-img");
     write
@@ -175,4 +177,111 @@ fn iscsi_perf_reads_under_load_and_the_data_survives() {
     let mut inq = tool("iscsi-inq");
     inq.arg(target.url(0));
     run(inq);
+}
+
+/// Pseudo-random bytes (xorshift), the same for the same seed.
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}
+
+#[test]
+fn a_file_lun_over_ipv6_keeps_its_data_across_a_restart() {
+    let dir = std::env::temp_dir().join(format!("iscsi-rs-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("lun.img");
+    let source = dir.join("source.raw");
+    let back = dir.join("back.raw");
+    let data = noise(4 << 20, 42);
+    std::fs::write(&source, &data).unwrap();
+    let port = free_port();
+    let listen = format!("[::1]:{port}");
+    let lun = format!("file:{},size=16M", image.display());
+    let url = format!("iscsi://[::1]:{port}/{NAME}/0");
+    let args = ["--listen", &listen, "--name", NAME, "--lun", &lun];
+    let target = Target::spawn(&args, ("::1", port));
+    let mut write = tool("qemu-img");
+    write
+        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+        .arg(&source)
+        .arg(&url);
+    run(write);
+    let log = target.log();
+    assert!(!log.contains("panicked"), "target log: {log}");
+    // The file holds the data at once (what a restart will serve).
+    let on_disk = std::fs::read(&image).unwrap();
+    assert_eq!(on_disk.len(), 16 << 20);
+    assert!(
+        on_disk[..data.len()] == data[..],
+        "the file holds the write"
+    );
+    // Restarted on the same file: the data is served again.
+    let target = Target::spawn(&args, ("::1", port));
+    let mut read = tool("qemu-img");
+    read.args(["convert", "-f", "raw", "-O", "raw"])
+        .arg(&url)
+        .arg(&back);
+    run(read);
+    let read_back = std::fs::read(&back).unwrap();
+    assert!(
+        read_back[..data.len()] == data[..],
+        "read back after restart"
+    );
+    drop(target);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_config_file_serves_several_targets_with_chap() {
+    let dir = std::env::temp_dir().join(format!("iscsi-rs-config-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let config = dir.join("target.toml");
+    std::fs::write(
+        &config,
+        format!(
+            r#"
+listen = ["127.0.0.1:{port}"]
+[[target]]
+name = "iqn.2026-11.rs.iscsi:one"
+luns = ["ram:8M", "ram:4M"]
+[[target]]
+name = "iqn.2026-11.rs.iscsi:two"
+block_size = 4096
+luns = ["file:{},size=8M"]
+chap = {{ user = "alice", secret = "secret-of-alice" }}
+"#,
+            dir.join("two.img").display()
+        ),
+    )
+    .unwrap();
+    let config_arg = config.display().to_string();
+    let target = Target::spawn(&["--config", &config_arg], ("127.0.0.1", port));
+    let mut ls = tool("iscsi-ls");
+    ls.arg(format!("iscsi://127.0.0.1:{port}"));
+    let listing = stdout(&run(ls));
+    assert!(listing.contains("iqn.2026-11.rs.iscsi:one"), "{listing}");
+    assert!(listing.contains("iqn.2026-11.rs.iscsi:two"), "{listing}");
+    // The second target wants CHAP: without it the login fails, with it
+    // the 4096-byte blocks show.
+    let mut refused = tool("iscsi-readcapacity16");
+    refused.arg(format!(
+        "iscsi://127.0.0.1:{port}/iqn.2026-11.rs.iscsi:two/0"
+    ));
+    assert!(!refused.output().unwrap().status.success());
+    let mut capacity = tool("iscsi-readcapacity16");
+    capacity.arg(format!(
+        "iscsi://alice%secret-of-alice@127.0.0.1:{port}/iqn.2026-11.rs.iscsi:two/0"
+    ));
+    let capacity = stdout(&run(capacity));
+    assert!(capacity.contains("4096"), "{capacity}");
+    drop(target);
+    let _ = std::fs::remove_dir_all(&dir);
 }

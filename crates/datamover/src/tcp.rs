@@ -220,6 +220,12 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
     pub fn enable(&mut self, digests: Digests) {
         self.digests = digests;
     }
+
+    /// The underlying stream, for writing bytes that are not a well-formed
+    /// PDU (tests of how a peer handles corrupted input).
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.writer
+    }
 }
 
 impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {

@@ -44,7 +44,57 @@ pub mod opcode {
     pub const READ_12: u8 = 0xA8;
     /// WRITE(12).
     pub const WRITE_12: u8 = 0xAA;
+    /// MODE SELECT(6).
+    pub const MODE_SELECT_6: u8 = 0x15;
+    /// RESERVE(6).
+    pub const RESERVE_6: u8 = 0x16;
+    /// RELEASE(6).
+    pub const RELEASE_6: u8 = 0x17;
+    /// START STOP UNIT.
+    pub const START_STOP_UNIT: u8 = 0x1B;
+    /// PREVENT ALLOW MEDIUM REMOVAL.
+    pub const PREVENT_ALLOW_MEDIUM_REMOVAL: u8 = 0x1E;
+    /// WRITE AND VERIFY(10).
+    pub const WRITE_AND_VERIFY_10: u8 = 0x2E;
+    /// VERIFY(10).
+    pub const VERIFY_10: u8 = 0x2F;
+    /// WRITE SAME(10).
+    pub const WRITE_SAME_10: u8 = 0x41;
+    /// MODE SELECT(10).
+    pub const MODE_SELECT_10: u8 = 0x55;
+    /// RESERVE(10).
+    pub const RESERVE_10: u8 = 0x56;
+    /// RELEASE(10).
+    pub const RELEASE_10: u8 = 0x57;
+    /// PERSISTENT RESERVE IN.
+    pub const PERSISTENT_RESERVE_IN: u8 = 0x5E;
+    /// PERSISTENT RESERVE OUT.
+    pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
+    /// COMPARE AND WRITE.
+    pub const COMPARE_AND_WRITE: u8 = 0x89;
+    /// WRITE AND VERIFY(16).
+    pub const WRITE_AND_VERIFY_16: u8 = 0x8E;
+    /// VERIFY(16).
+    pub const VERIFY_16: u8 = 0x8F;
+    /// WRITE SAME(16).
+    pub const WRITE_SAME_16: u8 = 0x93;
+    /// MAINTENANCE IN; service actions 0x0C (REPORT SUPPORTED OPERATION
+    /// CODES) and 0x0D (REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS).
+    pub const MAINTENANCE_IN: u8 = 0xA3;
+    /// WRITE AND VERIFY(12).
+    pub const WRITE_AND_VERIFY_12: u8 = 0xAE;
+    /// VERIFY(12).
+    pub const VERIFY_12: u8 = 0xAF;
 }
+
+/// Service action of SERVICE ACTION IN(16) selecting GET LBA STATUS.
+pub const SA_GET_LBA_STATUS: u8 = 0x12;
+/// Service action of MAINTENANCE IN selecting REPORT SUPPORTED OPERATION
+/// CODES.
+pub const SA_REPORT_SUPPORTED_OPCODES: u8 = 0x0C;
+/// Service action of MAINTENANCE IN selecting REPORT SUPPORTED TASK
+/// MANAGEMENT FUNCTIONS.
+pub const SA_REPORT_SUPPORTED_TMFS: u8 = 0x0D;
 
 /// Service action of SERVICE ACTION IN(16) selecting READ CAPACITY(16).
 pub const SA_READ_CAPACITY_16: u8 = 0x10;
@@ -196,9 +246,12 @@ pub enum DataDirection {
 }
 
 /// What the transport needs to know from a CDB before executing it: the
-/// direction and the number of bytes the CDB says it transfers (for WRITEs,
-/// how much Data-Out to collect; for commands with an allocation length, that
-/// length). Unknown opcodes and malformed CDBs: direction `None`, length 0.
+/// direction and the number of bytes the CDB says it transfers (for commands
+/// with Data-Out, how much to collect: WRITE, WRITE AND VERIFY and VERIFY
+/// with BYTCHK their blocks, COMPARE AND WRITE twice its blocks, WRITE SAME
+/// one block unless NDOB, UNMAP, MODE SELECT and PERSISTENT RESERVE OUT
+/// their parameter list length; for commands with an allocation length,
+/// that length). Unknown opcodes and malformed CDBs: direction `None`, length 0.
 /// Lengths that do not fit in `u32` saturate.
 pub fn command_info(cdb: &[u8], block_size: u32) -> (DataDirection, u32) {
     use opcode::*;
@@ -220,20 +273,36 @@ pub fn command_info(cdb: &[u8], block_size: u32) -> (DataDirection, u32) {
     let Some(&op) = cdb.first() else {
         return none;
     };
+    let write = |n: Result<u64, Sense>| match n {
+        Ok(0) | Err(_) => none,
+        Ok(n) => (DataDirection::Write, u32::try_from(n).unwrap_or(u32::MAX)),
+    };
+    let bs = u64::from(block_size);
+    let b1 = byte(cdb, 1).unwrap_or(0);
     let len: Result<u32, Sense> = match op {
         REQUEST_SENSE | MODE_SENSE_6 => byte(cdb, 4).map(u32::from),
         INQUIRY => be16(cdb, 3).map(u32::from),
-        MODE_SENSE_10 => be16(cdb, 7).map(u32::from),
+        MODE_SENSE_10 | PERSISTENT_RESERVE_IN => be16(cdb, 7).map(u32::from),
         READ_CAPACITY_10 => Ok(8),
-        SERVICE_ACTION_IN_16 if byte(cdb, 1).map(|b| b & 0x1F) == Ok(SA_READ_CAPACITY_16) => {
+        SERVICE_ACTION_IN_16 if matches!(b1 & 0x1F, SA_READ_CAPACITY_16 | SA_GET_LBA_STATUS) => {
             be32(cdb, 10)
         }
-        REPORT_LUNS => be32(cdb, 6),
-        UNMAP => {
-            return match be16(cdb, 7) {
-                Ok(0) | Err(_) => none,
-                Ok(n) => (DataDirection::Write, u32::from(n)),
-            };
+        REPORT_LUNS | MAINTENANCE_IN => be32(cdb, 6),
+        UNMAP | MODE_SELECT_10 => return write(be16(cdb, 7).map(u64::from)),
+        MODE_SELECT_6 => return write(byte(cdb, 4).map(u64::from)),
+        PERSISTENT_RESERVE_OUT => return write(be32(cdb, 5).map(u64::from)),
+        // One block, or none with NDOB (WRITE SAME(16) byte 1 bit 0).
+        WRITE_SAME_10 => return write(Ok(bs)),
+        WRITE_SAME_16 if b1 & 0x01 == 0 => return write(Ok(bs)),
+        // The blocks to compare, then the blocks to write.
+        COMPARE_AND_WRITE => {
+            return write(byte(cdb, 13).map(|n| u64::from(n) * 2 * bs));
+        }
+        WRITE_AND_VERIFY_10 => return write(be16(cdb, 7).map(|n| u64::from(n) * bs)),
+        WRITE_AND_VERIFY_12 => return write(be32(cdb, 6).map(|n| u64::from(n) * bs)),
+        WRITE_AND_VERIFY_16 => return write(be32(cdb, 10).map(|n| u64::from(n) * bs)),
+        VERIFY_10 | VERIFY_12 | VERIFY_16 => {
+            return write(crate::sbc::verify_data_len(cdb, block_size));
         }
         _ => return none,
     };

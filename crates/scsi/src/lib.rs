@@ -7,25 +7,50 @@
 //! command. Nothing here does network I/O, and nothing panics on any CDB,
 //! LUN or data the network can send.
 //!
+//! Every command names its I_T nexus ([`Nexus`]): unit attentions,
+//! SPC-2 reservations and persistent reservations are kept per nexus. The
+//! transport reports lost nexuses ([`ScsiTarget::nexus_lost`]) and the task
+//! management resets ([`ScsiTarget::lun_reset`], [`ScsiTarget::target_reset`]).
+//!
 //! | module | owns |
 //! |---|---|
-//! | `lib.rs` | [`ScsiTarget`], LUN addressing, unit attentions, dispatch by opcode |
-//! | [`cdb`] | opcodes, bounds-checked field readers, [`cdb::Lba`]/[`cdb::Blocks`], READ/WRITE decoding, [`command_info`] |
-//! | [`sense`] | sense keys, named ASC/ASCQ constants, fixed and descriptor formats |
-//! | [`spc`] | primary commands: INQUIRY and VPD pages, REPORT LUNS, TEST UNIT READY, REQUEST SENSE, MODE SENSE |
-//! | [`sbc`] | block commands: READ/WRITE(6/10/12/16), READ CAPACITY(10/16), SYNCHRONIZE CACHE(10/16), UNMAP |
-//! | [`backstore`] | the [`Backstore`] trait and the sparse [`RamBackstore`] |
+//! | `lib.rs` | [`ScsiTarget`], [`CommandOutcome`], LUN addressing, resets, dispatch by opcode (unit attention, then reservation check, then the command) |
+//! | `lu.rs` | per-LU state: unit attention queues per nexus, the SPC-2 reservation, PR state, mode parameters, the COMPARE AND WRITE lock |
+//! | [`nexus`] | [`Nexus`], [`NexusKey`], iSCSI TransportIDs (SPC-4 §7.6.4.6) |
+//! | [`cdb`] | opcodes, bounds-checked field readers, [`cdb::Lba`]/[`cdb::Blocks`], READ/WRITE decoding, [`command_info`] (Data-Out and allocation lengths of every command) |
+//! | [`sense`] | sense keys, named ASC/ASCQ constants, INFORMATION, fixed and descriptor formats |
+//! | [`spc`] | primary commands: INQUIRY and VPD pages (00h, 80h, 83h, B0h, B1h, B2h), REPORT LUNS, TEST UNIT READY, REQUEST SENSE |
+//! | [`mode`] | MODE SENSE(6/10), MODE SELECT(6/10): caching, control, informational exceptions pages |
+//! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules |
+//! | [`sbc`] | block commands: READ/WRITE(6/10/12/16), READ CAPACITY(10/16), GET LBA STATUS, SYNCHRONIZE CACHE(10/16), UNMAP, WRITE SAME(10/16), COMPARE AND WRITE, VERIFY(10/12/16), WRITE AND VERIFY(10/12/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
+//! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
+//! | [`backstore`] | the [`Backstore`] trait; [`RamBackstore`] (sparse), [`FileBackstore`], [`BlockBackstore`] |
 
 pub mod backstore;
 pub mod cdb;
+mod lu;
+pub mod mode;
+pub mod nexus;
+pub mod opcodes;
+pub mod pr;
 pub mod sbc;
 pub mod sense;
 pub mod spc;
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-pub use backstore::{Backstore, RamBackstore, RamBackstoreError};
+pub use backstore::{
+    Allocation, Backstore, BackstoreOpenError, BlockBackstore, FileBackstore, RamBackstore,
+    RamBackstoreError,
+};
+pub use nexus::{Nexus, NexusKey};
+pub use pr::PrType;
+
 pub use cdb::{DataDirection, command_info};
+use lu::LogicalUnit;
+use pr::Fail;
 pub use sense::{Asc, Sense, SenseKey};
 
 /// SAM-5 status codes.
@@ -39,7 +64,7 @@ pub mod status {
 }
 
 /// The outcome of one command. Data-In has been written to the caller's
-/// buffer; on CHECK CONDITION that buffer is empty and `sense` is `Some`.
+/// buffer; on CHECK CONDITION or RESERVATION CONFLICT that buffer is empty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommandOutcome {
     /// SAM status: [`status::GOOD`], [`status::CHECK_CONDITION`] or
@@ -47,6 +72,10 @@ pub struct CommandOutcome {
     pub status: u8,
     /// Sense data, present exactly when the status is CHECK CONDITION.
     pub sense: Option<Sense>,
+    /// Whether the LU's control mode page has D_SENSE set, so the sense
+    /// goes out in descriptor format; [`CommandOutcome::sense_bytes`]
+    /// applies it.
+    pub descriptor_sense: bool,
 }
 
 impl CommandOutcome {
@@ -54,14 +83,31 @@ impl CommandOutcome {
     pub const GOOD: Self = Self {
         status: status::GOOD,
         sense: None,
+        descriptor_sense: false,
     };
 
-    /// CHECK CONDITION with `sense`.
+    /// RESERVATION CONFLICT status, no sense (SPC-4 §5.12.1).
+    pub const RESERVATION_CONFLICT: Self = Self {
+        status: status::RESERVATION_CONFLICT,
+        sense: None,
+        descriptor_sense: false,
+    };
+
+    /// CHECK CONDITION with `sense` (fixed format).
     pub const fn check_condition(sense: Sense) -> Self {
         Self {
             status: status::CHECK_CONDITION,
             sense: Some(sense),
+            descriptor_sense: false,
         }
+    }
+
+    /// The sense bytes for the SCSI Response: fixed format, or descriptor
+    /// format when D_SENSE is set; empty without sense.
+    pub fn sense_bytes(&self) -> Vec<u8> {
+        self.sense
+            .map(|s| s.encode(self.descriptor_sense))
+            .unwrap_or_default()
     }
 
     /// Whether the status is GOOD.
@@ -96,22 +142,6 @@ impl TargetIdentity {
     }
 }
 
-/// One logical unit: its backstore and the unit attention waiting for it.
-#[derive(Debug)]
-pub(crate) struct LogicalUnit {
-    pub(crate) backstore: Arc<dyn Backstore>,
-    pending: Mutex<Option<Sense>>,
-}
-
-impl LogicalUnit {
-    fn take_pending(&self) -> Option<Sense> {
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take()
-    }
-}
-
 /// Encodes LUN `n` as the 64-bit LUN field: peripheral device addressing for
 /// `n < 256`, flat space addressing up to 16383 (SAM-5 §4.7).
 pub fn encode_lun(n: u16) -> u64 {
@@ -137,10 +167,45 @@ pub fn decode_lun(lun: u64) -> Option<u16> {
 }
 
 /// A SCSI target's set of logical units.
-#[derive(Debug)]
 pub struct ScsiTarget {
     identity: TargetIdentity,
     luns: Vec<LogicalUnit>,
+    /// Every I_T nexus that has sent a command and not been lost: the
+    /// nexuses a unit attention "for every I_T nexus" is queued for.
+    nexuses: Mutex<HashSet<NexusKey>>,
+    /// Told which nexuses' tasks PREEMPT AND ABORT aborts.
+    abort_handler: Mutex<Option<Arc<AbortHandler>>>,
+    /// Whether a nexus's first command meets POWER ON, RESET, OR BUS DEVICE
+    /// RESET OCCURRED.
+    power_on_ua: AtomicBool,
+}
+
+/// The transport's hook for PERSISTENT RESERVE OUT with PREEMPT AND ABORT
+/// (SPC-4 §5.12.11.5): called with the LUN number and the I_T nexuses whose
+/// registrations were preempted, whose tasks on that LU the transport must
+/// abort (as ABORT TASK SET would, without a response for them).
+pub type AbortHandler = dyn Fn(u16, &[NexusKey]) + Send + Sync;
+
+/// The kind of reset the transport performed (SAM-5 §6.3, RFC 7143
+/// §11.5.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TargetReset {
+    /// TARGET WARM RESET: unit attention POWER ON, RESET, OR BUS DEVICE
+    /// RESET OCCURRED (29h/00h).
+    Warm,
+    /// TARGET COLD RESET: as a power cycle, unit attention POWER ON OCCURRED
+    /// (29h/01h).
+    Cold,
+}
+
+impl std::fmt::Debug for ScsiTarget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ScsiTarget")
+            .field("identity", &self.identity)
+            .field("luns", &self.luns)
+            .field("nexuses", &self.nexuses)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ScsiTarget {
@@ -150,12 +215,34 @@ impl ScsiTarget {
         let luns = luns
             .into_iter()
             .take(0x4000)
-            .map(|backstore| LogicalUnit {
-                backstore,
-                pending: Mutex::new(None),
-            })
+            .map(LogicalUnit::new)
             .collect();
-        Self { identity, luns }
+        Self {
+            identity,
+            luns,
+            nexuses: Mutex::new(HashSet::new()),
+            abort_handler: Mutex::new(None),
+            power_on_ua: AtomicBool::new(false),
+        }
+    }
+
+    /// With `on`, every I_T nexus's first command to each LU (after login,
+    /// or after [`ScsiTarget::nexus_lost`]) reports the unit attention POWER
+    /// ON, RESET, OR BUS DEVICE RESET OCCURRED (SAM-5 §5.14: a new nexus has
+    /// not seen the power-on). Off by default: many initiators and test
+    /// suites expect the first command after login to succeed.
+    pub fn set_power_on_unit_attention(&self, on: bool) {
+        self.power_on_ua.store(on, Ordering::Relaxed);
+    }
+
+    /// Installs the hook PREEMPT AND ABORT calls (see [`AbortHandler`]).
+    /// Without one, PREEMPT AND ABORT behaves as PREEMPT: commands here run
+    /// to completion, so the core itself holds no task to abort.
+    pub fn set_abort_handler(&self, handler: impl Fn(u16, &[NexusKey]) + Send + Sync + 'static) {
+        *self
+            .abort_handler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(handler));
     }
 
     /// The number of logical units.
@@ -173,103 +260,234 @@ impl ScsiTarget {
         self.luns.get(usize::from(lun)).map(|lu| &lu.backstore)
     }
 
-    /// Queues a unit attention on LUN number `lun` (e.g.
-    /// [`Sense::POWER_ON_RESET`] after a LOGICAL UNIT RESET). The next
+    fn known_nexuses(&self) -> Vec<NexusKey> {
+        self.nexuses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
+    }
+
+    /// Queues a unit attention on LUN number `lun` for every I_T nexus that
+    /// has sent this target a command (SAM-5 §5.14). Each nexus's next
     /// command other than INQUIRY, REPORT LUNS and REQUEST SENSE ends in
-    /// CHECK CONDITION with it; REQUEST SENSE returns and clears it. This
-    /// core keeps one condition per LU, not one per I_T nexus.
+    /// CHECK CONDITION with it; REQUEST SENSE returns and clears it.
     pub fn raise_unit_attention(&self, lun: u16, sense: Sense) {
+        let nexuses = self.known_nexuses();
         if let Some(lu) = self.luns.get(usize::from(lun)) {
-            *lu.pending.lock().unwrap_or_else(PoisonError::into_inner) = Some(sense);
+            lu.state().raise_for_all(&nexuses, None, sense);
         }
     }
 
-    /// Executes `cdb` on `lun`, the 64-bit LUN field as the initiator sent
-    /// it (peripheral or flat addressing).
+    /// The transport lost `nexus` (its session ended, SAM-5 §6.3.4): an
+    /// SPC-2 reservation it held is released and its pending unit
+    /// attentions are dropped. Persistent reservations and registrations
+    /// are kept (SPC-4 §5.12.3).
+    pub fn nexus_lost(&self, nexus: &Nexus) {
+        let key = nexus.key();
+        self.nexuses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&key);
+        for lu in &self.luns {
+            let mut st = lu.state();
+            if st.spc2.as_ref() == Some(&key) {
+                st.spc2 = None;
+            }
+            st.drop_nexus(&key);
+        }
+    }
+
+    /// LOGICAL UNIT RESET of LUN number `lun` (SAM-5 §7.7): commands run to
+    /// completion here, so no task state remains; the SPC-2 reservation is
+    /// released, mode parameters return to their defaults and every nexus
+    /// gets BUS DEVICE RESET FUNCTION OCCURRED (29h/03h). Persistent
+    /// reservations survive (SPC-4 §5.12.3).
+    pub fn lun_reset(&self, lun: u16) {
+        let nexuses = self.known_nexuses();
+        if let Some(lu) = self.luns.get(usize::from(lun)) {
+            Self::reset_lu(lu, &nexuses, Sense::unit_attention(Asc::BUS_DEVICE_RESET));
+        }
+    }
+
+    /// TARGET WARM RESET or TARGET COLD RESET (RFC 7143 §11.5.1): every LU
+    /// is reset as by [`ScsiTarget::lun_reset`], with the unit attention of
+    /// [`TargetReset`].
+    pub fn target_reset(&self, kind: TargetReset) {
+        let nexuses = self.known_nexuses();
+        let asc = match kind {
+            TargetReset::Warm => Asc::POWER_ON_RESET,
+            TargetReset::Cold => Asc::POWER_ON_OCCURRED,
+        };
+        for lu in &self.luns {
+            Self::reset_lu(lu, &nexuses, Sense::unit_attention(asc));
+        }
+    }
+
+    fn reset_lu(lu: &LogicalUnit, nexuses: &[NexusKey], ua: Sense) {
+        let mut st = lu.state();
+        st.spc2 = None;
+        st.mode = lu::ModeParams::DEFAULT;
+        st.raise_for_all(nexuses, None, ua);
+    }
+
+    /// Executes `cdb` on `lun` (the 64-bit LUN field as the initiator sent
+    /// it, peripheral or flat addressing) for the I_T nexus `nexus`.
     ///
-    /// `data_out` holds the Data-Out bytes of a WRITE or UNMAP; the transport
+    /// `data_out` holds the command's Data-Out bytes; the transport
     /// guarantees it is as long as [`command_info`] said, and a shorter one
-    /// ends in CHECK CONDITION INVALID FIELD IN CDB. `data_in` is cleared and
-    /// filled with the response data; the caller truncates it to the Expected
-    /// Data Transfer Length and computes residuals.
+    /// ends in CHECK CONDITION (INVALID FIELD IN CDB or PARAMETER LIST
+    /// LENGTH ERROR). `data_in` is cleared and filled with the response data;
+    /// the caller truncates it to the Expected Data Transfer Length and
+    /// computes residuals.
     ///
     /// An unknown LUN answers INQUIRY with peripheral qualifier 3 / device
     /// type 0x1F, serves REPORT LUNS and REQUEST SENSE, and fails everything
     /// else with ILLEGAL REQUEST / LOGICAL UNIT NOT SUPPORTED.
     pub fn execute(
         &self,
+        nexus: &Nexus,
         lun: u64,
         cdb: &[u8],
         data_out: &[u8],
         data_in: &mut Vec<u8>,
     ) -> CommandOutcome {
         data_in.clear();
-        let lu = decode_lun(lun).and_then(|n| self.luns.get(usize::from(n)));
-        let result = match lu {
-            Some(lu) => self.dispatch(lu, cdb, data_out, data_in),
-            None => self.dispatch_missing(cdb, data_in),
+        let key = nexus.key();
+        let new_nexus = self
+            .nexuses
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(key.clone());
+        if new_nexus && self.power_on_ua.load(Ordering::Relaxed) {
+            for lu in &self.luns {
+                lu.state().raise_for(&key, Sense::POWER_ON_RESET);
+            }
+        }
+        let number = decode_lun(lun);
+        let lu = number.and_then(|n| self.luns.get(usize::from(n)).map(|lu| (n, lu)));
+        let (result, descriptor) = match lu {
+            Some((n, lu)) => {
+                let r = self.dispatch(n, lu, nexus, &key, cdb, data_out, data_in);
+                (r, lu.mode().d_sense)
+            }
+            None => (
+                self.dispatch_missing(cdb, data_in).map_err(Fail::Check),
+                false,
+            ),
         };
         match result {
             Ok(()) => CommandOutcome::GOOD,
-            Err(sense) => {
+            Err(Fail::Check(sense)) => {
                 data_in.clear();
-                CommandOutcome::check_condition(sense)
+                CommandOutcome {
+                    descriptor_sense: descriptor,
+                    ..CommandOutcome::check_condition(sense)
+                }
+            }
+            Err(Fail::Conflict) => {
+                data_in.clear();
+                CommandOutcome::RESERVATION_CONFLICT
             }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn dispatch(
         &self,
+        number: u16,
         lu: &LogicalUnit,
+        nexus: &Nexus,
+        key: &NexusKey,
         cdb: &[u8],
         data_out: &[u8],
         data_in: &mut Vec<u8>,
-    ) -> Result<(), Sense> {
+    ) -> Result<(), Fail> {
         use cdb::opcode::*;
         let op = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
-        let known = matches!(
-            op,
-            TEST_UNIT_READY
-                | REQUEST_SENSE
-                | INQUIRY
-                | REPORT_LUNS
-                | MODE_SENSE_6
-                | MODE_SENSE_10
-                | READ_CAPACITY_10
-                | SERVICE_ACTION_IN_16
-                | READ_6
-                | READ_10
-                | READ_12
-                | READ_16
-                | WRITE_6
-                | WRITE_10
-                | WRITE_12
-                | WRITE_16
-                | SYNCHRONIZE_CACHE_10
-                | SYNCHRONIZE_CACHE_16
-                | UNMAP
-        );
-        if !known {
-            return Err(Sense::INVALID_OPCODE);
+        if !opcodes::is_supported(cdb) {
+            return Err(Sense::INVALID_OPCODE.into());
         }
-        if !matches!(op, INQUIRY | REPORT_LUNS | REQUEST_SENSE)
-            && let Some(ua) = lu.take_pending()
         {
-            return Err(ua);
+            let mut st = lu.state();
+            if !matches!(op, INQUIRY | REPORT_LUNS | REQUEST_SENSE)
+                && let Some(ua) = st.take_ua(key)
+            {
+                return Err(ua.into());
+            }
+            cdb::check_control(cdb)?;
+            pr::check_access(&st, key, cdb)?;
         }
-        cdb::check_control(cdb)?;
         let bs = lu.backstore.as_ref();
+        let mode = lu.mode();
         match op {
             TEST_UNIT_READY => Ok(()),
-            REQUEST_SENSE => spc::request_sense(cdb, lu.take_pending(), data_in),
-            INQUIRY => spc::inquiry(&self.identity, Some(bs), cdb, data_in),
-            REPORT_LUNS => spc::report_luns(self.luns.len(), cdb, data_in),
-            MODE_SENSE_6 | MODE_SENSE_10 => spc::mode_sense(bs, cdb, data_in),
-            READ_CAPACITY_10 => sbc::read_capacity_10(bs, cdb, data_in),
-            SERVICE_ACTION_IN_16 => sbc::service_action_in_16(bs, cdb, data_in),
-            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => sbc::synchronize_cache(bs, cdb),
-            UNMAP => sbc::unmap(bs, cdb, data_out),
-            _ => sbc::read_write(bs, cdb, data_out, data_in),
+            REQUEST_SENSE => {
+                let pending = lu.state().take_ua(key);
+                Ok(spc::request_sense(cdb, pending, data_in)?)
+            }
+            INQUIRY => Ok(spc::inquiry(&self.identity, Some(bs), cdb, data_in)?),
+            REPORT_LUNS => Ok(spc::report_luns(self.luns.len(), cdb, data_in)?),
+            MODE_SENSE_6 | MODE_SENSE_10 => Ok(mode::mode_sense(bs, mode, cdb, data_in)?),
+            MODE_SELECT_6 | MODE_SELECT_10 => {
+                let nexuses = self.known_nexuses();
+                let mut st = lu.state();
+                let changed = mode::mode_select(bs, &mut st.mode, cdb, data_out)?;
+                if changed {
+                    st.raise_for_all(
+                        &nexuses,
+                        Some(key),
+                        Sense::unit_attention(Asc::MODE_PARAMETERS_CHANGED),
+                    );
+                }
+                Ok(())
+            }
+            RESERVE_6 | RESERVE_10 => pr::reserve(&mut lu.state(), key, cdb),
+            RELEASE_6 | RELEASE_10 => pr::release(&mut lu.state(), key, cdb),
+            PERSISTENT_RESERVE_IN => pr::persistent_reserve_in(&lu.state(), cdb, data_in),
+            PERSISTENT_RESERVE_OUT => {
+                let aborted = pr::persistent_reserve_out(&mut lu.state(), nexus, cdb, data_out)?;
+                if !aborted.is_empty() {
+                    let handler = self
+                        .abort_handler
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone();
+                    if let Some(h) = handler {
+                        h(number, &aborted);
+                    }
+                }
+                Ok(())
+            }
+            MAINTENANCE_IN => Ok(opcodes::maintenance_in(cdb, data_in)?),
+            READ_CAPACITY_10 => Ok(sbc::read_capacity_10(bs, cdb, data_in)?),
+            SERVICE_ACTION_IN_16 => Ok(sbc::service_action_in_16(bs, cdb, data_in)?),
+            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => Ok(sbc::synchronize_cache(bs, cdb)?),
+            START_STOP_UNIT => Ok(sbc::start_stop_unit(bs, cdb)?),
+            PREVENT_ALLOW_MEDIUM_REMOVAL => Ok(sbc::prevent_allow(cdb)?),
+            UNMAP => {
+                let _w = lu.write_shared();
+                Ok(sbc::unmap(bs, mode, cdb, data_out)?)
+            }
+            WRITE_SAME_10 | WRITE_SAME_16 => {
+                let _w = lu.write_shared();
+                Ok(sbc::write_same(bs, mode, cdb, data_out)?)
+            }
+            COMPARE_AND_WRITE => {
+                let _w = lu.write_exclusive();
+                Ok(sbc::compare_and_write(bs, mode, cdb, data_out)?)
+            }
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => Ok(sbc::verify(bs, cdb, data_out)?),
+            WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
+                let _w = lu.write_shared();
+                Ok(sbc::write_and_verify(bs, mode, cdb, data_out)?)
+            }
+            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => {
+                let _w = lu.write_shared();
+                Ok(sbc::read_write(bs, mode, cdb, data_out, data_in)?)
+            }
+            _ => Ok(sbc::read_write(bs, mode, cdb, data_out, data_in)?),
         }
     }
 

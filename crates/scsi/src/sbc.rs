@@ -1,13 +1,79 @@
 //! Block commands (SBC-3): READ(6/10/12/16), WRITE(6/10/12/16), READ
-//! CAPACITY(10/16), SYNCHRONIZE CACHE(10/16) and UNMAP.
+//! CAPACITY(10/16), SYNCHRONIZE CACHE(10/16), UNMAP, WRITE SAME(10/16),
+//! GET LBA STATUS, COMPARE AND WRITE, VERIFY(10/12/16), WRITE AND
+//! VERIFY(10/12/16), START STOP UNIT and PREVENT ALLOW MEDIUM REMOVAL.
 //!
 //! Every LBA range is checked in [`Lba`]/[`Blocks`] before it becomes a byte
 //! offset; READ lands data directly in the caller's reused Data-In buffer.
+//! Work buffers are bounded by [`MAX_TRANSFER_BYTES`] or [`IO_CHUNK`].
 
 use crate::backstore::Backstore;
-use crate::cdb::{self, Blocks, Lba, SA_READ_CAPACITY_16, check_range, opcode};
+use crate::cdb::{self, Blocks, Lba, SA_GET_LBA_STATUS, SA_READ_CAPACITY_16, check_range, opcode};
+use crate::lu::ModeParams;
 use crate::sense::Sense;
-use crate::spc::{MAX_TRANSFER_BYTES, MAX_UNMAP_DESCRIPTORS, MAX_UNMAP_LBA_COUNT};
+use crate::spc::{
+    MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BYTES, MAX_UNMAP_DESCRIPTORS, MAX_UNMAP_LBA_COUNT,
+    MAX_WRITE_SAME_BLOCKS,
+};
+
+/// Largest buffer WRITE SAME, VERIFY and COMPARE loops use per step.
+pub const IO_CHUNK: u64 = 1024 * 1024;
+
+/// Most descriptors one GET LBA STATUS returns.
+pub const MAX_LBA_STATUS_DESCRIPTORS: usize = 64;
+
+/// DATA PROTECT / WRITE PROTECTED when SWP is set.
+fn check_writable(mode: ModeParams) -> Result<(), Sense> {
+    if mode.swp {
+        Err(Sense::WRITE_PROTECTED)
+    } else {
+        Ok(())
+    }
+}
+
+/// Writes `buf` at `offset`: through to stable storage for FUA or when the
+/// write cache is disabled (WCE 0), else into the store's cache.
+fn write_data(
+    lu: &dyn Backstore,
+    mode: ModeParams,
+    offset: u64,
+    buf: &[u8],
+    fua: bool,
+) -> Result<(), Sense> {
+    let r = if fua || !mode.wce {
+        lu.write_through(offset, buf)
+    } else {
+        lu.write_at(offset, buf)
+    };
+    r.map_err(|_| Sense::WRITE_ERROR)
+}
+
+/// `blocks` blocks as a byte count no larger than `limit`, else INVALID
+/// FIELD IN CDB (the MAXIMUM TRANSFER LENGTH of the Block Limits page).
+fn transfer_len(blocks: Blocks, bs: u32, limit: u64) -> Result<usize, Sense> {
+    let bytes = blocks.bytes(bs);
+    if bytes > limit {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    usize::try_from(bytes).map_err(|_| Sense::INVALID_FIELD_IN_CDB)
+}
+
+/// Compares the medium from `offset` with `expect`, one bounded chunk at a
+/// time; `Err(MISCOMPARE)` with the offset of the first differing byte
+/// (relative to `offset`) in INFORMATION.
+fn compare_medium(lu: &dyn Backstore, offset: u64, expect: &[u8]) -> Result<(), Sense> {
+    let mut buf = Vec::new();
+    for (i, want) in expect.chunks(IO_CHUNK as usize).enumerate() {
+        let start = (i as u64).saturating_mul(IO_CHUNK);
+        buf.resize(want.len(), 0);
+        lu.read_at(offset.saturating_add(start), &mut buf)
+            .map_err(|_| Sense::READ_ERROR)?;
+        if let Some(k) = buf.iter().zip(want).position(|(a, b)| a != b) {
+            return Err(Sense::miscompare(start.saturating_add(k as u64)));
+        }
+    }
+    Ok(())
+}
 
 fn capacity(lu: &dyn Backstore) -> Blocks {
     Blocks(lu.block_count())
@@ -32,23 +98,76 @@ pub fn read_capacity_10(
     Ok(())
 }
 
-/// SERVICE ACTION IN(16): only READ CAPACITY(16) is supported.
+/// SERVICE ACTION IN(16): READ CAPACITY(16) (SBC-3 §5.16) and GET LBA
+/// STATUS (SBC-3 §5.6).
 pub fn service_action_in_16(
     lu: &dyn Backstore,
     cdb: &[u8],
     data_in: &mut Vec<u8>,
 ) -> Result<(), Sense> {
-    if cdb::byte(cdb, 1)? & 0x1F != SA_READ_CAPACITY_16 {
-        return Err(Sense::INVALID_FIELD_IN_CDB);
+    match cdb::byte(cdb, 1)? & 0x1F {
+        SA_READ_CAPACITY_16 => read_capacity_16(lu, cdb, data_in),
+        SA_GET_LBA_STATUS => get_lba_status(lu, cdb, data_in),
+        _ => Err(Sense::INVALID_FIELD_IN_CDB),
     }
+}
+
+/// GET LBA STATUS (SBC-3 §5.6): LBA status descriptors from the starting
+/// LBA, as many as the allocation length holds (at most
+/// [`MAX_LBA_STATUS_DESCRIPTORS`], at least one).
+pub fn get_lba_status(lu: &dyn Backstore, cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+    let lba = cdb::be64(cdb, 2)?;
+    let alloc = usize::try_from(cdb::be32(cdb, 10)?).unwrap_or(usize::MAX);
+    let cap = lu.block_count();
+    if lba >= cap {
+        return Err(Sense::LBA_OUT_OF_RANGE);
+    }
+    let bs = u64::from(lu.block_size());
+    let max_desc = (alloc.saturating_sub(8) / 16).clamp(1, MAX_LBA_STATUS_DESCRIPTORS);
+    data_in.extend_from_slice(&[0; 8]);
+    let mut pos = lba;
+    let mut count = 0;
+    while pos < cap && count < max_desc {
+        // One descriptor covers at most u32::MAX blocks.
+        let want = (cap - pos).min(u64::from(u32::MAX));
+        let a = lu
+            .allocation_status(pos * bs, want * bs)
+            .map_err(|_| Sense::READ_ERROR)?;
+        // A partly mapped block counts as mapped.
+        let (mapped, blocks) = if a.mapped {
+            (true, a.len.div_ceil(bs))
+        } else if a.len / bs == 0 {
+            (true, 1)
+        } else {
+            (false, a.len / bs)
+        };
+        let blocks = blocks.clamp(1, want);
+        data_in.extend_from_slice(&pos.to_be_bytes());
+        data_in.extend_from_slice(&u32::try_from(blocks).unwrap_or(u32::MAX).to_be_bytes());
+        // PROVISIONING STATUS: 0 mapped, 1 deallocated.
+        data_in.extend_from_slice(&[u8::from(!mapped), 0, 0, 0]);
+        pos += blocks;
+        count += 1;
+    }
+    let len = u32::try_from(data_in.len().saturating_sub(4)).unwrap_or(u32::MAX);
+    if let Some(f) = data_in.get_mut(0..4) {
+        f.copy_from_slice(&len.to_be_bytes());
+    }
+    data_in.truncate(alloc);
+    Ok(())
+}
+
+/// READ CAPACITY(16) (SBC-3 §5.16).
+fn read_capacity_16(lu: &dyn Backstore, cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
     let alloc = cdb::be32(cdb, 10)?;
     let last = lu.block_count().saturating_sub(1);
     data_in.extend_from_slice(&last.to_be_bytes());
     data_in.extend_from_slice(&lu.block_size().to_be_bytes());
     // Byte 12: no protection; byte 13: one logical block per physical block;
-    // bytes 14-15: LBPME (thin provisioned), LBPRZ (unmapped reads zero),
-    // lowest aligned LBA 0.
-    data_in.extend_from_slice(&[0x00, 0x00, 0x80 | 0x40, 0x00]);
+    // bytes 14-15: LBPME (thin provisioned), LBPRZ (unmapped blocks read as
+    // zeros, true of every store), lowest aligned LBA 0.
+    let lbpme = if lu.is_thin() { 0x80 } else { 0 };
+    data_in.extend_from_slice(&[0x00, 0x00, lbpme | 0x40, 0x00]);
     data_in.resize(32, 0);
     data_in.truncate(usize::try_from(alloc).unwrap_or(usize::MAX));
     Ok(())
@@ -59,8 +178,9 @@ pub fn service_action_in_16(
 /// Precondition (guaranteed by the transport): a WRITE's `data_out` holds at
 /// least `blocks * block_size` bytes; a shorter one is refused with INVALID
 /// FIELD IN CDB and nothing is written. Extra bytes are ignored.
-pub fn read_write(
+pub(crate) fn read_write(
     lu: &dyn Backstore,
+    mode: ModeParams,
     cdb: &[u8],
     data_out: &[u8],
     data_in: &mut Vec<u8>,
@@ -82,11 +202,9 @@ pub fn read_write(
     let len = usize::try_from(bytes).map_err(|_| Sense::INVALID_FIELD_IN_CDB)?;
     let offset = rw.lba.byte_offset(bs);
     if rw.write {
+        check_writable(mode)?;
         let src = data_out.get(..len).ok_or(Sense::INVALID_FIELD_IN_CDB)?;
-        lu.write_at(offset, src).map_err(|_| Sense::WRITE_ERROR)?;
-        if rw.fua {
-            lu.flush().map_err(|_| Sense::WRITE_ERROR)?;
-        }
+        write_data(lu, mode, offset, src, rw.fua)?;
     } else {
         data_in.resize(len, 0);
         lu.read_at(offset, data_in).map_err(|_| Sense::READ_ERROR)?;
@@ -105,9 +223,14 @@ pub fn synchronize_cache(lu: &dyn Backstore, cdb: &[u8]) -> Result<(), Sense> {
     lu.flush().map_err(|_| Sense::WRITE_ERROR)
 }
 
-/// UNMAP: validates the whole parameter list (lengths, descriptor count,
-/// every range) before deallocating anything.
-pub fn unmap(lu: &dyn Backstore, cdb: &[u8], data_out: &[u8]) -> Result<(), Sense> {
+/// UNMAP (SBC-3 §5.28): validates the whole parameter list (lengths,
+/// descriptor count, every range) before deallocating anything.
+pub(crate) fn unmap(
+    lu: &dyn Backstore,
+    mode: ModeParams,
+    cdb: &[u8],
+    data_out: &[u8],
+) -> Result<(), Sense> {
     if cdb::byte(cdb, 1)? & 0x01 != 0 {
         // ANCHOR: not supported (ANC_SUP 0).
         return Err(Sense::INVALID_FIELD_IN_CDB);
@@ -147,12 +270,288 @@ pub fn unmap(lu: &dyn Backstore, cdb: &[u8], data_out: &[u8]) -> Result<(), Sens
         check_range(lba, Blocks(n), cap)?;
         ranges.push((lba, Blocks(n)));
     }
+    check_writable(mode)?;
     let bs = lu.block_size();
     for (lba, n) in ranges {
         if n.0 > 0 {
             lu.unmap(lba.byte_offset(bs), n.bytes(bs))
                 .map_err(|_| Sense::WRITE_ERROR)?;
         }
+    }
+    Ok(())
+}
+
+/// WRITE SAME(10)/(16) (SBC-3 §5.42, §5.43): one block (or zeros with
+/// NDOB) written to every block of the range; with UNMAP and a block of
+/// zeros, the range is deallocated instead (unmapped blocks read as zeros,
+/// LBPRZ). NUMBER OF LOGICAL BLOCKS 0 means "to the last LBA" (WSNZ 0),
+/// limited like any other count by MAXIMUM WRITE SAME LENGTH.
+pub(crate) fn write_same(
+    lu: &dyn Backstore,
+    mode: ModeParams,
+    cdb: &[u8],
+    data_out: &[u8],
+) -> Result<(), Sense> {
+    let sixteen = cdb.first() == Some(&opcode::WRITE_SAME_16);
+    let b1 = cdb::byte(cdb, 1)?;
+    // WRPROTECT (7-5), ANCHOR (4), PBDATA/LBDATA (2-1, obsolete), and in
+    // WRITE SAME(10) the reserved bit 0.
+    let reserved = if sixteen { 0xF6 } else { 0xF7 };
+    if b1 & reserved != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let unmap = b1 & 0x08 != 0;
+    let ndob = sixteen && b1 & 0x01 != 0;
+    let (lba, n) = if sixteen {
+        (cdb::be64(cdb, 2)?, u64::from(cdb::be32(cdb, 10)?))
+    } else {
+        (u64::from(cdb::be32(cdb, 2)?), u64::from(cdb::be16(cdb, 7)?))
+    };
+    let cap = lu.block_count();
+    // "To the last LBA" needs a starting LBA inside the medium.
+    if n == 0 && lba >= cap {
+        return Err(Sense::LBA_OUT_OF_RANGE);
+    }
+    let count = if n == 0 { cap - lba } else { n };
+    check_range(Lba(lba), Blocks(count), Blocks(cap))?;
+    if count > u64::from(MAX_WRITE_SAME_BLOCKS) {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let bs = lu.block_size();
+    let block_len = bs as usize;
+    let zero_block;
+    let block = if ndob {
+        zero_block = vec![0u8; block_len];
+        &zero_block[..]
+    } else {
+        data_out
+            .get(..block_len)
+            .ok_or(Sense::INVALID_FIELD_IN_CDB)?
+    };
+    check_writable(mode)?;
+    if count == 0 {
+        return Ok(());
+    }
+    let offset = Lba(lba).byte_offset(bs);
+    let total = Blocks(count).bytes(bs);
+    // UNMAP=1 deallocates the range whatever the data block holds (SBC-3
+    // 5.45 lets the device server unmap instead of writing); with LBPRZ the
+    // blocks then read as zeros, which is what Linux's target does and
+    // libiscsi's suite checks.
+    if unmap {
+        return lu.unmap(offset, total).map_err(|_| Sense::WRITE_ERROR);
+    }
+    let per_step = (IO_CHUNK / u64::from(bs)).max(1).min(count);
+    let mut pattern = Vec::with_capacity(usize::try_from(per_step).unwrap_or(1) * block_len);
+    for _ in 0..per_step {
+        pattern.extend_from_slice(block);
+    }
+    let mut done = 0u64;
+    while done < count {
+        let n = (count - done).min(per_step);
+        let bytes = usize::try_from(Blocks(n).bytes(bs)).unwrap_or(0);
+        let chunk = pattern.get(..bytes).unwrap_or_default();
+        write_data(lu, mode, offset + Blocks(done).bytes(bs), chunk, false)?;
+        done += n;
+    }
+    Ok(())
+}
+
+/// COMPARE AND WRITE (SBC-3 §5.2): the Data-Out holds NUMBER OF LOGICAL
+/// BLOCKS blocks to compare, then as many to write. The caller holds the
+/// LU's exclusive write lock, so no other write lands between the compare
+/// and the write. A mismatch is MISCOMPARE with the offset of the first
+/// differing byte in INFORMATION, and nothing is written.
+pub(crate) fn compare_and_write(
+    lu: &dyn Backstore,
+    mode: ModeParams,
+    cdb: &[u8],
+    data_out: &[u8],
+) -> Result<(), Sense> {
+    let b1 = cdb::byte(cdb, 1)?;
+    // WRPROTECT must be 0; bit 0 and bit 2 are reserved.
+    if b1 & 0xE5 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let fua = b1 & 0x08 != 0;
+    let lba = Lba(cdb::be64(cdb, 2)?);
+    let n = cdb::byte(cdb, 13)?;
+    let bs = lu.block_size();
+    check_range(lba, Blocks(u64::from(n)), Blocks(lu.block_count()))?;
+    if n == 0 {
+        return Ok(());
+    }
+    if n > MAX_COMPARE_AND_WRITE_BLOCKS {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let len = transfer_len(Blocks(u64::from(n)), bs, MAX_TRANSFER_BYTES / 2)?;
+    let data = data_out
+        .get(..len.saturating_mul(2))
+        .ok_or(Sense::INVALID_FIELD_IN_CDB)?;
+    let (verify, write) = data.split_at(len);
+    check_writable(mode)?;
+    let offset = lba.byte_offset(bs);
+    compare_medium(lu, offset, verify)?;
+    write_data(lu, mode, offset, write, fua)
+}
+
+/// The LBA and block count of a VERIFY or WRITE AND VERIFY CDB of any size.
+fn lba_and_len(cdb: &[u8]) -> Result<(Lba, Blocks), Sense> {
+    use opcode::*;
+    let op = cdb::byte(cdb, 0)?;
+    let (lba, n) = match op {
+        VERIFY_10 | WRITE_AND_VERIFY_10 => {
+            (u64::from(cdb::be32(cdb, 2)?), u64::from(cdb::be16(cdb, 7)?))
+        }
+        VERIFY_12 | WRITE_AND_VERIFY_12 => {
+            (u64::from(cdb::be32(cdb, 2)?), u64::from(cdb::be32(cdb, 6)?))
+        }
+        _ => (cdb::be64(cdb, 2)?, u64::from(cdb::be32(cdb, 10)?)),
+    };
+    Ok((Lba(lba), Blocks(n)))
+}
+
+/// The Data-Out length of a VERIFY CDB: BYTCHK 01b sends the blocks to
+/// compare, 11b one block; 00b nothing.
+pub fn verify_data_len(cdb: &[u8], block_size: u32) -> Result<u64, Sense> {
+    let (_, n) = lba_and_len(cdb)?;
+    Ok(match (cdb::byte(cdb, 1)? >> 1) & 0x03 {
+        0x01 => n.bytes(block_size),
+        0x03 if n.0 > 0 => u64::from(block_size),
+        _ => 0,
+    })
+}
+
+/// VERIFY(10/12/16) (SBC-3 §5.33-5.35). BYTCHK 00b: the range must be
+/// readable. 01b: the Data-Out must equal the medium. 11b: every block must
+/// equal the one block of Data-Out. A mismatch is MISCOMPARE with the
+/// offset of the first differing byte (from the first verified block) in
+/// INFORMATION.
+pub(crate) fn verify(lu: &dyn Backstore, cdb: &[u8], data_out: &[u8]) -> Result<(), Sense> {
+    let b1 = cdb::byte(cdb, 1)?;
+    // VRPROTECT must be 0 (no protection information); bit 0 is reserved.
+    if b1 & 0xE1 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let bytchk = (b1 >> 1) & 0x03;
+    if bytchk == 0x02 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let (lba, n) = lba_and_len(cdb)?;
+    check_range(lba, n, Blocks(lu.block_count()))?;
+    if n.0 == 0 {
+        return Ok(());
+    }
+    let bs = lu.block_size();
+    let offset = lba.byte_offset(bs);
+    match bytchk {
+        0x00 => {
+            let total = n.bytes(bs);
+            let mut buf = vec![0u8; usize::try_from(total.min(IO_CHUNK)).unwrap_or(0)];
+            let mut done = 0u64;
+            while done < total {
+                let step = (total - done).min(IO_CHUNK);
+                let part = buf
+                    .get_mut(..usize::try_from(step).unwrap_or(0))
+                    .unwrap_or_default();
+                lu.read_at(offset + done, part)
+                    .map_err(|_| Sense::READ_ERROR)?;
+                done += step;
+            }
+            Ok(())
+        }
+        0x01 => {
+            let len = transfer_len(n, bs, MAX_TRANSFER_BYTES)?;
+            let expect = data_out.get(..len).ok_or(Sense::INVALID_FIELD_IN_CDB)?;
+            compare_medium(lu, offset, expect)
+        }
+        _ => {
+            let block = data_out
+                .get(..bs as usize)
+                .ok_or(Sense::INVALID_FIELD_IN_CDB)?;
+            let total = n.bytes(bs);
+            let per_step = (IO_CHUNK / u64::from(bs)).max(1);
+            let mut buf = Vec::new();
+            let mut done = 0u64;
+            while done < total {
+                let blocks = ((total - done) / u64::from(bs)).min(per_step);
+                buf.resize(usize::try_from(Blocks(blocks).bytes(bs)).unwrap_or(0), 0);
+                lu.read_at(offset + done, &mut buf)
+                    .map_err(|_| Sense::READ_ERROR)?;
+                for (i, got) in buf.chunks(bs as usize).enumerate() {
+                    if let Some(k) = got.iter().zip(block).position(|(a, b)| a != b) {
+                        let at = done + (i as u64) * u64::from(bs) + k as u64;
+                        return Err(Sense::miscompare(at));
+                    }
+                }
+                done += Blocks(blocks).bytes(bs);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// WRITE AND VERIFY(10/12/16) (SBC-3 §5.38-5.40): the data is written
+/// through to stable storage; with BYTCHK 01b it is read back and compared.
+pub(crate) fn write_and_verify(
+    lu: &dyn Backstore,
+    mode: ModeParams,
+    cdb: &[u8],
+    data_out: &[u8],
+) -> Result<(), Sense> {
+    let b1 = cdb::byte(cdb, 1)?;
+    // WRPROTECT must be 0; bit 0 and bit 3 are reserved; BYTCHK 1xb is
+    // not supported.
+    if b1 & 0xE9 != 0 || b1 & 0x04 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let bytchk = b1 & 0x02 != 0;
+    let (lba, n) = lba_and_len(cdb)?;
+    check_range(lba, n, Blocks(lu.block_count()))?;
+    let bs = lu.block_size();
+    let len = transfer_len(n, bs, MAX_TRANSFER_BYTES)?;
+    if len == 0 {
+        return Ok(());
+    }
+    let src = data_out.get(..len).ok_or(Sense::INVALID_FIELD_IN_CDB)?;
+    check_writable(mode)?;
+    let offset = lba.byte_offset(bs);
+    write_data(lu, mode, offset, src, true)?;
+    if bytchk {
+        compare_medium(lu, offset, src)?;
+    }
+    Ok(())
+}
+
+/// START STOP UNIT (SBC-3 §5.25). The medium is not removable and always
+/// ready, so every valid request succeeds; stopping (START 0) without
+/// NO_FLUSH first synchronizes the cache.
+pub fn start_stop_unit(lu: &dyn Backstore, cdb: &[u8]) -> Result<(), Sense> {
+    let b1 = cdb::byte(cdb, 1)?;
+    let b3 = cdb::byte(cdb, 3)?;
+    let b4 = cdb::byte(cdb, 4)?;
+    if b1 & 0xFE != 0 || b3 & 0xF0 != 0 || b4 & 0x08 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    // POWER CONDITION: START_VALID, ACTIVE, IDLE, STANDBY, LU_CONTROL,
+    // FORCE_IDLE_0, FORCE_STANDBY_0.
+    if !matches!(b4 >> 4, 0x0 | 0x1 | 0x2 | 0x3 | 0x7 | 0xA | 0xB) {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let start = b4 & 0x01 != 0;
+    let no_flush = b4 & 0x04 != 0;
+    if !start && !no_flush {
+        lu.flush().map_err(|_| Sense::WRITE_ERROR)?;
+    }
+    Ok(())
+}
+
+/// PREVENT ALLOW MEDIUM REMOVAL (SBC-3 §5.11): the medium is not removable,
+/// so PREVENT has nothing to prevent and every value is accepted.
+pub fn prevent_allow(cdb: &[u8]) -> Result<(), Sense> {
+    let b4 = cdb::byte(cdb, 4)?;
+    if b4 & 0xFC != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
     }
     Ok(())
 }

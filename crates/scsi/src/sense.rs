@@ -74,6 +74,26 @@ impl Asc {
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: Self = Self::new(0x39, 0x00);
     /// 3A/00 MEDIUM NOT PRESENT.
     pub const MEDIUM_NOT_PRESENT: Self = Self::new(0x3A, 0x00);
+    /// 27/00 WRITE PROTECTED.
+    pub const WRITE_PROTECTED: Self = Self::new(0x27, 0x00);
+    /// 1D/00 MISCOMPARE DURING VERIFY OPERATION.
+    pub const MISCOMPARE_DURING_VERIFY: Self = Self::new(0x1D, 0x00);
+    /// 26/04 INVALID RELEASE OF PERSISTENT RESERVATION.
+    pub const INVALID_RELEASE_OF_PR: Self = Self::new(0x26, 0x04);
+    /// 29/01 POWER ON OCCURRED.
+    pub const POWER_ON_OCCURRED: Self = Self::new(0x29, 0x01);
+    /// 29/03 BUS DEVICE RESET FUNCTION OCCURRED.
+    pub const BUS_DEVICE_RESET: Self = Self::new(0x29, 0x03);
+    /// 29/07 I_T NEXUS LOSS OCCURRED.
+    pub const I_T_NEXUS_LOSS: Self = Self::new(0x29, 0x07);
+    /// 2A/03 RESERVATIONS PREEMPTED.
+    pub const RESERVATIONS_PREEMPTED: Self = Self::new(0x2A, 0x03);
+    /// 2A/04 RESERVATIONS RELEASED.
+    pub const RESERVATIONS_RELEASED: Self = Self::new(0x2A, 0x04);
+    /// 2A/05 REGISTRATIONS PREEMPTED.
+    pub const REGISTRATIONS_PREEMPTED: Self = Self::new(0x2A, 0x05);
+    /// 55/04 INSUFFICIENT REGISTRATION RESOURCES.
+    pub const INSUFFICIENT_REGISTRATION_RESOURCES: Self = Self::new(0x55, 0x04);
 
     /// An ASC/ASCQ pair.
     pub const fn new(asc: u8, ascq: u8) -> Self {
@@ -88,6 +108,9 @@ pub struct Sense {
     pub key: SenseKey,
     /// The additional sense code and qualifier.
     pub asc: Asc,
+    /// The INFORMATION field (VALID bit set), e.g. the offset of the first
+    /// miscompared byte (SBC-3 §5.2, §5.33).
+    pub information: Option<u64>,
 }
 
 /// Length of fixed-format sense data this crate produces.
@@ -96,7 +119,45 @@ pub const FIXED_SENSE_LEN: usize = 18;
 impl Sense {
     /// Sense data from a key and an ASC/ASCQ pair.
     pub const fn new(key: SenseKey, asc: Asc) -> Self {
-        Self { key, asc }
+        Self {
+            key,
+            asc,
+            information: None,
+        }
+    }
+
+    /// The same sense with the INFORMATION field set to `info`.
+    pub const fn with_information(self, info: u64) -> Self {
+        Self {
+            information: Some(info),
+            ..self
+        }
+    }
+
+    /// MISCOMPARE / MISCOMPARE DURING VERIFY OPERATION with the offset of
+    /// the first differing byte in INFORMATION (COMPARE AND WRITE, VERIFY).
+    pub const fn miscompare(offset: u64) -> Self {
+        Self::new(SenseKey::Miscompare, Asc::MISCOMPARE_DURING_VERIFY).with_information(offset)
+    }
+
+    /// UNIT ATTENTION with `asc`.
+    pub const fn unit_attention(asc: Asc) -> Self {
+        Self::new(SenseKey::UnitAttention, asc)
+    }
+
+    /// Whether this is a unit attention condition.
+    pub fn is_unit_attention(&self) -> bool {
+        self.key == SenseKey::UnitAttention
+    }
+
+    /// The sense data in fixed format or, with `descriptor` (the control
+    /// mode page's D_SENSE bit), descriptor format.
+    pub fn encode(&self, descriptor: bool) -> Vec<u8> {
+        if descriptor {
+            self.to_descriptor_format()
+        } else {
+            self.to_fixed_format().to_vec()
+        }
     }
 
     /// "No sense": what REQUEST SENSE returns when nothing is pending.
@@ -137,15 +198,22 @@ impl Sense {
     /// UNIT ATTENTION / MODE PARAMETERS CHANGED.
     pub const MODE_PARAMETERS_CHANGED: Self =
         Self::new(SenseKey::UnitAttention, Asc::MODE_PARAMETERS_CHANGED);
+    /// DATA PROTECT / WRITE PROTECTED (SWP set in the control mode page).
+    pub const WRITE_PROTECTED: Self = Self::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED);
     /// NOT READY / MEDIUM NOT PRESENT.
     pub const MEDIUM_NOT_PRESENT: Self = Self::new(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT);
 
     /// Fixed-format sense data (SPC-4 §4.5.3): response code 0x70 (current
     /// error), sense key in byte 2, additional sense length 10, ASC/ASCQ in
-    /// bytes 12/13.
+    /// bytes 12/13; an INFORMATION value that fits in 32 bits goes in bytes
+    /// 3-6 with the VALID bit.
     pub fn to_fixed_format(&self) -> [u8; FIXED_SENSE_LEN] {
         let mut b = [0u8; FIXED_SENSE_LEN];
         b[0] = 0x70;
+        if let Some(info) = self.information.and_then(|i| u32::try_from(i).ok()) {
+            b[0] |= 0x80;
+            b[3..7].copy_from_slice(&info.to_be_bytes());
+        }
         b[2] = self.key.code();
         b[7] = (FIXED_SENSE_LEN - 8) as u8;
         b[12] = self.asc.asc;
@@ -154,10 +222,10 @@ impl Sense {
     }
 
     /// Descriptor-format sense data (SPC-4 §4.5.2): response code 0x72
-    /// (current error), sense key, ASC, ASCQ, and no sense data descriptors
-    /// (additional sense length 0).
+    /// (current error), sense key, ASC, ASCQ, then an Information sense data
+    /// descriptor (SPC-4 §4.5.2.2) when INFORMATION is set.
     pub fn to_descriptor_format(&self) -> Vec<u8> {
-        vec![
+        let mut v = vec![
             0x72,
             self.key.code(),
             self.asc.asc,
@@ -166,7 +234,13 @@ impl Sense {
             0,
             0,
             0,
-        ]
+        ];
+        if let Some(info) = self.information {
+            v.extend_from_slice(&[0x00, 0x0A, 0x80, 0x00]);
+            v.extend_from_slice(&info.to_be_bytes());
+            v[7] = 12;
+        }
+        v
     }
 }
 

@@ -1,13 +1,13 @@
 //! Primary commands (SPC-4): INQUIRY with its standard data and VPD pages
-//! (0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2), REPORT LUNS, REQUEST SENSE and
-//! MODE SENSE(6/10) with the caching and control pages. (TEST UNIT READY has
-//! no body: the dispatcher answers GOOD.)
+//! (0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2), REPORT LUNS and REQUEST SENSE.
+//! (TEST UNIT READY has no body: the dispatcher answers GOOD. Mode pages
+//! live in [`crate::mode`], reservations in [`crate::pr`].)
 //!
 //! Every response is built whole into the caller's buffer and then cut to the
 //! CDB's allocation length, which is never an error.
 
-use crate::backstore::{Backstore, RAM_CHUNK_SIZE};
-use crate::cdb::{self, opcode};
+use crate::backstore::Backstore;
+use crate::cdb;
 use crate::sense::Sense;
 use crate::{TargetIdentity, encode_lun};
 
@@ -23,12 +23,17 @@ pub const NAA_COMPANY_ID: u32 = 0x00_0000;
 
 /// Largest READ/WRITE transfer accepted, in bytes (reported in the Block
 /// Limits VPD page; larger requests end in INVALID FIELD IN CDB).
-pub const MAX_TRANSFER_BYTES: u64 = 8 * 1024 * 1024;
+pub const MAX_TRANSFER_BYTES: u64 = 32 << 20;
 /// Largest number of blocks one UNMAP block descriptor may deallocate
 /// (libiscsi calls limits above 2^20 insane unless unlimited).
 pub const MAX_UNMAP_LBA_COUNT: u32 = 0x0010_0000;
 /// Largest number of UNMAP block descriptors per command.
 pub const MAX_UNMAP_DESCRIPTORS: u32 = 256;
+/// MAXIMUM COMPARE AND WRITE LENGTH in blocks (Block Limits VPD page).
+pub const MAX_COMPARE_AND_WRITE_BLOCKS: u8 = 128;
+/// MAXIMUM WRITE SAME LENGTH in blocks (Block Limits VPD page); also the
+/// bound on WRITE SAME with NUMBER OF LOGICAL BLOCKS 0 ("to the end").
+pub const MAX_WRITE_SAME_BLOCKS: u32 = MAX_UNMAP_LBA_COUNT;
 
 /// VPD pages supported, in ascending order.
 pub const SUPPORTED_VPD_PAGES: [u8; 6] = [0x00, 0x80, 0x83, 0xB0, 0xB1, 0xB2];
@@ -110,10 +115,16 @@ pub fn inquiry(
                 put_be16(v, 0x0001);
                 v.resize(v.len() + 0x3C - 2, 0);
             }),
-            (0xB2, Some(_)) => vpd_page(data_in, pdt, 0xB2, |v| {
-                // Threshold exponent 0; LBPU (UNMAP supported) and LBPRZ
-                // (unmapped blocks read as zeros); provisioning type 2, thin.
-                v.extend_from_slice(&[0x00, 0x80 | 0x04, 0x02, 0x00]);
+            (0xB2, Some(lu)) => vpd_page(data_in, pdt, 0xB2, |v| {
+                // Logical Block Provisioning (SBC-3 §6.5.4): threshold
+                // exponent 0; thin stores set LBPU (UNMAP), LBPWS (WRITE
+                // SAME(16) with UNMAP), LBPWS10 and provisioning type 2
+                // (thin); LBPRZ always (unmapped blocks read as zeros).
+                if lu.is_thin() {
+                    v.extend_from_slice(&[0x00, 0x80 | 0x40 | 0x20 | 0x04, 0x02, 0x00]);
+                } else {
+                    v.extend_from_slice(&[0x00, 0x04, 0x00, 0x00]);
+                }
             }),
             _ => return Err(Sense::INVALID_FIELD_IN_CDB),
         }
@@ -177,23 +188,24 @@ fn scsi_name_string(v: &mut Vec<u8>, assoc_type: u8, name: &str) {
     v.extend_from_slice(&bytes);
 }
 
-/// Block Limits (0xB0), page length 0x3C.
+/// Block Limits (0xB0, SBC-3 §6.5.3), page length 0x3C.
 fn block_limits(lu: &dyn Backstore, v: &mut Vec<u8>) {
     let bs = u64::from(lu.block_size().max(1));
     let max_blocks = u32::try_from(MAX_TRANSFER_BYTES / bs).unwrap_or(u32::MAX);
     let granularity = u16::try_from((4096 / bs).max(1)).unwrap_or(1);
-    let unmap_granularity = u32::try_from(RAM_CHUNK_SIZE as u64 / bs).unwrap_or(1);
-    v.push(0); // WSNZ 0
-    v.push(0); // MAXIMUM COMPARE AND WRITE LENGTH: not supported
+    let unmap_granularity = u32::try_from((lu.unmap_granularity() / bs).max(1)).unwrap_or(1);
+    let thin = lu.is_thin();
+    v.push(0); // WSNZ 0: WRITE SAME with 0 blocks means "to the end"
+    v.push(MAX_COMPARE_AND_WRITE_BLOCKS);
     put_be16(v, granularity); // OPTIMAL TRANSFER LENGTH GRANULARITY
     put_be32(v, max_blocks); // MAXIMUM TRANSFER LENGTH
     put_be32(v, max_blocks); // OPTIMAL TRANSFER LENGTH
     put_be32(v, 0); // MAXIMUM PREFETCH LENGTH
-    put_be32(v, MAX_UNMAP_LBA_COUNT);
-    put_be32(v, MAX_UNMAP_DESCRIPTORS);
+    put_be32(v, if thin { MAX_UNMAP_LBA_COUNT } else { 0 });
+    put_be32(v, if thin { MAX_UNMAP_DESCRIPTORS } else { 0 });
     put_be32(v, unmap_granularity); // OPTIMAL UNMAP GRANULARITY
     put_be32(v, 0x8000_0000); // UGAVALID, alignment 0
-    v.extend_from_slice(&0u64.to_be_bytes()); // MAXIMUM WRITE SAME LENGTH
+    v.extend_from_slice(&u64::from(MAX_WRITE_SAME_BLOCKS).to_be_bytes());
     v.resize(4 + 0x3C, 0);
 }
 
@@ -241,129 +253,5 @@ pub fn request_sense(
         data_in.extend_from_slice(&sense.to_fixed_format());
     }
     truncate(data_in, alloc);
-    Ok(())
-}
-
-/// Mode page codes.
-const PAGE_CACHING: u8 = 0x08;
-const PAGE_CONTROL: u8 = 0x0A;
-const PAGE_ALL: u8 = 0x3F;
-
-/// Page control values (CDB byte 2 bits 7-6).
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum PageControl {
-    Current,
-    Changeable,
-    Default,
-}
-
-/// Caching mode page (0x08): WCE set (writes may be cached until
-/// SYNCHRONIZE CACHE or FUA); nothing is changeable.
-fn caching_page(pc: PageControl, v: &mut Vec<u8>) {
-    let wce = if pc == PageControl::Changeable {
-        0
-    } else {
-        0x04
-    };
-    v.extend_from_slice(&[PAGE_CACHING, 0x12, wce]);
-    v.resize(v.len() + 0x12 - 1, 0);
-}
-
-/// Control mode page (0x0A): TST 0, D_SENSE 0, QUEUE ALGORITHM MODIFIER 1
-/// (unrestricted reordering); nothing is changeable.
-fn control_page(pc: PageControl, v: &mut Vec<u8>) {
-    if pc == PageControl::Changeable {
-        v.extend_from_slice(&[PAGE_CONTROL, 0x0A]);
-        v.resize(v.len() + 0x0A, 0);
-    } else {
-        v.extend_from_slice(&[
-            PAGE_CONTROL,
-            0x0A,
-            0x00,
-            0x10,
-            0x00,
-            0x00,
-            0,
-            0,
-            0xFF,
-            0xFF,
-            0,
-            0,
-        ]);
-    }
-}
-
-/// MODE SENSE(6) and MODE SENSE(10).
-pub fn mode_sense(lu: &dyn Backstore, cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
-    let ten = cdb.first() == Some(&opcode::MODE_SENSE_10);
-    let flags = cdb::byte(cdb, 1)?;
-    let b2 = cdb::byte(cdb, 2)?;
-    let subpage = cdb::byte(cdb, 3)?;
-    let alloc = if ten {
-        usize::from(cdb::be16(cdb, 7)?)
-    } else {
-        usize::from(cdb::byte(cdb, 4)?)
-    };
-    let dbd = flags & 0x08 != 0;
-    let llbaa = ten && flags & 0x10 != 0;
-    let allowed = if ten { 0x18 } else { 0x08 };
-    if flags & !allowed != 0 {
-        return Err(Sense::INVALID_FIELD_IN_CDB);
-    }
-    let pc = match b2 >> 6 {
-        0 => PageControl::Current,
-        1 => PageControl::Changeable,
-        2 => PageControl::Default,
-        _ => return Err(Sense::SAVING_PARAMETERS_NOT_SUPPORTED),
-    };
-    let page = b2 & 0x3F;
-    let subpage_ok = subpage == 0 || (page == PAGE_ALL && subpage == 0xFF);
-    if !subpage_ok || !matches!(page, PAGE_CACHING | PAGE_CONTROL | PAGE_ALL) {
-        return Err(Sense::INVALID_FIELD_IN_CDB);
-    }
-
-    // Header: mode data length, medium type 0, device-specific parameter
-    // (WP 0, DPOFUA 1), block descriptor length.
-    let bd_len: u8 = match (dbd, llbaa) {
-        (true, _) => 0,
-        (false, true) => 16,
-        (false, false) => 8,
-    };
-    let v = data_in;
-    if ten {
-        v.extend_from_slice(&[0, 0, 0x00, 0x10, u8::from(llbaa), 0, 0, bd_len]);
-    } else {
-        v.extend_from_slice(&[0, 0x00, 0x10, bd_len]);
-    }
-    let blocks = lu.block_count();
-    let bs = lu.block_size();
-    match bd_len {
-        8 => {
-            put_be32(v, u32::try_from(blocks).unwrap_or(u32::MAX));
-            put_be32(v, bs & 0x00FF_FFFF);
-        }
-        16 => {
-            v.extend_from_slice(&blocks.to_be_bytes());
-            put_be32(v, 0);
-            put_be32(v, bs);
-        }
-        _ => {}
-    }
-    if matches!(page, PAGE_CACHING | PAGE_ALL) {
-        caching_page(pc, v);
-    }
-    if matches!(page, PAGE_CONTROL | PAGE_ALL) {
-        control_page(pc, v);
-    }
-    // MODE DATA LENGTH excludes itself.
-    if ten {
-        fix_len16(v, 0, 2);
-    } else {
-        let n = u8::try_from(v.len().saturating_sub(1)).unwrap_or(u8::MAX);
-        if let Some(b) = v.first_mut() {
-            *b = n;
-        }
-    }
-    truncate(v, alloc);
     Ok(())
 }

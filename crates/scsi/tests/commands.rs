@@ -3,11 +3,15 @@
 use std::sync::Arc;
 
 use iscsi_scsi::{
-    Asc, Backstore, CommandOutcome, DataDirection, RamBackstore, ScsiTarget, Sense, SenseKey,
-    TargetIdentity, command_info, encode_lun, status,
+    Asc, Backstore, CommandOutcome, DataDirection, Nexus, RamBackstore, ScsiTarget, Sense,
+    SenseKey, TargetIdentity, command_info, encode_lun, status,
 };
 
 const TARGET_NAME: &str = "iqn.2026-01.rs.iscsi:disk1";
+
+fn nexus() -> Nexus {
+    Nexus::iscsi("iqn.2026-01.rs.iscsi:init1", 0x0002_3d00_0001, 1)
+}
 
 fn target(specs: &[(u64, u32)]) -> (ScsiTarget, Vec<Arc<RamBackstore>>) {
     let stores: Vec<Arc<RamBackstore>> = specs
@@ -27,7 +31,7 @@ fn target(specs: &[(u64, u32)]) -> (ScsiTarget, Vec<Arc<RamBackstore>>) {
 
 fn run(t: &ScsiTarget, lun: u16, cdb: &[u8], data_out: &[u8]) -> (CommandOutcome, Vec<u8>) {
     let mut data_in = vec![0xEE; 3]; // must be cleared by execute
-    let o = t.execute(encode_lun(lun), cdb, data_out, &mut data_in);
+    let o = t.execute(&nexus(), encode_lun(lun), cdb, data_out, &mut data_in);
     (o, data_in)
 }
 
@@ -370,11 +374,11 @@ fn vpd_pages() {
     let d = vpd(&t, 0xB0);
     assert_eq!(d.len(), 64);
     let be32 = |at: usize| u32::from_be_bytes(d[at..at + 4].try_into().unwrap());
-    assert_eq!(be32(8), 8 * 1024 * 1024 / 512, "max transfer length");
+    assert_eq!(be32(8), 32 * 1024 * 1024 / 512, "max transfer length");
     assert!(be32(20) > 0 && be32(20) <= 1 << 20, "max unmap LBA count");
     assert!(be32(24) > 0 && be32(24) <= 1 << 20, "max unmap descriptors");
     let d4k = good(&t, 1, &inquiry(true, 0xB0, 1024), &[]);
-    assert_eq!(u32::from_be_bytes(d4k[8..12].try_into().unwrap()), 2048);
+    assert_eq!(u32::from_be_bytes(d4k[8..12].try_into().unwrap()), 8192);
 
     let d = vpd(&t, 0xB1);
     assert_eq!(d.len(), 64);
@@ -430,7 +434,7 @@ fn report_luns_one_and_three() {
     );
     // Also served on a LUN that does not exist.
     let mut di = Vec::new();
-    let o = t.execute(encode_lun(9), &report_luns(4096, 0), &[], &mut di);
+    let o = t.execute(&nexus(), encode_lun(9), &report_luns(4096, 0), &[], &mut di);
     assert!(o.is_good());
     assert_eq!(di.len(), 32);
 }
@@ -492,7 +496,9 @@ fn mode_sense() {
     let ctl = &pages[2 + 0x12..];
     assert_eq!(ctl[0], 0x0A);
     assert_eq!(ctl[1], 0x0A);
-    assert_eq!(ctl.len(), 12);
+    // Then the informational exceptions control page.
+    assert_eq!(ctl.len(), 24);
+    assert_eq!(&ctl[12..14], &[0x1C, 0x0A]);
     // DBD, single page.
     let d = good(&t, 0, &[0x1A, 0x08, 0x0A, 0, 255, 0], &[]);
     assert_eq!(d[3], 0);
@@ -507,14 +513,15 @@ fn mode_sense() {
     assert_eq!(&d[8..16], &2048u64.to_be_bytes());
     assert_eq!(&d[20..24], &512u32.to_be_bytes());
     assert_eq!(d[24], 0x08);
-    // Changeable values: nothing changeable.
+    // Changeable values: only WCE in the caching page.
     let d = good(&t, 0, &[0x1A, 0x08, 0x48, 0, 255, 0], &[]);
-    assert!(d[6..].iter().all(|&b| b == 0));
+    assert_eq!(d[6], 0x04);
+    assert!(d[7..].iter().all(|&b| b == 0));
     // Unsupported page, subpage, saved values.
     check(
         &t,
         0,
-        &[0x1A, 0, 0x1C, 0, 255, 0],
+        &[0x1A, 0, 0x19, 0, 255, 0],
         &[],
         Sense::INVALID_FIELD_IN_CDB,
     );
@@ -559,21 +566,21 @@ fn missing_lun() {
     let (t, _) = target(&[(1 << 20, 512)]);
     let mut di = Vec::new();
     for lun in [encode_lun(1), encode_lun(300), 1, u64::MAX] {
-        let o = t.execute(lun, &inquiry(false, 0, 96), &[], &mut di);
+        let o = t.execute(&nexus(), lun, &inquiry(false, 0, 96), &[], &mut di);
         assert!(o.is_good());
         assert_eq!(di[0], 0x7F);
-        let o = t.execute(lun, &[0x03, 0, 0, 0, 18, 0], &[], &mut di);
+        let o = t.execute(&nexus(), lun, &[0x03, 0, 0, 0, 18, 0], &[], &mut di);
         assert!(o.is_good());
         assert_eq!((di[2], di[12], di[13]), (0x05, 0x25, 0x00));
         for cdb in [&[0u8; 6][..], &read10(0, 1), &[0xFF, 0, 0, 0, 0, 0]] {
-            let o = t.execute(lun, cdb, &[], &mut di);
+            let o = t.execute(&nexus(), lun, cdb, &[], &mut di);
             assert_eq!(o.sense, Some(Sense::LUN_NOT_SUPPORTED));
             assert_eq!(o.sense.unwrap().asc, Asc::new(0x25, 0x00));
             assert!(di.is_empty());
         }
     }
     // Flat addressing of an existing LUN.
-    let o = t.execute(0x4000 << 48, &inquiry(false, 0, 96), &[], &mut di);
+    let o = t.execute(&nexus(), 0x4000 << 48, &inquiry(false, 0, 96), &[], &mut di);
     assert!(o.is_good());
     assert_eq!(di[0], 0x00);
 }
@@ -581,7 +588,7 @@ fn missing_lun() {
 #[test]
 fn unknown_opcodes() {
     let (t, _) = target(&[(1 << 20, 512)]);
-    for op in [0x01u8, 0x04, 0x15, 0x55, 0x7F, 0x93, 0xA3, 0xC0, 0xFF] {
+    for op in [0x01u8, 0x04, 0x3B, 0x48, 0x7F, 0xC0, 0xFF] {
         check(
             &t,
             0,

@@ -15,9 +15,12 @@
 //! sessions and backstores are shared behind `Arc`.
 
 pub mod config;
+mod connection;
 mod policy;
 pub mod server;
 mod session;
+mod stats;
 
+pub use config::file::{ConfigError, open_lun, parse_size, unique_id};
 pub use config::{TargetConfig, TargetEntry};
 pub use server::{Server, serve};

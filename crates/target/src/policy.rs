@@ -10,17 +10,20 @@ use iscsi_proto::pdu::login::LoginStatus;
 use iscsi_proto::text::SessionType;
 
 use crate::config::{TargetConfig, TargetEntry};
+use crate::session::Registry;
 
 /// The policy of one running target.
 pub(crate) struct Policy {
     config: Arc<TargetConfig>,
+    sessions: Arc<Registry>,
     next_tsih: AtomicU16,
 }
 
 impl Policy {
-    pub fn new(config: Arc<TargetConfig>) -> Self {
+    pub fn new(config: Arc<TargetConfig>, sessions: Arc<Registry>) -> Self {
         Policy {
             config,
+            sessions,
             next_tsih: AtomicU16::new(1),
         }
     }
@@ -30,11 +33,12 @@ impl Policy {
         self.config.targets.iter().find(|t| t.name == name)
     }
 
-    /// A fresh TSIH: never 0 (RFC 7143 11.12.6: 0 means "new session").
+    /// A fresh TSIH: never 0 (RFC 7143 11.12.6: 0 means "new session") and
+    /// not in use by a running session.
     fn allocate_tsih(&self) -> u16 {
         loop {
             let tsih = self.next_tsih.fetch_add(1, Ordering::Relaxed);
-            if tsih != 0 {
+            if tsih != 0 && !self.sessions.contains(tsih) {
                 return tsih;
             }
         }
@@ -59,18 +63,37 @@ impl LoginPolicy for Policy {
         {
             return Err(LoginStatus::AUTHORIZATION_FAILURE);
         }
-        // One connection per session (MaxConnections=1): a login naming an
-        // existing session cannot be placed.
-        if request.tsih != 0 {
-            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
-        }
         let mut negotiation = self.config.negotiation.clone();
         negotiation.declarations = self.config.declarations(target);
+        let chap = target.and_then(|t| t.chap.clone());
+        if request.tsih == 0 {
+            return Ok(TargetSettings {
+                negotiation,
+                chap,
+                tsih: self.allocate_tsih(),
+                leading: true,
+                command_window: self.config.command_window,
+            });
+        }
+        // A connection joining a running session (RFC 7143 6.3.3): same
+        // initiator, ISID and target, and room under MaxConnections.
+        let session = self
+            .sessions
+            .get(request.tsih)
+            .filter(|s| {
+                s.initiator_name == request.initiator_name
+                    && s.isid == request.isid
+                    && s.target_name == request.target_name
+            })
+            .ok_or(LoginStatus::SESSION_DOES_NOT_EXIST)?;
+        if session.connection_count() >= u32::from(session.params.max_connections) {
+            return Err(LoginStatus::TOO_MANY_CONNECTIONS);
+        }
         Ok(TargetSettings {
             negotiation,
-            chap: target.and_then(|t| t.chap.clone()),
-            tsih: self.allocate_tsih(),
-            leading: true,
+            chap,
+            tsih: request.tsih,
+            leading: false,
             command_window: self.config.command_window,
         })
     }

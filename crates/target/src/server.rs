@@ -6,18 +6,22 @@ use std::sync::{Arc, Mutex};
 
 use iscsi_proto::login::chap::ChallengeHistory;
 use iscsi_scsi::{ScsiTarget, TargetIdentity};
+use std::time::Duration;
+
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
 use crate::config::TargetConfig;
 use crate::policy::Policy;
-use crate::session::{Shared, serve_connection};
+use crate::session::{Registry, Shared, serve_connection};
 
 /// A target bound to its portals, ready to serve.
 pub struct Server {
     listeners: Vec<TcpListener>,
     shared: Arc<Shared>,
+    shutdown: watch::Sender<bool>,
 }
 
 impl Server {
@@ -44,13 +48,21 @@ impl Server {
             })
             .collect();
         let config = Arc::new(config);
+        let sessions = Arc::new(Registry::default());
+        let (shutdown, shutdown_seen) = watch::channel(false);
         let shared = Arc::new(Shared {
-            policy: Policy::new(Arc::clone(&config)),
+            policy: Policy::new(Arc::clone(&config), Arc::clone(&sessions)),
             config,
             scsi,
             challenge_history: Arc::new(Mutex::new(ChallengeHistory::default())),
+            sessions,
+            shutdown: shutdown_seen,
         });
-        Ok(Server { listeners, shared })
+        Ok(Server {
+            listeners,
+            shared,
+            shutdown,
+        })
     }
 
     /// The addresses actually bound (port 0 becomes a real port).
@@ -61,7 +73,11 @@ impl Server {
             .collect()
     }
 
-    /// Serves until `shutdown` completes, then closes every connection.
+    /// Serves until `shutdown` completes. Then it stops accepting, asks
+    /// every logged-in initiator to log out (Asynchronous Message, RFC 7143
+    /// 11.9.1), lets in-flight commands finish, and returns when every
+    /// connection has ended (initiators that do not log out are dropped
+    /// after a grace period).
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
         let mut accepts = JoinSet::new();
         for listener in self.listeners {
@@ -69,8 +85,9 @@ impl Server {
             accepts.spawn(accept_loop(listener, shared));
         }
         shutdown.await;
-        info!("shutting down");
-        accepts.shutdown().await;
+        info!("shutting down: asking initiators to log out");
+        self.shutdown.send_replace(true);
+        while accepts.join_next().await.is_some() {}
         Ok(())
     }
 }
@@ -78,8 +95,10 @@ impl Server {
 /// Accepts connections on one portal, a task each.
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
     let mut connections = JoinSet::new();
+    let mut shutdown = shared.shutdown.clone();
     loop {
         tokio::select! {
+            _ = shutdown.wait_for(|&down| down) => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let shared = Arc::clone(&shared);
@@ -93,6 +112,18 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
             },
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
+    }
+    drop(listener);
+    // Connections end by themselves: logout, or the grace period.
+    let grace = Duration::from_secs(10);
+    if tokio::time::timeout(grace, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await
+    .is_err()
+    {
+        warn!("connections still open after the shutdown grace period: closing them");
+        connections.shutdown().await;
     }
 }
 

@@ -1,6 +1,8 @@
 //! What a target serves: its portals, targets and their LUNs, CHAP and the
 //! negotiation values it offers.
 
+pub mod file;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -59,13 +61,13 @@ impl TargetConfig {
         NegotiationConfig {
             header_digest: vec![Digest::None, Digest::Crc32c],
             data_digest: vec![Digest::None, Digest::Crc32c],
-            max_connections: 1,
+            max_connections: 8,
             initial_r2t: false,
             immediate_data: true,
             max_recv_data_segment_length: 262_144,
             max_burst_length: 1 << 20,
             first_burst_length: 262_144,
-            max_outstanding_r2t: 1,
+            max_outstanding_r2t: 8,
             ..NegotiationConfig::default()
         }
     }

@@ -1,35 +1,11 @@
-//! Backstores: the storage behind a logical unit. Owns the [`Backstore`]
-//! trait (byte-addressed, synchronous, shared between sessions) and the sparse
-//! in-memory [`RamBackstore`].
-//!
-//! The SCSI layer has already range-checked every request in LBAs before it
-//! reaches a backstore; a backstore still refuses out-of-range byte ranges
-//! with an I/O error rather than panicking.
+//! The sparse in-memory [`RamBackstore`].
 
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
 use std::sync::{PoisonError, RwLock};
 
-/// The storage behind one logical unit.
-pub trait Backstore: Send + Sync + fmt::Debug {
-    /// Logical block size in bytes (512 or 4096).
-    fn block_size(&self) -> u32;
-    /// Number of logical blocks.
-    fn block_count(&self) -> u64;
-    /// Fills `buf` from byte `offset`.
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
-    /// Writes `buf` at byte `offset`.
-    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
-    /// Makes every completed write durable.
-    fn flush(&self) -> io::Result<()>;
-    /// Deallocates `len` bytes from `offset` (thin provisioning); the range
-    /// reads as zeros afterwards. RAM frees the chunks.
-    fn unmap(&self, offset: u64, len: u64) -> io::Result<()>;
-    /// A stable per-LU identifier used for the NAA designator and unit serial
-    /// number.
-    fn unique_id(&self) -> u64;
-}
+use super::{Allocation, Backstore};
 
 /// Why a [`RamBackstore`] could not be created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -229,6 +205,34 @@ impl Backstore for RamBackstore {
 
     fn unique_id(&self) -> u64 {
         self.unique_id
+    }
+
+    fn is_thin(&self) -> bool {
+        true
+    }
+
+    fn unmap_granularity(&self) -> u64 {
+        CHUNK
+    }
+
+    /// A chunk is mapped exactly when it is allocated.
+    fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
+        self.check_range(offset, max_len)?;
+        if max_len == 0 {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
+        }
+        let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
+        let end = offset + max_len;
+        let first = offset / CHUNK;
+        let mapped = chunks.contains_key(&first);
+        let mut pos = (first + 1).saturating_mul(CHUNK);
+        while pos < end && chunks.contains_key(&(pos / CHUNK)) == mapped {
+            pos = pos.saturating_add(CHUNK);
+        }
+        Ok(Allocation {
+            mapped,
+            len: pos.min(end) - offset,
+        })
     }
 }
 

@@ -1,0 +1,220 @@
+//! [`FileBackstore`]: a logical unit stored in a regular file.
+//!
+//! Reads and writes are positional (`pread`/`pwrite`), so one open file is
+//! shared by every session without a lock. A sparse file reads as zeros
+//! past its end and in its holes. UNMAP punches holes
+//! (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`); on a filesystem that
+//! cannot, it writes zeros instead. GET LBA STATUS asks the filesystem
+//! with `SEEK_DATA`/`SEEK_HOLE`.
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rustix::fs::{FallocateFlags, SeekFrom};
+use rustix::io::Errno;
+
+use super::{
+    Allocation, Backstore, BackstoreOpenError, check_block_size, check_range, write_zeros,
+};
+
+/// A logical unit backed by a regular file.
+#[derive(Debug)]
+pub struct FileBackstore {
+    file: File,
+    path: PathBuf,
+    size: u64,
+    block_size: u32,
+    unique_id: u64,
+    /// Cleared once the filesystem refuses to punch holes.
+    punch: AtomicBool,
+}
+
+/// Reads into `buf` from `offset` until it is full; whatever lies past the
+/// end of the file reads as zeros.
+pub(crate) fn read_full(file: &File, mut offset: u64, mut buf: &mut [u8]) -> io::Result<()> {
+    while !buf.is_empty() {
+        match file.read_at(buf, offset) {
+            Ok(0) => {
+                buf.fill(0);
+                return Ok(());
+            }
+            Ok(n) => {
+                let rest = std::mem::take(&mut buf);
+                let n = n.min(rest.len());
+                buf = rest.get_mut(n..).unwrap_or_default();
+                offset = offset
+                    .checked_add(n as u64)
+                    .ok_or_else(super::out_of_range)?;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Whether an `fallocate` error means "this file cannot punch holes".
+pub(crate) fn punch_unsupported(e: Errno) -> bool {
+    matches!(
+        e,
+        Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL | Errno::NODEV
+    )
+}
+
+impl FileBackstore {
+    /// Opens (creating if needed) the file at `path` as a logical unit of
+    /// `block_size`-byte blocks (a power of two from 512 to 65536).
+    ///
+    /// With `size`, the file is extended (sparsely) to `size` bytes when
+    /// shorter; a longer file is left alone and only its first `size` bytes
+    /// are used. Without `size`, the file must exist and its length is the
+    /// LU's size. Either way the size must be a non-zero multiple of the
+    /// block size.
+    pub fn open(
+        path: impl AsRef<Path>,
+        size: Option<u64>,
+        block_size: u32,
+        unique_id: u64,
+    ) -> Result<Self, BackstoreOpenError> {
+        check_block_size(block_size)?;
+        let path = path.as_ref();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(size.is_some())
+            .truncate(false)
+            .open(path)?;
+        let len = file.metadata()?.len();
+        let size = match size {
+            Some(size) => {
+                if size == 0 || !size.is_multiple_of(u64::from(block_size)) {
+                    return Err(BackstoreOpenError::InvalidSize { size, block_size });
+                }
+                if len < size {
+                    file.set_len(size)?;
+                }
+                size
+            }
+            None => len,
+        };
+        if size == 0 || !size.is_multiple_of(u64::from(block_size)) {
+            return Err(BackstoreOpenError::InvalidSize { size, block_size });
+        }
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+            size,
+            block_size,
+            unique_id,
+            punch: AtomicBool::new(true),
+        })
+    }
+
+    /// The path the store was opened from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Bytes the filesystem has allocated to the file (`st_blocks * 512`).
+    pub fn allocated_bytes(&self) -> io::Result<u64> {
+        use std::os::unix::fs::MetadataExt;
+        Ok(self.file.metadata()?.blocks().saturating_mul(512))
+    }
+}
+
+impl Backstore for FileBackstore {
+    fn block_size(&self) -> u32 {
+        self.block_size
+    }
+
+    fn block_count(&self) -> u64 {
+        self.size / u64::from(self.block_size)
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        check_range(offset, buf.len() as u64, self.size)?;
+        read_full(&self.file, offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        check_range(offset, buf.len() as u64, self.size)?;
+        self.file.write_all_at(buf, offset)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.file.sync_data()
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        check_range(offset, len, self.size)?;
+        if len == 0 {
+            return Ok(());
+        }
+        if self.punch.load(Ordering::Relaxed) {
+            let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+            match rustix::fs::fallocate(&self.file, flags, offset, len) {
+                Ok(()) => return Ok(()),
+                Err(e) if punch_unsupported(e) => self.punch.store(false, Ordering::Relaxed),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        write_zeros(offset, len, |at, zeros| self.file.write_all_at(zeros, at))
+    }
+
+    fn unique_id(&self) -> u64 {
+        self.unique_id
+    }
+
+    fn is_thin(&self) -> bool {
+        true
+    }
+
+    fn unmap_granularity(&self) -> u64 {
+        // Filesystems punch whole filesystem blocks; 4 KiB is the common one.
+        u64::from(self.block_size).max(4096)
+    }
+
+    /// `SEEK_DATA`/`SEEK_HOLE` from `offset`; a filesystem that does not
+    /// support them reports everything mapped.
+    fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
+        check_range(offset, max_len, self.size)?;
+        if max_len == 0 {
+            return Err(super::out_of_range());
+        }
+        let end = offset + max_len;
+        let mapped_all = Allocation {
+            mapped: true,
+            len: max_len,
+        };
+        // The fd's file position is never used for I/O (pread/pwrite only),
+        // so moving it here races with nothing.
+        let data = match rustix::fs::seek(&self.file, SeekFrom::Data(offset)) {
+            Ok(d) => d,
+            // No data at or after `offset`: a hole to the end.
+            Err(Errno::NXIO) => {
+                return Ok(Allocation {
+                    mapped: false,
+                    len: max_len,
+                });
+            }
+            Err(_) => return Ok(mapped_all),
+        };
+        if data > offset {
+            return Ok(Allocation {
+                mapped: false,
+                len: data.min(end) - offset,
+            });
+        }
+        let hole = match rustix::fs::seek(&self.file, SeekFrom::Hole(offset)) {
+            Ok(h) => h,
+            Err(_) => return Ok(mapped_all),
+        };
+        Ok(Allocation {
+            mapped: true,
+            len: hole.clamp(offset + 1, end) - offset,
+        })
+    }
+}

@@ -1,0 +1,182 @@
+//! Backstores: the storage behind a logical unit. Owns the [`Backstore`]
+//! trait (byte-addressed, synchronous, shared between sessions) and its
+//! implementations.
+//!
+//! | module | owns |
+//! |---|---|
+//! | `ram.rs` | [`RamBackstore`]: sparse, 64 KiB chunks allocated on first non-zero write |
+//! | `file.rs` | [`FileBackstore`]: a regular (possibly sparse) file, UNMAP punches holes |
+//! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
+//!
+//! The SCSI layer has already range-checked every request in LBAs before it
+//! reaches a backstore; a backstore still refuses out-of-range byte ranges
+//! with an I/O error rather than panicking.
+
+mod block;
+mod file;
+mod ram;
+
+use std::fmt;
+use std::io;
+
+pub use block::{BlockBackstore, MEM_ALIGN};
+pub use file::FileBackstore;
+pub use ram::{RAM_CHUNK_SIZE, RamBackstore, RamBackstoreError};
+
+/// The provisioning status of a run of bytes (for GET LBA STATUS, SBC-3
+/// §5.6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Allocation {
+    /// Whether the run is mapped (backed by storage); `false` means
+    /// deallocated, reading as zeros.
+    pub mapped: bool,
+    /// Length of the run in bytes, from the offset asked about; at least 1
+    /// and at most the length asked about.
+    pub len: u64,
+}
+
+/// The storage behind one logical unit.
+pub trait Backstore: Send + Sync + fmt::Debug {
+    /// Logical block size in bytes.
+    fn block_size(&self) -> u32;
+    /// Number of logical blocks.
+    fn block_count(&self) -> u64;
+    /// Fills `buf` from byte `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
+    /// Writes `buf` at byte `offset`.
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> io::Result<()>;
+    /// Deallocates `len` bytes from `offset` (thin provisioning); the range
+    /// reads as zeros afterwards. RAM frees the chunks.
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()>;
+    /// A stable per-LU identifier used for the NAA designator and unit serial
+    /// number.
+    fn unique_id(&self) -> u64;
+
+    /// Writes `buf` at `offset` and makes it durable before returning (WRITE
+    /// with FUA=1 and WRITE AND VERIFY, SBC-3 §5.41). The default writes and
+    /// then flushes everything.
+    fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.write_at(offset, buf)?;
+        self.flush()
+    }
+
+    /// Whether the store is thin provisioned: [`Backstore::unmap`] really
+    /// deallocates and [`Backstore::allocation_status`] tells mapped from
+    /// unmapped ranges. Reported as LBPME in READ CAPACITY(16) (SBC-3
+    /// §5.16.2). Unmapped ranges always read as zeros (LBPRZ).
+    fn is_thin(&self) -> bool {
+        false
+    }
+
+    /// The granule (in bytes) in which [`Backstore::unmap`] frees storage;
+    /// reported as the OPTIMAL UNMAP GRANULARITY of the Block Limits VPD
+    /// page.
+    fn unmap_granularity(&self) -> u64 {
+        u64::from(self.block_size())
+    }
+
+    /// The provisioning status of the run of bytes starting at `offset`, at
+    /// most `max_len` (> 0) long. The default: everything mapped.
+    fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
+        let end = offset.checked_add(max_len);
+        let size = self.block_count().checked_mul(u64::from(self.block_size()));
+        match (end, size) {
+            (Some(end), Some(size)) if end <= size && max_len > 0 => Ok(Allocation {
+                mapped: true,
+                len: max_len,
+            }),
+            _ => Err(out_of_range()),
+        }
+    }
+}
+
+/// Why a [`FileBackstore`] or [`BlockBackstore`] could not be opened.
+#[derive(Debug)]
+pub enum BackstoreOpenError {
+    /// Opening, sizing or inspecting the file failed.
+    Io(io::Error),
+    /// The block size is not a power of two from 512 to 65536.
+    UnsupportedBlockSize(u32),
+    /// The size is zero or not a multiple of the block size.
+    InvalidSize {
+        /// The size in bytes.
+        size: u64,
+        /// The block size.
+        block_size: u32,
+    },
+}
+
+impl fmt::Display for BackstoreOpenError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Io(e) => write!(f, "backstore I/O error: {e}"),
+            Self::UnsupportedBlockSize(bs) => write!(f, "unsupported block size {bs}"),
+            Self::InvalidSize { size, block_size } => write!(
+                f,
+                "size {size} is zero or not a multiple of the block size {block_size}"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BackstoreOpenError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Io(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<io::Error> for BackstoreOpenError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
+}
+
+/// Accepts block sizes that are powers of two from 512 to 65536.
+pub(crate) fn check_block_size(block_size: u32) -> Result<(), BackstoreOpenError> {
+    if block_size.is_power_of_two() && (512..=65536).contains(&block_size) {
+        Ok(())
+    } else {
+        Err(BackstoreOpenError::UnsupportedBlockSize(block_size))
+    }
+}
+
+pub(crate) fn out_of_range() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "byte range beyond the end of the backstore",
+    )
+}
+
+/// `Ok` when `[offset, offset + len)` lies within `size` bytes.
+pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> io::Result<()> {
+    match offset.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(out_of_range()),
+    }
+}
+
+/// Zero-fill granule for stores that cannot deallocate.
+const ZERO_CHUNK: usize = 1024 * 1024;
+
+/// Writes zeros over `[offset, offset + len)` through `write`, one bounded
+/// chunk at a time (the UNMAP fallback where punching holes is unsupported).
+pub(crate) fn write_zeros(
+    offset: u64,
+    len: u64,
+    mut write: impl FnMut(u64, &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let zeros = vec![0u8; usize::try_from(len).unwrap_or(ZERO_CHUNK).min(ZERO_CHUNK)];
+    let mut done = 0u64;
+    while done < len {
+        let n = (len - done).min(zeros.len() as u64);
+        let chunk = zeros.get(..usize::try_from(n).unwrap_or(0)).unwrap_or(&[]);
+        write(offset + done, chunk)?;
+        done += n;
+    }
+    Ok(())
+}

@@ -1,0 +1,434 @@
+//! The table of supported commands and the MAINTENANCE IN reports built
+//! from it: REPORT SUPPORTED OPERATION CODES (SPC-4 §6.35) with CDB usage
+//! data and command timeouts descriptors, and REPORT SUPPORTED TASK
+//! MANAGEMENT FUNCTIONS (SPC-4 §6.36).
+//!
+//! The dispatcher accepts exactly the opcodes listed here, so the report
+//! and the behaviour cannot drift apart.
+
+use crate::cdb::{self, SA_REPORT_SUPPORTED_OPCODES, SA_REPORT_SUPPORTED_TMFS, opcode::*};
+use crate::sense::Sense;
+
+/// One supported command: opcode, service action (for opcodes that have
+/// them) and CDB USAGE DATA (the CDB's length; byte 0 is the opcode, every
+/// other byte has a 1 for each bit the device server looks at).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandDescriptor {
+    /// OPERATION CODE.
+    pub opcode: u8,
+    /// SERVICE ACTION, for opcodes that have service actions.
+    pub service_action: Option<u8>,
+    /// CDB USAGE DATA.
+    pub usage: &'static [u8],
+}
+
+const fn cmd(opcode: u8, usage: &'static [u8]) -> CommandDescriptor {
+    CommandDescriptor {
+        opcode,
+        service_action: None,
+        usage,
+    }
+}
+
+const fn cmd_sa(opcode: u8, sa: u8, usage: &'static [u8]) -> CommandDescriptor {
+    CommandDescriptor {
+        opcode,
+        service_action: Some(sa),
+        usage,
+    }
+}
+
+const F: u8 = 0xFF;
+
+/// Every command this crate implements, by opcode then service action.
+pub const COMMANDS: &[CommandDescriptor] = &[
+    cmd(TEST_UNIT_READY, &[TEST_UNIT_READY, 0, 0, 0, 0, 0]),
+    cmd(REQUEST_SENSE, &[REQUEST_SENSE, 0x01, 0, 0, F, 0]),
+    cmd(READ_6, &[READ_6, 0x1F, F, F, F, 0]),
+    cmd(WRITE_6, &[WRITE_6, 0x1F, F, F, F, 0]),
+    cmd(INQUIRY, &[INQUIRY, 0x01, F, F, F, 0]),
+    cmd(MODE_SELECT_6, &[MODE_SELECT_6, 0x11, 0, 0, F, 0]),
+    cmd(RESERVE_6, &[RESERVE_6, 0, 0, 0, 0, 0]),
+    cmd(RELEASE_6, &[RELEASE_6, 0, 0, 0, 0, 0]),
+    cmd(MODE_SENSE_6, &[MODE_SENSE_6, 0x08, F, F, F, 0]),
+    cmd(START_STOP_UNIT, &[START_STOP_UNIT, 0x01, 0, 0x0F, 0xF7, 0]),
+    cmd(
+        PREVENT_ALLOW_MEDIUM_REMOVAL,
+        &[PREVENT_ALLOW_MEDIUM_REMOVAL, 0, 0, 0, 0x03, 0],
+    ),
+    cmd(
+        READ_CAPACITY_10,
+        &[READ_CAPACITY_10, 0, F, F, F, F, 0, 0, 0x01, 0],
+    ),
+    cmd(READ_10, &[READ_10, 0x18, F, F, F, F, 0, F, F, 0]),
+    cmd(WRITE_10, &[WRITE_10, 0x18, F, F, F, F, 0, F, F, 0]),
+    cmd(
+        WRITE_AND_VERIFY_10,
+        &[WRITE_AND_VERIFY_10, 0x12, F, F, F, F, 0, F, F, 0],
+    ),
+    cmd(VERIFY_10, &[VERIFY_10, 0x16, F, F, F, F, 0, F, F, 0]),
+    cmd(
+        SYNCHRONIZE_CACHE_10,
+        &[SYNCHRONIZE_CACHE_10, 0x02, F, F, F, F, 0, F, F, 0],
+    ),
+    cmd(
+        WRITE_SAME_10,
+        &[WRITE_SAME_10, 0x08, F, F, F, F, 0, F, F, 0],
+    ),
+    cmd(UNMAP, &[UNMAP, 0, 0, 0, 0, 0, 0, F, F, 0]),
+    cmd(
+        MODE_SELECT_10,
+        &[MODE_SELECT_10, 0x11, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd(RESERVE_10, &[RESERVE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    cmd(RELEASE_10, &[RELEASE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+    cmd(
+        MODE_SENSE_10,
+        &[MODE_SENSE_10, 0x18, F, F, 0, 0, 0, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_IN,
+        0x00,
+        &[PERSISTENT_RESERVE_IN, 0x1F, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_IN,
+        0x01,
+        &[PERSISTENT_RESERVE_IN, 0x1F, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_IN,
+        0x02,
+        &[PERSISTENT_RESERVE_IN, 0x1F, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_IN,
+        0x03,
+        &[PERSISTENT_RESERVE_IN, 0x1F, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_OUT,
+        0x00,
+        &[PERSISTENT_RESERVE_OUT, 0x1F, 0xFF, 0, 0, F, F, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_OUT,
+        0x01,
+        &[PERSISTENT_RESERVE_OUT, 0x1F, 0xFF, 0, 0, F, F, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_OUT,
+        0x02,
+        &[PERSISTENT_RESERVE_OUT, 0x1F, 0xFF, 0, 0, F, F, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_OUT,
+        0x03,
+        &[PERSISTENT_RESERVE_OUT, 0x1F, 0xFF, 0, 0, F, F, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_OUT,
+        0x04,
+        &[PERSISTENT_RESERVE_OUT, 0x1F, 0xFF, 0, 0, F, F, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_OUT,
+        0x05,
+        &[PERSISTENT_RESERVE_OUT, 0x1F, 0xFF, 0, 0, F, F, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_OUT,
+        0x06,
+        &[PERSISTENT_RESERVE_OUT, 0x1F, 0xFF, 0, 0, F, F, F, F, 0],
+    ),
+    cmd_sa(
+        PERSISTENT_RESERVE_OUT,
+        0x07,
+        &[PERSISTENT_RESERVE_OUT, 0x1F, 0xFF, 0, 0, F, F, F, F, 0],
+    ),
+    cmd(
+        READ_16,
+        &[READ_16, 0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
+    ),
+    cmd(
+        COMPARE_AND_WRITE,
+        &[
+            COMPARE_AND_WRITE,
+            0x18,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0,
+            0,
+            0,
+            F,
+            0,
+            0,
+        ],
+    ),
+    cmd(
+        WRITE_16,
+        &[WRITE_16, 0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
+    ),
+    cmd(
+        WRITE_AND_VERIFY_16,
+        &[
+            WRITE_AND_VERIFY_16,
+            0x12,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0,
+            0,
+        ],
+    ),
+    cmd(
+        VERIFY_16,
+        &[VERIFY_16, 0x16, F, F, F, F, F, F, F, F, F, F, F, F, 0, 0],
+    ),
+    cmd(
+        SYNCHRONIZE_CACHE_16,
+        &[
+            SYNCHRONIZE_CACHE_16,
+            0x02,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0,
+            0,
+        ],
+    ),
+    cmd(
+        WRITE_SAME_16,
+        &[
+            WRITE_SAME_16,
+            0x09,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0,
+            0,
+        ],
+    ),
+    cmd_sa(
+        SERVICE_ACTION_IN_16,
+        cdb::SA_READ_CAPACITY_16,
+        &[
+            SERVICE_ACTION_IN_16,
+            0x1F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0,
+            0,
+        ],
+    ),
+    cmd_sa(
+        SERVICE_ACTION_IN_16,
+        cdb::SA_GET_LBA_STATUS,
+        &[
+            SERVICE_ACTION_IN_16,
+            0x1F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0,
+            0,
+        ],
+    ),
+    cmd(REPORT_LUNS, &[REPORT_LUNS, 0, F, 0, 0, 0, F, F, F, F, 0, 0]),
+    cmd_sa(
+        MAINTENANCE_IN,
+        SA_REPORT_SUPPORTED_OPCODES,
+        &[MAINTENANCE_IN, 0x1F, 0x87, F, F, F, F, F, F, F, 0, 0],
+    ),
+    cmd_sa(
+        MAINTENANCE_IN,
+        SA_REPORT_SUPPORTED_TMFS,
+        &[MAINTENANCE_IN, 0x1F, 0x80, 0, 0, 0, F, F, F, F, 0, 0],
+    ),
+    cmd(READ_12, &[READ_12, 0x18, F, F, F, F, F, F, F, F, 0, 0]),
+    cmd(WRITE_12, &[WRITE_12, 0x18, F, F, F, F, F, F, F, F, 0, 0]),
+    cmd(
+        WRITE_AND_VERIFY_12,
+        &[WRITE_AND_VERIFY_12, 0x12, F, F, F, F, F, F, F, F, 0, 0],
+    ),
+    cmd(VERIFY_12, &[VERIFY_12, 0x16, F, F, F, F, F, F, F, F, 0, 0]),
+];
+
+/// Nominal and recommended command timeouts reported in command timeouts
+/// descriptors, in seconds.
+const NOMINAL_TIMEOUT: u32 = 1;
+const RECOMMENDED_TIMEOUT: u32 = 30;
+
+/// Whether `op` has service actions (then every table entry for it has one).
+fn has_service_actions(op: u8) -> bool {
+    COMMANDS
+        .iter()
+        .any(|c| c.opcode == op && c.service_action.is_some())
+}
+
+/// Whether the CDB's opcode is one this crate implements (an unsupported
+/// service action of a supported opcode is left to the handler: INVALID
+/// FIELD IN CDB).
+pub fn is_supported(cdb: &[u8]) -> bool {
+    cdb.first()
+        .is_some_and(|&op| COMMANDS.iter().any(|c| c.opcode == op))
+}
+
+/// The command timeouts descriptor (SPC-4 §6.35.4).
+fn timeouts(v: &mut Vec<u8>) {
+    v.extend_from_slice(&[0x00, 0x0A, 0x00, 0x00]);
+    v.extend_from_slice(&NOMINAL_TIMEOUT.to_be_bytes());
+    v.extend_from_slice(&RECOMMENDED_TIMEOUT.to_be_bytes());
+}
+
+/// MAINTENANCE IN: REPORT SUPPORTED OPERATION CODES or REPORT SUPPORTED
+/// TASK MANAGEMENT FUNCTIONS.
+pub fn maintenance_in(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+    match cdb::byte(cdb, 1)? & 0x1F {
+        SA_REPORT_SUPPORTED_OPCODES => report_supported_opcodes(cdb, data_in),
+        SA_REPORT_SUPPORTED_TMFS => report_supported_tmfs(cdb, data_in),
+        _ => Err(Sense::INVALID_FIELD_IN_CDB),
+    }
+}
+
+/// REPORT SUPPORTED OPERATION CODES (SPC-4 §6.35): REPORTING OPTIONS 000b
+/// (all commands), 001b (one opcode without service actions), 010b (one
+/// opcode and service action) and 011b (one opcode, with its service action
+/// if it has them); RCTD adds command timeouts descriptors.
+pub fn report_supported_opcodes(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+    let b2 = cdb::byte(cdb, 2)?;
+    let rctd = b2 & 0x80 != 0;
+    let options = b2 & 0x07;
+    let op = cdb::byte(cdb, 3)?;
+    let sa = cdb::be16(cdb, 4)?;
+    let alloc = usize::try_from(cdb::be32(cdb, 6)?).unwrap_or(usize::MAX);
+    if b2 & 0x78 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let v = data_in;
+    match options {
+        0 => {
+            v.extend_from_slice(&[0; 4]);
+            for c in COMMANDS {
+                v.push(c.opcode);
+                v.push(0);
+                v.extend_from_slice(&u16::from(c.service_action.unwrap_or(0)).to_be_bytes());
+                v.push(0);
+                // CTDP (bit 1), SERVACTV (bit 0).
+                v.push((u8::from(rctd) << 1) | u8::from(c.service_action.is_some()));
+                let len = u16::try_from(c.usage.len()).unwrap_or(0);
+                v.extend_from_slice(&len.to_be_bytes());
+                if rctd {
+                    timeouts(v);
+                }
+            }
+            let len = u32::try_from(v.len().saturating_sub(4)).unwrap_or(u32::MAX);
+            if let Some(f) = v.get_mut(0..4) {
+                f.copy_from_slice(&len.to_be_bytes());
+            }
+        }
+        1..=3 => {
+            let with_sa = has_service_actions(op);
+            let wanted_sa = match (options, with_sa) {
+                (1, true) | (2, false) => return Err(Sense::INVALID_FIELD_IN_CDB),
+                (1, false) | (3, false) => None,
+                _ => Some(sa),
+            };
+            let found = COMMANDS
+                .iter()
+                .find(|c| c.opcode == op && c.service_action.map(u16::from) == wanted_sa);
+            match found {
+                Some(c) => {
+                    // CTDP (bit 7); SUPPORT 011b: supported as in the standard.
+                    v.push(0);
+                    v.push((u8::from(rctd) << 7) | 0x03);
+                    let len = u16::try_from(c.usage.len()).unwrap_or(0);
+                    v.extend_from_slice(&len.to_be_bytes());
+                    v.extend_from_slice(c.usage);
+                    if rctd {
+                        timeouts(v);
+                    }
+                }
+                // SUPPORT 001b: not supported; no usage data.
+                None => v.extend_from_slice(&[0, 0x01, 0, 0]),
+            }
+        }
+        _ => return Err(Sense::INVALID_FIELD_IN_CDB),
+    }
+    v.truncate(alloc);
+    Ok(())
+}
+
+/// REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS (SPC-4 §6.36): ABORT TASK,
+/// ABORT TASK SET, CLEAR TASK SET, LOGICAL UNIT RESET and TARGET RESET
+/// (iSCSI's warm/cold target resets). With REPD, the 16-byte extended
+/// format.
+pub fn report_supported_tmfs(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+    let repd = cdb::byte(cdb, 2)? & 0x80 != 0;
+    let alloc = usize::try_from(cdb::be32(cdb, 6)?).unwrap_or(usize::MAX);
+    if alloc < 4 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    // ATS, ATSS, CTSS, LURS, TRS.
+    let mut v = vec![0x80 | 0x40 | 0x10 | 0x08 | 0x02, 0x00, 0x00, 0x00];
+    if repd {
+        // REPORT SUPPORTED TMF ADDITIONAL DATA LENGTH 0Ch, then reserved.
+        v[3] = 0x0C;
+        v.resize(16, 0);
+    }
+    v.truncate(alloc);
+    data_in.extend_from_slice(&v);
+    Ok(())
+}

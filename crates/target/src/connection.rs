@@ -1,0 +1,1272 @@
+//! One connection in full feature phase (RFC 7143 sections 4.2, 11).
+//!
+//! The connection's task reads PDUs; commands run concurrently:
+//! - A SCSI Command is admitted against the session's CmdSN window. A read
+//!   (or a command without data) is handed to a task of its own, which
+//!   executes it on the blocking pool and sends its Data-In and status. A
+//!   write keeps a buffer of its Expected Data Transfer Length: immediate
+//!   data and every Data-Out are received straight into their place in it
+//!   (the datamover's `receive_data_into`), R2Ts go out up to
+//!   MaxOutstandingR2T at a time, and when the last byte is in, the write
+//!   is handed to a task like a read.
+//! - Responses from every task go through one [`Writer`], which stamps
+//!   StatSN, ExpCmdSN and MaxCmdSN at the moment of sending, so StatSN
+//!   follows the order on the wire and MaxCmdSN reflects commands finished.
+//! - NOP-Out pings, Text (SendTargets, negotiation), Logout, task management
+//!   (in a task of its own, so that waiting for aborted commands does not
+//!   stop the reading), SNACK (Reject: ErrorRecoveryLevel 0) and Reject
+//!   for anything that breaks the rules.
+//! - On target shutdown, an Asynchronous Message asks the initiator to log
+//!   out; the connection is dropped if it has not done so in time.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use iscsi_datamover::tcp::{StreamReceiver, StreamSender};
+use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
+use iscsi_proto::error::DecodeError;
+use iscsi_proto::pdu::{
+    AsyncEvent, AsyncMessage, DataIn, DataOut, Header, LogoutReason, LogoutRequest, LogoutResponse,
+    LogoutResponseCode, Lun, NopIn, NopOut, Pdu, ReadyToTransfer, Reject, RejectReason,
+    ScsiCommand, ScsiResponse, SegmentLengths, ServiceResponse, TaskFunction,
+    TaskManagementRequest, TaskManagementResponse, TaskResponse, TextRequest, TextResponse,
+};
+use iscsi_proto::serial::{CmdSn, DataSn, R2tSn, StatSn};
+use iscsi_proto::text::codec::{self, TextPair};
+use iscsi_proto::text::{Negotiator, Role, SessionType, Stage};
+use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
+use iscsi_scsi::{CommandOutcome, Nexus, ScsiTarget, TargetReset};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+use tracing::{debug, info, warn};
+
+use crate::session::{Admission, Session, Shared, Task};
+use crate::stats::SessionStats;
+
+/// The reserved tag value (RFC 7143 11.2.1.8).
+const RESERVED_TAG: u32 = 0xFFFF_FFFF;
+/// SAM status GOOD.
+const GOOD: u8 = 0x00;
+/// The largest write buffer a command may make the target allocate; the
+/// Block Limits VPD page advertises less.
+const MAX_WRITE_BUFFER: u32 = 32 << 20;
+/// COMPARE AND WRITE (SBC-3 5.2).
+const COMPARE_AND_WRITE: u8 = 0x89;
+/// Seconds an initiator is given to log out when the target shuts down
+/// (Parameter3 of the Asynchronous Message).
+const LOGOUT_GRACE_SECONDS: u16 = 3;
+
+/// Which StatSN a PDU carries (RFC 7143 4.2.2.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stat {
+    /// A status or response: the next StatSN, which then advances.
+    Advance,
+    /// The current StatSN, not advanced (R2T, unsolicited NOP-In).
+    Current,
+    /// None (Data-In without status).
+    Reserved,
+}
+
+/// The send direction of a connection, shared by the tasks that answer on
+/// it (connection allegiance: a command is answered on the connection it
+/// came in on, RFC 7143 5.3.2? see 4.2.3.1).
+pub(crate) struct Writer {
+    state: tokio::sync::Mutex<WriterState>,
+    session: Arc<Session>,
+}
+
+/// The sender and this connection's StatSN, under the writer's lock.
+pub(crate) struct WriterState {
+    sender: StreamSender<OwnedWriteHalf>,
+    stat_sn: StatSn,
+}
+
+impl Writer {
+    /// Sends one PDU.
+    pub async fn send(&self, pdu: Pdu, data: &[u8], stat: Stat) -> Result<(), DatamoverError> {
+        let mut state = self.state.lock().await;
+        state.send(&self.session, pdu, data, stat).await
+    }
+
+    /// Locks the writer for a run of PDUs (a command's Data-In and status).
+    pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, WriterState> {
+        self.state.lock().await
+    }
+
+    async fn terminate(&self) {
+        let _ = self.state.lock().await.sender.terminate().await;
+    }
+}
+
+impl WriterState {
+    /// Stamps StatSN, ExpCmdSN and MaxCmdSN into `pdu` and sends it with
+    /// `data` (a Data-In through `Put_Data`, the rest through
+    /// `Send_Control`).
+    pub async fn send(
+        &mut self,
+        session: &Session,
+        mut pdu: Pdu,
+        data: &[u8],
+        stat: Stat,
+    ) -> Result<(), DatamoverError> {
+        let stat_sn = match stat {
+            Stat::Advance => {
+                let sn = self.stat_sn;
+                self.stat_sn = sn.next();
+                sn
+            }
+            Stat::Current => self.stat_sn,
+            Stat::Reserved => StatSn::new(0),
+        };
+        let (exp, max) = session.window_edges();
+        stamp(&mut pdu, stat_sn, exp, max);
+        let header = Header::new(pdu, data.len() as u32);
+        if matches!(header.pdu, Pdu::DataIn(_)) {
+            self.sender.put_data(&header, data).await
+        } else {
+            self.sender.send_control(&header, data).await
+        }
+    }
+}
+
+/// Writes the sequence numbers into a target PDU.
+fn stamp(pdu: &mut Pdu, stat_sn: StatSn, exp: CmdSn, max: CmdSn) {
+    macro_rules! set {
+        ($p:expr) => {{
+            $p.stat_sn = stat_sn;
+            $p.exp_cmd_sn = exp;
+            $p.max_cmd_sn = max;
+        }};
+    }
+    match pdu {
+        Pdu::NopIn(p) => set!(p),
+        Pdu::ScsiResponse(p) => set!(p),
+        Pdu::TaskManagementResponse(p) => set!(p),
+        Pdu::TextResponse(p) => set!(p),
+        Pdu::DataIn(p) => set!(p),
+        Pdu::LogoutResponse(p) => set!(p),
+        Pdu::ReadyToTransfer(p) => set!(p),
+        Pdu::AsyncMessage(p) => set!(p),
+        Pdu::Reject(p) => set!(p),
+        _ => {}
+    }
+}
+
+/// Commands of this connection being executed or answered, so that a
+/// logout can wait for them.
+#[derive(Default)]
+struct InFlight {
+    count: AtomicU32,
+    idle: Notify,
+}
+
+impl InFlight {
+    fn enter(self: &Arc<Self>) -> InFlightGuard {
+        self.count.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(Arc::clone(self))
+    }
+
+    async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.count.load(Ordering::Acquire) == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+struct InFlightGuard(Arc<InFlight>);
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        if self.0.count.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// Data buffers reused from command to command (no allocation per command
+/// on the fast path once warm).
+#[derive(Default)]
+struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+}
+
+impl BufferPool {
+    /// Buffers kept for reuse, at most.
+    const KEEP: usize = 64;
+
+    fn take(&self) -> Vec<u8> {
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default()
+    }
+
+    fn give(&self, mut buffer: Vec<u8>) {
+        buffer.clear();
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        if free.len() < Self::KEEP && buffer.capacity() <= MAX_WRITE_BUFFER as usize {
+            free.push(buffer);
+        }
+    }
+}
+
+/// A write collecting its data.
+struct PendingWrite {
+    task: Arc<Task>,
+    command: ScsiCommand,
+    cdb: Vec<u8>,
+    buffer: Vec<u8>,
+    tracker: DataOutTracker,
+    /// Solicited bursts not yet asked for: (offset, length).
+    bursts: VecDeque<(u32, u32)>,
+    r2ts_sent: u32,
+}
+
+/// What the reading loop does after a PDU.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+/// One connection of a session in full feature phase.
+pub(crate) struct Connection {
+    shared: Arc<Shared>,
+    session: Arc<Session>,
+    cid: u16,
+    limits: Limits,
+    local: SocketAddr,
+    writer: Arc<Writer>,
+    in_flight: Arc<InFlight>,
+    buffers: Arc<BufferPool>,
+    pending_writes: HashMap<u32, PendingWrite>,
+    /// Tasks whose remaining Data-Out is dropped silently (their command
+    /// was answered before all its data arrived).
+    discarding: HashSet<u32>,
+    next_transfer_tag: u32,
+}
+
+impl Connection {
+    /// A connection that has just completed its login.
+    pub fn new(
+        shared: Arc<Shared>,
+        session: Arc<Session>,
+        cid: u16,
+        limits: Limits,
+        local: SocketAddr,
+        stat_sn: StatSn,
+        sender: StreamSender<OwnedWriteHalf>,
+    ) -> Self {
+        let writer = Arc::new(Writer {
+            state: tokio::sync::Mutex::new(WriterState { sender, stat_sn }),
+            session: Arc::clone(&session),
+        });
+        Connection {
+            shared,
+            session,
+            cid,
+            limits,
+            local,
+            writer,
+            in_flight: Arc::default(),
+            buffers: Arc::default(),
+            pending_writes: HashMap::new(),
+            discarding: HashSet::new(),
+            next_transfer_tag: 1,
+        }
+    }
+
+    /// Reads and serves PDUs until logout, the peer's close, an error, the
+    /// session's close or the end of the shutdown grace period.
+    pub async fn run(
+        mut self,
+        mut receiver: StreamReceiver<OwnedReadHalf>,
+    ) -> Result<(), DatamoverError> {
+        let mut shutdown = self.shared.shutdown.clone();
+        let mut closing = self.session.closing();
+        let mut logout_deadline: Option<Instant> = None;
+        let result = loop {
+            if *closing.borrow() {
+                break Ok(());
+            }
+            if *shutdown.borrow() && logout_deadline.is_none() {
+                logout_deadline = Some(self.request_logout().await?);
+            }
+            let deadline = logout_deadline;
+            let header = tokio::select! {
+                header = receiver.receive_header() => header,
+                _ = shutdown.changed() => continue,
+                _ = closing.changed() => continue,
+                _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)).await },
+                    if deadline.is_some() => {
+                    info!(cid = self.cid, "no logout after the shutdown request: dropping the connection");
+                    break Ok(());
+                }
+            };
+            let header = match header {
+                Ok(Some(header)) => header,
+                Ok(None) => break Ok(()),
+                Err(e) => break Err(e),
+            };
+            match self.dispatch(&mut receiver, header).await {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Stop) => break Ok(()),
+                Err(e) => break Err(e),
+            }
+        };
+        // Writes still collecting data die with the connection.
+        for (_, pending) in self.pending_writes.drain() {
+            pending.task.aborted.store(true, Ordering::Release);
+            self.session.finish(&pending.task);
+        }
+        self.writer.terminate().await;
+        result
+    }
+
+    /// Asks the initiator to log out (RFC 7143 11.9.1, AsyncEvent 1) and
+    /// returns when to give up waiting.
+    async fn request_logout(&self) -> Result<Instant, DatamoverError> {
+        info!(cid = self.cid, "target shutting down: requesting logout");
+        let message = AsyncMessage {
+            lun: Lun(0),
+            async_event: AsyncEvent::LogoutRequest,
+            parameter3: LOGOUT_GRACE_SECONDS,
+            ..AsyncMessage::default()
+        };
+        self.writer
+            .send(Pdu::AsyncMessage(message), &[], Stat::Advance)
+            .await?;
+        Ok(Instant::now() + Duration::from_secs(u64::from(LOGOUT_GRACE_SECONDS) + 1))
+    }
+
+    async fn dispatch(
+        &mut self,
+        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        header: Header,
+    ) -> Result<Flow, DatamoverError> {
+        match header.pdu.clone() {
+            Pdu::ScsiCommand(command) => self.scsi_command(receiver, &header, command).await?,
+            Pdu::DataOut(data_out) => self.data_out(receiver, &header, data_out).await?,
+            Pdu::NopOut(nop) => {
+                let Some(data) = self.data_or_reject(receiver, &header).await? else {
+                    return Ok(Flow::Continue);
+                };
+                self.nop_out(nop, &data).await?;
+            }
+            Pdu::TextRequest(request) => {
+                let Some(data) = self.data_or_reject(receiver, &header).await? else {
+                    return Ok(Flow::Continue);
+                };
+                self.text(&header, request, &data).await?;
+            }
+            Pdu::LogoutRequest(request) => {
+                receiver.receive_data().await?;
+                return self.logout(request).await;
+            }
+            Pdu::TaskManagementRequest(request) => {
+                receiver.receive_data().await?;
+                let session = Arc::clone(&self.session);
+                let shared = Arc::clone(&self.shared);
+                let writer = Arc::clone(&self.writer);
+                // Aborting waits for the tasks concerned; reading goes on.
+                tokio::spawn(async move {
+                    if let Err(error) = task_management(&shared, &session, &writer, request).await {
+                        debug!(%error, "task management response not sent");
+                    }
+                });
+            }
+            Pdu::SnackRequest(_) => {
+                // ErrorRecoveryLevel 0: no SNACK support (RFC 7143 11.16).
+                receiver.receive_data().await?;
+                self.reject(&header, RejectReason::SnackReject).await?;
+            }
+            _ => {
+                receiver.receive_data().await?;
+                self.reject(&header, RejectReason::CommandNotSupported)
+                    .await?;
+            }
+        }
+        Ok(Flow::Continue)
+    }
+
+    /// The data segment of a control PDU, or `None` after answering a data
+    /// digest error with a Reject (RFC 7143 7.8).
+    async fn data_or_reject(
+        &mut self,
+        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        header: &Header,
+    ) -> Result<Option<Vec<u8>>, DatamoverError> {
+        match receiver.receive_data().await {
+            Ok(data) => Ok(Some(data)),
+            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
+                warn!("data digest error: PDU rejected");
+                self.reject(header, RejectReason::DataDigestError).await?;
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    async fn nop_out(&mut self, nop: NopOut, data: &[u8]) -> Result<(), DatamoverError> {
+        if !nop.immediate {
+            self.session.consume_cmd_sn(nop.cmd_sn);
+        }
+        if nop.initiator_task_tag == RESERVED_TAG {
+            // An answer to our NOP-In, or a bare ExpStatSN update.
+            return Ok(());
+        }
+        // A ping: answer with the same data (RFC 7143 11.19).
+        let reply = NopIn {
+            lun: nop.lun,
+            initiator_task_tag: nop.initiator_task_tag,
+            target_transfer_tag: RESERVED_TAG,
+            ..NopIn::default()
+        };
+        self.writer
+            .send(Pdu::NopIn(reply), data, Stat::Advance)
+            .await
+    }
+
+    async fn reject(&self, header: &Header, reason: RejectReason) -> Result<(), DatamoverError> {
+        SessionStats::add(&self.session.stats.rejects, 1);
+        reject(&self.writer, header, reason).await
+    }
+
+    /// Logout (RFC 7143 11.14): writes still collecting data are dropped,
+    /// commands being executed finish, then the response goes out and the
+    /// connection (or the whole session) closes.
+    async fn logout(&mut self, request: LogoutRequest) -> Result<Flow, DatamoverError> {
+        if !request.immediate {
+            self.session.consume_cmd_sn(request.cmd_sn);
+        }
+        let response = match request.reason {
+            LogoutReason::CloseSession | LogoutReason::CloseConnection => {
+                LogoutResponseCode::ClosedSuccessfully
+            }
+            // Removing a connection for recovery needs ErrorRecoveryLevel 2.
+            _ => LogoutResponseCode::RecoveryNotSupported,
+        };
+        if response == LogoutResponseCode::ClosedSuccessfully {
+            for (_, pending) in self.pending_writes.drain() {
+                pending.task.aborted.store(true, Ordering::Release);
+                self.session.finish(&pending.task);
+            }
+            self.in_flight.wait_idle().await;
+        }
+        let reply = LogoutResponse {
+            response,
+            initiator_task_tag: request.initiator_task_tag,
+            time2wait: 0,
+            time2retain: 0,
+            ..LogoutResponse::default()
+        };
+        self.writer
+            .send(Pdu::LogoutResponse(reply), &[], Stat::Advance)
+            .await?;
+        if response != LogoutResponseCode::ClosedSuccessfully {
+            return Ok(Flow::Continue);
+        }
+        info!(cid = self.cid, reason = ?request.reason, "logout");
+        if request.reason == LogoutReason::CloseSession {
+            self.session.close();
+        }
+        Ok(Flow::Stop)
+    }
+
+    /// Text Request: SendTargets (RFC 7143 13.3, Appendix C) and full
+    /// feature phase negotiation.
+    async fn text(
+        &mut self,
+        header: &Header,
+        request: TextRequest,
+        data: &[u8],
+    ) -> Result<(), DatamoverError> {
+        if !request.immediate {
+            self.session.consume_cmd_sn(request.cmd_sn);
+        }
+        let Ok(pairs) = codec::parse(data) else {
+            return self.reject(header, RejectReason::ProtocolError).await;
+        };
+        let mut answers = Vec::new();
+        let mut rest = Vec::new();
+        for pair in pairs {
+            if pair.key == "SendTargets" {
+                answers.extend(self.send_targets(&pair.value));
+            } else {
+                rest.push(pair);
+            }
+        }
+        if !rest.is_empty() {
+            let mut negotiator =
+                Negotiator::new(Role::Target, self.shared.config.negotiation.clone(), true);
+            match negotiator.receive(&rest, Stage::FullFeature) {
+                Ok(more) => answers.extend(more),
+                Err(_) => return self.reject(header, RejectReason::ProtocolError).await,
+            }
+        }
+        let mut text = Vec::new();
+        codec::encode(&answers, &mut text);
+        // Answers longer than the initiator accepts in one PDU are cut
+        // there; a SendTargets list of that size needs the C-bit exchange,
+        // which this target does not produce yet.
+        text.truncate(self.limits.max_send_segment as usize);
+        let reply = TextResponse {
+            final_flag: true,
+            continue_flag: false,
+            lun: Lun(0),
+            initiator_task_tag: request.initiator_task_tag,
+            target_transfer_tag: RESERVED_TAG,
+            ..TextResponse::default()
+        };
+        self.writer
+            .send(Pdu::TextResponse(reply), &text, Stat::Advance)
+            .await
+    }
+
+    /// The SendTargets answer: every target (discovery session) or this
+    /// session's target, each with the address this connection reached.
+    fn send_targets(&self, value: &str) -> Vec<TextPair> {
+        let address = match self.local {
+            SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
+            SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
+        };
+        let tag = self.shared.config.portal_group_tag;
+        let discovery = self.session.params.session_type == SessionType::Discovery;
+        let mut answers = Vec::new();
+        for target in &self.shared.config.targets {
+            let wanted = match value {
+                "All" => discovery,
+                "" => {
+                    !discovery && self.session.target_name.as_deref() == Some(target.name.as_str())
+                }
+                name => name == target.name,
+            };
+            if !wanted {
+                continue;
+            }
+            answers.push(TextPair::new("TargetName", target.name.clone()));
+            answers.push(TextPair::new("TargetAddress", format!("{address},{tag}")));
+        }
+        answers
+    }
+
+    /// A SCSI Command PDU (RFC 7143 11.3).
+    async fn scsi_command(
+        &mut self,
+        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        header: &Header,
+        command: ScsiCommand,
+    ) -> Result<(), DatamoverError> {
+        let immediate_len = header.data_segment_length;
+        let itt = command.initiator_task_tag;
+        let task =
+            match self
+                .session
+                .admit(command.cmd_sn, command.immediate, itt, command.lun.0, true)
+            {
+                Admission::Accepted(task) => task,
+                Admission::OutOfWindow => {
+                    warn!(
+                        cmd_sn = command.cmd_sn.get(),
+                        "CmdSN outside the window: command ignored"
+                    );
+                    receiver.receive_data().await?;
+                    return Ok(());
+                }
+                Admission::TagInUse => {
+                    receiver.receive_data().await?;
+                    return self.reject(header, RejectReason::TaskInProgress).await;
+                }
+            };
+        let Some(scsi) = self.session.scsi.clone() else {
+            // SCSI commands in a discovery session.
+            receiver.receive_data().await?;
+            self.session.finish(&task);
+            return self.reject(header, RejectReason::CommandNotSupported).await;
+        };
+        let cdb = header.full_cdb().unwrap_or_else(|| command.cdb.to_vec());
+        if !command.write {
+            if immediate_len > 0 {
+                receiver.receive_data().await?;
+                self.session.finish(&task);
+                return self.reject(header, RejectReason::ProtocolError).await;
+            }
+            self.execute(scsi, task, command, cdb, Vec::new(), 0);
+            return Ok(());
+        }
+        let expected = command.expected_data_transfer_length;
+        if expected > MAX_WRITE_BUFFER {
+            receiver.receive_data().await?;
+            if !self.limits.initial_r2t {
+                self.discarding.insert(itt);
+            }
+            let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
+            self.answer_now(task, command, outcome);
+            return Ok(());
+        }
+        let tracker = match DataOutTracker::new(self.limits, expected, immediate_len) {
+            Ok(tracker) => tracker,
+            Err(e) => {
+                debug!(error = %e, "bad immediate data");
+                receiver.receive_data().await?;
+                self.session.finish(&task);
+                return self
+                    .reject(header, RejectReason::from_u8(e.reject_reason()))
+                    .await;
+            }
+        };
+        let mut buffer = self.buffers.take();
+        buffer.resize(expected as usize, 0);
+        let immediate = &mut buffer[..immediate_len as usize];
+        match receiver.receive_data_into(immediate).await {
+            Ok(()) => {}
+            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
+                // The command is rejected as if never received (RFC 7143
+                // 7.8); the initiator retries it or times it out.
+                warn!("data digest error in immediate data: command rejected");
+                self.buffers.give(buffer);
+                self.session.finish(&task);
+                if !self.limits.initial_r2t {
+                    self.discarding.insert(itt);
+                }
+                return self.reject(header, RejectReason::DataDigestError).await;
+            }
+            Err(e) => return Err(e),
+        }
+        SessionStats::add(&self.session.stats.write_bytes, u64::from(immediate_len));
+        let bursts = self
+            .limits
+            .r2t_bursts(expected, tracker.solicited_from())
+            .into();
+        let mut pending = PendingWrite {
+            task,
+            command,
+            cdb,
+            buffer,
+            tracker,
+            bursts,
+            r2ts_sent: 0,
+        };
+        self.solicit(&mut pending).await?;
+        if pending.tracker.is_complete() {
+            self.start_write(scsi, pending);
+        } else {
+            self.pending_writes.insert(itt, pending);
+        }
+        Ok(())
+    }
+
+    /// Sends R2Ts while fewer than MaxOutstandingR2T await their data
+    /// (RFC 7143 11.8, 13.17).
+    async fn solicit(&mut self, pending: &mut PendingWrite) -> Result<(), DatamoverError> {
+        let max = usize::from(self.limits.max_outstanding_r2t.max(1));
+        while pending.tracker.outstanding_r2ts() < max {
+            let Some((offset, length)) = pending.bursts.pop_front() else {
+                break;
+            };
+            let tag = self.next_transfer_tag;
+            // Target Transfer Tags never take the reserved value.
+            self.next_transfer_tag = (self.next_transfer_tag % 0x7FFF_FFFF) + 1;
+            pending.tracker.r2t_sent(tag, offset, length);
+            let r2t = ReadyToTransfer {
+                lun: pending.command.lun,
+                initiator_task_tag: pending.command.initiator_task_tag,
+                target_transfer_tag: tag,
+                r2t_sn: R2tSn::new(pending.r2ts_sent),
+                buffer_offset: offset,
+                desired_data_transfer_length: length,
+                ..ReadyToTransfer::default()
+            };
+            pending.r2ts_sent += 1;
+            SessionStats::add(&self.session.stats.r2ts, 1);
+            self.writer
+                .send(Pdu::ReadyToTransfer(r2t), &[], Stat::Current)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// A Data-Out PDU (RFC 7143 11.7): checked against its write's R2Ts
+    /// and unsolicited window, then received straight into place.
+    async fn data_out(
+        &mut self,
+        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        header: &Header,
+        data_out: DataOut,
+    ) -> Result<(), DatamoverError> {
+        let itt = data_out.initiator_task_tag;
+        let length = header.data_segment_length;
+        let Some(pending) = self.pending_writes.get_mut(&itt) else {
+            receiver.receive_data().await?;
+            if self.discarding.contains(&itt) {
+                if data_out.final_flag && data_out.target_transfer_tag == UNSOLICITED_TRANSFER_TAG {
+                    self.discarding.remove(&itt);
+                }
+                return Ok(());
+            }
+            // Data-Out for no write in progress.
+            return self.reject(header, RejectReason::InvalidPduField).await;
+        };
+        if pending.task.aborted.load(Ordering::Acquire) {
+            receiver.receive_data().await?;
+            if let Some(pending) = self.pending_writes.remove(&itt) {
+                self.session.finish(&pending.task);
+                self.buffers.give(pending.buffer);
+            }
+            return Ok(());
+        }
+        let progress = pending.tracker.data_out(
+            data_out.target_transfer_tag,
+            data_out.data_sn.get(),
+            data_out.buffer_offset,
+            length,
+            data_out.final_flag,
+        );
+        let progress = match progress {
+            Ok(progress) => progress,
+            Err(e) => {
+                // At ErrorRecoveryLevel 0 the write cannot be completed:
+                // reject the PDU and end the command with CHECK CONDITION.
+                debug!(error = %e, "bad Data-Out");
+                receiver.receive_data().await?;
+                self.reject(header, RejectReason::from_u8(e.reject_reason()))
+                    .await?;
+                self.fail_write(
+                    itt,
+                    iscsi_scsi::Sense::new(
+                        iscsi_scsi::SenseKey::AbortedCommand,
+                        iscsi_scsi::Asc::new(0x0C, 0x0D), // DATA OFFSET ERROR? see SPC-4 table
+                    ),
+                );
+                return Ok(());
+            }
+        };
+        let start = data_out.buffer_offset as usize;
+        let end = start + length as usize;
+        match receiver
+            .receive_data_into(&mut pending.buffer[start..end])
+            .await
+        {
+            Ok(()) => {}
+            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
+                warn!("data digest error in Data-Out: PDU rejected, write failed");
+                self.reject(header, RejectReason::DataDigestError).await?;
+                // SPC-4: PROTOCOL SERVICE CRC ERROR (0x47/0x05).
+                self.fail_write(
+                    itt,
+                    iscsi_scsi::Sense::new(
+                        iscsi_scsi::SenseKey::AbortedCommand,
+                        iscsi_scsi::Asc::new(0x47, 0x05),
+                    ),
+                );
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        SessionStats::add(&self.session.stats.write_bytes, u64::from(length));
+        let mut pending = match self.pending_writes.remove(&itt) {
+            Some(p) => p,
+            None => return Ok(()),
+        };
+        if let DataOutProgress::R2tComplete(_) = progress {
+            self.solicit(&mut pending).await?;
+        }
+        if pending.tracker.is_complete() {
+            let Some(scsi) = self.session.scsi.clone() else {
+                return Ok(());
+            };
+            self.start_write(scsi, pending);
+        } else {
+            self.pending_writes.insert(itt, pending);
+        }
+        Ok(())
+    }
+
+    /// Ends a write that cannot complete with CHECK CONDITION; its further
+    /// Data-Out is dropped.
+    fn fail_write(&mut self, itt: u32, sense: iscsi_scsi::Sense) {
+        if let Some(pending) = self.pending_writes.remove(&itt) {
+            self.discarding.insert(itt);
+            self.buffers.give(pending.buffer);
+            self.answer_now(
+                pending.task,
+                pending.command,
+                CommandOutcome::check_condition(sense),
+            );
+        }
+    }
+
+    fn start_write(&mut self, scsi: Arc<ScsiTarget>, pending: PendingWrite) {
+        let PendingWrite {
+            task,
+            command,
+            cdb,
+            buffer,
+            r2ts_sent,
+            ..
+        } = pending;
+        self.execute(scsi, task, command, cdb, buffer, r2ts_sent);
+    }
+
+    /// Answers a command with `outcome` without executing it.
+    fn answer_now(&self, task: Arc<Task>, command: ScsiCommand, outcome: CommandOutcome) {
+        let guard = self.in_flight.enter();
+        let writer = Arc::clone(&self.writer);
+        let session = Arc::clone(&self.session);
+        let limits = self.limits;
+        tokio::spawn(async move {
+            let _guard = guard;
+            let response = Response {
+                command: &command,
+                outcome,
+                data_in: &[],
+                residual: Residual::NONE,
+                r2ts: 0,
+            };
+            if let Err(error) = respond(&writer, &session, &task, &limits, response).await {
+                debug!(%error, "response not sent");
+            }
+        });
+    }
+
+    /// Runs a command on the blocking pool and answers it, in a task of its
+    /// own.
+    fn execute(
+        &self,
+        scsi: Arc<ScsiTarget>,
+        task: Arc<Task>,
+        command: ScsiCommand,
+        cdb: Vec<u8>,
+        data_out: Vec<u8>,
+        r2ts: u32,
+    ) {
+        task.start();
+        let guard = self.in_flight.enter();
+        let writer = Arc::clone(&self.writer);
+        let session = Arc::clone(&self.session);
+        let buffers = Arc::clone(&self.buffers);
+        let limits = self.limits;
+        tokio::spawn(async move {
+            let _guard = guard;
+            let data_in = buffers.take();
+            let run = {
+                let command = command.clone();
+                let session = Arc::clone(&session);
+                tokio::task::spawn_blocking(move || {
+                    let mut data_in = data_in;
+                    let (outcome, residual) = run_command(
+                        &scsi,
+                        &session.nexus,
+                        &command,
+                        &cdb,
+                        &data_out,
+                        &mut data_in,
+                    );
+                    (outcome, residual, data_out, data_in)
+                })
+            };
+            let Ok((outcome, residual, data_out, data_in)) = run.await else {
+                // The blocking task panicked: a bug, reported; the
+                // command ends without status (the initiator times out).
+                warn!("command execution failed");
+                session.finish(&task);
+                return;
+            };
+            SessionStats::add(&session.stats.commands, 1);
+            if outcome.status != GOOD {
+                SessionStats::add(&session.stats.errors, 1);
+            }
+            let response = Response {
+                command: &command,
+                outcome,
+                data_in: &data_in,
+                residual,
+                r2ts,
+            };
+            if let Err(error) = respond(&writer, &session, &task, &limits, response).await {
+                debug!(%error, "response not sent");
+            }
+            buffers.give(data_out);
+            buffers.give(data_in);
+        });
+    }
+}
+
+/// The residual of a command (RFC 7143 11.4.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Residual {
+    overflow: bool,
+    underflow: bool,
+    count: u32,
+}
+
+impl Residual {
+    const NONE: Residual = Residual {
+        overflow: false,
+        underflow: false,
+        count: 0,
+    };
+
+    /// What the SCSI layer wants to transfer (`wanted`) against what the
+    /// initiator expects (`expected`).
+    fn of(wanted: u64, expected: u32) -> Residual {
+        let expected = u64::from(expected);
+        match wanted.cmp(&expected) {
+            std::cmp::Ordering::Greater => Residual {
+                overflow: true,
+                underflow: false,
+                count: u32::try_from(wanted - expected).unwrap_or(u32::MAX),
+            },
+            std::cmp::Ordering::Less => Residual {
+                overflow: false,
+                underflow: true,
+                count: (expected - wanted) as u32,
+            },
+            std::cmp::Ordering::Equal => Residual::NONE,
+        }
+    }
+}
+
+/// Executes one command against the SCSI target. For a write, the data the
+/// CDB asks for (SPDTL) is compared with what the initiator sent (EDTL,
+/// RFC 7143 11.4.5.1): less is an underflow and the surplus is ignored;
+/// more is an overflow, answered with CHECK CONDITION INVALID FIELD IN
+/// INFORMATION UNIT without writing anything.
+fn run_command(
+    scsi: &ScsiTarget,
+    nexus: &Nexus,
+    command: &ScsiCommand,
+    cdb: &[u8],
+    data_out: &[u8],
+    data_in: &mut Vec<u8>,
+) -> (CommandOutcome, Residual) {
+    let expected = command.expected_data_transfer_length;
+    if command.write {
+        let block_size = iscsi_scsi::decode_lun(command.lun.0)
+            .and_then(|lun| scsi.backstore(lun))
+            .map_or(512, |b| b.block_size());
+        let (_, wanted) = iscsi_scsi::command_info(cdb, block_size);
+        let residual = Residual::of(u64::from(wanted), expected);
+        if residual.overflow {
+            // FCP-4 / SAM-5: process the command, but transfer no data
+            // beyond the EDTL: a READ/WRITE is cut to the whole blocks the
+            // initiator sent; any other command is refused.
+            data_in.clear();
+            let blocks = expected / block_size.max(1);
+            return match shorten_transfer(cdb, blocks) {
+                Some(None) => (CommandOutcome::GOOD, residual),
+                Some(Some(shorter)) => {
+                    let used = data_out
+                        .get(..(blocks * block_size) as usize)
+                        .unwrap_or(data_out);
+                    (
+                        scsi.execute(nexus, command.lun.0, &shorter, used, data_in),
+                        residual,
+                    )
+                }
+                None => {
+                    let sense = iscsi_scsi::Sense::new(
+                        iscsi_scsi::SenseKey::IllegalRequest,
+                        iscsi_scsi::Asc::new(0x0E, 0x03),
+                    );
+                    (CommandOutcome::check_condition(sense), residual)
+                }
+            };
+        }
+        if residual.underflow && cdb.first() == Some(&COMPARE_AND_WRITE) {
+            // The compare and the write halves are located by the CDB's
+            // block count: a Data-Out of another size cannot be split
+            // (what Linux's target and libiscsi's suite expect).
+            data_in.clear();
+            let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
+            return (outcome, residual);
+        }
+        let used = data_out.get(..wanted as usize).unwrap_or(data_out);
+        let outcome = scsi.execute(nexus, command.lun.0, cdb, used, data_in);
+        return (outcome, residual);
+    }
+    let outcome = scsi.execute(nexus, command.lun.0, cdb, &[], data_in);
+    let residual = if command.read {
+        Residual::of(data_in.len() as u64, expected)
+    } else if expected > 0 {
+        Residual::of(0, expected)
+    } else {
+        Residual::NONE
+    };
+    (outcome, residual)
+}
+
+/// For a write CDB (WRITE and WRITE AND VERIFY 6/10/12/16), the same CDB
+/// with TRANSFER LENGTH cut to `blocks`: `Some(None)` when that leaves
+/// nothing to do, `None` for any other command.
+fn shorten_transfer(cdb: &[u8], blocks: u32) -> Option<Option<Vec<u8>>> {
+    let (at, width) = match *cdb.first()? {
+        0x0A => (4, 1),
+        0x2A | 0x2E => (7, 2),
+        0xAA | 0xAE => (6, 4),
+        0x8A | 0x8E => (10, 4),
+        _ => return None,
+    };
+    if cdb.len() < at + width {
+        return None;
+    }
+    if blocks == 0 {
+        return Some(None);
+    }
+    let mut shorter = cdb.to_vec();
+    let bytes = blocks.to_be_bytes();
+    shorter[at..at + width].copy_from_slice(&bytes[4 - width..]);
+    Some(Some(shorter))
+}
+
+/// Everything needed to answer one command.
+struct Response<'a> {
+    command: &'a ScsiCommand,
+    outcome: CommandOutcome,
+    data_in: &'a [u8],
+    residual: Residual,
+    r2ts: u32,
+}
+
+/// Sends a command's Data-In (cut by MaxRecvDataSegmentLength and
+/// MaxBurstLength) and its status: in the last Data-In when the command
+/// succeeded (phase collapse, RFC 7143 11.7.3), else in a SCSI Response
+/// carrying the sense data (11.4.7). A task aborted meanwhile gets no
+/// status (RFC 7143 4.2.3.? ABORT TASK semantics: 11.5.1).
+async fn respond(
+    writer: &Writer,
+    session: &Session,
+    task: &Task,
+    limits: &Limits,
+    response: Response<'_>,
+) -> Result<(), DatamoverError> {
+    let Response {
+        command,
+        outcome,
+        data_in,
+        residual,
+        r2ts,
+    } = response;
+    let sent = if command.read {
+        data_in
+            .len()
+            .min(command.expected_data_transfer_length as usize) as u32
+    } else {
+        0
+    };
+    let collapse = outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
+    let segments = limits.data_in_segments(sent);
+    let count = segments.len();
+    let mut out = writer.lock().await;
+    for (i, segment) in segments.iter().enumerate() {
+        let last = i + 1 == count;
+        let with_status = last && collapse;
+        if with_status && !session.complete(task) {
+            return Ok(());
+        }
+        let pdu = DataIn {
+            final_flag: segment.last_in_sequence,
+            acknowledge: false,
+            residual_overflow: with_status && residual.overflow,
+            residual_underflow: with_status && residual.underflow,
+            status: with_status.then_some(outcome.status),
+            lun: command.lun,
+            initiator_task_tag: command.initiator_task_tag,
+            target_transfer_tag: RESERVED_TAG,
+            data_sn: DataSn::new(segment.data_sn),
+            buffer_offset: segment.offset,
+            residual_count: if with_status { residual.count } else { 0 },
+            ..DataIn::default()
+        };
+        let start = segment.offset as usize;
+        let end = start + segment.length as usize;
+        let stat = if with_status {
+            Stat::Advance
+        } else {
+            Stat::Reserved
+        };
+        out.send(session, Pdu::DataIn(pdu), &data_in[start..end], stat)
+            .await?;
+        SessionStats::add(&session.stats.read_bytes, u64::from(segment.length));
+    }
+    if collapse {
+        return Ok(());
+    }
+    if !session.complete(task) {
+        return Ok(());
+    }
+    // Sense data travels in the SCSI Response's data segment: a 2-byte
+    // length, then the sense bytes (RFC 7143 11.4.7).
+    let sense_data = match outcome.sense {
+        Some(_) => {
+            let bytes = outcome.sense_bytes();
+            let mut data = Vec::with_capacity(2 + bytes.len());
+            data.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+            data.extend_from_slice(&bytes);
+            data
+        }
+        None => Vec::new(),
+    };
+    let pdu = ScsiResponse {
+        bidi_read_residual_overflow: false,
+        bidi_read_residual_underflow: false,
+        residual_overflow: residual.overflow,
+        residual_underflow: residual.underflow,
+        response: ServiceResponse::CommandCompleted,
+        status: outcome.status,
+        initiator_task_tag: command.initiator_task_tag,
+        snack_tag: 0,
+        exp_data_sn: DataSn::new(if command.read { count as u32 } else { r2ts }),
+        bidi_read_residual_count: 0,
+        residual_count: residual.count,
+        ..ScsiResponse::default()
+    };
+    out.send(session, Pdu::ScsiResponse(pdu), &sense_data, Stat::Advance)
+        .await
+}
+
+/// A Reject with the offending header as its data (RFC 7143 11.17).
+async fn reject(
+    writer: &Writer,
+    header: &Header,
+    reason: RejectReason,
+) -> Result<(), DatamoverError> {
+    let mut bhs = [0u8; 48];
+    header.pdu.encode_bhs(
+        SegmentLengths {
+            total_ahs_words: 0,
+            data_segment_length: header.data_segment_length,
+        },
+        &mut bhs,
+    );
+    let reject = Reject {
+        reason,
+        data_sn_or_r2t_sn: 0,
+        ..Reject::default()
+    };
+    writer.send(Pdu::Reject(reject), &bhs, Stat::Advance).await
+}
+
+/// Task management (RFC 7143 11.5, 11.6; SAM-5 7): aborts wait until the
+/// tasks concerned are over, so that after the response no PDU of theirs
+/// follows.
+async fn task_management(
+    shared: &Shared,
+    session: &Session,
+    writer: &Writer,
+    request: TaskManagementRequest,
+) -> Result<(), DatamoverError> {
+    if !request.immediate {
+        session.consume_cmd_sn(request.cmd_sn);
+    }
+    let lun = request.lun.0;
+    let lun_exists = session.scsi.as_ref().is_some_and(|scsi| {
+        iscsi_scsi::decode_lun(lun).is_some_and(|n| scsi.backstore(n).is_some())
+    });
+    let same_target = || match &session.target_name {
+        Some(name) => shared.sessions.of_target(name),
+        None => Vec::new(),
+    };
+    let response = match request.function {
+        TaskFunction::AbortTask => {
+            match session.task(request.referenced_task_tag) {
+                Some(task) if session.abort(&task) => {
+                    SessionStats::add(&session.stats.aborts, 1);
+                    task.wait().await;
+                    TaskResponse::FunctionComplete
+                }
+                Some(_) => TaskResponse::TaskDoesNotExist,
+                None => {
+                    // A command not yet arrived whose CmdSN is in the
+                    // window is taken as received and aborted (11.5.1).
+                    if request.ref_cmd_sn.lt(request.cmd_sn)
+                        && session.is_pending_cmd_sn(request.ref_cmd_sn)
+                    {
+                        session.consume_cmd_sn(request.ref_cmd_sn);
+                        TaskResponse::FunctionComplete
+                    } else {
+                        TaskResponse::TaskDoesNotExist
+                    }
+                }
+            }
+        }
+        TaskFunction::AbortTaskSet
+        | TaskFunction::ClearTaskSet
+        | TaskFunction::LogicalUnitReset => {
+            if !lun_exists {
+                TaskResponse::LunDoesNotExist
+            } else {
+                let sessions = if request.function == TaskFunction::AbortTaskSet {
+                    Vec::new()
+                } else {
+                    same_target()
+                };
+                abort_tasks(session, &sessions, Some(lun)).await;
+                if request.function == TaskFunction::LogicalUnitReset
+                    && let (Some(scsi), Some(n)) = (&session.scsi, iscsi_scsi::decode_lun(lun))
+                {
+                    scsi.lun_reset(n);
+                }
+                TaskResponse::FunctionComplete
+            }
+        }
+        TaskFunction::ClearAca => TaskResponse::FunctionComplete,
+        TaskFunction::TargetWarmReset | TaskFunction::TargetColdReset => {
+            let sessions = same_target();
+            abort_tasks(session, &sessions, None).await;
+            if let Some(scsi) = &session.scsi {
+                scsi.target_reset(if request.function == TaskFunction::TargetColdReset {
+                    TargetReset::Cold
+                } else {
+                    TargetReset::Warm
+                });
+            }
+            TaskResponse::FunctionComplete
+        }
+        TaskFunction::TaskReassign => TaskResponse::TaskReassignmentNotSupported,
+        _ => TaskResponse::FunctionNotSupported,
+    };
+    let reply = TaskManagementResponse {
+        response,
+        initiator_task_tag: request.initiator_task_tag,
+        ..TaskManagementResponse::default()
+    };
+    writer
+        .send(Pdu::TaskManagementResponse(reply), &[], Stat::Advance)
+        .await?;
+    if request.function == TaskFunction::TargetColdReset
+        && response == TaskResponse::FunctionComplete
+    {
+        // A cold reset ends every session of the target (RFC 7143 11.5.1).
+        for other in same_target() {
+            other.close();
+        }
+        session.close();
+    }
+    Ok(())
+}
+
+/// Aborts the tasks of `session` and `others` (on `lun`, or all) and waits
+/// until each is over.
+async fn abort_tasks(session: &Session, others: &[Arc<Session>], lun: Option<u64>) {
+    let mut waiting = Vec::new();
+    for s in std::iter::once(session).chain(others.iter().map(|s| s.as_ref())) {
+        for task in s.tasks(lun) {
+            if s.abort(&task) {
+                SessionStats::add(&s.stats.aborts, 1);
+                waiting.push(task);
+            }
+        }
+    }
+    for task in waiting {
+        task.wait().await;
+    }
+}

@@ -1,0 +1,48 @@
+//! Per-session statistics: counters the data path bumps with relaxed
+//! atomics, logged when a session ends.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Counters of one session.
+#[derive(Debug, Default)]
+pub(crate) struct SessionStats {
+    /// SCSI commands completed (status sent or aborted).
+    pub commands: AtomicU64,
+    /// Bytes sent in Data-In.
+    pub read_bytes: AtomicU64,
+    /// Bytes received as immediate data and Data-Out.
+    pub write_bytes: AtomicU64,
+    /// Commands that ended in CHECK CONDITION or another non-GOOD status.
+    pub errors: AtomicU64,
+    /// R2Ts sent.
+    pub r2ts: AtomicU64,
+    /// Tasks aborted by task management or session end.
+    pub aborts: AtomicU64,
+    /// PDUs answered with a Reject.
+    pub rejects: AtomicU64,
+}
+
+impl SessionStats {
+    /// Adds `n` to a counter.
+    pub fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+impl fmt::Display for SessionStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        write!(
+            f,
+            "commands={} read_bytes={} write_bytes={} errors={} r2ts={} aborts={} rejects={}",
+            get(&self.commands),
+            get(&self.read_bytes),
+            get(&self.write_bytes),
+            get(&self.errors),
+            get(&self.r2ts),
+            get(&self.aborts),
+            get(&self.rejects),
+        )
+    }
+}

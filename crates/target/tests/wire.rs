@@ -1,0 +1,770 @@
+//! The target driven PDU by PDU from a raw client built on the protocol
+//! core and the datamover: the full feature phase rules a real initiator
+//! rarely breaks on purpose. Several R2Ts outstanding at once, commands in
+//! parallel with MaxCmdSN growing as they finish, the CmdSN window, task
+//! management (ABORT TASK of a write waiting for data), bad input (unknown
+//! opcode, Data-Out for no task, a write beyond the allowed buffer, a
+//! corrupted data digest, a connection dropped mid-write — the LUN keeps
+//! every acknowledged write and nothing else), a second connection joining
+//! the session (MC/S), session reinstatement, and the logout request sent
+//! when the target shuts down.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use iscsi_datamover::tcp::{StreamReceiver, StreamSender, TcpDatamover};
+use iscsi_datamover::{PduReceiver, PduSender, Received};
+use iscsi_proto::login::chap::ChallengeHistory;
+use iscsi_proto::login::initiator::{InitiatorLogin, InitiatorLoginConfig, InitiatorStep};
+use iscsi_proto::pdu::login::Isid;
+use iscsi_proto::pdu::{
+    AsyncEvent, DataOut, Digests, Header, LogoutReason, LogoutRequest, Lun, NopOut, Pdu,
+    RejectReason, ScsiCommand, TaskFunction, TaskManagementRequest, TaskResponse,
+};
+use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
+use iscsi_proto::text::{Digest, NegotiatedParameters, NegotiationConfig};
+use iscsi_scsi::{Backstore, RamBackstore};
+use iscsi_target::{Server, TargetConfig, TargetEntry};
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::oneshot;
+use tokio::time::timeout;
+
+const TARGET: &str = "iqn.2026-11.rs.iscsi:wire";
+const INITIATOR: &str = "iqn.2026-11.rs.iscsi:wire-client";
+const BLOCK: usize = 512;
+const RESERVED: u32 = 0xFFFF_FFFF;
+/// How long any single expected PDU may take.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A target on a free loopback port, shut down when dropped.
+struct Target {
+    address: SocketAddr,
+    lun: Arc<RamBackstore>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+impl Target {
+    async fn start(tune: impl FnOnce(&mut TargetConfig)) -> Target {
+        let lun = Arc::new(RamBackstore::new(16 << 20, BLOCK as u32, 7).expect("a RAM LUN"));
+        let mut config = TargetConfig {
+            listen: vec!["127.0.0.1:0".parse().unwrap()],
+            targets: vec![TargetEntry {
+                name: TARGET.to_owned(),
+                alias: None,
+                luns: vec![Arc::clone(&lun) as Arc<dyn Backstore>],
+                chap: None,
+                allowed_initiators: Vec::new(),
+            }],
+            portal_group_tag: 1,
+            negotiation: TargetConfig::default_negotiation(),
+            command_window: 32,
+        };
+        tune(&mut config);
+        let server = Server::bind(config).await.expect("bind");
+        let address = server.local_addrs()[0];
+        let (shutdown, stop) = oneshot::channel::<()>();
+        let task = tokio::spawn(server.run_until(async {
+            let _ = stop.await;
+        }));
+        Target {
+            address,
+            lun,
+            shutdown: Some(shutdown),
+            task,
+        }
+    }
+
+    fn lun_bytes(&self, offset: u64, len: usize) -> Vec<u8> {
+        let mut buf = vec![0; len];
+        self.lun.read_at(offset, &mut buf).unwrap();
+        buf
+    }
+
+    async fn stop(mut self) {
+        if let Some(shutdown) = self.shutdown.take() {
+            let _ = shutdown.send(());
+        }
+        let _ = timeout(Duration::from_secs(30), &mut self.task).await;
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A raw initiator connection in full feature phase.
+struct Client {
+    rx: StreamReceiver<OwnedReadHalf>,
+    tx: StreamSender<OwnedWriteHalf>,
+    cmd_sn: CmdSn,
+    max_cmd_sn: CmdSn,
+    params: NegotiatedParameters,
+    tsih: u16,
+    next_itt: u32,
+}
+
+fn offers() -> NegotiationConfig {
+    NegotiationConfig {
+        header_digest: vec![Digest::Crc32c],
+        data_digest: vec![Digest::Crc32c],
+        max_recv_data_segment_length: 8192,
+        max_burst_length: 16 * 1024,
+        first_burst_length: 8192,
+        immediate_data: true,
+        initial_r2t: true,
+        max_outstanding_r2t: 4,
+        max_connections: 4,
+        ..NegotiationConfig::default()
+    }
+}
+
+const ISID: [u8; 6] = [0x80, 0x12, 0x34, 0x56, 0x00, 0x01];
+
+impl Client {
+    async fn login(address: SocketAddr, negotiation: NegotiationConfig, tsih: u16) -> Client {
+        Self::try_login(address, negotiation, tsih, 1)
+            .await
+            .expect("login succeeds")
+    }
+
+    async fn try_login(
+        address: SocketAddr,
+        negotiation: NegotiationConfig,
+        tsih: u16,
+        cid: u16,
+    ) -> Result<Client, String> {
+        let stream = TcpStream::connect(address).await.unwrap();
+        let mut transport = TcpDatamover::new(stream).unwrap();
+        let config = InitiatorLoginConfig {
+            initiator_name: INITIATOR.to_owned(),
+            target_name: Some(TARGET.to_owned()),
+            isid: Isid::from_bytes(ISID),
+            tsih,
+            cid,
+            negotiation,
+            chap: None,
+        };
+        let mut login = InitiatorLogin::new(
+            config,
+            0x1000,
+            CmdSn::new(1),
+            (1, vec![7; 32]),
+            Arc::new(Mutex::new(ChallengeHistory::default())),
+        )
+        .unwrap();
+        let mut step = login.start();
+        loop {
+            match step {
+                InitiatorStep::Send { request, data } => {
+                    let header = Header::new(Pdu::LoginRequest(request), data.len() as u32);
+                    transport.sender.send_control(&header, &data).await.unwrap();
+                    let reply = timeout(PATIENCE, transport.receiver.receive())
+                        .await
+                        .expect("a login response")
+                        .unwrap()
+                        .expect("a login response");
+                    let Pdu::LoginResponse(response) = &reply.header.pdu else {
+                        panic!("not a login response: {:?}", reply.header.pdu);
+                    };
+                    step = login
+                        .receive(response, &reply.data)
+                        .map_err(|e| format!("{e:?}"))?;
+                }
+                InitiatorStep::Complete(done) => {
+                    let digests = Digests {
+                        header: done.parameters.header_digest == Digest::Crc32c,
+                        data: done.parameters.data_digest == Digest::Crc32c,
+                    };
+                    transport.enable(digests, done.parameters.max_recv_data_segment_length);
+                    let (rx, tx) = transport.split();
+                    return Ok(Client {
+                        rx,
+                        tx,
+                        cmd_sn: done.exp_cmd_sn,
+                        max_cmd_sn: done.max_cmd_sn,
+                        params: done.parameters.clone(),
+                        tsih: done.tsih,
+                        next_itt: 1,
+                    });
+                }
+            }
+        }
+    }
+
+    fn itt(&mut self) -> u32 {
+        let itt = self.next_itt;
+        self.next_itt += 1;
+        itt
+    }
+
+    fn take_cmd_sn(&mut self) -> CmdSn {
+        let sn = self.cmd_sn;
+        self.cmd_sn = sn.next();
+        sn
+    }
+
+    async fn send(&mut self, pdu: Pdu, data: &[u8]) {
+        let header = Header::new(pdu, data.len() as u32);
+        self.tx.send_control(&header, data).await.unwrap();
+    }
+
+    async fn receive(&mut self) -> Received {
+        let received = timeout(PATIENCE, self.rx.receive())
+            .await
+            .expect("a PDU in time")
+            .expect("a decodable PDU")
+            .expect("the connection open");
+        if let Some(max) = max_cmd_sn(&received.header.pdu) {
+            self.max_cmd_sn = max;
+        }
+        received
+    }
+
+    /// A WRITE(10) command PDU for `blocks` at `lba`, with `immediate` as
+    /// its data segment.
+    async fn write10(&mut self, itt: u32, lba: u32, blocks: u16, immediate: &[u8]) {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x2A;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let command = ScsiCommand {
+            final_flag: true,
+            write: true,
+            lun: Lun(0),
+            initiator_task_tag: itt,
+            expected_data_transfer_length: u32::from(blocks) * BLOCK as u32,
+            cmd_sn: self.take_cmd_sn(),
+            cdb,
+            ..ScsiCommand::default()
+        };
+        self.send(Pdu::ScsiCommand(command), immediate).await;
+    }
+
+    async fn read10(&mut self, itt: u32, lba: u32, blocks: u16) {
+        let mut cdb = [0u8; 16];
+        cdb[0] = 0x28;
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let command = ScsiCommand {
+            final_flag: true,
+            read: true,
+            lun: Lun(0),
+            initiator_task_tag: itt,
+            expected_data_transfer_length: u32::from(blocks) * BLOCK as u32,
+            cmd_sn: self.take_cmd_sn(),
+            cdb,
+            ..ScsiCommand::default()
+        };
+        self.send(Pdu::ScsiCommand(command), &[]).await;
+    }
+
+    /// Sends the Data-Out answering one R2T, cut by the target's
+    /// MaxRecvDataSegmentLength.
+    async fn answer_r2t(&mut self, itt: u32, ttt: u32, offset: u32, length: u32, data: &[u8]) {
+        let segment = self.params.max_send_data_segment_length;
+        let mut sent = 0;
+        let mut data_sn = 0;
+        while sent < length {
+            let n = segment.min(length - sent);
+            let at = offset + sent;
+            let pdu = DataOut {
+                final_flag: sent + n == length,
+                lun: Lun(0),
+                initiator_task_tag: itt,
+                target_transfer_tag: ttt,
+                data_sn: DataSn::new(data_sn),
+                buffer_offset: at,
+                ..DataOut::default()
+            };
+            self.send(Pdu::DataOut(pdu), &data[at as usize..(at + n) as usize])
+                .await;
+            sent += n;
+            data_sn += 1;
+        }
+    }
+
+    /// Reads `blocks` at `lba` to their status; returns the data.
+    async fn read_blocks(&mut self, lba: u32, blocks: u16) -> Vec<u8> {
+        let itt = self.itt();
+        self.read10(itt, lba, blocks).await;
+        let mut data = vec![0; usize::from(blocks) * BLOCK];
+        loop {
+            let pdu = self.receive().await;
+            match pdu.header.pdu {
+                Pdu::DataIn(d) => {
+                    assert_eq!(d.initiator_task_tag, itt);
+                    let at = d.buffer_offset as usize;
+                    data[at..at + pdu.data.len()].copy_from_slice(&pdu.data);
+                    if let Some(status) = d.status {
+                        assert_eq!(status, 0);
+                        return data;
+                    }
+                }
+                Pdu::ScsiResponse(r) => {
+                    assert_eq!(r.status, 0, "read failed");
+                    return data;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+
+    /// Writes `data` at `lba` to its status, answering every R2T.
+    async fn write_blocks(&mut self, lba: u32, data: &[u8]) -> u8 {
+        let itt = self.itt();
+        let blocks = (data.len() / BLOCK) as u16;
+        self.write10(itt, lba, blocks, &[]).await;
+        loop {
+            let pdu = self.receive().await;
+            match pdu.header.pdu {
+                Pdu::ReadyToTransfer(r2t) => {
+                    self.answer_r2t(
+                        itt,
+                        r2t.target_transfer_tag,
+                        r2t.buffer_offset,
+                        r2t.desired_data_transfer_length,
+                        data,
+                    )
+                    .await;
+                }
+                Pdu::ScsiResponse(r) => return r.status,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+    }
+}
+
+fn max_cmd_sn(pdu: &Pdu) -> Option<CmdSn> {
+    Some(match pdu {
+        Pdu::ScsiResponse(p) => p.max_cmd_sn,
+        Pdu::DataIn(p) => p.max_cmd_sn,
+        Pdu::ReadyToTransfer(p) => p.max_cmd_sn,
+        Pdu::NopIn(p) => p.max_cmd_sn,
+        Pdu::TaskManagementResponse(p) => p.max_cmd_sn,
+        Pdu::Reject(p) => p.max_cmd_sn,
+        Pdu::AsyncMessage(p) => p.max_cmd_sn,
+        Pdu::LogoutResponse(p) => p.max_cmd_sn,
+        _ => return None,
+    })
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_r2ts_are_outstanding_at_once_and_data_lands_in_place() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    assert_eq!(client.params.max_outstanding_r2t, 4);
+    // 64 KiB with MaxBurstLength 16 KiB: four bursts, all solicited at once.
+    let data = pattern(64 * 1024, 1);
+    let itt = client.itt();
+    client.write10(itt, 100, 128, &[]).await;
+    let mut r2ts = Vec::new();
+    for _ in 0..4 {
+        match client.receive().await.header.pdu {
+            Pdu::ReadyToTransfer(r2t) => r2ts.push(r2t),
+            other => panic!("expected an R2T, got {other:?}"),
+        }
+    }
+    let offsets: Vec<u32> = r2ts.iter().map(|r| r.buffer_offset).collect();
+    assert_eq!(offsets, [0, 16384, 32768, 49152]);
+    let sns: Vec<u32> = r2ts.iter().map(|r| r.r2t_sn.get()).collect();
+    assert_eq!(sns, [0, 1, 2, 3]);
+    // Answer them out of order: each lands at its own offset.
+    for r2t in r2ts.iter().rev() {
+        client
+            .answer_r2t(
+                itt,
+                r2t.target_transfer_tag,
+                r2t.buffer_offset,
+                r2t.desired_data_transfer_length,
+                &data,
+            )
+            .await;
+    }
+    match client.receive().await.header.pdu {
+        Pdu::ScsiResponse(r) => {
+            assert_eq!(r.status, 0);
+            assert_eq!(r.exp_data_sn.get(), 4, "ExpDataSN counts the R2Ts");
+        }
+        other => panic!("expected the status, got {other:?}"),
+    }
+    assert_eq!(target.lun_bytes(100 * BLOCK as u64, data.len()), data);
+    assert_eq!(client.read_blocks(100, 128).await, data);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_run_in_parallel_and_the_window_grows_as_they_finish() {
+    let target = Target::start(|c| c.command_window = 4).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    let first = client.cmd_sn;
+    assert_eq!(client.max_cmd_sn, first.wrapping_add(3), "a window of 4");
+    // Two writes waiting for data do not stop a read behind them.
+    let (w1, w2) = (client.itt(), client.itt());
+    client.write10(w1, 0, 1, &[]).await;
+    client.write10(w2, 1, 1, &[]).await;
+    let r = client.itt();
+    client.read10(r, 10, 1).await;
+    let mut r2ts = Vec::new();
+    let mut read_done = false;
+    while r2ts.len() < 2 || !read_done {
+        let pdu = client.receive().await;
+        match pdu.header.pdu {
+            Pdu::ReadyToTransfer(r2t) => r2ts.push(r2t),
+            Pdu::DataIn(d) if d.status.is_some() => {
+                assert_eq!(d.initiator_task_tag, r);
+                read_done = true;
+            }
+            Pdu::DataIn(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Two writes still hold their slots: MaxCmdSN = ExpCmdSN - 1 + 2.
+    assert_eq!(client.max_cmd_sn, first.wrapping_add(4));
+    for r2t in &r2ts {
+        client
+            .answer_r2t(
+                r2t.initiator_task_tag,
+                r2t.target_transfer_tag,
+                0,
+                BLOCK as u32,
+                &pattern(BLOCK, r2t.initiator_task_tag as u8),
+            )
+            .await;
+    }
+    for _ in 0..2 {
+        match client.receive().await.header.pdu {
+            Pdu::ScsiResponse(r) => assert_eq!(r.status, 0),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    // Everything finished: the whole window is open again.
+    assert_eq!(client.max_cmd_sn, first.wrapping_add(3 + 3));
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_outside_the_window_are_ignored() {
+    let target = Target::start(|c| c.command_window = 2).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    let exp = client.cmd_sn;
+    // Beyond MaxCmdSN: ignored, no answer.
+    client.cmd_sn = exp.wrapping_add(5);
+    let itt = client.itt();
+    client.read10(itt, 0, 1).await;
+    // Below ExpCmdSN: ignored too.
+    client.cmd_sn = exp.wrapping_add(u32::MAX);
+    let itt = client.itt();
+    client.read10(itt, 0, 1).await;
+    // A ping proves the connection is alive and nothing else came back.
+    client.cmd_sn = exp;
+    let ping = NopOut {
+        immediate: true,
+        initiator_task_tag: 0x77,
+        target_transfer_tag: RESERVED,
+        cmd_sn: client.cmd_sn,
+        ..NopOut::default()
+    };
+    client.send(Pdu::NopOut(ping), b"ping").await;
+    let reply = client.receive().await;
+    match reply.header.pdu {
+        Pdu::NopIn(n) => {
+            assert_eq!(n.initiator_task_tag, 0x77);
+            assert_eq!(
+                n.exp_cmd_sn, exp,
+                "ignored commands did not advance ExpCmdSN"
+            );
+            assert_eq!(reply.data, b"ping");
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn abort_task_ends_a_write_waiting_for_data_without_a_status() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    let before = target.lun_bytes(0, 4 * BLOCK);
+    let itt = client.itt();
+    let cmd_sn = client.cmd_sn;
+    client.write10(itt, 0, 4, &[]).await;
+    assert!(matches!(
+        client.receive().await.header.pdu,
+        Pdu::ReadyToTransfer(_)
+    ));
+    let abort = TaskManagementRequest {
+        immediate: true,
+        function: TaskFunction::AbortTask,
+        lun: Lun(0),
+        initiator_task_tag: 0x500,
+        referenced_task_tag: itt,
+        cmd_sn: client.cmd_sn,
+        ref_cmd_sn: cmd_sn,
+        ..TaskManagementRequest::default()
+    };
+    client
+        .send(Pdu::TaskManagementRequest(abort.clone()), &[])
+        .await;
+    match client.receive().await.header.pdu {
+        Pdu::TaskManagementResponse(r) => {
+            assert_eq!(r.initiator_task_tag, 0x500);
+            assert_eq!(r.response, TaskResponse::FunctionComplete);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // Aborting it again: it no longer exists.
+    client
+        .send(
+            Pdu::TaskManagementRequest(TaskManagementRequest {
+                initiator_task_tag: 0x501,
+                ref_cmd_sn: client.cmd_sn.wrapping_add(u32::MAX),
+                ..abort
+            }),
+            &[],
+        )
+        .await;
+    match client.receive().await.header.pdu {
+        Pdu::TaskManagementResponse(r) => {
+            assert_eq!(r.response, TaskResponse::TaskDoesNotExist)
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // No status ever comes for the aborted write, and nothing was written.
+    assert_eq!(client.write_blocks(8, &pattern(BLOCK, 3)).await, 0);
+    assert_eq!(target.lun_bytes(0, 4 * BLOCK), before);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_pdus_get_rejects_and_the_connection_goes_on() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    // Data-Out for no task.
+    let stray = DataOut {
+        final_flag: true,
+        initiator_task_tag: 0x999,
+        target_transfer_tag: 5,
+        ..DataOut::default()
+    };
+    client.send(Pdu::DataOut(stray), &[1, 2, 3, 4]).await;
+    match client.receive().await.header.pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::InvalidPduField),
+        other => panic!("unexpected {other:?}"),
+    }
+    // SNACK at ErrorRecoveryLevel 0.
+    client
+        .send(Pdu::SnackRequest(Default::default()), &[])
+        .await;
+    match client.receive().await.header.pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::SnackReject),
+        other => panic!("unexpected {other:?}"),
+    }
+    // A write of 1 GiB: refused with CHECK CONDITION, no allocation.
+    let itt = client.itt();
+    let mut cdb = [0u8; 16];
+    cdb[0] = 0x2A;
+    cdb[7..9].copy_from_slice(&0xFFFFu16.to_be_bytes());
+    let command = ScsiCommand {
+        final_flag: true,
+        write: true,
+        initiator_task_tag: itt,
+        expected_data_transfer_length: 1 << 30,
+        cmd_sn: client.take_cmd_sn(),
+        cdb,
+        ..ScsiCommand::default()
+    };
+    client.send(Pdu::ScsiCommand(command), &[]).await;
+    match client.receive().await.header.pdu {
+        Pdu::ScsiResponse(r) => assert_eq!(r.status, 2),
+        other => panic!("unexpected {other:?}"),
+    }
+    // Still serving.
+    let data = pattern(4 * BLOCK, 9);
+    assert_eq!(client.write_blocks(20, &data).await, 0);
+    assert_eq!(client.read_blocks(20, 4).await, data);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_data_digest_fails_the_write_and_nothing_is_written() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    assert_eq!(client.params.data_digest, Digest::Crc32c);
+    let before = target.lun_bytes(30 * BLOCK as u64, 2 * BLOCK);
+    let itt = client.itt();
+    client.write10(itt, 30, 2, &[]).await;
+    let Pdu::ReadyToTransfer(r2t) = client.receive().await.header.pdu else {
+        panic!("expected an R2T");
+    };
+    // Encode a good Data-Out, flip a data byte, send the raw bytes.
+    let data = pattern(2 * BLOCK, 5);
+    let pdu = DataOut {
+        final_flag: true,
+        initiator_task_tag: itt,
+        target_transfer_tag: r2t.target_transfer_tag,
+        ..DataOut::default()
+    };
+    let header = Header::new(Pdu::DataOut(pdu), data.len() as u32);
+    let mut buf = vec![0; 64];
+    let encoded = iscsi_proto::pdu::encode_pdu(
+        &header,
+        &data,
+        Digests {
+            header: true,
+            data: true,
+        },
+        &mut buf,
+    )
+    .unwrap();
+    let mut bytes: Vec<u8> = encoded.slices().concat();
+    bytes[52 + 100] ^= 0xFF;
+    raw_write(&mut client.tx, &bytes).await;
+    let mut saw_reject = false;
+    let mut status = None;
+    while status.is_none() {
+        match client.receive().await.header.pdu {
+            Pdu::Reject(r) => {
+                assert_eq!(r.reason, RejectReason::DataDigestError);
+                saw_reject = true;
+            }
+            Pdu::ScsiResponse(r) => status = Some(r.status),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(saw_reject);
+    assert_eq!(status, Some(2), "the write ends in CHECK CONDITION");
+    assert_eq!(target.lun_bytes(30 * BLOCK as u64, 2 * BLOCK), before);
+    // The connection goes on.
+    assert_eq!(client.write_blocks(30, &data).await, 0);
+    assert_eq!(target.lun_bytes(30 * BLOCK as u64, 2 * BLOCK), data);
+    target.stop().await;
+}
+
+/// Writes raw bytes on the connection, bypassing PDU encoding.
+async fn raw_write(sender: &mut StreamSender<OwnedWriteHalf>, bytes: &[u8]) {
+    sender.get_mut().write_all(bytes).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_dropped_mid_write_loses_nothing_acknowledged() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    let acknowledged = pattern(8 * BLOCK, 11);
+    assert_eq!(client.write_blocks(40, &acknowledged).await, 0);
+    // Start overwriting the same blocks, send half the data, vanish.
+    let itt = client.itt();
+    client.write10(itt, 40, 8, &[]).await;
+    let Pdu::ReadyToTransfer(r2t) = client.receive().await.header.pdu else {
+        panic!("expected an R2T");
+    };
+    let half = pattern(8 * BLOCK, 99);
+    let pdu = DataOut {
+        final_flag: false,
+        initiator_task_tag: itt,
+        target_transfer_tag: r2t.target_transfer_tag,
+        ..DataOut::default()
+    };
+    client.send(Pdu::DataOut(pdu), &half[..2 * BLOCK]).await;
+    drop(client);
+    // Reinstate the session (same ISID, TSIH 0) and check the blocks.
+    let mut again = Client::login(target.address, offers(), 0).await;
+    assert_eq!(again.read_blocks(40, 8).await, acknowledged);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_connection_joins_the_session() {
+    let target = Target::start(|_| {}).await;
+    let mut first = Client::login(target.address, offers(), 0).await;
+    assert!(first.params.max_connections >= 2);
+    let mut second = Client::try_login(target.address, offers(), first.tsih, 2)
+        .await
+        .expect("a non-leading login joins the session");
+    assert_eq!(second.tsih, first.tsih);
+    // CmdSN is session-wide: the second connection continues the sequence.
+    second.cmd_sn = first.cmd_sn;
+    let data = pattern(4 * BLOCK, 21);
+    assert_eq!(second.write_blocks(50, &data).await, 0);
+    first.cmd_sn = second.cmd_sn;
+    assert_eq!(first.read_blocks(50, 4).await, data);
+    // A TSIH that names no session is refused.
+    let refused = Client::try_login(target.address, offers(), 0x7777, 3).await;
+    assert!(refused.is_err());
+    // Logging out the session closes both connections.
+    let logout = LogoutRequest {
+        immediate: true,
+        reason: LogoutReason::CloseSession,
+        initiator_task_tag: 0x900,
+        cmd_sn: first.cmd_sn,
+        ..LogoutRequest::default()
+    };
+    first.send(Pdu::LogoutRequest(logout), &[]).await;
+    assert!(matches!(
+        first.receive().await.header.pdu,
+        Pdu::LogoutResponse(_)
+    ));
+    let closed = timeout(PATIENCE, second.rx.receive())
+        .await
+        .expect("closed in time");
+    assert!(matches!(closed, Ok(None) | Err(_)));
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_asks_the_initiator_to_log_out() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    let TargetParts { shutdown, task } = target_parts(target);
+    let _ = shutdown.send(());
+    let message = client.receive().await;
+    match message.header.pdu {
+        Pdu::AsyncMessage(m) => {
+            assert_eq!(m.async_event, AsyncEvent::LogoutRequest);
+            assert!(m.parameter3 > 0);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let logout = LogoutRequest {
+        immediate: true,
+        reason: LogoutReason::CloseSession,
+        initiator_task_tag: 0x901,
+        cmd_sn: client.cmd_sn,
+        exp_stat_sn: StatSn::new(0),
+        ..LogoutRequest::default()
+    };
+    client.send(Pdu::LogoutRequest(logout), &[]).await;
+    assert!(matches!(
+        client.receive().await.header.pdu,
+        Pdu::LogoutResponse(_)
+    ));
+    // The server returns once the connection is gone.
+    timeout(Duration::from_secs(20), task)
+        .await
+        .expect("the server stops")
+        .unwrap()
+        .unwrap();
+}
+
+/// The parts of a target, for a test that drives the shutdown itself.
+struct TargetParts {
+    shutdown: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+fn target_parts(mut target: Target) -> TargetParts {
+    let shutdown = target.shutdown.take().unwrap();
+    let task = std::mem::replace(&mut target.task, tokio::spawn(async { Ok(()) }));
+    TargetParts { shutdown, task }
+}
