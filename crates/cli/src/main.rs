@@ -27,6 +27,24 @@ enum Command {
     /// Measure the per-PDU cost of receiving a Data-In: header decode and
     /// digest, and a whole 8 KiB PDU landed with both digests.
     PduBench(cmd::pdu_bench::Args),
+    /// List the targets a portal serves (SendTargets discovery).
+    Discover(cmd::discover::DiscoverArgs),
+    /// List a target's LUNs with size, type, vendor and product.
+    Ls(cmd::discover::LsArgs),
+    /// Show a LUN's INQUIRY data.
+    Inquiry(cmd::inspect::Args),
+    /// Show a LUN's capacity (READ CAPACITY).
+    Capacity(cmd::inspect::Args),
+    /// Read bytes from a LUN to a file or stdout.
+    Read(cmd::transfer::ReadArgs),
+    /// Write a file (or stdin) to a LUN.
+    Write(cmd::transfer::WriteArgs),
+    /// Copy between files and iSCSI URLs in any combination.
+    Copy(cmd::transfer::CopyArgs),
+    /// Measure a LUN: throughput, IOPS and latency percentiles.
+    Bench(cmd::bench::Args),
+    /// Run an initiator script (login, read, write, repeat, set, ...).
+    Script(cmd::script::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +60,15 @@ fn main() -> ExitCode {
         Command::Target(args) => cmd::target::run(&args),
         Command::CrcBench(args) => cmd::crc_bench::run(&args),
         Command::PduBench(args) => cmd::pdu_bench::run(&args),
+        Command::Discover(args) => cmd::discover::run_discover(&args),
+        Command::Ls(args) => cmd::discover::run_ls(&args),
+        Command::Inquiry(args) => cmd::inspect::run_inquiry(&args),
+        Command::Capacity(args) => cmd::inspect::run_capacity(&args),
+        Command::Read(args) => cmd::transfer::run_read(&args),
+        Command::Write(args) => cmd::transfer::run_write(&args),
+        Command::Copy(args) => cmd::transfer::run_copy(&args),
+        Command::Bench(args) => cmd::bench::run(&args),
+        Command::Script(args) => cmd::script::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -72,6 +72,16 @@ pub mod opcode {
     pub const PERSISTENT_RESERVE_OUT: u8 = 0x5F;
     /// COMPARE AND WRITE.
     pub const COMPARE_AND_WRITE: u8 = 0x89;
+    /// PRE-FETCH(10).
+    pub const PRE_FETCH_10: u8 = 0x34;
+    /// PRE-FETCH(16).
+    pub const PRE_FETCH_16: u8 = 0x90;
+    /// ORWRITE(16).
+    pub const ORWRITE_16: u8 = 0x8B;
+    /// READ DEFECT DATA(10).
+    pub const READ_DEFECT_DATA_10: u8 = 0x37;
+    /// READ DEFECT DATA(12).
+    pub const READ_DEFECT_DATA_12: u8 = 0xB7;
     /// WRITE AND VERIFY(16).
     pub const WRITE_AND_VERIFY_16: u8 = 0x8E;
     /// VERIFY(16).
@@ -300,7 +310,11 @@ pub fn command_info(cdb: &[u8], block_size: u32) -> (DataDirection, u32) {
         }
         WRITE_AND_VERIFY_10 => return write(be16(cdb, 7).map(|n| u64::from(n) * bs)),
         WRITE_AND_VERIFY_12 => return write(be32(cdb, 6).map(|n| u64::from(n) * bs)),
-        WRITE_AND_VERIFY_16 => return write(be32(cdb, 10).map(|n| u64::from(n) * bs)),
+        WRITE_AND_VERIFY_16 | ORWRITE_16 => {
+            return write(be32(cdb, 10).map(|n| u64::from(n) * bs));
+        }
+        READ_DEFECT_DATA_10 => be16(cdb, 7).map(u32::from),
+        READ_DEFECT_DATA_12 => be32(cdb, 6),
         VERIFY_10 | VERIFY_12 | VERIFY_16 => {
             return write(crate::sbc::verify_data_len(cdb, block_size));
         }

@@ -478,6 +478,13 @@ impl ScsiTarget {
                 let _w = lu.write_exclusive();
                 Ok(sbc::compare_and_write(bs, mode, cdb, data_out)?)
             }
+            ORWRITE_16 => {
+                // Read-modify-write: atomic against every other write.
+                let _w = lu.write_exclusive();
+                Ok(sbc::orwrite(bs, mode, cdb, data_out)?)
+            }
+            PRE_FETCH_10 | PRE_FETCH_16 => Ok(sbc::pre_fetch(bs, cdb)?),
+            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => Ok(sbc::read_defect_data(cdb, data_in)?),
             VERIFY_10 | VERIFY_12 | VERIFY_16 => Ok(sbc::verify(bs, cdb, data_out)?),
             WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
                 let _w = lu.write_shared();

@@ -77,6 +77,45 @@ pub const COMMANDS: &[CommandDescriptor] = &[
     ),
     cmd(UNMAP, &[UNMAP, 0, 0, 0, 0, 0, 0, F, F, 0]),
     cmd(
+        PRE_FETCH_10,
+        &[PRE_FETCH_10, 0x02, F, F, F, F, 0x3F, F, F, 0],
+    ),
+    cmd(
+        READ_DEFECT_DATA_10,
+        &[READ_DEFECT_DATA_10, 0, 0x1F, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd(
+        PRE_FETCH_16,
+        &[
+            PRE_FETCH_16,
+            0x02,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0x3F,
+            0,
+        ],
+    ),
+    cmd(
+        ORWRITE_16,
+        &[
+            ORWRITE_16, 0x18, F, F, F, F, F, F, F, F, F, F, F, F, 0x1F, 0,
+        ],
+    ),
+    cmd(
+        READ_DEFECT_DATA_12,
+        &[READ_DEFECT_DATA_12, 0x1F, 0, 0, 0, 0, F, F, F, F, 0, 0],
+    ),
+    cmd(
         MODE_SELECT_10,
         &[MODE_SELECT_10, 0x11, 0, 0, 0, 0, 0, F, F, 0],
     ),

@@ -555,3 +555,80 @@ pub fn prevent_allow(cdb: &[u8]) -> Result<(), Sense> {
     }
     Ok(())
 }
+
+/// PRE-FETCH(10/16) (SBC-3 5.9, 5.10): the range is checked; the data is
+/// already as close to the initiator as this device can bring it (RAM,
+/// or the host's page cache), so the command completes with GOOD.
+pub fn pre_fetch(lu: &dyn Backstore, cdb: &[u8]) -> Result<(), Sense> {
+    let sixteen = cdb.first() == Some(&opcode::PRE_FETCH_16);
+    // Byte 1: IMMED (bit 1); everything else reserved.
+    if cdb::byte(cdb, 1)? & !0x02 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let (lba, n) = if sixteen {
+        (cdb::be64(cdb, 2)?, u64::from(cdb::be32(cdb, 10)?))
+    } else {
+        (u64::from(cdb::be32(cdb, 2)?), u64::from(cdb::be16(cdb, 7)?))
+    };
+    check_range(Lba(lba), Blocks(n), capacity(lu))
+}
+
+/// ORWRITE(16) (SBC-3 5.11): each byte of the Data-Out is ORed into the
+/// medium. The caller holds the LU's exclusive write lock, so the read,
+/// the OR and the write are atomic against other writes.
+pub(crate) fn orwrite(
+    lu: &dyn Backstore,
+    mode: ModeParams,
+    cdb: &[u8],
+    data_out: &[u8],
+) -> Result<(), Sense> {
+    let b1 = cdb::byte(cdb, 1)?;
+    // ORPROTECT (7-5) must be zero (no protection information); bit 2 and
+    // bit 0 are reserved; DPO (4) and FUA (3) are honoured.
+    if b1 & 0xE5 != 0 {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    let fua = b1 & 0x08 != 0;
+    let lba = Lba(cdb::be64(cdb, 2)?);
+    let blocks = Blocks(u64::from(cdb::be32(cdb, 10)?));
+    check_range(lba, blocks, capacity(lu))?;
+    let bs = lu.block_size();
+    let len = transfer_len(blocks, bs, MAX_TRANSFER_BYTES)?;
+    if len == 0 {
+        return Ok(());
+    }
+    check_writable(mode)?;
+    let data = data_out.get(..len).ok_or(Sense::INVALID_FIELD_IN_CDB)?;
+    let offset = lba.byte_offset(bs);
+    let step = usize::try_from(IO_CHUNK).unwrap_or(1 << 20);
+    let mut medium = vec![0u8; step.min(len)];
+    for (i, chunk) in data.chunks(step).enumerate() {
+        let at = offset + (i * step) as u64;
+        let old = &mut medium[..chunk.len()];
+        lu.read_at(at, old).map_err(|_| Sense::READ_ERROR)?;
+        for (m, d) in old.iter_mut().zip(chunk) {
+            *m |= d;
+        }
+        write_data(lu, mode, at, old, fua)?;
+    }
+    Ok(())
+}
+
+/// READ DEFECT DATA(10/12) (SBC-3 5.12, 5.13): a device with no defects
+/// returns the header alone, with the list format and the PLISTV/GLISTV
+/// bits echoing the request and a DEFECT LIST LENGTH of zero.
+pub fn read_defect_data(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+    if cdb.first() == Some(&opcode::READ_DEFECT_DATA_12) {
+        let request = cdb::byte(cdb, 1)? & 0x1F;
+        let alloc = cdb::be32(cdb, 6)? as usize;
+        // Byte 1: PLISTV, GLISTV, format; bytes 2-3 generation; 4-7 length.
+        let header = [0, request, 0, 0, 0, 0, 0, 0];
+        data_in.extend_from_slice(&header[..alloc.min(header.len())]);
+    } else {
+        let request = cdb::byte(cdb, 2)? & 0x1F;
+        let alloc = usize::from(cdb::be16(cdb, 7)?);
+        let header = [0, request, 0, 0];
+        data_in.extend_from_slice(&header[..alloc.min(header.len())]);
+    }
+    Ok(())
+}

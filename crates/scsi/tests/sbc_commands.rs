@@ -509,3 +509,72 @@ fn read_capacity_16_reports_provisioning() {
     assert_eq!(o.sense, Some(Sense::INVALID_FIELD_IN_CDB));
     assert_ne!(o, CommandOutcome::GOOD);
 }
+
+#[test]
+fn orwrite_ors_into_the_medium() {
+    let (t, _) = ram_target(4 << 20, 512);
+    let n = nexus(1);
+    good(&t, &n, &write16(7, 2), &[0x0Fu8; 1024]);
+    good(&t, &n, &cdb16(0x8B, 0, 7, 2), &[0x30u8; 1024]);
+    assert!(good(&t, &n, &read16(7, 2), &[]).iter().all(|&b| b == 0x3F));
+    // FUA and DPO are accepted; ORPROTECT is not (no protection info).
+    good(&t, &n, &cdb16(0x8B, 0x18, 7, 1), &[0x40u8; 512]);
+    assert!(good(&t, &n, &read16(7, 1), &[]).iter().all(|&b| b == 0x7F));
+    check(
+        &t,
+        &n,
+        &cdb16(0x8B, 0x20, 7, 1),
+        &[0u8; 512],
+        Sense::INVALID_FIELD_IN_CDB,
+    );
+    // Zero blocks: nothing; past the end: LBA OUT OF RANGE.
+    good(&t, &n, &cdb16(0x8B, 0, 0, 0), &[]);
+    check(
+        &t,
+        &n,
+        &cdb16(0x8B, 0, 8192, 1),
+        &[0u8; 512],
+        Sense::LBA_OUT_OF_RANGE,
+    );
+    check(
+        &t,
+        &n,
+        &cdb16(0x8B, 0, u64::MAX, 0),
+        &[],
+        Sense::LBA_OUT_OF_RANGE,
+    );
+    assert_eq!(
+        command_info(&cdb16(0x8B, 0, 0, 3), 512),
+        (DataDirection::Write, 1536)
+    );
+}
+
+#[test]
+fn pre_fetch_checks_the_range_and_read_defect_data_reports_none() {
+    let (t, _) = ram_target(4 << 20, 512);
+    let n = nexus(1);
+    good(&t, &n, &cdb10(0x34, 0x02, 0, 16), &[]);
+    good(&t, &n, &cdb16(0x90, 0, 8191, 1), &[]);
+    check(
+        &t,
+        &n,
+        &cdb16(0x90, 0, 8191, 2),
+        &[],
+        Sense::LBA_OUT_OF_RANGE,
+    );
+    check(
+        &t,
+        &n,
+        &cdb10(0x34, 0x01, 0, 1),
+        &[],
+        Sense::INVALID_FIELD_IN_CDB,
+    );
+    // READ DEFECT DATA(10): format echoed, an empty list.
+    let d = good(&t, &n, &[0x37, 0, 0x1D, 0, 0, 0, 0, 0, 32, 0], &[]);
+    assert_eq!(d, [0, 0x1D, 0, 0]);
+    let d = good(&t, &n, &[0xB7, 0x0D, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0], &[]);
+    assert_eq!(d, [0, 0x0D, 0, 0, 0, 0, 0, 0]);
+    // Allocation length 2 cuts the header.
+    let d = good(&t, &n, &[0x37, 0, 0x1D, 0, 0, 0, 0, 0, 2, 0], &[]);
+    assert_eq!(d.len(), 2);
+}

@@ -1,6 +1,12 @@
 //! The subcommands of `iscsi`, one module each.
 
+pub mod bench;
 pub mod crc_bench;
+pub mod discover;
+pub mod initiator_args;
+pub mod inspect;
 pub mod measure;
 pub mod pdu_bench;
+pub mod script;
 pub mod target;
+pub mod transfer;

@@ -1,0 +1,104 @@
+//! What the initiator subcommands share: session options on the command
+//! line (`--set KEY=VALUE` for any negotiation key, digests, connections,
+//! timeouts), sizes like `64K`, and a tokio runtime to run them on.
+
+use std::future::Future;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+
+/// Session options common to the initiator subcommands.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct SessionArgs {
+    /// Set a login key or initiator setting (repeatable), e.g.
+    /// `--set MaxBurstLength=1048576 --set InitialR2T=Yes`.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    pub set: Vec<String>,
+    /// Header and data digests to offer: none or crc32c.
+    #[arg(long, value_name = "none|crc32c")]
+    pub digest: Option<String>,
+    /// Connections in the session (MC/S, if the target allows).
+    #[arg(long, default_value_t = 1)]
+    pub connections: u16,
+    /// Seconds a command may take before it fails.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
+    /// The initiator name.
+    #[arg(long)]
+    pub initiator_name: Option<String>,
+}
+
+impl SessionArgs {
+    /// The session configuration these options describe.
+    pub fn config(&self) -> anyhow::Result<SessionConfig> {
+        let mut config = SessionConfig::default();
+        if let Some(name) = &self.initiator_name {
+            config.initiator_name = name.clone();
+        }
+        match self.digest.as_deref() {
+            None | Some("none") => {}
+            Some("crc32c") => {
+                config.set("HeaderDigest", "CRC32C")?;
+                config.set("DataDigest", "CRC32C")?;
+            }
+            Some(other) => bail!("--digest must be none or crc32c, not {other:?}"),
+        }
+        config.connections = self.connections.max(1);
+        if self.connections > 1 {
+            config.negotiation.max_connections = self.connections;
+        }
+        config.timeouts.command = Duration::from_secs_f64(self.timeout.max(0.001));
+        for pair in &self.set {
+            let (key, value) = pair
+                .split_once('=')
+                .with_context(|| format!("--set wants KEY=VALUE, got {pair:?}"))?;
+            config.set(key, value)?;
+        }
+        Ok(config)
+    }
+}
+
+/// Parses an `iscsi://` URL that names a target.
+pub fn target_url(text: &str) -> anyhow::Result<IscsiUrl> {
+    let url: IscsiUrl = text.parse()?;
+    url.target_name()?;
+    Ok(url)
+}
+
+/// Logs in to the URL's target.
+pub async fn connect(url: &IscsiUrl, args: &SessionArgs) -> anyhow::Result<Session> {
+    Session::connect(url, args.config()?)
+        .await
+        .with_context(|| format!("logging in to {url}"))
+}
+
+/// Runs `future` on a multi-threaded runtime.
+pub fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::Result<T> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?
+        .block_on(future)
+}
+
+/// Parses sizes like `4096`, `4k`, `1M`, `2G` (powers of 1024).
+pub fn parse_size(text: &str) -> anyhow::Result<u64> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, unit) = text.split_at(split);
+    let value: u64 = digits.parse().with_context(|| format!("size {text:?}"))?;
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 0,
+        "K" | "KB" | "KIB" => 10,
+        "M" | "MB" | "MIB" => 20,
+        "G" | "GB" | "GIB" => 30,
+        "T" | "TB" | "TIB" => 40,
+        other => bail!("unknown size unit {other:?} in {text:?}"),
+    };
+    value
+        .checked_mul(1 << shift)
+        .with_context(|| format!("size {text:?} too large"))
+}

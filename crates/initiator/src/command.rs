@@ -1,0 +1,235 @@
+//! A SCSI command as the caller submits it and what comes back: status,
+//! sense data and residual (RFC 7143 sections 11.3 and 11.4). Read buffers
+//! are owned and handed back in the [`Response`], so the connection's
+//! reader task lands every Data-In segment straight into them.
+
+use std::fmt;
+
+use iscsi_proto::pdu::TaskAttribute;
+
+/// SCSI status GOOD (SAM-5).
+pub const STATUS_GOOD: u8 = 0x00;
+/// SCSI status CHECK CONDITION.
+pub const STATUS_CHECK_CONDITION: u8 = 0x02;
+
+/// The data a command moves.
+#[derive(Debug)]
+pub enum DataTransfer<'a> {
+    /// No data.
+    None,
+    /// A read: the buffer's length is the Expected Data Transfer Length;
+    /// the data lands in it and it comes back in [`Response::data`].
+    Read(Vec<u8>),
+    /// A write of these bytes.
+    Write(&'a [u8]),
+}
+
+/// One SCSI command.
+#[derive(Debug)]
+pub struct Command<'a> {
+    /// The LUN number (encoded per SAM: peripheral below 256, flat space up
+    /// to 16383).
+    pub lun: u64,
+    /// The CDB (up to 16 bytes in the BHS; longer CDBs go in an Extended
+    /// CDB AHS, RFC 7143 section 11.2.2.3).
+    pub cdb: &'a [u8],
+    /// The data transfer.
+    pub data: DataTransfer<'a>,
+    /// The task attribute (SIMPLE by default).
+    pub attribute: TaskAttribute,
+}
+
+impl<'a> Command<'a> {
+    /// A command with no data.
+    pub fn new(lun: u64, cdb: &'a [u8]) -> Self {
+        Command {
+            lun,
+            cdb,
+            data: DataTransfer::None,
+            attribute: TaskAttribute::Simple,
+        }
+    }
+
+    /// A read into `buffer` (its length is the expected length).
+    pub fn read(lun: u64, cdb: &'a [u8], buffer: Vec<u8>) -> Self {
+        Command {
+            data: DataTransfer::Read(buffer),
+            ..Command::new(lun, cdb)
+        }
+    }
+
+    /// A write of `data`.
+    pub fn write(lun: u64, cdb: &'a [u8], data: &'a [u8]) -> Self {
+        Command {
+            data: DataTransfer::Write(data),
+            ..Command::new(lun, cdb)
+        }
+    }
+}
+
+/// The residual of a completed command (RFC 7143 section 11.4.5).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Residual {
+    /// Exactly the expected length moved.
+    #[default]
+    None,
+    /// This many expected bytes were not moved.
+    Underflow(u32),
+    /// The target had this many more bytes than expected.
+    Overflow(u32),
+}
+
+/// The decoded essentials of sense data (SPC-5 4.4: fixed and descriptor
+/// formats).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Sense {
+    /// SENSE KEY.
+    pub key: u8,
+    /// ADDITIONAL SENSE CODE.
+    pub asc: u8,
+    /// ADDITIONAL SENSE CODE QUALIFIER.
+    pub ascq: u8,
+    /// The raw sense bytes.
+    pub raw: Vec<u8>,
+}
+
+impl Sense {
+    /// Sense key UNIT ATTENTION.
+    pub const UNIT_ATTENTION: u8 = 0x06;
+
+    /// Decodes fixed (0x70/0x71) or descriptor (0x72/0x73) sense data;
+    /// `None` if too short or of another format.
+    pub fn parse(raw: &[u8]) -> Option<Sense> {
+        let code = raw.first()? & 0x7f;
+        let (key, asc, ascq) = match code {
+            0x70 | 0x71 => (raw.get(2)? & 0x0f, *raw.get(12)?, *raw.get(13)?),
+            0x72 | 0x73 => (raw.get(1)? & 0x0f, *raw.get(2)?, *raw.get(3)?),
+            _ => return None,
+        };
+        Some(Sense {
+            key,
+            asc,
+            ascq,
+            raw: raw.to_vec(),
+        })
+    }
+
+    fn key_name(&self) -> &'static str {
+        match self.key {
+            0x0 => "NO SENSE",
+            0x1 => "RECOVERED ERROR",
+            0x2 => "NOT READY",
+            0x3 => "MEDIUM ERROR",
+            0x4 => "HARDWARE ERROR",
+            0x5 => "ILLEGAL REQUEST",
+            0x6 => "UNIT ATTENTION",
+            0x7 => "DATA PROTECT",
+            0x8 => "BLANK CHECK",
+            0xb => "ABORTED COMMAND",
+            0xd => "VOLUME OVERFLOW",
+            0xe => "MISCOMPARE",
+            _ => "sense key",
+        }
+    }
+}
+
+impl fmt::Display for Sense {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} {:#x}, ASC/ASCQ {:#04x}/{:#04x}",
+            self.key_name(),
+            self.key,
+            self.asc,
+            self.ascq
+        )
+    }
+}
+
+/// What a completed command returned.
+#[derive(Debug, Default)]
+pub struct Response {
+    /// The SCSI status byte.
+    pub status: u8,
+    /// Sense data (raw), if the target sent any.
+    pub sense: Vec<u8>,
+    /// The residual the target reported (checked against the data that
+    /// actually arrived).
+    pub residual: Residual,
+    /// For a read: the caller's buffer, holding the data received.
+    pub data: Vec<u8>,
+    /// For a read: bytes of Data-In received.
+    pub received: u32,
+}
+
+impl Response {
+    /// The decoded sense data, if any.
+    pub fn sense(&self) -> Option<Sense> {
+        Sense::parse(&self.sense)
+    }
+
+    /// `Ok(self)` for GOOD, else [`crate::Error::Status`].
+    pub fn check(self) -> Result<Self, crate::Error> {
+        if self.status == STATUS_GOOD {
+            Ok(self)
+        } else {
+            Err(crate::Error::Status {
+                status: self.status,
+                sense: self.sense(),
+            })
+        }
+    }
+}
+
+/// Encodes LUN `n` as the 8-byte LUN field (SAM-5 4.7: peripheral device
+/// addressing below 256, flat space addressing up to 16383).
+pub fn encode_lun(n: u64) -> u64 {
+    if n < 256 {
+        n << 48
+    } else {
+        (0x4000 | (n & 0x3fff)) << 48
+    }
+}
+
+/// Decodes an 8-byte LUN field in peripheral or flat space addressing;
+/// other forms come back as the raw 64-bit value.
+pub fn decode_lun(field: u64) -> u64 {
+    let b = field.to_be_bytes();
+    if field & 0x0000_ffff_ffff_ffff != 0 {
+        return field;
+    }
+    match b[0] >> 6 {
+        0b00 => u64::from(b[1]) | (u64::from(b[0]) << 8),
+        0b01 => (u64::from(b[0] & 0x3f) << 8) | u64::from(b[1]),
+        _ => field,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn luns_round_trip() {
+        for n in [0, 1, 255, 256, 16383] {
+            assert_eq!(decode_lun(encode_lun(n)), n);
+        }
+        assert_eq!(encode_lun(1), 0x0001_0000_0000_0000);
+        assert_eq!(encode_lun(300), 0x412c_0000_0000_0000);
+    }
+
+    #[test]
+    fn sense_formats() {
+        let mut fixed = vec![0u8; 18];
+        fixed[0] = 0x70;
+        fixed[2] = 0x05;
+        fixed[12] = 0x24;
+        let sense = Sense::parse(&fixed).unwrap();
+        assert_eq!((sense.key, sense.asc, sense.ascq), (5, 0x24, 0));
+        assert!(sense.to_string().contains("ILLEGAL REQUEST"));
+        let descriptor = [0x72, 0x06, 0x29, 0x00, 0, 0, 0, 0];
+        assert_eq!(Sense::parse(&descriptor).unwrap().key, 6);
+        assert!(Sense::parse(&[0x70, 0]).is_none());
+        assert!(Sense::parse(&[]).is_none());
+    }
+}

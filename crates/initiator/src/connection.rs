@@ -1,0 +1,751 @@
+//! One connection in full feature phase: the only place where PDUs from
+//! the target are read. A reader task per connection takes each PDU and
+//! routes it by Initiator Task Tag to the task waiting for it:
+//!
+//! - Data-In (RFC 7143 section 11.7) lands straight in the command's own
+//!   buffer through `receive_data_into`, after its DataSN, offset and
+//!   length were checked against the command (section 11.7.4-11.7.5);
+//!   status in the last Data-In completes the command (phase collapse,
+//!   section 11.7.1).
+//! - SCSI Response (11.4), R2T (11.8), Text (11.11), Task Management
+//!   (11.6), Logout (11.15) and NOP-In replies (11.19) go to the waiting
+//!   task through its channel; a Reject (11.17) fails the rejected task.
+//! - An unsolicited NOP-In with a Target Transfer Tag is answered with a
+//!   NOP-Out echoing its tag and data (section 11.18.3).
+//! - ExpStatSN (section 4.2.2.2) and the session's command window
+//!   (ExpCmdSN/MaxCmdSN, section 4.2.2.1) advance from every PDU that
+//!   carries them.
+//!
+//! Sending goes through one lock per connection so PDUs are never
+//! interleaved; a send abandoned halfway (its future dropped) breaks the
+//! connection rather than leaving a partial PDU on the wire. Whatever makes
+//! the connection unusable fails every outstanding task with
+//! [`TaskEvent::Lost`], handing read buffers back for a retry.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use iscsi_datamover::tcp::StreamReceiver;
+use iscsi_datamover::tcp::StreamSender;
+use iscsi_datamover::{PduReceiver, PduSender};
+use iscsi_proto::pdu::{
+    AsyncEvent, DataIn, Header, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer, ScsiResponse,
+    ServiceResponse,
+};
+use iscsi_proto::serial::{CmdSn, StatSn};
+use iscsi_proto::transfer::Limits;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::sync::{Notify, mpsc};
+
+use crate::command::{Residual, Response};
+use crate::error::Error;
+
+/// What the reader task tells a waiting task.
+#[derive(Debug)]
+pub(crate) enum TaskEvent {
+    /// An R2T for this command.
+    R2t(ReadyToTransfer),
+    /// The SCSI command completed (or failed in a way that ends it).
+    Scsi(Result<Response, Error>),
+    /// A reply PDU for a non-SCSI task (text, TMF, logout, NOP).
+    Reply(Header, Vec<u8>),
+    /// The target rejected the task's PDU.
+    Rejected(iscsi_proto::pdu::RejectReason),
+    /// The connection is gone; the read buffer, if any, comes back.
+    Lost(Option<Vec<u8>>),
+}
+
+/// Where a read command's Data-In stands.
+#[derive(Debug)]
+struct ReadProgress {
+    /// The caller's buffer; `None` while the reader is landing data in it.
+    buffer: Option<Vec<u8>>,
+    /// Expected Data Transfer Length.
+    expected: u32,
+    /// Bytes landed so far.
+    received: u32,
+    /// The DataSN expected next.
+    next_data_sn: u32,
+    /// The offset expected next (DataPDUInOrder).
+    next_offset: u32,
+}
+
+#[derive(Debug)]
+struct TaskEntry {
+    events: mpsc::UnboundedSender<TaskEvent>,
+    read: Option<ReadProgress>,
+}
+
+#[derive(Debug)]
+struct ConnectionState {
+    tasks: HashMap<u32, TaskEntry>,
+    exp_stat_sn: StatSn,
+    alive: bool,
+}
+
+/// The session's command window (RFC 7143 section 4.2.2.1), shared by its
+/// connections.
+#[derive(Debug)]
+pub(crate) struct CommandWindow {
+    state: Mutex<WindowState>,
+    /// Woken when MaxCmdSN moves.
+    opened: Notify,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct WindowState {
+    /// The CmdSN the next non-immediate command takes.
+    next: CmdSn,
+    exp: CmdSn,
+    max: CmdSn,
+}
+
+impl CommandWindow {
+    /// A window as a login left it.
+    pub(crate) fn new(exp: CmdSn, max: CmdSn) -> Self {
+        CommandWindow {
+            state: Mutex::new(WindowState {
+                next: exp,
+                exp,
+                max,
+            }),
+            opened: Notify::new(),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, WindowState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Restarts the window after a session reinstatement.
+    pub(crate) fn reset(&self, exp: CmdSn, max: CmdSn) {
+        *self.lock() = WindowState {
+            next: exp,
+            exp,
+            max,
+        };
+        self.opened.notify_waiters();
+    }
+
+    /// Takes in ExpCmdSN and MaxCmdSN from a target PDU; ignored if
+    /// MaxCmdSN < ExpCmdSN - 1 or if older than what we have (4.2.2.1).
+    pub(crate) fn update(&self, exp: CmdSn, max: CmdSn) {
+        if max.next().lt(exp) {
+            return;
+        }
+        let mut state = self.lock();
+        let mut moved = false;
+        if exp.gt(state.exp) {
+            state.exp = exp;
+        }
+        if max.gt(state.max) {
+            state.max = max;
+            moved = true;
+        }
+        drop(state);
+        if moved {
+            self.opened.notify_waiters();
+        }
+    }
+
+    /// Whether a non-immediate command may be sent now.
+    pub(crate) fn is_open(&self) -> bool {
+        let state = self.lock();
+        state.next.le(state.max)
+    }
+
+    /// Takes the next CmdSN if the window has room.
+    pub(crate) fn take(&self) -> Option<CmdSn> {
+        let mut state = self.lock();
+        if state.next.le(state.max) {
+            let sn = state.next;
+            state.next = sn.next();
+            Some(sn)
+        } else {
+            None
+        }
+    }
+
+    /// The CmdSN an immediate PDU carries (not advanced, section 3.2.2.1).
+    pub(crate) fn current(&self) -> CmdSn {
+        self.lock().next
+    }
+
+    /// Waits until the window may have room (re-check with [`Self::take`]).
+    pub(crate) async fn wait_open(&self) {
+        loop {
+            let notified = self.opened.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if self.is_open() {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// One full feature phase connection.
+#[derive(Debug)]
+pub(crate) struct Connection {
+    /// The CID (section 13.2 / 11.12.8).
+    pub(crate) cid: u16,
+    /// The transfer limits negotiated on this connection.
+    pub(crate) limits: Limits,
+    sender: tokio::sync::Mutex<StreamSender<OwnedWriteHalf>>,
+    state: Mutex<ConnectionState>,
+    window: Arc<CommandWindow>,
+    shutdown: Notify,
+    closing: AtomicBool,
+    /// Set once we close on purpose (logout): the end of the stream is
+    /// then expected, not a loss.
+    finished: AtomicBool,
+}
+
+/// Breaks the connection if dropped before [`SendGuard::done`]: a PDU was
+/// half written.
+struct SendGuard<'a> {
+    connection: &'a Connection,
+    armed: bool,
+}
+
+impl SendGuard<'_> {
+    fn done(mut self) {
+        self.armed = false;
+    }
+}
+
+impl Drop for SendGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.connection.close();
+        }
+    }
+}
+
+/// The send lock of a connection, held across a run of PDUs.
+pub(crate) struct Sending<'a> {
+    connection: &'a Connection,
+    sender: tokio::sync::MutexGuard<'a, StreamSender<OwnedWriteHalf>>,
+}
+
+impl Sending<'_> {
+    /// Sends one PDU.
+    pub(crate) async fn send(&mut self, header: &Header, data: &[u8]) -> Result<(), Error> {
+        if !self.connection.is_alive() {
+            return Err(Error::ConnectionLost);
+        }
+        let guard = SendGuard {
+            connection: self.connection,
+            armed: true,
+        };
+        let result = self.sender.send_control(header, data).await;
+        guard.done();
+        if let Err(e) = result {
+            self.connection.close();
+            return Err(e.into());
+        }
+        Ok(())
+    }
+}
+
+impl Connection {
+    /// Starts the reader task over `receiver`.
+    pub(crate) fn start(
+        cid: u16,
+        limits: Limits,
+        exp_stat_sn: StatSn,
+        receiver: StreamReceiver<OwnedReadHalf>,
+        sender: StreamSender<OwnedWriteHalf>,
+        window: Arc<CommandWindow>,
+    ) -> Arc<Connection> {
+        let connection = Arc::new(Connection {
+            cid,
+            limits,
+            sender: tokio::sync::Mutex::new(sender),
+            state: Mutex::new(ConnectionState {
+                tasks: HashMap::new(),
+                exp_stat_sn,
+                alive: true,
+            }),
+            window,
+            shutdown: Notify::new(),
+            closing: AtomicBool::new(false),
+            finished: AtomicBool::new(false),
+        });
+        tokio::spawn(run_reader(connection.clone(), receiver));
+        connection
+    }
+
+    fn lock(&self) -> MutexGuard<'_, ConnectionState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether the connection can still carry commands.
+    pub(crate) fn is_alive(&self) -> bool {
+        self.lock().alive
+    }
+
+    /// The ExpStatSN our next PDU carries.
+    pub(crate) fn exp_stat_sn(&self) -> StatSn {
+        self.lock().exp_stat_sn
+    }
+
+    /// The session's command window.
+    pub(crate) fn window(&self) -> &CommandWindow {
+        &self.window
+    }
+
+    /// Registers a task under `itt`; `read` is the buffer of a read.
+    pub(crate) fn register(
+        &self,
+        itt: u32,
+        read: Option<Vec<u8>>,
+    ) -> Result<mpsc::UnboundedReceiver<TaskEvent>, (Error, Option<Vec<u8>>)> {
+        let (events, receiver) = mpsc::unbounded_channel();
+        let mut state = self.lock();
+        if !state.alive {
+            return Err((Error::ConnectionLost, read));
+        }
+        let read = read.map(|buffer| ReadProgress {
+            expected: buffer.len() as u32,
+            buffer: Some(buffer),
+            received: 0,
+            next_data_sn: 0,
+            next_offset: 0,
+        });
+        state.tasks.insert(itt, TaskEntry { events, read });
+        Ok(receiver)
+    }
+
+    /// Forgets a task (completed elsewhere, timed out or abandoned); its
+    /// read buffer, if the reader is not landing data in it right now.
+    pub(crate) fn unregister(&self, itt: u32) -> Option<Vec<u8>> {
+        self.lock()
+            .tasks
+            .remove(&itt)
+            .and_then(|t| t.read.and_then(|r| r.buffer))
+    }
+
+    /// Takes the send lock.
+    pub(crate) async fn sending(&self) -> Sending<'_> {
+        Sending {
+            connection: self,
+            sender: self.sender.lock().await,
+        }
+    }
+
+    /// Sends one PDU.
+    pub(crate) async fn send(&self, header: &Header, data: &[u8]) -> Result<(), Error> {
+        self.sending().await.send(header, data).await
+    }
+
+    /// Makes the connection unusable: the reader stops and every
+    /// outstanding task gets [`TaskEvent::Lost`].
+    pub(crate) fn close(&self) {
+        let tasks = {
+            let mut state = self.lock();
+            state.alive = false;
+            std::mem::take(&mut state.tasks)
+        };
+        for (_, task) in tasks {
+            let buffer = task.read.and_then(|r| r.buffer);
+            let _ = task.events.send(TaskEvent::Lost(buffer));
+        }
+        if !self.closing.swap(true, Ordering::SeqCst) {
+            self.shutdown.notify_one();
+        }
+    }
+
+    /// Closes the send direction (after a logout).
+    pub(crate) async fn terminate(&self) {
+        self.finished.store(true, Ordering::SeqCst);
+        let mut sender = self.sender.lock().await;
+        let _ = sender.terminate().await;
+        drop(sender);
+        self.close();
+    }
+
+    fn advance_stat_sn(&self, stat_sn: StatSn) {
+        let mut state = self.lock();
+        if stat_sn.ge(state.exp_stat_sn) {
+            state.exp_stat_sn = stat_sn.next();
+        }
+    }
+
+    /// Sends `event` to the task `itt`; `remove` when it ends the task.
+    fn route(&self, itt: u32, event: TaskEvent, remove: bool) {
+        let mut state = self.lock();
+        let sender = if remove {
+            state.tasks.remove(&itt).map(|t| t.events)
+        } else {
+            state.tasks.get(&itt).map(|t| t.events.clone())
+        };
+        drop(state);
+        match sender {
+            Some(events) => {
+                let _ = events.send(event);
+            }
+            None => tracing::debug!(itt, "reply for a task no longer waiting"),
+        }
+    }
+
+    /// A Data-In PDU: check it against the command, land its data in the
+    /// command's buffer, complete the command if it carries status.
+    async fn data_in(
+        &self,
+        data_in: DataIn,
+        length: u32,
+        receiver: &mut StreamReceiver<OwnedReadHalf>,
+    ) -> Result<(), Error> {
+        self.window.update(data_in.exp_cmd_sn, data_in.max_cmd_sn);
+        let itt = data_in.initiator_task_tag;
+        enum Plan {
+            Land(Vec<u8>, usize),
+            Discard,
+            Fail(Error),
+        }
+        let plan = {
+            let mut state = self.lock();
+            match state.tasks.get_mut(&itt) {
+                None => Plan::Discard,
+                Some(TaskEntry { read: None, .. }) => Plan::Fail(Error::Protocol(
+                    "Data-In for a command that reads nothing".to_owned(),
+                )),
+                Some(TaskEntry {
+                    read: Some(read), ..
+                }) => check_data_in(read, &data_in, length, self.limits.data_pdu_in_order)
+                    .map_or_else(Plan::Fail, |start| match read.buffer.take() {
+                        Some(buffer) => Plan::Land(buffer, start),
+                        None => Plan::Discard,
+                    }),
+            }
+        };
+        match plan {
+            Plan::Land(mut buffer, start) => {
+                let end = start + length as usize;
+                let landed = receiver.receive_data_into(&mut buffer[start..end]).await;
+                let mut state = self.lock();
+                if let Some(TaskEntry {
+                    read: Some(read), ..
+                }) = state.tasks.get_mut(&itt)
+                {
+                    read.buffer = Some(buffer);
+                    read.received += length;
+                    read.next_data_sn = read.next_data_sn.wrapping_add(1);
+                    read.next_offset = read.next_offset.max(end as u32);
+                }
+                drop(state);
+                landed?;
+            }
+            Plan::Discard => {
+                receiver.receive_data().await?;
+                if !self.lock().tasks.contains_key(&itt) {
+                    tracing::debug!(itt, "Data-In for a task no longer waiting");
+                }
+            }
+            Plan::Fail(error) => {
+                receiver.receive_data().await?;
+                self.fail_scsi(itt, error);
+                return Ok(());
+            }
+        }
+        if let Some(status) = data_in.status {
+            self.advance_stat_sn(data_in.stat_sn);
+            if !data_in.final_flag {
+                self.fail_scsi(
+                    itt,
+                    Error::Protocol("Data-In with status but no F bit".into()),
+                );
+                return Ok(());
+            }
+            let residual = residual(
+                data_in.residual_overflow,
+                data_in.residual_underflow,
+                data_in.residual_count,
+            );
+            self.complete_scsi(itt, status, residual, Vec::new());
+        }
+        Ok(())
+    }
+
+    fn fail_scsi(&self, itt: u32, error: Error) {
+        tracing::warn!(itt, %error, "command failed");
+        self.route(itt, TaskEvent::Scsi(Err(error)), true);
+    }
+
+    /// Ends a SCSI task with its status, checking the residual against the
+    /// data that arrived (RFC 7143 section 11.4.5).
+    fn complete_scsi(
+        &self,
+        itt: u32,
+        status: u8,
+        residual: Result<Residual, Error>,
+        sense: Vec<u8>,
+    ) {
+        let Some(task) = self.lock().tasks.remove(&itt) else {
+            tracing::debug!(itt, "status for a task no longer waiting");
+            return;
+        };
+        let outcome = residual.and_then(|residual| {
+            let mut response = Response {
+                status,
+                sense,
+                residual,
+                ..Response::default()
+            };
+            if let Some(read) = task.read {
+                let buffer = read
+                    .buffer
+                    .ok_or_else(|| Error::Protocol("status while data was landing".into()))?;
+                if status == crate::command::STATUS_GOOD {
+                    let expected_received = match residual {
+                        Residual::None | Residual::Overflow(_) => Some(read.expected),
+                        Residual::Underflow(n) => read.expected.checked_sub(n),
+                    };
+                    if expected_received != Some(read.received) {
+                        return Err(Error::Protocol(format!(
+                            "residual {residual:?} does not match: {} of {} bytes received",
+                            read.received, read.expected
+                        )));
+                    }
+                }
+                response.data = buffer;
+                response.received = read.received;
+            }
+            Ok(response)
+        });
+        let _ = task.events.send(TaskEvent::Scsi(outcome));
+    }
+
+    fn scsi_response(&self, response: ScsiResponse, data: Vec<u8>) {
+        self.advance_stat_sn(response.stat_sn);
+        self.window.update(response.exp_cmd_sn, response.max_cmd_sn);
+        let itt = response.initiator_task_tag;
+        if response.response != ServiceResponse::CommandCompleted {
+            self.fail_scsi(itt, Error::TargetFailure(response.response.to_u8()));
+            return;
+        }
+        let sense = match data.len() {
+            0 => Vec::new(),
+            1 => {
+                self.fail_scsi(itt, Error::Protocol("truncated sense length".into()));
+                return;
+            }
+            _ => {
+                let length = usize::from(u16::from_be_bytes([data[0], data[1]]));
+                match data.get(2..2 + length) {
+                    Some(sense) => sense.to_vec(),
+                    None => {
+                        self.fail_scsi(
+                            itt,
+                            Error::Protocol("sense longer than its segment".into()),
+                        );
+                        return;
+                    }
+                }
+            }
+        };
+        let residual = residual(
+            response.residual_overflow,
+            response.residual_underflow,
+            response.residual_count,
+        );
+        self.complete_scsi(itt, response.status, residual, sense);
+    }
+
+    /// Answers a target's ping (RFC 7143 section 11.18.3).
+    fn answer_ping(self: &Arc<Self>, nop: NopIn, data: Vec<u8>) {
+        let connection = self.clone();
+        tokio::spawn(async move {
+            let header = Header::new(
+                Pdu::NopOut(NopOut {
+                    immediate: true,
+                    lun: nop.lun,
+                    initiator_task_tag: RESERVED_TAG,
+                    target_transfer_tag: nop.target_transfer_tag,
+                    cmd_sn: connection.window.current(),
+                    exp_stat_sn: connection.exp_stat_sn(),
+                }),
+                data.len() as u32,
+            );
+            if let Err(error) = connection.send(&header, &data).await {
+                tracing::debug!(%error, "answering a NOP-In failed");
+            }
+        });
+    }
+}
+
+/// Checks one Data-In against its command; returns where its data goes.
+fn check_data_in(
+    read: &ReadProgress,
+    data_in: &DataIn,
+    length: u32,
+    in_order: bool,
+) -> Result<usize, Error> {
+    if data_in.data_sn.get() != read.next_data_sn {
+        return Err(Error::Protocol(format!(
+            "Data-In DataSN {} where {} was expected",
+            data_in.data_sn.get(),
+            read.next_data_sn
+        )));
+    }
+    let end = data_in
+        .buffer_offset
+        .checked_add(length)
+        .filter(|&end| end <= read.expected)
+        .ok_or_else(|| {
+            Error::Protocol(format!(
+                "Data-In at {}+{length} beyond the {}-byte buffer",
+                data_in.buffer_offset, read.expected
+            ))
+        })?;
+    if in_order && data_in.buffer_offset != read.next_offset {
+        return Err(Error::Protocol(format!(
+            "Data-In at offset {} where {} was expected",
+            data_in.buffer_offset, read.next_offset
+        )));
+    }
+    let _ = end;
+    Ok(data_in.buffer_offset as usize)
+}
+
+fn residual(overflow: bool, underflow: bool, count: u32) -> Result<Residual, Error> {
+    match (overflow, underflow) {
+        (false, false) => Ok(Residual::None),
+        (true, false) => Ok(Residual::Overflow(count)),
+        (false, true) => Ok(Residual::Underflow(count)),
+        (true, true) => Err(Error::Protocol(
+            "both residual overflow and underflow".into(),
+        )),
+    }
+}
+
+async fn run_reader(connection: Arc<Connection>, mut receiver: StreamReceiver<OwnedReadHalf>) {
+    let result = tokio::select! {
+        result = read_loop(&connection, &mut receiver) => result,
+        () = connection.shutdown.notified() => Ok(()),
+    };
+    if let Err(error) = result
+        && !connection.finished.load(Ordering::SeqCst)
+    {
+        tracing::warn!(cid = connection.cid, %error, "connection lost");
+    }
+    connection.close();
+}
+
+async fn read_loop(
+    connection: &Arc<Connection>,
+    receiver: &mut StreamReceiver<OwnedReadHalf>,
+) -> Result<(), Error> {
+    loop {
+        let Some(header) = receiver.receive_header().await? else {
+            return Err(Error::ConnectionLost);
+        };
+        let length = header.data_segment_length;
+        match header.pdu {
+            Pdu::DataIn(data_in) => connection.data_in(data_in, length, receiver).await?,
+            Pdu::ScsiResponse(response) => {
+                let data = receiver.receive_data().await?;
+                connection.scsi_response(response, data);
+            }
+            Pdu::ReadyToTransfer(r2t) => {
+                if length != 0 {
+                    return Err(Error::Protocol("R2T with a data segment".into()));
+                }
+                connection.window.update(r2t.exp_cmd_sn, r2t.max_cmd_sn);
+                connection.route(r2t.initiator_task_tag, TaskEvent::R2t(r2t), false);
+            }
+            Pdu::NopIn(ref nop) => {
+                let nop = nop.clone();
+                let data = receiver.receive_data().await?;
+                connection.window.update(nop.exp_cmd_sn, nop.max_cmd_sn);
+                if nop.initiator_task_tag == RESERVED_TAG {
+                    // Unsolicited: StatSN is not advanced (11.19.2).
+                    if nop.target_transfer_tag != RESERVED_TAG {
+                        connection.answer_ping(nop, data);
+                    }
+                } else {
+                    connection.advance_stat_sn(nop.stat_sn);
+                    connection.route(nop.initiator_task_tag, TaskEvent::Reply(header, data), true);
+                }
+            }
+            Pdu::TextResponse(ref text) => {
+                let (itt, stat_sn, exp, max) = (
+                    text.initiator_task_tag,
+                    text.stat_sn,
+                    text.exp_cmd_sn,
+                    text.max_cmd_sn,
+                );
+                let data = receiver.receive_data().await?;
+                connection.advance_stat_sn(stat_sn);
+                connection.window.update(exp, max);
+                connection.route(itt, TaskEvent::Reply(header, data), false);
+            }
+            Pdu::TaskManagementResponse(ref tmf) => {
+                let (itt, stat_sn, exp, max) = (
+                    tmf.initiator_task_tag,
+                    tmf.stat_sn,
+                    tmf.exp_cmd_sn,
+                    tmf.max_cmd_sn,
+                );
+                let data = receiver.receive_data().await?;
+                connection.advance_stat_sn(stat_sn);
+                connection.window.update(exp, max);
+                connection.route(itt, TaskEvent::Reply(header, data), true);
+            }
+            Pdu::LogoutResponse(ref logout) => {
+                let (itt, stat_sn, exp, max) = (
+                    logout.initiator_task_tag,
+                    logout.stat_sn,
+                    logout.exp_cmd_sn,
+                    logout.max_cmd_sn,
+                );
+                let data = receiver.receive_data().await?;
+                connection.advance_stat_sn(stat_sn);
+                connection.window.update(exp, max);
+                connection.route(itt, TaskEvent::Reply(header, data), true);
+            }
+            Pdu::Reject(reject) => {
+                let data = receiver.receive_data().await?;
+                connection.advance_stat_sn(reject.stat_sn);
+                connection
+                    .window
+                    .update(reject.exp_cmd_sn, reject.max_cmd_sn);
+                // The data segment is the rejected PDU's header (11.17.3).
+                let itt = data
+                    .get(16..20)
+                    .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+                tracing::warn!(reason = ?reject.reason, ?itt, "target rejected a PDU");
+                if let Some(itt) = itt {
+                    connection.route(itt, TaskEvent::Rejected(reject.reason), true);
+                }
+            }
+            Pdu::AsyncMessage(message) => {
+                receiver.receive_data().await?;
+                connection.advance_stat_sn(message.stat_sn);
+                connection
+                    .window
+                    .update(message.exp_cmd_sn, message.max_cmd_sn);
+                match message.async_event {
+                    AsyncEvent::LogoutRequest
+                    | AsyncEvent::ConnectionDrop
+                    | AsyncEvent::AllConnectionsDrop => {
+                        // ERL 0: leave, and let the session reinstate
+                        // itself and retry (section 11.9.1).
+                        tracing::info!(event = ?message.async_event, "target asks us to leave");
+                        return Ok(());
+                    }
+                    event => tracing::debug!(?event, "asynchronous message"),
+                }
+            }
+            other => {
+                return Err(Error::Protocol(format!(
+                    "unexpected {:?} from the target",
+                    other.opcode()
+                )));
+            }
+        }
+    }
+}

@@ -1,0 +1,87 @@
+//! Why an initiator operation failed, said by whose fault it was: the
+//! caller's input ([`Error::Url`], [`Error::InvalidCommand`]), the network
+//! ([`Error::Connect`], [`Error::Datamover`], [`Error::ConnectionLost`],
+//! [`Error::Timeout`]), the target breaking the protocol
+//! ([`Error::Protocol`], [`Error::Rejected`]), the target refusing
+//! ([`Error::Login`], [`Error::TaskManagement`]) or the SCSI layer answering
+//! with a status other than GOOD ([`Error::Status`]).
+
+use std::time::Duration;
+
+use iscsi_datamover::DatamoverError;
+use iscsi_proto::login::initiator::InitiatorLoginError;
+use iscsi_proto::pdu::{RejectReason, TaskResponse};
+
+use crate::command::Sense;
+
+/// An initiator failure.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The URL is not of the form `iscsi://[user[%secret]@]host[:port]/target-iqn/lun`.
+    #[error("invalid iSCSI URL {url:?}: {reason}")]
+    Url {
+        /// The URL as given.
+        url: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A configuration value is invalid (an unknown key, a bad number).
+    #[error("invalid setting: {0}")]
+    Config(String),
+    /// The TCP connection could not be made.
+    #[error("connecting to {address}: {source}")]
+    Connect {
+        /// The address tried.
+        address: String,
+        /// The socket error.
+        source: std::io::Error,
+    },
+    /// The login failed (refused, redirected too often, CHAP failure,
+    /// negotiation failure or a target breaking the login rules).
+    #[error("login: {0}")]
+    Login(#[from] InitiatorLoginError),
+    /// The transport failed or delivered bytes that are not a valid PDU.
+    #[error("connection: {0}")]
+    Datamover(#[from] DatamoverError),
+    /// The connection was lost while the command was outstanding, and it
+    /// could not be retried (retries exhausted or reconnection failed).
+    #[error("connection lost")]
+    ConnectionLost,
+    /// The target sent something RFC 7143 does not allow here: the
+    /// command's outcome is unknown.
+    #[error("target protocol violation: {0}")]
+    Protocol(String),
+    /// The target rejected our PDU (RFC 7143 section 11.17).
+    #[error("target rejected the PDU: {0:?}")]
+    Rejected(RejectReason),
+    /// No answer in time.
+    #[error("no answer within {timeout:?} while {waiting_for}")]
+    Timeout {
+        /// The configured limit that expired.
+        timeout: Duration,
+        /// What we were waiting for.
+        waiting_for: &'static str,
+    },
+    /// A task management function did not complete (RFC 7143 section 11.6.1).
+    #[error("task management function failed: {0:?}")]
+    TaskManagement(TaskResponse),
+    /// The SCSI command completed with a status other than GOOD.
+    #[error("SCSI status {status:#04x}{}", sense.as_ref().map(|s| format!(" ({s})")).unwrap_or_default())]
+    Status {
+        /// The SCSI status byte.
+        status: u8,
+        /// The decoded sense data, if any.
+        sense: Option<Sense>,
+    },
+    /// The target answered with a service response other than "command
+    /// completed at target" (RFC 7143 section 11.4.3).
+    #[error("target failure (service response {0:#04x})")]
+    TargetFailure(u8),
+    /// The command cannot be sent as asked (a CDB too long, a transfer over
+    /// 4 GiB, a buffer that does not match the expected length).
+    #[error("invalid command: {0}")]
+    InvalidCommand(&'static str),
+    /// The session was logged out or closed.
+    #[error("session closed")]
+    SessionClosed,
+}

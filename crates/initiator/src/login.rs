@@ -1,0 +1,175 @@
+//! One connection's TCP connect and login phase (RFC 7143 section 6.3 and
+//! 11.12-11.13): drives `iscsi_proto::login::initiator::InitiatorLogin`
+//! over a fresh [`TcpDatamover`], follows redirections (status class 1,
+//! section 11.13.5), and switches the datamover to the negotiated digests
+//! and segment length on success (RFC 5047 `Enable_Datamover`).
+
+use std::sync::{Arc, Mutex};
+
+use iscsi_datamover::tcp::TcpDatamover;
+use iscsi_datamover::{PduReceiver, PduSender};
+use iscsi_proto::login::chap::ChallengeHistory;
+use iscsi_proto::login::initiator::{
+    InitiatorLogin, InitiatorLoginComplete, InitiatorLoginConfig, InitiatorLoginError,
+    InitiatorStep,
+};
+use iscsi_proto::pdu::login::Isid;
+use iscsi_proto::pdu::{Digests, Header, Pdu};
+use iscsi_proto::serial::CmdSn;
+use iscsi_proto::text::{Digest, TextPair};
+use tokio::net::TcpStream;
+
+use crate::config::SessionConfig;
+use crate::error::Error;
+use crate::url::{format_portal, parse_portal};
+
+/// How many redirections a login follows before giving up.
+const MAX_REDIRECTS: usize = 4;
+
+/// A logged-in connection.
+pub(crate) struct LoggedIn {
+    /// The datamover, switched to full feature phase settings.
+    pub datamover: TcpDatamover,
+    /// What the login settled.
+    pub complete: InitiatorLoginComplete,
+}
+
+/// What one login needs besides the session configuration.
+pub(crate) struct LoginRequestParams<'a> {
+    /// The portal, `host:port`.
+    pub portal: String,
+    /// The target; `None` for a discovery session.
+    pub target_name: Option<&'a str>,
+    /// The session's ISID.
+    pub isid: Isid,
+    /// 0 for a new session (or a reinstatement), else the session to join.
+    pub tsih: u16,
+    /// The connection ID.
+    pub cid: u16,
+    /// The CmdSN carried in the Login Requests.
+    pub cmd_sn: CmdSn,
+    /// The ITT carried in the Login Requests.
+    pub initiator_task_tag: u32,
+}
+
+/// A fresh random ISID of type "random" (RFC 7143 section 11.12.5, T = 0b10).
+pub(crate) fn random_isid() -> [u8; 6] {
+    let mut bytes: [u8; 6] = rand::random();
+    bytes[0] = 0x80 | (bytes[0] & 0x3f);
+    bytes
+}
+
+/// Connects to `params.portal` and logs in, following redirections.
+pub(crate) async fn login(
+    config: &SessionConfig,
+    params: LoginRequestParams<'_>,
+) -> Result<LoggedIn, Error> {
+    let mut portal = params.portal.clone();
+    for _ in 0..=MAX_REDIRECTS {
+        let attempt =
+            tokio::time::timeout(config.timeouts.login, login_once(config, &params, &portal))
+                .await
+                .map_err(|_| Error::Timeout {
+                    timeout: config.timeouts.login,
+                    waiting_for: "the login to complete",
+                })?;
+        match attempt {
+            Err(Error::Login(InitiatorLoginError::Redirected {
+                target_address: Some(address),
+                ..
+            })) => {
+                // TargetAddress is `domainname[:port][,portal-group-tag]`.
+                let address = address.split(',').next().unwrap_or_default();
+                let (host, port) = parse_portal(address)
+                    .ok_or_else(|| Error::Protocol(format!("bad redirection {address:?}")))?;
+                tracing::debug!(from = %portal, to = %address, "login redirected");
+                portal = format_portal(&host, port);
+            }
+            other => return other,
+        }
+    }
+    Err(Error::Protocol("too many login redirections".to_owned()))
+}
+
+async fn connect(config: &SessionConfig, portal: &str) -> Result<TcpStream, Error> {
+    let connect_error = |source| Error::Connect {
+        address: portal.to_owned(),
+        source,
+    };
+    tokio::time::timeout(config.timeouts.connect, TcpStream::connect(portal))
+        .await
+        .map_err(|_| Error::Timeout {
+            timeout: config.timeouts.connect,
+            waiting_for: "the TCP connection",
+        })?
+        .map_err(connect_error)
+}
+
+async fn login_once(
+    config: &SessionConfig,
+    params: &LoginRequestParams<'_>,
+    portal: &str,
+) -> Result<LoggedIn, Error> {
+    let stream = connect(config, portal).await?;
+    let mut datamover = TcpDatamover::new(stream).map_err(|source| Error::Connect {
+        address: portal.to_owned(),
+        source,
+    })?;
+    let mut negotiation = config.negotiation.clone();
+    if let Some(alias) = &config.initiator_alias {
+        negotiation
+            .declarations
+            .push(TextPair::new("InitiatorAlias", alias.clone()));
+    }
+    let login_config = InitiatorLoginConfig {
+        initiator_name: config.initiator_name.clone(),
+        target_name: params.target_name.map(str::to_owned),
+        isid: params.isid,
+        tsih: params.tsih,
+        cid: params.cid,
+        negotiation,
+        chap: config.chap.as_ref().map(|c| c.to_settings()),
+    };
+    let mutual_challenge = (rand::random::<u8>(), rand::random::<[u8; 32]>().to_vec());
+    let history = Arc::new(Mutex::new(ChallengeHistory::default()));
+    let mut machine = InitiatorLogin::new(
+        login_config,
+        params.initiator_task_tag,
+        params.cmd_sn,
+        mutual_challenge,
+        history,
+    )?;
+    let mut step = machine.start();
+    loop {
+        match step {
+            InitiatorStep::Send { request, data } => {
+                let header = Header::new(Pdu::LoginRequest(request), data.len() as u32);
+                datamover.sender.send_control(&header, &data).await?;
+                let received = datamover
+                    .receiver
+                    .receive()
+                    .await?
+                    .ok_or(Error::ConnectionLost)?;
+                let Pdu::LoginResponse(response) = &received.header.pdu else {
+                    return Err(Error::Protocol(format!(
+                        "{:?} during login",
+                        received.header.pdu.opcode()
+                    )));
+                };
+                step = machine.receive(response, &received.data)?;
+            }
+            InitiatorStep::Complete(complete) => {
+                let p = &complete.parameters;
+                let digests = Digests {
+                    header: p.header_digest == Digest::Crc32c,
+                    data: p.data_digest == Digest::Crc32c,
+                };
+                datamover.enable(digests, p.max_recv_data_segment_length);
+                return Ok(LoggedIn {
+                    datamover,
+                    complete: *complete,
+                });
+            }
+        }
+    }
+}

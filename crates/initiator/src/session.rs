@@ -1,0 +1,784 @@
+//! [`Session`]: a normal session in full feature phase over one or more
+//! connections (RFC 7143 sections 4 and 4.1: MC/S).
+//!
+//! - Commands: every SCSI command takes an ITT and, unless immediate, the
+//!   next CmdSN inside the window ExpCmdSN..=MaxCmdSN (section 4.2.2.1);
+//!   a task whose window is closed waits until a response opens it. Many
+//!   commands are in flight at once; each completes when its status
+//!   arrives.
+//! - Writes send immediate data and unsolicited Data-Out as ImmediateData,
+//!   InitialR2T and FirstBurstLength allow (sections 4.2.5.2, 13.10,
+//!   13.11, 13.14; `Limits::write_plan`), then answer each R2T (section
+//!   11.8) with its Data-Out sequence, checked by `R2tTracker` (up to
+//!   MaxOutstandingR2T outstanding, section 13.17).
+//! - Timeouts: a command with no status in time fails with
+//!   [`Error::Timeout`]; an ABORT TASK (section 11.5.1) is sent for it, and
+//!   if even that goes unanswered the connection is dropped.
+//! - ERL 0 recovery (section 7.1.4.1, 7.12.2): when a connection is lost,
+//!   the session is reinstated (a leading login with the same ISID and
+//!   TSIH 0, section 6.3.5) and the commands that never completed are
+//!   sent again, up to `command_retries` times each.
+//! - MC/S: after the leading login, further connections log in with the
+//!   session's TSIH and their own CID; commands are spread by
+//!   [`crate::Scheduling`]. Responses come back on the connection a
+//!   command was sent on (connection allegiance, section 5.1).
+
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use iscsi_proto::pdu::login::Isid;
+use iscsi_proto::pdu::{
+    Ahs, DataOut, Header, LogoutReason, LogoutRequest, LogoutResponseCode, Lun, NopOut, Pdu,
+    RESERVED_TAG, ScsiCommand, TaskFunction, TaskManagementRequest, TaskResponse,
+};
+use iscsi_proto::serial::{CmdSn, DataSn};
+use iscsi_proto::text::NegotiatedParameters;
+use iscsi_proto::transfer::{Limits, R2tTracker, WritePlan, data_segments};
+use tokio::sync::mpsc;
+
+use crate::command::{Command, DataTransfer, Response, encode_lun};
+use crate::config::{Scheduling, SessionConfig};
+use crate::connection::{CommandWindow, Connection, TaskEvent};
+use crate::error::Error;
+use crate::login::{LoginRequestParams, login, random_isid};
+use crate::url::IscsiUrl;
+
+/// A logged-in normal session. Cheap to clone: clones share the session.
+#[derive(Clone, Debug)]
+pub struct Session {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: SessionConfig,
+    portal: String,
+    target_name: String,
+    isid: Isid,
+    tsih: AtomicU16,
+    window: Arc<CommandWindow>,
+    connections: Mutex<Vec<Arc<Connection>>>,
+    /// Bumped by every reinstatement.
+    generation: AtomicU64,
+    recovery: tokio::sync::Mutex<()>,
+    next_itt: AtomicU32,
+    next_connection: AtomicUsize,
+    parameters: Mutex<Option<NegotiatedParameters>>,
+    closed: AtomicBool,
+    reinstatements: AtomicU64,
+}
+
+/// How one try of a command ended, when it did not complete.
+enum AttemptError {
+    /// The connection went away; the read buffer, if it came back.
+    Lost(Option<Vec<u8>>),
+    /// The command failed for good.
+    Failed(Error),
+}
+
+impl From<Error> for AttemptError {
+    fn from(error: Error) -> Self {
+        AttemptError::Failed(error)
+    }
+}
+
+/// Unregisters a task from its connection when the command's future ends
+/// or is dropped.
+struct Registration<'a> {
+    connection: &'a Connection,
+    itt: u32,
+}
+
+impl Drop for Registration<'_> {
+    fn drop(&mut self) {
+        self.connection.unregister(self.itt);
+    }
+}
+
+/// A sentinel for "no CmdSN taken yet".
+const NO_CMD_SN: u64 = u64::MAX;
+
+impl Session {
+    /// Connects to the target of `url` and logs in (leading connection,
+    /// then `config.connections - 1` more if MaxConnections allows). CHAP
+    /// credentials in the URL override `config.chap`'s user and secret.
+    pub async fn connect(url: &IscsiUrl, config: SessionConfig) -> Result<Session, Error> {
+        let config = config.with_url_credentials(url);
+        let target_name = url.target_name()?.to_owned();
+        let isid = Isid::from_bytes(config.isid.unwrap_or_else(random_isid));
+        let inner = Arc::new(Inner {
+            portal: url.portal(),
+            target_name,
+            isid,
+            tsih: AtomicU16::new(0),
+            window: Arc::new(CommandWindow::new(CmdSn::new(1), CmdSn::new(1))),
+            connections: Mutex::new(Vec::new()),
+            generation: AtomicU64::new(0),
+            recovery: tokio::sync::Mutex::new(()),
+            next_itt: AtomicU32::new(rand::random::<u32>() & 0x00ff_ffff),
+            next_connection: AtomicUsize::new(0),
+            parameters: Mutex::new(None),
+            closed: AtomicBool::new(false),
+            reinstatements: AtomicU64::new(0),
+            config,
+        });
+        let connections = inner.establish().await?;
+        *inner.lock_connections() = connections;
+        Ok(Session { inner })
+    }
+
+    /// The parameters negotiated by the leading login (always `Some` once
+    /// [`Session::connect`] returned).
+    pub fn parameters(&self) -> Option<NegotiatedParameters> {
+        self.inner
+            .parameters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The TSIH the target gave the session (RFC 7143 section 11.13.6).
+    pub fn tsih(&self) -> u16 {
+        self.inner.tsih.load(Ordering::Relaxed)
+    }
+
+    /// The ISID of the session.
+    pub fn isid(&self) -> Isid {
+        self.inner.isid
+    }
+
+    /// Connections currently usable.
+    pub fn connection_count(&self) -> usize {
+        self.inner
+            .lock_connections()
+            .iter()
+            .filter(|c| c.is_alive())
+            .count()
+    }
+
+    /// How many times the session was reinstated after a lost connection.
+    pub fn reinstatements(&self) -> u64 {
+        self.inner.reinstatements.load(Ordering::Relaxed)
+    }
+
+    /// The configuration the session was opened with.
+    pub fn config(&self) -> &SessionConfig {
+        &self.inner.config
+    }
+
+    /// Runs one SCSI command and returns its status, sense and residual
+    /// (a read's buffer comes back in [`Response::data`]). A status other
+    /// than GOOD is not an error here: see [`Response::check`].
+    pub async fn execute(&self, command: Command<'_>) -> Result<Response, Error> {
+        self.inner.execute(command).await
+    }
+
+    /// Sends a NOP-Out ping and waits for its NOP-In (RFC 7143 section
+    /// 11.18); returns the round trip time.
+    pub async fn ping(&self) -> Result<Duration, Error> {
+        let inner = &self.inner;
+        let connection = inner.pick(0).ok_or(Error::ConnectionLost)?;
+        let itt = inner.itt();
+        let header = Header::new(
+            Pdu::NopOut(NopOut {
+                immediate: true,
+                lun: Lun(0),
+                initiator_task_tag: itt,
+                target_transfer_tag: RESERVED_TAG,
+                cmd_sn: inner.window.current(),
+                exp_stat_sn: connection.exp_stat_sn(),
+            }),
+            0,
+        );
+        let start = Instant::now();
+        let (reply, _) = inner.exchange(&connection, itt, header, &[]).await?;
+        match reply.pdu {
+            Pdu::NopIn(_) => Ok(start.elapsed()),
+            other => Err(Error::Protocol(format!(
+                "{:?} answering a NOP-Out",
+                other.opcode()
+            ))),
+        }
+    }
+
+    /// Sends a task management function (RFC 7143 section 11.5) for `lun`
+    /// and waits for its response; anything but "function complete" is an
+    /// error.
+    pub async fn task_management(&self, function: TaskFunction, lun: u64) -> Result<(), Error> {
+        let connection = self.inner.pick(lun).ok_or(Error::ConnectionLost)?;
+        self.inner
+            .task_management(&connection, function, lun, RESERVED_TAG, None)
+            .await
+    }
+
+    /// LOGICAL UNIT RESET (RFC 7143 section 11.5.1).
+    pub async fn lun_reset(&self, lun: u64) -> Result<(), Error> {
+        self.task_management(TaskFunction::LogicalUnitReset, lun)
+            .await
+    }
+
+    /// ABORT TASK SET: aborts every task of this session on `lun`.
+    pub async fn abort_task_set(&self, lun: u64) -> Result<(), Error> {
+        self.task_management(TaskFunction::AbortTaskSet, lun).await
+    }
+
+    /// Logs the session out (RFC 7143 section 11.14, reason "close the
+    /// session") and closes its connections.
+    pub async fn logout(&self) -> Result<(), Error> {
+        let inner = &self.inner;
+        if inner.closed.swap(true, Ordering::SeqCst) {
+            return Err(Error::SessionClosed);
+        }
+        let connections = std::mem::take(&mut *inner.lock_connections());
+        let Some(connection) = connections.iter().find(|c| c.is_alive()).cloned() else {
+            return Err(Error::ConnectionLost);
+        };
+        let itt = inner.itt();
+        let header = Header::new(
+            Pdu::LogoutRequest(LogoutRequest {
+                immediate: true,
+                reason: LogoutReason::CloseSession,
+                initiator_task_tag: itt,
+                cid: connection.cid,
+                cmd_sn: inner.window.current(),
+                exp_stat_sn: connection.exp_stat_sn(),
+            }),
+            0,
+        );
+        let result = inner.exchange(&connection, itt, header, &[]).await;
+        for c in &connections {
+            c.terminate().await;
+        }
+        let (reply, _) = result?;
+        match reply.pdu {
+            Pdu::LogoutResponse(r) if r.response == LogoutResponseCode::ClosedSuccessfully => {
+                Ok(())
+            }
+            Pdu::LogoutResponse(r) => {
+                Err(Error::Protocol(format!("logout refused: {:?}", r.response)))
+            }
+            other => Err(Error::Protocol(format!(
+                "{:?} answering a logout",
+                other.opcode()
+            ))),
+        }
+    }
+
+    /// Drops every connection without logging out, as a network failure
+    /// would (for tests of recovery and for callers that detect a hung
+    /// path themselves). The next command reinstates the session.
+    pub fn drop_connections(&self) {
+        for connection in self.inner.lock_connections().iter() {
+            connection.close();
+        }
+    }
+}
+
+impl Inner {
+    fn lock_connections(&self) -> MutexGuard<'_, Vec<Arc<Connection>>> {
+        self.connections
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A fresh Initiator Task Tag (never the reserved 0xffffffff).
+    fn itt(&self) -> u32 {
+        loop {
+            let itt = self.next_itt.fetch_add(1, Ordering::Relaxed);
+            if itt != RESERVED_TAG {
+                return itt;
+            }
+        }
+    }
+
+    /// Logs in the leading connection (TSIH 0: a new session, or the
+    /// reinstatement of ours) and the others of an MC/S session.
+    async fn establish(&self) -> Result<Vec<Arc<Connection>>, Error> {
+        let leading = login(
+            &self.config,
+            LoginRequestParams {
+                portal: self.portal.clone(),
+                target_name: Some(&self.target_name),
+                isid: self.isid,
+                tsih: 0,
+                cid: 0,
+                cmd_sn: self.window.current(),
+                initiator_task_tag: self.itt(),
+            },
+        )
+        .await?;
+        let complete = &leading.complete;
+        self.window.reset(complete.exp_cmd_sn, complete.max_cmd_sn);
+        self.tsih.store(complete.tsih, Ordering::Relaxed);
+        let parameters = complete.parameters.clone();
+        let wanted = self
+            .config
+            .connections
+            .clamp(1, parameters.max_connections.max(1));
+        let mut connections = vec![self.start(0, leading)];
+        for cid in 1..wanted {
+            let joined = login(
+                &self.config,
+                LoginRequestParams {
+                    portal: self.portal.clone(),
+                    target_name: Some(&self.target_name),
+                    isid: self.isid,
+                    tsih: self.tsih.load(Ordering::Relaxed),
+                    cid,
+                    cmd_sn: self.window.current(),
+                    initiator_task_tag: self.itt(),
+                },
+            )
+            .await;
+            match joined {
+                Ok(joined) => {
+                    let c = &joined.complete;
+                    self.window.update(c.exp_cmd_sn, c.max_cmd_sn);
+                    connections.push(self.start(cid, joined));
+                }
+                Err(error) => {
+                    tracing::warn!(cid, %error, "could not add a connection to the session");
+                    break;
+                }
+            }
+        }
+        *self
+            .parameters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(parameters);
+        Ok(connections)
+    }
+
+    fn start(&self, cid: u16, logged_in: crate::login::LoggedIn) -> Arc<Connection> {
+        let limits = Limits::from(&logged_in.complete.parameters);
+        let exp_stat_sn = logged_in.complete.exp_stat_sn;
+        let (receiver, sender) = logged_in.datamover.split();
+        Connection::start(
+            cid,
+            limits,
+            exp_stat_sn,
+            receiver,
+            sender,
+            self.window.clone(),
+        )
+    }
+
+    /// The connection for a command on `lun`, by the scheduling policy;
+    /// `None` if no connection is usable.
+    fn pick(&self, lun: u64) -> Option<Arc<Connection>> {
+        let connections = self.lock_connections();
+        let count = connections.len();
+        if count == 0 {
+            return None;
+        }
+        let first = match self.config.scheduling {
+            Scheduling::RoundRobin => self.next_connection.fetch_add(1, Ordering::Relaxed) % count,
+            Scheduling::LunAffinity => (lun % count as u64) as usize,
+        };
+        (0..count)
+            .map(|i| &connections[(first + i) % count])
+            .find(|c| c.is_alive())
+            .cloned()
+    }
+
+    /// Reinstates the session after a lost connection, unless another task
+    /// already did since `seen_generation`.
+    async fn recover(&self, seen_generation: u64) -> Result<(), Error> {
+        let _recovery = self.recovery.lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::SessionClosed);
+        }
+        if self.generation.load(Ordering::SeqCst) != seen_generation && self.pick(0).is_some() {
+            return Ok(());
+        }
+        for connection in self.lock_connections().iter() {
+            connection.close();
+        }
+        let mut last_error = Error::ConnectionLost;
+        for attempt in 0..self.config.reconnect_attempts.max(1) {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt))).await;
+            }
+            match self.establish().await {
+                Ok(connections) => {
+                    *self.lock_connections() = connections;
+                    self.generation.fetch_add(1, Ordering::SeqCst);
+                    self.reinstatements.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(attempt, "session reinstated");
+                    return Ok(());
+                }
+                Err(error) => {
+                    tracing::warn!(attempt, %error, "reinstating the session failed");
+                    last_error = error;
+                }
+            }
+        }
+        Err(last_error)
+    }
+
+    async fn execute(self: &Arc<Self>, command: Command<'_>) -> Result<Response, Error> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::SessionClosed);
+        }
+        if command.cdb.is_empty() || command.cdb.len() > 16 + 255 * 4 - 4 {
+            return Err(Error::InvalidCommand("CDB length"));
+        }
+        let reads = matches!(command.data, DataTransfer::Read(_));
+        let (mut read_buffer, write_data, expected_length) = match command.data {
+            DataTransfer::None => (None, None, 0),
+            DataTransfer::Read(buffer) => {
+                let length = u32::try_from(buffer.len())
+                    .map_err(|_| Error::InvalidCommand("transfer over 4 GiB"))?;
+                (Some(buffer), None, length)
+            }
+            DataTransfer::Write(data) => {
+                let length = u32::try_from(data.len())
+                    .map_err(|_| Error::InvalidCommand("transfer over 4 GiB"))?;
+                (None, Some(data), length)
+            }
+        };
+        let timeout = self.config.timeouts.command;
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut retries = 0;
+        loop {
+            let generation = self.generation.load(Ordering::SeqCst);
+            let Some(connection) = self.pick(command.lun) else {
+                tokio::time::timeout_at(deadline, self.recover(generation))
+                    .await
+                    .map_err(|_| Error::Timeout {
+                        timeout,
+                        waiting_for: "the session to be reinstated",
+                    })??;
+                continue;
+            };
+            let itt = self.itt();
+            let sent_cmd_sn = AtomicU64::new(NO_CMD_SN);
+            let attempt = Attempt {
+                connection: &connection,
+                itt,
+                lun: command.lun,
+                cdb: command.cdb,
+                attribute: command.attribute,
+                expected_length,
+                write_data,
+                sent_cmd_sn: &sent_cmd_sn,
+            };
+            let outcome = tokio::time::timeout_at(deadline, attempt.run(read_buffer.take())).await;
+            match outcome {
+                Ok(Ok(response)) => return Ok(response),
+                Ok(Err(AttemptError::Failed(error))) => return Err(error),
+                Ok(Err(AttemptError::Lost(buffer))) => {
+                    if retries >= self.config.command_retries {
+                        return Err(Error::ConnectionLost);
+                    }
+                    retries += 1;
+                    read_buffer = match buffer {
+                        Some(buffer) => Some(buffer),
+                        None if reads => Some(vec![0; expected_length as usize]),
+                        None => None,
+                    };
+                    tracing::info!(
+                        itt,
+                        retries,
+                        "command interrupted by a lost connection: retrying"
+                    );
+                    tokio::time::timeout_at(deadline, self.recover(generation))
+                        .await
+                        .map_err(|_| Error::Timeout {
+                            timeout,
+                            waiting_for: "the session to be reinstated",
+                        })??;
+                }
+                Err(_) => {
+                    let cmd_sn = sent_cmd_sn.load(Ordering::SeqCst);
+                    if cmd_sn != NO_CMD_SN {
+                        self.abort_in_background(connection, itt, command.lun, cmd_sn as u32);
+                    }
+                    return Err(Error::Timeout {
+                        timeout,
+                        waiting_for: "the command's status",
+                    });
+                }
+            }
+        }
+    }
+
+    /// Sends ABORT TASK for a timed-out command; drops the connection if
+    /// the target does not answer that either (RFC 7143 section 7.1.4.1).
+    fn abort_in_background(
+        self: &Arc<Self>,
+        connection: Arc<Connection>,
+        itt: u32,
+        lun: u64,
+        cmd_sn: u32,
+    ) {
+        let inner = self.clone();
+        tokio::spawn(async move {
+            let result = inner
+                .task_management(
+                    &connection,
+                    TaskFunction::AbortTask,
+                    lun,
+                    itt,
+                    Some(CmdSn::new(cmd_sn)),
+                )
+                .await;
+            match result {
+                Ok(()) | Err(Error::TaskManagement(_)) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "ABORT TASK failed: dropping the connection");
+                    connection.close();
+                }
+            }
+        });
+    }
+
+    async fn task_management(
+        &self,
+        connection: &Connection,
+        function: TaskFunction,
+        lun: u64,
+        referenced_task_tag: u32,
+        ref_cmd_sn: Option<CmdSn>,
+    ) -> Result<(), Error> {
+        let itt = self.itt();
+        let current = self.window.current();
+        let header = Header::new(
+            Pdu::TaskManagementRequest(TaskManagementRequest {
+                immediate: true,
+                function,
+                lun: Lun(encode_lun(lun)),
+                initiator_task_tag: itt,
+                referenced_task_tag,
+                cmd_sn: current,
+                exp_stat_sn: connection.exp_stat_sn(),
+                ref_cmd_sn: ref_cmd_sn.unwrap_or(current),
+                exp_data_sn: DataSn::new(0),
+            }),
+            0,
+        );
+        let (reply, _) = self.exchange(connection, itt, header, &[]).await?;
+        match reply.pdu {
+            Pdu::TaskManagementResponse(r) if r.response == TaskResponse::FunctionComplete => {
+                Ok(())
+            }
+            Pdu::TaskManagementResponse(r) => Err(Error::TaskManagement(r.response)),
+            other => Err(Error::Protocol(format!(
+                "{:?} answering a task management request",
+                other.opcode()
+            ))),
+        }
+    }
+
+    /// Sends one PDU and waits for the one reply to its ITT, within the
+    /// management timeout.
+    async fn exchange(
+        &self,
+        connection: &Connection,
+        itt: u32,
+        header: Header,
+        data: &[u8],
+    ) -> Result<(Header, Vec<u8>), Error> {
+        let timeout = self.config.timeouts.management;
+        let mut events = connection.register(itt, None).map_err(|(e, _)| e)?;
+        let _registration = Registration { connection, itt };
+        let work = async {
+            connection.send(&header, data).await?;
+            match events.recv().await {
+                Some(TaskEvent::Reply(header, data)) => Ok((header, data)),
+                Some(TaskEvent::Rejected(reason)) => Err(Error::Rejected(reason)),
+                Some(TaskEvent::Scsi(Err(error))) => Err(error),
+                Some(_) | None => Err(Error::ConnectionLost),
+            }
+        };
+        tokio::time::timeout(timeout, work)
+            .await
+            .map_err(|_| Error::Timeout {
+                timeout,
+                waiting_for: "a reply from the target",
+            })?
+    }
+}
+
+/// One try of a SCSI command on one connection.
+struct Attempt<'a> {
+    connection: &'a Connection,
+    itt: u32,
+    lun: u64,
+    cdb: &'a [u8],
+    attribute: iscsi_proto::pdu::TaskAttribute,
+    expected_length: u32,
+    write_data: Option<&'a [u8]>,
+    sent_cmd_sn: &'a AtomicU64,
+}
+
+impl Attempt<'_> {
+    async fn run(self, read_buffer: Option<Vec<u8>>) -> Result<Response, AttemptError> {
+        let connection = self.connection;
+        let reads = read_buffer.is_some();
+        let mut events = connection
+            .register(self.itt, read_buffer)
+            .map_err(|(_, buffer)| AttemptError::Lost(buffer))?;
+        let _registration = Registration {
+            connection,
+            itt: self.itt,
+        };
+        let limits = connection.limits;
+        let plan = match self.write_data {
+            Some(_) => limits.write_plan(self.expected_length),
+            None => WritePlan {
+                immediate: 0,
+                unsolicited: 0,
+            },
+        };
+        if let Err(error) = self.send_command(reads, &plan).await {
+            return Err(self.lost_or(error, &mut events));
+        }
+        let mut tracker = self
+            .write_data
+            .map(|_| R2tTracker::new(limits, self.expected_length));
+        while let Some(event) = events.recv().await {
+            match event {
+                TaskEvent::Scsi(result) => return result.map_err(AttemptError::Failed),
+                TaskEvent::Lost(buffer) => return Err(AttemptError::Lost(buffer)),
+                TaskEvent::Rejected(reason) => {
+                    return Err(AttemptError::Failed(Error::Rejected(reason)));
+                }
+                TaskEvent::R2t(r2t) => {
+                    let (Some(tracker), Some(data)) = (tracker.as_mut(), self.write_data) else {
+                        connection.close();
+                        return Err(AttemptError::Failed(Error::Protocol(
+                            "R2T for a command that writes nothing".into(),
+                        )));
+                    };
+                    let segments = match tracker.r2t(
+                        r2t.r2t_sn.get(),
+                        r2t.target_transfer_tag,
+                        r2t.buffer_offset,
+                        r2t.desired_data_transfer_length,
+                    ) {
+                        Ok(segments) => segments,
+                        Err(error) => {
+                            // ERL 0: the task cannot go on; the connection
+                            // is in an unknown state.
+                            connection.close();
+                            return Err(AttemptError::Failed(Error::Protocol(format!(
+                                "bad R2T: {error}"
+                            ))));
+                        }
+                    };
+                    let mut sending = connection.sending().await;
+                    for segment in segments {
+                        let start = segment.offset as usize;
+                        let end = start + segment.length as usize;
+                        let header = Header::new(
+                            Pdu::DataOut(DataOut {
+                                final_flag: segment.last_in_sequence,
+                                lun: Lun(encode_lun(self.lun)),
+                                initiator_task_tag: self.itt,
+                                target_transfer_tag: r2t.target_transfer_tag,
+                                exp_stat_sn: connection.exp_stat_sn(),
+                                data_sn: DataSn::new(segment.data_sn),
+                                buffer_offset: segment.offset,
+                            }),
+                            segment.length,
+                        );
+                        if let Err(error) = sending.send(&header, &data[start..end]).await {
+                            drop(sending);
+                            return Err(self.lost_or(error, &mut events));
+                        }
+                    }
+                    tracker.answered(r2t.target_transfer_tag);
+                }
+                TaskEvent::Reply(header, _) => {
+                    tracing::debug!(opcode = ?header.pdu.opcode(), "ignoring a reply for a SCSI task");
+                }
+            }
+        }
+        Err(AttemptError::Lost(None))
+    }
+
+    /// A send failed: the connection is closed, so the task's buffer comes
+    /// back through its channel as `Lost`.
+    fn lost_or(
+        &self,
+        error: Error,
+        events: &mut mpsc::UnboundedReceiver<TaskEvent>,
+    ) -> AttemptError {
+        if let Some(buffer) = self.connection.unregister(self.itt) {
+            return AttemptError::Lost(Some(buffer));
+        }
+        while let Ok(event) = events.try_recv() {
+            if let TaskEvent::Lost(buffer) = event {
+                return AttemptError::Lost(buffer);
+            }
+        }
+        match error {
+            Error::ConnectionLost | Error::Datamover(_) => AttemptError::Lost(None),
+            other => AttemptError::Failed(other),
+        }
+    }
+
+    /// Sends the SCSI Command with its immediate data, then the
+    /// unsolicited Data-Out, under one hold of the send lock so the CmdSN
+    /// order on the wire is the order taken.
+    async fn send_command(&self, reads: bool, plan: &WritePlan) -> Result<(), Error> {
+        let connection = self.connection;
+        let window = connection.window();
+        let (mut sending, cmd_sn) = loop {
+            window.wait_open().await;
+            let sending = connection.sending().await;
+            if let Some(cmd_sn) = window.take() {
+                break (sending, cmd_sn);
+            }
+        };
+        self.sent_cmd_sn
+            .store(u64::from(cmd_sn.get()), Ordering::SeqCst);
+        let mut cdb = [0u8; 16];
+        let head = self.cdb.len().min(16);
+        cdb[..head].copy_from_slice(&self.cdb[..head]);
+        let data = self.write_data.unwrap_or_default();
+        let mut header = Header::new(
+            Pdu::ScsiCommand(ScsiCommand {
+                immediate: false,
+                final_flag: plan.unsolicited == 0,
+                read: reads,
+                write: self.write_data.is_some(),
+                attr: self.attribute,
+                lun: Lun(encode_lun(self.lun)),
+                initiator_task_tag: self.itt,
+                expected_data_transfer_length: self.expected_length,
+                cmd_sn,
+                exp_stat_sn: connection.exp_stat_sn(),
+                cdb,
+            }),
+            plan.immediate,
+        );
+        if self.cdb.len() > 16 {
+            header.ahs.push(Ahs::ExtendedCdb(self.cdb[16..].to_vec()));
+        }
+        sending
+            .send(&header, &data[..plan.immediate as usize])
+            .await?;
+        let limits = connection.limits;
+        for segment in data_segments(plan.immediate, plan.unsolicited, limits.max_send_segment) {
+            let start = segment.offset as usize;
+            let end = start + segment.length as usize;
+            let header = Header::new(
+                Pdu::DataOut(DataOut {
+                    final_flag: segment.last_in_sequence,
+                    lun: Lun(encode_lun(self.lun)),
+                    initiator_task_tag: self.itt,
+                    target_transfer_tag: RESERVED_TAG,
+                    exp_stat_sn: connection.exp_stat_sn(),
+                    data_sn: DataSn::new(segment.data_sn),
+                    buffer_offset: segment.offset,
+                }),
+                segment.length,
+            );
+            sending.send(&header, &data[start..end]).await?;
+        }
+        Ok(())
+    }
+}

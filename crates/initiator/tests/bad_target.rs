@@ -1,0 +1,170 @@
+//! A fake target on loopback that logs in correctly, then misbehaves on
+//! the first SCSI command: data beyond the buffer, a residual that does not
+//! match the data, silence, a PDU that has no place in full feature phase.
+//! Each must give that command a clear error: no panic, no hang.
+
+use std::time::Duration;
+
+use iscsi_datamover::tcp::TcpDatamover;
+use iscsi_datamover::{PduReceiver, PduSender};
+use iscsi_initiator::{Command, Error, IscsiUrl, Session, SessionConfig};
+use iscsi_proto::pdu::login::{LoginResponse, LoginStage, LoginStatus};
+use iscsi_proto::pdu::{DataIn, Header, Pdu};
+use iscsi_proto::serial::{DataSn, StatSn};
+use iscsi_proto::text::codec;
+use tokio::net::TcpListener;
+
+#[derive(Clone, Copy)]
+enum Misbehaviour {
+    DataBeyondBuffer,
+    WrongResidual,
+    Silence,
+    LoginResponseInFullFeature,
+}
+
+/// Answers the login by echoing the initiator's offers, then misbehaves.
+async fn serve(listener: TcpListener, misbehaviour: Misbehaviour) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut dm = TcpDatamover::new(stream).unwrap();
+            let mut stat_sn = StatSn::new(1);
+            loop {
+                let Ok(Some(received)) = dm.receiver.receive().await else {
+                    return;
+                };
+                match received.header.pdu {
+                    Pdu::LoginRequest(request) => {
+                        let pairs = codec::parse(&received.data).unwrap_or_default();
+                        let mut answers: Vec<_> = pairs
+                            .into_iter()
+                            .filter(|p| {
+                                !matches!(
+                                    p.key.as_str(),
+                                    "InitiatorName"
+                                        | "TargetName"
+                                        | "SessionType"
+                                        | "InitiatorAlias"
+                                )
+                            })
+                            .collect();
+                        if request.current_stage == LoginStage::SecurityNegotiation {
+                            answers.retain(|p| p.key == "AuthMethod");
+                            for p in &mut answers {
+                                p.value = "None".into();
+                            }
+                        }
+                        let mut text = Vec::new();
+                        codec::encode(&answers, &mut text);
+                        let response = LoginResponse {
+                            transit: request.transit,
+                            continue_flag: false,
+                            current_stage: request.current_stage,
+                            next_stage: request.next_stage,
+                            version_max: 0,
+                            version_active: 0,
+                            isid: request.isid,
+                            tsih: 7,
+                            initiator_task_tag: request.initiator_task_tag,
+                            stat_sn,
+                            exp_cmd_sn: request.cmd_sn,
+                            max_cmd_sn: request.cmd_sn.wrapping_add(31),
+                            status: LoginStatus::SUCCESS,
+                        };
+                        stat_sn = stat_sn.next();
+                        let header = Header::new(Pdu::LoginResponse(response), text.len() as u32);
+                        dm.sender.send_control(&header, &text).await.unwrap();
+                    }
+                    Pdu::ScsiCommand(command) => {
+                        let data_in = |residual: bool| DataIn {
+                            final_flag: true,
+                            status: Some(0),
+                            initiator_task_tag: command.initiator_task_tag,
+                            target_transfer_tag: 0xffff_ffff,
+                            stat_sn,
+                            exp_cmd_sn: command.cmd_sn.next(),
+                            max_cmd_sn: command.cmd_sn.wrapping_add(32),
+                            data_sn: DataSn::new(0),
+                            residual_underflow: residual,
+                            residual_count: 0,
+                            ..DataIn::default()
+                        };
+                        match misbehaviour {
+                            Misbehaviour::DataBeyondBuffer => {
+                                let h = Header::new(Pdu::DataIn(data_in(false)), 8192);
+                                let _ = dm.sender.send_control(&h, &[0; 8192]).await;
+                            }
+                            Misbehaviour::WrongResidual => {
+                                let h = Header::new(Pdu::DataIn(data_in(false)), 512);
+                                let _ = dm.sender.send_control(&h, &[0; 512]).await;
+                            }
+                            Misbehaviour::Silence => {}
+                            Misbehaviour::LoginResponseInFullFeature => {
+                                let h =
+                                    Header::new(Pdu::LoginResponse(LoginResponse::default()), 0);
+                                let _ = dm.sender.send_control(&h, &[]).await;
+                            }
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        });
+    }
+}
+
+async fn one_read(misbehaviour: Misbehaviour) -> Result<(), Error> {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(serve(listener, misbehaviour));
+    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/iqn.2026-11.test:fake/0")
+        .parse()
+        .unwrap();
+    let mut config = SessionConfig::default();
+    config.timeouts.command = Duration::from_millis(500);
+    config.timeouts.management = Duration::from_millis(300);
+    config.command_retries = 0;
+    let session = Session::connect(&url, config).await?;
+    let cdb = iscsi_initiator::scsi::rw10_cdb(false, 0, 1);
+    let outcome = tokio::time::timeout(
+        Duration::from_secs(5),
+        session.execute(Command::read(0, &cdb, vec![0; 512 * 8])),
+    )
+    .await
+    .expect("the command must not hang");
+    outcome.map(drop)
+}
+
+#[tokio::test]
+async fn data_in_beyond_the_buffer() {
+    let error = one_read(Misbehaviour::DataBeyondBuffer).await.unwrap_err();
+    assert!(
+        matches!(&error, Error::Protocol(m) if m.contains("beyond")),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn residual_that_does_not_match() {
+    let error = one_read(Misbehaviour::WrongResidual).await.unwrap_err();
+    assert!(
+        matches!(&error, Error::Protocol(m) if m.contains("residual")),
+        "{error}"
+    );
+}
+
+#[tokio::test]
+async fn silent_target_times_out() {
+    let error = one_read(Misbehaviour::Silence).await.unwrap_err();
+    assert!(matches!(error, Error::Timeout { .. }), "{error}");
+}
+
+#[tokio::test]
+async fn unexpected_pdu_fails_the_command() {
+    let error = one_read(Misbehaviour::LoginResponseInFullFeature)
+        .await
+        .unwrap_err();
+    assert!(matches!(error, Error::ConnectionLost), "{error}");
+}
