@@ -58,6 +58,8 @@ pub fn format_portal(host: &str, port: u16) -> String {
 pub fn parse_portal(text: &str) -> Option<(String, u16)> {
     let (host, port) = if let Some(rest) = text.strip_prefix('[') {
         let (host, after) = rest.split_once(']')?;
+        // Brackets hold an IPv6 address and nothing else (RFC 3986 3.2.2).
+        host.parse::<std::net::Ipv6Addr>().ok()?;
         let port = match after {
             "" => DEFAULT_PORT,
             p => p.strip_prefix(':')?.parse().ok()?,
@@ -70,7 +72,8 @@ pub fn parse_portal(text: &str) -> Option<(String, u16)> {
             None => (text.to_owned(), DEFAULT_PORT),
         }
     };
-    if host.is_empty() {
+    let forbidden = |c: char| c.is_whitespace() || "[]@/%".contains(c);
+    if host.is_empty() || host.contains(forbidden) && !text.starts_with('[') {
         return None;
     }
     Some((host, port))
@@ -197,6 +200,9 @@ mod tests {
             "iscsi://h/t/x",
             "iscsi://::1/t/0",
             "iscsi://[::1/t/0",
+            "iscsi://[[]/5",
+            "iscsi://[h]/t/0",
+            "iscsi://h]/t/0",
             "iscsi://@h/t/0",
             "iscsi://h/t/99999",
         ] {
