@@ -24,6 +24,7 @@
 
 use thiserror::Error;
 
+use crate::pdu::RejectReason;
 use crate::text::NegotiatedParameters;
 
 /// The negotiated values that shape data transfers on one connection, seen
@@ -285,17 +286,17 @@ pub enum TransferError {
 }
 
 impl TransferError {
-    /// The Reject reason code (RFC 7143 11.17.1): 0x09 "Invalid PDU field"
-    /// for offsets, lengths, tags and sequence numbers; 0x04 "Protocol
-    /// error" for data the negotiated keys forbid.
-    pub fn reject_reason(&self) -> u8 {
+    /// The Reject reason (RFC 7143 11.17.1): "Invalid PDU field" (0x09)
+    /// for offsets, lengths, tags and sequence numbers; "Protocol error"
+    /// (0x04) for data the negotiated keys forbid.
+    pub fn reject_reason(&self) -> RejectReason {
         match self {
             TransferError::UnsolicitedNotAllowed { .. }
             | TransferError::SegmentTooLong { .. }
             | TransferError::TooManyR2ts(_)
             | TransferError::OffsetOutOfOrder { .. }
-            | TransferError::SequenceOutOfOrder { .. } => 0x04,
-            _ => 0x09,
+            | TransferError::SequenceOutOfOrder { .. } => RejectReason::ProtocolError,
+            _ => RejectReason::InvalidPduField,
         }
     }
 }

@@ -2,6 +2,7 @@
 //! every combination of the keys, whole transfers through both trackers
 //! under random limits, and each rule a peer can break.
 
+use iscsi_proto::pdu::RejectReason;
 use iscsi_proto::transfer::{
     DataOutProgress, DataOutTracker, Limits, R2tTracker, Segment, TransferError,
     UNSOLICITED_TRANSFER_TAG, WritePlan, data_segments,
@@ -241,7 +242,7 @@ fn data_out_errors() {
         .data_out(UNSOLICITED_TRANSFER_TAG, 0, 99_000, 2000, false)
         .unwrap_err();
     assert!(matches!(e, TransferError::BeyondExpectedLength { .. }));
-    assert_eq!(e.reject_reason(), 0x09);
+    assert_eq!(e.reject_reason(), RejectReason::InvalidPduField);
     assert!(
         t.data_out(UNSOLICITED_TRANSFER_TAG, 0, u32::MAX, 2, false)
             .is_err()
@@ -255,7 +256,7 @@ fn data_out_errors() {
     let e = t
         .data_out(UNSOLICITED_TRANSFER_TAG, 0, 8192, 8193, false)
         .unwrap_err();
-    assert_eq!(e.reject_reason(), 0x04);
+    assert_eq!(e.reject_reason(), RejectReason::ProtocolError);
     // DataSN and offset order (DataPDUInOrder=Yes).
     assert!(matches!(
         t.data_out(UNSOLICITED_TRANSFER_TAG, 1, 8192, 8192, false),
@@ -333,7 +334,7 @@ fn r2t_errors() {
     r.r2t(1, 2, 266_240, 4096).unwrap();
     let e = r.r2t(2, 3, 270_336, 4096).unwrap_err();
     assert_eq!(e, TransferError::TooManyR2ts(2));
-    assert_eq!(e.reject_reason(), 0x04);
+    assert_eq!(e.reject_reason(), RejectReason::ProtocolError);
     r.answered(1);
     assert_eq!(r.r2t(2, 3, 270_336, 4096).unwrap().len(), 1);
 }

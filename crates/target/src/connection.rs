@@ -618,9 +618,7 @@ impl Connection {
                 debug!(error = %e, "bad immediate data");
                 receiver.receive_data().await?;
                 self.session.finish(&task);
-                return self
-                    .reject(header, RejectReason::from_u8(e.reject_reason()))
-                    .await;
+                return self.reject(header, e.reject_reason()).await;
             }
         };
         let mut buffer = self.buffers.take();
@@ -737,8 +735,7 @@ impl Connection {
                 // reject the PDU and end the command with CHECK CONDITION.
                 debug!(error = %e, "bad Data-Out");
                 receiver.receive_data().await?;
-                self.reject(header, RejectReason::from_u8(e.reject_reason()))
-                    .await?;
+                self.reject(header, e.reject_reason()).await?;
                 self.fail_write(
                     itt,
                     iscsi_scsi::Sense::new(
