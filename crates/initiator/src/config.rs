@@ -232,6 +232,22 @@ impl SessionConfig {
                 });
                 chap.secret = value.as_bytes().to_vec();
             }
+            // Mutual CHAP (RFC 7143 12.1.3): what the target must prove.
+            "TargetCHAPUser" | "TargetCHAPSecret" => {
+                let chap = self.chap.get_or_insert_with(|| ChapConfig {
+                    user: String::new(),
+                    secret: Vec::new(),
+                    target: None,
+                });
+                let target = chap
+                    .target
+                    .get_or_insert_with(|| (String::new(), Vec::new()));
+                if key == "TargetCHAPUser" {
+                    target.0 = value.to_owned();
+                } else {
+                    target.1 = value.as_bytes().to_vec();
+                }
+            }
             _ if key.starts_with("X-") || key.starts_with("X#") => {
                 n.extensions.retain(|p| p.key != key);
                 n.extensions.push(TextPair::new(key, value));

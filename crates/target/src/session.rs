@@ -268,7 +268,15 @@ impl Session {
     }
 
     fn edges(&self, state: &WindowState) -> (CmdSn, CmdSn) {
-        let free = self.window.saturating_sub(state.outstanding);
+        // Commands received ahead of a gap (several connections) already
+        // hold a slot in `outstanding` but were granted by an earlier
+        // MaxCmdSN: counting them back keeps MaxCmdSN from ever moving
+        // backwards (RFC 7143 4.2.2.1).
+        let ahead = u32::try_from(state.received_ahead.len()).unwrap_or(u32::MAX);
+        let free = self
+            .window
+            .saturating_add(ahead)
+            .saturating_sub(state.outstanding);
         // MaxCmdSN = ExpCmdSN - 1 + free: with no free slot the window is
         // empty (MaxCmdSN = ExpCmdSN - 1).
         let max = state.exp_cmd_sn.wrapping_add(free).wrapping_add(u32::MAX);
@@ -308,7 +316,7 @@ impl Session {
                 state.received_ahead = state
                     .received_ahead
                     .iter()
-                    .filter(|&&a| a > shift)
+                    .filter(|&&a| a >= shift)
                     .map(|&a| a - shift)
                     .collect();
                 // Pull ExpCmdSN over CmdSNs received out of order.
