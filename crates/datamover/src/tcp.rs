@@ -26,8 +26,17 @@ use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::{DatamoverError, PduReceiver, PduSender};
 
-/// Bytes read from the stream at a time into the receive buffer, at most.
-const READ_CHUNK: usize = 256 * 1024;
+/// Size of the receive buffer.
+const BUFFER_SIZE: usize = 64 * 1024;
+
+/// Bytes read into the receive buffer at a time, at most. Small enough
+/// that a read made to fetch the next header takes few bytes of a large
+/// data segment with it (those are copied once more, out of the buffer;
+/// the rest of the segment is read by the kernel straight into place),
+/// large enough that small PDUs arrive several per read. Measured with
+/// 1 MiB reads in 256 KiB Data-In PDUs: reading 256 KiB at a time put a
+/// user-space copy of most of the data on the profile (20% of the cycles).
+const READ_CHUNK: usize = 16 * 1024;
 
 /// Data still to come in a segment at or above which it is read by the
 /// kernel straight into the caller's destination instead of through the
@@ -54,7 +63,7 @@ impl<R: AsyncRead + Unpin + Send> StreamReceiver<R> {
         StreamReceiver {
             reader,
             decoder: Decoder::new(DecoderConfig::default()),
-            buffer: vec![0; READ_CHUNK],
+            buffer: vec![0; BUFFER_SIZE],
             start: 0,
             end: 0,
             data_pending: 0,
@@ -78,12 +87,18 @@ impl<R: AsyncRead + Unpin + Send> StreamReceiver<R> {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
-        } else if self.end == self.buffer.len() {
+        } else if self.end + READ_CHUNK > self.buffer.len() {
             self.buffer.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
         }
-        let n = self.reader.read(&mut self.buffer[self.end..]).await?;
+        let limit = (self.end + READ_CHUNK).min(self.buffer.len());
+        if limit == self.end {
+            // Unconsumed bytes fill the buffer: nothing of a PDU is kept
+            // that long, so this is a caller bug, not end of stream.
+            return Err(DatamoverError::Misuse("receive buffer full"));
+        }
+        let n = self.reader.read(&mut self.buffer[self.end..limit]).await?;
         self.end += n;
         Ok(n)
     }
