@@ -854,10 +854,13 @@ impl Connection {
         tokio::spawn(async move {
             let _guard = guard;
             let data_in = buffers.take();
+            let inline = iscsi_scsi::decode_lun(command.lun.0)
+                .and_then(|lun| scsi.backstore(lun))
+                .is_none_or(|store| !store.may_block());
             let run = {
                 let command = command.clone();
                 let session = Arc::clone(&session);
-                tokio::task::spawn_blocking(move || {
+                let work = move || {
                     let mut data_in = data_in;
                     let (outcome, residual) = run_command(
                         &scsi,
@@ -868,9 +871,16 @@ impl Connection {
                         &mut data_in,
                     );
                     (outcome, residual, data_out, data_in)
-                })
+                };
+                if inline {
+                    // Memory only: no thread hand-off (a 4 KiB command costs
+                    // less than moving it to the blocking pool and back).
+                    Ok(work())
+                } else {
+                    tokio::task::spawn_blocking(work).await
+                }
             };
-            let Ok((outcome, residual, data_out, data_in)) = run.await else {
+            let Ok((outcome, residual, data_out, data_in)) = run else {
                 // The blocking task panicked: a bug, reported; the
                 // command ends without status (the initiator times out).
                 warn!("command execution failed");

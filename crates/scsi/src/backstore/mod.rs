@@ -70,6 +70,14 @@ pub trait Backstore: Send + Sync + fmt::Debug {
         false
     }
 
+    /// Whether reads and writes may wait on a device (file, block). The
+    /// transport runs commands for such stores on a thread pool; a store
+    /// that only touches memory answers `false` and its commands run
+    /// inline, without the hand-off.
+    fn may_block(&self) -> bool {
+        true
+    }
+
     /// The granule (in bytes) in which [`Backstore::unmap`] frees storage;
     /// reported as the OPTIMAL UNMAP GRANULARITY of the Block Limits VPD
     /// page.

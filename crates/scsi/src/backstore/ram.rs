@@ -211,6 +211,10 @@ impl Backstore for RamBackstore {
         true
     }
 
+    fn may_block(&self) -> bool {
+        false
+    }
+
     fn unmap_granularity(&self) -> u64 {
         CHUNK
     }
