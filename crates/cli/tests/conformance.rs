@@ -17,8 +17,21 @@ const NAME: &str = "iqn.2026-11.rs.iscsi:conformance";
 /// need LBPPB > 1.
 const MAX_SKIPPED: usize = 60;
 
-#[test]
-fn libiscsi_conformance_suite_passes() {
+/// The same for a block-device LUN, which is not thin-provisioned.
+const MAX_SKIPPED_BLOCK: usize = 70;
+
+/// What one run of the suite reported.
+struct Summary {
+    total: u64,
+    passed: u64,
+    failed: u64,
+    skipped: usize,
+    failures: String,
+}
+
+/// Runs the whole suite against `iscsi target` serving `luns` (LUN 0 is
+/// the one tested).
+fn suite(luns: &[&str]) -> Summary {
     let have = Command::new("sh")
         .args(["-c", "command -v iscsi-test-cu"])
         .output()
@@ -31,9 +44,14 @@ fn libiscsi_conformance_suite_passes() {
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port();
-    let mut target = Command::new(env!("CARGO_BIN_EXE_iscsi"))
+    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+    command
         .args(["target", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--name", NAME, "--lun", "ram:256M", "--lun", "ram:64M"])
+        .args(["--name", NAME]);
+    for lun in luns {
+        command.args(["--lun", lun]);
+    }
+    let mut target = command
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -65,18 +83,84 @@ fn libiscsi_conformance_suite_passes() {
     let [total, ran, passed, failed, ..] = tests[..] else {
         panic!("unexpected summary {tests:?}");
     };
-    let failures: Vec<&str> = text
-        .lines()
-        .filter(|l| l.contains("Test:") && (l.contains("FAILED") || l.ends_with("...FAILED")))
-        .collect();
-    assert_eq!(failed, 0, "failed tests:\n{}", failures.join("\n"));
     assert_eq!(ran, total);
-    assert_eq!(passed, total);
-    assert!(total >= 230, "the suite ran {total} tests");
+    let failures = text
+        .lines()
+        .filter(|l| l.contains("Test:") && l.contains("FAILED"))
+        .collect::<Vec<_>>()
+        .join("\n");
     let skipped = text.matches("[SKIPPED]").count();
-    println!("iscsi-test-cu: {total} tests, {passed} passed, {failed} failed, {skipped} [SKIPPED]");
-    assert!(
-        skipped <= MAX_SKIPPED,
-        "{skipped} [SKIPPED] lines, more than {MAX_SKIPPED}"
+    println!(
+        "iscsi-test-cu {luns:?}: {total} tests, {passed} passed, {failed} failed, {skipped} [SKIPPED]"
     );
+    Summary {
+        total,
+        passed,
+        failed,
+        skipped,
+        failures,
+    }
+}
+
+fn check(summary: &Summary, max_skipped: usize) {
+    assert_eq!(summary.failed, 0, "failed tests:\n{}", summary.failures);
+    assert_eq!(summary.passed, summary.total);
+    assert!(
+        summary.total >= 230,
+        "the suite ran {} tests",
+        summary.total
+    );
+    assert!(
+        summary.skipped <= max_skipped,
+        "{} [SKIPPED] lines, more than {max_skipped}",
+        summary.skipped
+    );
+}
+
+#[test]
+fn the_suite_passes_on_a_ram_lun() {
+    check(&suite(&["ram:256M", "ram:64M"]), MAX_SKIPPED);
+}
+
+#[test]
+fn the_suite_passes_on_a_file_lun() {
+    let path =
+        std::env::temp_dir().join(format!("iscsi-rs-conformance-{}.img", std::process::id()));
+    let spec = format!("file:{},size=256M", path.display());
+    let summary = suite(&[&spec, "ram:64M"]);
+    let _ = std::fs::remove_file(&path);
+    check(&summary, MAX_SKIPPED);
+}
+
+/// A loop device over a file: a real block device (O_DIRECT too).
+#[test]
+fn the_suite_passes_on_a_block_device() {
+    if !std::path::Path::new("/dev/loop-control").exists() {
+        println!("SKIPPED: no /dev/loop-control on this machine: no loop device to test with");
+        return;
+    }
+    let path =
+        std::env::temp_dir().join(format!("iscsi-rs-conformance-{}.blk", std::process::id()));
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(256 << 20)
+        .unwrap();
+    let out = Command::new("losetup")
+        .args(["-f", "--show"])
+        .arg(&path)
+        .output()
+        .expect("losetup runs");
+    assert!(
+        out.status.success(),
+        "losetup: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let device = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let spec = format!("block:{device},direct");
+    let summary = suite(&[&spec, "ram:64M"]);
+    let _ = Command::new("losetup").args(["-d", &device]).status();
+    let _ = std::fs::remove_file(&path);
+    // A block device is not thin-provisioned: the suite's thin
+    // provisioning tests skip on it.
+    check(&summary, MAX_SKIPPED_BLOCK);
 }

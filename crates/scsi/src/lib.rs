@@ -466,6 +466,10 @@ impl ScsiTarget {
             SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => Ok(sbc::synchronize_cache(bs, cdb)?),
             START_STOP_UNIT => Ok(sbc::start_stop_unit(bs, cdb)?),
             PREVENT_ALLOW_MEDIUM_REMOVAL => Ok(sbc::prevent_allow(cdb)?),
+            // Logical block provisioning (SBC-3 4.7) is only offered by
+            // thin stores (LBPME=1): on a fully provisioned one UNMAP does
+            // not exist, as VPD B2 says.
+            UNMAP if !bs.is_thin() => Err(Sense::INVALID_OPCODE.into()),
             UNMAP => {
                 let _w = lu.write_shared();
                 Ok(sbc::unmap(bs, mode, cdb, data_out)?)

@@ -301,6 +301,11 @@ pub(crate) fn write_same(
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
     let unmap = b1 & 0x08 != 0;
+    // UNMAP=1 needs logical block provisioning (LBPWS/LBPWS10 in VPD B2
+    // are only set for thin stores).
+    if unmap && !lu.is_thin() {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
     let ndob = sixteen && b1 & 0x01 != 0;
     let (lba, n) = if sixteen {
         (cdb::be64(cdb, 2)?, u64::from(cdb::be32(cdb, 10)?))

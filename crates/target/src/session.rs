@@ -31,6 +31,9 @@ use crate::connection::Connection;
 use crate::policy::Policy;
 use crate::stats::SessionStats;
 
+/// How long a connection may take from accept to the end of its login.
+const LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
 /// What every connection of a running target shares.
 pub(crate) struct Shared {
     pub config: Arc<TargetConfig>,
@@ -463,7 +466,14 @@ pub(crate) async fn serve_connection(
     shared: Arc<Shared>,
 ) -> Result<(), DatamoverError> {
     let mut transport = TcpDatamover::new(stream)?;
-    let Some((complete, cmd_sn)) = login(&mut transport, &shared).await? else {
+    // A login that stalls (a silent peer, a half-sent PDU) must not hold
+    // the connection forever.
+    let Ok(logged_in) = tokio::time::timeout(LOGIN_TIMEOUT, login(&mut transport, &shared)).await
+    else {
+        info!(peer = %transport.peer_addr(), "login timed out: connection closed");
+        return Ok(());
+    };
+    let Some((complete, cmd_sn)) = logged_in? else {
         return Ok(());
     };
     let params = complete.parameters.clone();

@@ -768,3 +768,85 @@ fn target_parts(mut target: Target) -> TargetParts {
     let task = std::mem::replace(&mut target.task, tokio::spawn(async { Ok(()) }));
     TargetParts { shutdown, task }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_duplicate_task_tag_is_rejected_and_the_first_task_completes() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    let itt = client.itt();
+    client.write10(itt, 60, 1, &[]).await;
+    let Pdu::ReadyToTransfer(r2t) = client.receive().await.header.pdu else {
+        panic!("expected an R2T");
+    };
+    // The same tag again while the write waits for its data.
+    client.read10(itt, 0, 1).await;
+    match client.receive().await.header.pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::TaskInProgress),
+        other => panic!("unexpected {other:?}"),
+    }
+    // The first task is untouched: its data completes it.
+    let data = pattern(BLOCK, 61);
+    client
+        .answer_r2t(itt, r2t.target_transfer_tag, 0, BLOCK as u32, &data)
+        .await;
+    match client.receive().await.header.pdu {
+        Pdu::ScsiResponse(r) => {
+            assert_eq!(r.initiator_task_tag, itt);
+            assert_eq!(r.status, 0);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    assert_eq!(target.lun_bytes(60 * BLOCK as u64, BLOCK), data);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_opcode_is_rejected_and_a_bad_header_digest_drops_the_connection() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    // Opcode 0x1f (initiator side, unassigned) with a valid header digest.
+    let mut bhs = [0u8; 48];
+    bhs[0] = 0x1F;
+    bhs[1] = 0x80;
+    bhs[16..20].copy_from_slice(&0x4242u32.to_be_bytes());
+    let digest = iscsi_crc32c::crc32c(&bhs);
+    let mut bytes = bhs.to_vec();
+    bytes.extend_from_slice(&digest.to_le_bytes());
+    raw_write(&mut client.tx, &bytes).await;
+    match client.receive().await.header.pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::CommandNotSupported),
+        other => panic!("unexpected {other:?}"),
+    }
+    // A NOP-Out whose header digest is wrong: the header cannot be
+    // trusted, so the connection ends (RFC 7143 7.8).
+    let mut bad = bhs;
+    bad[0] = 0x40;
+    let mut bytes = bad.to_vec();
+    bytes.extend_from_slice(&0xDEAD_BEEFu32.to_le_bytes());
+    raw_write(&mut client.tx, &bytes).await;
+    let end = timeout(PATIENCE, client.rx.receive())
+        .await
+        .expect("closed in time");
+    assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
+    // The target still serves others.
+    let mut again = Client::login(target.address, offers(), 0).await;
+    assert_eq!(again.read_blocks(0, 1).await.len(), BLOCK);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_that_stalls_is_dropped() {
+    let target = Target::start(|_| {}).await;
+    let mut silent = TcpStream::connect(target.address).await.unwrap();
+    // Half a BHS, then nothing.
+    silent.write_all(&[0x43; 20]).await.unwrap();
+    let mut buf = [0u8; 64];
+    let n = timeout(
+        Duration::from_secs(30),
+        tokio::io::AsyncReadExt::read(&mut silent, &mut buf),
+    )
+    .await
+    .expect("the target closes a stalled login");
+    assert!(matches!(n, Ok(0) | Err(_)));
+    target.stop().await;
+}
