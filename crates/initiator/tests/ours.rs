@@ -32,6 +32,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
         portal_group_tag: 1,
         negotiation: TargetConfig::default_negotiation(),
         command_window: 64,
+        nop_in_interval: None,
     };
     let server = Server::bind(config).await.unwrap();
     let address = server.local_addrs()[0];

@@ -293,6 +293,9 @@ impl Connection {
         let mut shutdown = self.shared.shutdown.clone();
         let mut closing = self.session.closing();
         let mut logout_deadline: Option<Instant> = None;
+        let ping_interval = self.shared.config.nop_in_interval;
+        let mut quiet_since = Instant::now();
+        let mut ping_outstanding = false;
         let result = loop {
             if *closing.borrow() {
                 break Ok(());
@@ -301,6 +304,7 @@ impl Connection {
                 logout_deadline = Some(self.request_logout().await?);
             }
             let deadline = logout_deadline;
+            let ping_at = ping_interval.map(|interval| quiet_since + interval);
             let header = tokio::select! {
                 header = receiver.receive_header() => header,
                 _ = shutdown.changed() => continue,
@@ -310,7 +314,21 @@ impl Connection {
                     info!(cid = self.cid, "no logout after the shutdown request: dropping the connection");
                     break Ok(());
                 }
+                _ = async { tokio::time::sleep_until(ping_at.unwrap_or_else(Instant::now)).await },
+                    if ping_at.is_some() => {
+                    if ping_outstanding {
+                        warn!(cid = self.cid, "no answer to the NOP-In ping: dropping the connection");
+                        break Ok(());
+                    }
+                    self.ping().await?;
+                    ping_outstanding = true;
+                    quiet_since = Instant::now();
+                    continue;
+                }
             };
+            // Anything from the initiator shows the connection is alive.
+            quiet_since = Instant::now();
+            ping_outstanding = false;
             let header = match header {
                 Ok(Some(header)) => header,
                 Ok(None) => break Ok(()),
@@ -329,6 +347,21 @@ impl Connection {
         }
         self.writer.terminate().await;
         result
+    }
+
+    /// A NOP-In ping (RFC 7143 11.19): a Target Transfer Tag that asks for
+    /// a NOP-Out answer, the reserved Initiator Task Tag, StatSN not
+    /// advanced.
+    async fn ping(&mut self) -> Result<(), DatamoverError> {
+        let tag = self.next_transfer_tag;
+        self.next_transfer_tag = (self.next_transfer_tag % 0x7FFF_FFFF) + 1;
+        let ping = NopIn {
+            lun: Lun(0),
+            initiator_task_tag: RESERVED_TAG,
+            target_transfer_tag: tag,
+            ..NopIn::default()
+        };
+        self.writer.send(Pdu::NopIn(ping), &[], Stat::Current).await
     }
 
     /// Asks the initiator to log out (RFC 7143 11.9.1, AsyncEvent 1) and

@@ -21,6 +21,6 @@ pub mod server;
 mod session;
 mod stats;
 
-pub use config::file::{ConfigError, open_lun, parse_size, unique_id};
+pub use config::file::{ConfigError, DEFAULT_NOP_IN_INTERVAL, open_lun, parse_size, unique_id};
 pub use config::{TargetConfig, TargetEntry};
 pub use server::{Server, serve};

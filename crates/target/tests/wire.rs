@@ -62,6 +62,7 @@ impl Target {
             portal_group_tag: 1,
             negotiation: TargetConfig::default_negotiation(),
             command_window: 32,
+            nop_in_interval: None,
         };
         tune(&mut config);
         let server = Server::bind(config).await.expect("bind");
@@ -848,5 +849,36 @@ async fn a_login_that_stalls_is_dropped() {
     .await
     .expect("the target closes a stalled login");
     assert!(matches!(n, Ok(0) | Err(_)));
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_initiator_is_pinged_and_dropped_when_it_does_not_answer() {
+    let target = Target::start(|c| c.nop_in_interval = Some(Duration::from_millis(500))).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    // Quiet: a ping comes, asking for an answer (a real TTT, no ITT).
+    let Pdu::NopIn(ping) = client.receive().await.header.pdu else {
+        panic!("expected a NOP-In ping");
+    };
+    assert_eq!(ping.initiator_task_tag, RESERVED);
+    assert_ne!(ping.target_transfer_tag, RESERVED);
+    let answer = NopOut {
+        immediate: true,
+        initiator_task_tag: RESERVED,
+        target_transfer_tag: ping.target_transfer_tag,
+        cmd_sn: client.cmd_sn,
+        ..NopOut::default()
+    };
+    client.send(Pdu::NopOut(answer), &[]).await;
+    // Answered: the connection lives on and is pinged again later.
+    let Pdu::NopIn(again) = client.receive().await.header.pdu else {
+        panic!("expected another ping");
+    };
+    assert_ne!(again.target_transfer_tag, RESERVED);
+    // Not answered this time: the target drops the connection.
+    let end = timeout(PATIENCE, client.rx.receive())
+        .await
+        .expect("dropped in time");
+    assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
     target.stop().await;
 }

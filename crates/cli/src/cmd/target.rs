@@ -63,6 +63,7 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         portal_group_tag: 1,
         negotiation: TargetConfig::default_negotiation(),
         command_window: 128,
+        nop_in_interval: Some(iscsi_target::DEFAULT_NOP_IN_INTERVAL),
     })
 }
 

@@ -6,6 +6,7 @@
 //! listen = ["127.0.0.1:3260", "[::1]:3260"]
 //! command_window = 128            # optional
 //! portal_group_tag = 1            # optional
+//! nop_in_interval_seconds = 30    # optional; 0 turns the pings off
 //!
 //! [negotiation]                   # optional: what the target offers
 //! header_digest = ["None", "CRC32C"]
@@ -67,6 +68,8 @@ struct FileConfig {
     command_window: Option<u32>,
     #[serde(default)]
     portal_group_tag: Option<u16>,
+    #[serde(default)]
+    nop_in_interval_seconds: Option<u64>,
     #[serde(default)]
     negotiation: Option<NegotiationFile>,
     #[serde(rename = "target")]
@@ -210,9 +213,17 @@ impl TargetConfig {
             portal_group_tag: file.portal_group_tag.unwrap_or(1),
             negotiation,
             command_window: file.command_window.unwrap_or(128).clamp(1, 1 << 20),
+            nop_in_interval: match file.nop_in_interval_seconds {
+                Some(0) => None,
+                Some(seconds) => Some(std::time::Duration::from_secs(seconds)),
+                None => Some(DEFAULT_NOP_IN_INTERVAL),
+            },
         })
     }
 }
+
+/// Seconds of silence before the target pings an initiator, by default.
+pub const DEFAULT_NOP_IN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// A unique LU identifier: random high bits (so two targets on one
 /// network do not collide), the LU's ordinal in the low bits.

@@ -51,6 +51,10 @@ pub struct TargetConfig {
     pub negotiation: NegotiationConfig,
     /// MaxCmdSN - ExpCmdSN + 1: commands an initiator may have queued.
     pub command_window: u32,
+    /// After this long without a PDU from the initiator, the target sends
+    /// a NOP-In ping (RFC 7143 11.19) and drops the connection if no
+    /// NOP-Out answers within the same time again. `None`: no pings.
+    pub nop_in_interval: Option<std::time::Duration>,
 }
 
 impl TargetConfig {
