@@ -285,3 +285,35 @@ chap = {{ user = "alice", secret = "secret-of-alice" }}
     drop(target);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// 3000 targets: the SendTargets answer (about 390 KB) is longer than one
+/// PDU even at a 256 KiB MaxRecvDataSegmentLength, so it goes out in parts
+/// with the C bit, each fetched with the Target Transfer Tag (RFC 7143
+/// 11.10.2, 11.11.1). libiscsi cannot take such an answer ("unsupported
+/// flags in text reply"), so our own `iscsi discover` is the client.
+#[test]
+fn a_long_send_targets_answer_is_continued() {
+    let dir = std::env::temp_dir().join(format!("iscsi-rs-many-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let mut config = format!("listen = [\"127.0.0.1:{port}\"]\n");
+    for i in 0..3000 {
+        config.push_str(&format!(
+            "[[target]]\nname = \"iqn.2026-11.rs.iscsi:a-rather-long-target-name-to-fill-pdus-{i:04}\"\nluns = [\"ram:1M\"]\n"
+        ));
+    }
+    let path = dir.join("many.toml");
+    std::fs::write(&path, config).unwrap();
+    let path_arg = path.display().to_string();
+    let target = Target::spawn(&["--config", &path_arg], ("127.0.0.1", port));
+    let mut discover = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+    discover.args(["discover", &format!("127.0.0.1:{port}")]);
+    let listing = stdout(&run(discover));
+    for i in [0, 1, 1500, 2998, 2999] {
+        let name = format!("a-rather-long-target-name-to-fill-pdus-{i:04}");
+        assert!(listing.contains(&name), "{name} missing from:\n{listing}");
+    }
+    assert_eq!(listing.matches("a-rather-long-target-name").count(), 3000);
+    drop(target);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -17,6 +17,11 @@ use crate::error::Error;
 use crate::login::{LoginRequestParams, login, random_isid};
 use crate::url::{format_portal, parse_portal};
 
+/// The longest SendTargets answer accepted: room for thousands of
+/// targets and portals, and still a bound on what a target can make us
+/// hold.
+const MAX_SEND_TARGETS_TEXT: usize = 4 << 20;
+
 /// One target a portal reported.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiscoveredTarget {
@@ -125,7 +130,7 @@ async fn send_targets(
 ) -> Result<Vec<u8>, Error> {
     const ITT: u32 = 1;
     let mut all = Vec::new();
-    let mut assembler = TextAssembler::default();
+    let mut assembler = TextAssembler::new(MAX_SEND_TARGETS_TEXT);
     let mut request_data = b"SendTargets=All\0".to_vec();
     let mut target_transfer_tag = RESERVED_TAG;
     loop {

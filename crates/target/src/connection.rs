@@ -252,6 +252,10 @@ pub(crate) struct Connection {
     /// was answered before all its data arrived).
     discarding: HashSet<u32>,
     next_transfer_tag: u32,
+    /// A Text Response too long for one PDU: (Initiator Task Tag, Target
+    /// Transfer Tag, the rest of the text), sent a segment per empty Text
+    /// Request that carries the tag (RFC 7143 11.10.2, 11.11.1).
+    text_continuation: Option<(u32, u32, Vec<u8>)>,
 }
 
 impl Connection {
@@ -281,6 +285,7 @@ impl Connection {
             pending_writes: HashMap::new(),
             discarding: HashSet::new(),
             next_transfer_tag: 1,
+            text_continuation: None,
         }
     }
 
@@ -525,6 +530,19 @@ impl Connection {
         if !request.immediate {
             self.session.consume_cmd_sn(request.cmd_sn);
         }
+        if request.target_transfer_tag != RESERVED_TAG {
+            // The initiator asks for the next part of a long answer.
+            return match self.text_continuation.take() {
+                Some((itt, ttt, rest))
+                    if itt == request.initiator_task_tag && ttt == request.target_transfer_tag =>
+                {
+                    self.send_text(itt, rest).await
+                }
+                _ => self.reject(header, RejectReason::InvalidPduField).await,
+            };
+        }
+        // A new request ends any unfinished long answer.
+        self.text_continuation = None;
         let Ok(pairs) = codec::parse(data) else {
             return self.reject(header, RejectReason::ProtocolError).await;
         };
@@ -547,16 +565,29 @@ impl Connection {
         }
         let mut text = Vec::new();
         codec::encode(&answers, &mut text);
-        // Answers longer than the initiator accepts in one PDU are cut
-        // there; a SendTargets list of that size needs the C-bit exchange,
-        // which this target does not produce yet.
-        text.truncate(self.limits.max_send_segment as usize);
+        self.send_text(request.initiator_task_tag, text).await
+    }
+
+    /// Sends as much of `text` as the initiator's MaxRecvDataSegmentLength
+    /// allows; if more remains, with the C bit and a Target Transfer Tag the
+    /// initiator returns to fetch the rest.
+    async fn send_text(&mut self, itt: u32, mut text: Vec<u8>) -> Result<(), DatamoverError> {
+        let limit = self.limits.max_send_segment as usize;
+        let (final_flag, continue_flag, ttt) = if text.len() > limit {
+            let rest = text.split_off(limit);
+            let tag = self.next_transfer_tag;
+            self.next_transfer_tag = (self.next_transfer_tag % 0x7FFF_FFFF) + 1;
+            self.text_continuation = Some((itt, tag, rest));
+            (false, true, tag)
+        } else {
+            (true, false, RESERVED_TAG)
+        };
         let reply = TextResponse {
-            final_flag: true,
-            continue_flag: false,
+            final_flag,
+            continue_flag,
             lun: Lun(0),
-            initiator_task_tag: request.initiator_task_tag,
-            target_transfer_tag: RESERVED_TAG,
+            initiator_task_tag: itt,
+            target_transfer_tag: ttt,
             ..TextResponse::default()
         };
         self.writer
