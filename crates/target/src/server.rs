@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 
 use iscsi_proto::login::chap::ChallengeHistory;
-use iscsi_scsi::{ScsiTarget, TargetIdentity};
+use iscsi_scsi::{ScsiTarget, TargetIdentity, encode_lun};
 use std::time::Duration;
 
 use tokio::net::TcpListener;
@@ -31,14 +31,14 @@ impl Server {
         for address in &config.listen {
             listeners.push(TcpListener::bind(address).await?);
         }
-        let scsi = config
+        let scsi: Vec<(String, Arc<ScsiTarget>)> = config
             .targets
             .iter()
             .map(|target| {
                 let identity = TargetIdentity {
                     target_name: target.name.clone(),
                     vendor: "ISCSI-RS".to_owned(),
-                    product: "RAM DISK".to_owned(),
+                    product: "VIRTUAL DISK".to_owned(),
                     revision: "0001".to_owned(),
                 };
                 (
@@ -49,6 +49,23 @@ impl Server {
             .collect();
         let config = Arc::new(config);
         let sessions = Arc::new(Registry::default());
+        for (name, target) in &scsi {
+            // PERSISTENT RESERVE OUT / PREEMPT AND ABORT (SPC-4 5.12.11.2.6):
+            // the preempted nexuses' tasks on that LUN are aborted. Weak:
+            // the registry holds sessions, which hold the SCSI target.
+            let registry = Arc::downgrade(&sessions);
+            let name = name.clone();
+            target.set_abort_handler(move |lun, nexuses| {
+                let Some(registry) = registry.upgrade() else {
+                    return;
+                };
+                for session in registry.of_target(&name) {
+                    if nexuses.contains(&session.nexus.key()) {
+                        session.abort_lun(encode_lun(lun));
+                    }
+                }
+            });
+        }
         let (shutdown, shutdown_seen) = watch::channel(false);
         let shared = Arc::new(Shared {
             policy: Policy::new(Arc::clone(&config), Arc::clone(&sessions)),

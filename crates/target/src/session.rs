@@ -452,6 +452,16 @@ impl Session {
         self.close.subscribe()
     }
 
+    /// Aborts the live tasks addressed to `lun` (another nexus preempted
+    /// this one's reservation with PREEMPT AND ABORT).
+    pub fn abort_lun(&self, lun: u64) {
+        for task in self.tasks(Some(lun)) {
+            if self.abort(&task) {
+                SessionStats::add(&self.stats.aborts, 1);
+            }
+        }
+    }
+
     /// Aborts every live task (the session is going away).
     fn abort_all(&self) {
         for task in self.tasks(None) {
