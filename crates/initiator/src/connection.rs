@@ -696,6 +696,11 @@ async fn read_loop(
                 connection.route(itt, TaskEvent::Reply(header, data), true);
             }
             Pdu::LogoutResponse(ref logout) => {
+                if logout.response == iscsi_proto::pdu::LogoutResponseCode::ClosedSuccessfully {
+                    // The target closes the connection next: its end of
+                    // stream is expected, not a loss.
+                    connection.finished.store(true, Ordering::SeqCst);
+                }
                 let (itt, stat_sn, exp, max) = (
                     logout.initiator_task_tag,
                     logout.stat_sn,
