@@ -460,7 +460,7 @@ impl ScsiTarget {
                 }
                 Ok(())
             }
-            MAINTENANCE_IN => Ok(opcodes::maintenance_in(cdb, data_in)?),
+            MAINTENANCE_IN => Ok(opcodes::maintenance_in(cdb, bs.is_thin(), data_in)?),
             READ_CAPACITY_10 => Ok(sbc::read_capacity_10(bs, cdb, data_in)?),
             SERVICE_ACTION_IN_16 => Ok(sbc::service_action_in_16(bs, cdb, data_in)?),
             SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => Ok(sbc::synchronize_cache(bs, cdb)?),

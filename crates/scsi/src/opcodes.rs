@@ -374,9 +374,9 @@ fn timeouts(v: &mut Vec<u8>) {
 
 /// MAINTENANCE IN: REPORT SUPPORTED OPERATION CODES or REPORT SUPPORTED
 /// TASK MANAGEMENT FUNCTIONS.
-pub fn maintenance_in(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+pub fn maintenance_in(cdb: &[u8], thin: bool, data_in: &mut Vec<u8>) -> Result<(), Sense> {
     match cdb::byte(cdb, 1)? & 0x1F {
-        SA_REPORT_SUPPORTED_OPCODES => report_supported_opcodes(cdb, data_in),
+        SA_REPORT_SUPPORTED_OPCODES => report_supported_opcodes(cdb, thin, data_in),
         SA_REPORT_SUPPORTED_TMFS => report_supported_tmfs(cdb, data_in),
         _ => Err(Sense::INVALID_FIELD_IN_CDB),
     }
@@ -386,7 +386,15 @@ pub fn maintenance_in(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
 /// (all commands), 001b (one opcode without service actions), 010b (one
 /// opcode and service action) and 011b (one opcode, with its service action
 /// if it has them); RCTD adds command timeouts descriptors.
-pub fn report_supported_opcodes(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+///
+/// `thin` says whether the LU offers logical block provisioning: UNMAP is
+/// listed only then, as the dispatcher accepts it only then.
+pub fn report_supported_opcodes(
+    cdb: &[u8],
+    thin: bool,
+    data_in: &mut Vec<u8>,
+) -> Result<(), Sense> {
+    let offered = |c: &&CommandDescriptor| thin || c.opcode != UNMAP;
     let b2 = cdb::byte(cdb, 2)?;
     let rctd = b2 & 0x80 != 0;
     let options = b2 & 0x07;
@@ -400,7 +408,7 @@ pub fn report_supported_opcodes(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(),
     match options {
         0 => {
             v.extend_from_slice(&[0; 4]);
-            for c in COMMANDS {
+            for c in COMMANDS.iter().filter(offered) {
                 v.push(c.opcode);
                 v.push(0);
                 v.extend_from_slice(&u16::from(c.service_action.unwrap_or(0)).to_be_bytes());
@@ -427,6 +435,7 @@ pub fn report_supported_opcodes(cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(),
             };
             let found = COMMANDS
                 .iter()
+                .filter(offered)
                 .find(|c| c.opcode == op && c.service_action.map(u16::from) == wanted_sa);
             match found {
                 Some(c) => {

@@ -293,3 +293,35 @@ fn report_supported_tmfs() {
         Sense::INVALID_FIELD_IN_CDB,
     );
 }
+
+/// A fully provisioned LU (a block store) has no UNMAP, and its REPORT
+/// SUPPORTED OPERATION CODES says so; a thin one lists it.
+#[test]
+fn unmap_is_reported_only_where_it_is_offered() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("block.img");
+    std::fs::File::create(&path)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let block = iscsi_scsi::BlockBackstore::open(&path, false, 9).unwrap();
+    let full = target_over(std::sync::Arc::new(block));
+    let (thin, _) = ram_target(1 << 20, 512);
+    let n = nexus(1);
+    let all = [0xA3, 0x0C, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0];
+    let lists_unmap = |d: &[u8]| d[4..].chunks(8).any(|c| c[0] == 0x42);
+    assert!(!lists_unmap(&good(&full, &n, &all, &[])));
+    assert!(lists_unmap(&good(&thin, &n, &all, &[])));
+    // One-command form: SUPPORT 001b (not supported) on the block LU,
+    // 011b (supported as in the standard) on the thin one.
+    let one = [0xA3, 0x0C, 0x01, 0x42, 0, 0, 0, 0, 0x10, 0, 0, 0];
+    assert_eq!(good(&full, &n, &one, &[])[1] & 0x07, 0x01);
+    assert_eq!(good(&thin, &n, &one, &[])[1] & 0x07, 0x03);
+    check(
+        &full,
+        &n,
+        &[0x42, 0, 0, 0, 0, 0, 0, 0, 24, 0],
+        &[0; 24],
+        iscsi_scsi::Sense::INVALID_OPCODE,
+    );
+}
