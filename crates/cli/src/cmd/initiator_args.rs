@@ -82,23 +82,8 @@ pub fn block_on<T>(future: impl Future<Output = anyhow::Result<T>>) -> anyhow::R
         .block_on(future)
 }
 
-/// Parses sizes like `4096`, `4k`, `1M`, `2G` (powers of 1024).
+/// Parses sizes like `4096`, `4k`, `1M`, `2G` (powers of 1024): the same
+/// rules as `iscsi target --lun ram:SIZE`.
 pub fn parse_size(text: &str) -> anyhow::Result<u64> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (digits, unit) = text.split_at(split);
-    let value: u64 = digits.parse().with_context(|| format!("size {text:?}"))?;
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        other => bail!("unknown size unit {other:?} in {text:?}"),
-    };
-    value
-        .checked_mul(1 << shift)
-        .with_context(|| format!("size {text:?} too large"))
+    iscsi_target::parse_size(text).map_err(anyhow::Error::msg)
 }
