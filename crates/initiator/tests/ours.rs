@@ -156,3 +156,87 @@ async fn chap_one_way_mutual_and_a_wrong_secret() {
             .is_err()
     );
 }
+
+/// A loopback proxy between the initiator and the target whose
+/// connections the test can cut at any moment.
+struct Proxy {
+    address: String,
+    links: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+impl Proxy {
+    async fn start(target: String) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap().to_string();
+        let links: Arc<std::sync::Mutex<Vec<tokio::task::JoinHandle<()>>>> = Arc::default();
+        let accepted = Arc::clone(&links);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let target = target.clone();
+                let link = tokio::spawn(async move {
+                    if let Ok(mut outbound) = tokio::net::TcpStream::connect(&target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+                    }
+                });
+                accepted.lock().unwrap().push(link);
+            }
+        });
+        Proxy { address, links }
+    }
+
+    /// Drops every connection through the proxy, in the middle of whatever
+    /// it carries.
+    fn cut(&self) {
+        for link in self.links.lock().unwrap().drain(..) {
+            link.abort();
+        }
+    }
+}
+
+/// The connection is cut while many writes are in flight: the session is
+/// reinstated (ERL 0), the writes that never completed are retried, every
+/// write is acknowledged, and every acknowledged byte reads back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_mid_write_loses_nothing_acknowledged() {
+    let (portal, _stop) = start(|_| {}).await;
+    let proxy = Proxy::start(portal).await;
+    let url: IscsiUrl = format!("iscsi://{}/{TARGET}/0", proxy.address)
+        .parse()
+        .unwrap();
+    let session = Arc::new(
+        Session::connect(&url, SessionConfig::default())
+            .await
+            .unwrap(),
+    );
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let chunks: Vec<(u64, Vec<u8>)> = (0..128u64).map(|i| (i * 512, random(256 * 1024))).collect();
+    let mut writes = tokio::task::JoinSet::new();
+    for (lba, data) in chunks.clone() {
+        let session = Arc::clone(&session);
+        let done = Arc::clone(&done);
+        writes.spawn(async move {
+            let result = session.write(0, lba, BLOCK, &data).await;
+            done.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            result
+        });
+    }
+    // Cut once some writes are acknowledged and others are on the wire.
+    while done.load(std::sync::atomic::Ordering::SeqCst) < 16 {
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    proxy.cut();
+    while let Some(result) = writes.join_next().await {
+        result
+            .unwrap()
+            .expect("every write is acknowledged in the end");
+    }
+    assert!(session.reinstatements() >= 1, "the session was reinstated");
+    for (lba, data) in chunks {
+        let back = session
+            .read(0, lba, BLOCK, vec![0; data.len()])
+            .await
+            .unwrap();
+        assert!(back == data, "LBA {lba} holds what was acknowledged");
+    }
+    session.logout().await.unwrap();
+}
