@@ -15,12 +15,12 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Mutex, PoisonError};
 
-use rustix::fs::{FallocateFlags, OFlags};
+use rustix::fs::OFlags;
 
-use super::file::{punch_unsupported, read_full};
+use super::file::{read_full, try_punch_hole};
 use super::{Backstore, BackstoreOpenError, check_block_size, check_range, write_zeros};
 
 /// Memory alignment of `O_DIRECT` bounce buffers (a page; at least any
@@ -235,13 +235,8 @@ impl Backstore for BlockBackstore {
         }
         let bs = u64::from(self.block_size);
         let aligned = offset.is_multiple_of(bs) && len.is_multiple_of(bs);
-        if aligned && self.punch.load(Ordering::Relaxed) {
-            let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
-            match rustix::fs::fallocate(&self.file, flags, offset, len) {
-                Ok(()) => return Ok(()),
-                Err(e) if punch_unsupported(e) => self.punch.store(false, Ordering::Relaxed),
-                Err(e) => return Err(e.into()),
-            }
+        if aligned && try_punch_hole(&self.file, &self.punch, offset, len)? {
+            return Ok(());
         }
         write_zeros(offset, len, |at, zeros| self.write_at(at, zeros))
     }

@@ -57,11 +57,35 @@ pub(crate) fn read_full(file: &File, mut offset: u64, mut buf: &mut [u8]) -> io:
 }
 
 /// Whether an `fallocate` error means "this file cannot punch holes".
-pub(crate) fn punch_unsupported(e: Errno) -> bool {
+fn punch_unsupported(e: Errno) -> bool {
     matches!(
         e,
         Errno::OPNOTSUPP | Errno::NOSYS | Errno::INVAL | Errno::NODEV
     )
+}
+
+/// Deallocates `len` bytes at `offset` with `fallocate(PUNCH_HOLE |
+/// KEEP_SIZE)` while `punch` says the file can: `Ok(true)` when done,
+/// `Ok(false)` when the caller must write zeros instead (and, if the file
+/// turned out not to support punching, `punch` is cleared for next time).
+pub(crate) fn try_punch_hole(
+    file: &File,
+    punch: &AtomicBool,
+    offset: u64,
+    len: u64,
+) -> io::Result<bool> {
+    if !punch.load(Ordering::Relaxed) {
+        return Ok(false);
+    }
+    let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
+    match rustix::fs::fallocate(file, flags, offset, len) {
+        Ok(()) => Ok(true),
+        Err(e) if punch_unsupported(e) => {
+            punch.store(false, Ordering::Relaxed);
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 impl FileBackstore {
@@ -153,13 +177,8 @@ impl Backstore for FileBackstore {
         if len == 0 {
             return Ok(());
         }
-        if self.punch.load(Ordering::Relaxed) {
-            let flags = FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE;
-            match rustix::fs::fallocate(&self.file, flags, offset, len) {
-                Ok(()) => return Ok(()),
-                Err(e) if punch_unsupported(e) => self.punch.store(false, Ordering::Relaxed),
-                Err(e) => return Err(e.into()),
-            }
+        if try_punch_hole(&self.file, &self.punch, offset, len)? {
+            return Ok(());
         }
         write_zeros(offset, len, |at, zeros| self.file.write_all_at(zeros, at))
     }
