@@ -346,12 +346,18 @@ impl Connection {
             }
         };
         // Writes still collecting data die with the connection.
-        for (_, pending) in self.pending_writes.drain() {
-            pending.task.aborted.store(true, Ordering::Release);
-            self.session.finish(&pending.task);
-        }
+        self.abandon_pending_writes();
         self.writer.terminate().await;
         result
+    }
+
+    /// Aborts every write still waiting for Data-Out on this connection
+    /// (its end, or a logout): they end without a status.
+    fn abandon_pending_writes(&mut self) {
+        for (_, pending) in self.pending_writes.drain() {
+            self.session.abort(&pending.task);
+            self.buffers.give(pending.buffer);
+        }
     }
 
     /// A NOP-In ping (RFC 7143 11.19): a Target Transfer Tag that asks for
@@ -493,10 +499,7 @@ impl Connection {
             _ => LogoutResponseCode::RecoveryNotSupported,
         };
         if response == LogoutResponseCode::ClosedSuccessfully {
-            for (_, pending) in self.pending_writes.drain() {
-                pending.task.aborted.store(true, Ordering::Release);
-                self.session.finish(&pending.task);
-            }
+            self.abandon_pending_writes();
             self.in_flight.wait_idle().await;
         }
         let reply = LogoutResponse {

@@ -169,7 +169,7 @@ struct WindowState {
 }
 
 /// What admitting a command's CmdSN decided (RFC 7143 4.2.2.1).
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Admission {
     /// Deliver it.
     Accepted(Arc<Task>),
@@ -178,14 +178,6 @@ pub(crate) enum Admission {
     /// Its Initiator Task Tag is already in use by a live task.
     TagInUse,
 }
-
-impl PartialEq for Task {
-    fn eq(&self, other: &Self) -> bool {
-        std::ptr::eq(self, other)
-    }
-}
-
-impl Eq for Task {}
 
 impl std::fmt::Debug for Task {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

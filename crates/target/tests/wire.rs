@@ -230,31 +230,23 @@ impl Client {
     /// A WRITE(10) command PDU for `blocks` at `lba`, with `immediate` as
     /// its data segment.
     async fn write10(&mut self, itt: u32, lba: u32, blocks: u16, immediate: &[u8]) {
-        let mut cdb = [0u8; 16];
-        cdb[0] = 0x2A;
-        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
-        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
-        let command = ScsiCommand {
-            final_flag: true,
-            write: true,
-            lun: Lun(0),
-            initiator_task_tag: itt,
-            expected_data_transfer_length: u32::from(blocks) * BLOCK as u32,
-            cmd_sn: self.take_cmd_sn(),
-            cdb,
-            ..ScsiCommand::default()
-        };
-        self.send(Pdu::ScsiCommand(command), immediate).await;
+        self.command10(itt, true, lba, blocks, immediate).await;
     }
 
+    /// A READ(10) command PDU for `blocks` at `lba`.
     async fn read10(&mut self, itt: u32, lba: u32, blocks: u16) {
+        self.command10(itt, false, lba, blocks, &[]).await;
+    }
+
+    async fn command10(&mut self, itt: u32, write: bool, lba: u32, blocks: u16, data: &[u8]) {
         let mut cdb = [0u8; 16];
-        cdb[0] = 0x28;
+        cdb[0] = if write { 0x2A } else { 0x28 };
         cdb[2..6].copy_from_slice(&lba.to_be_bytes());
         cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
         let command = ScsiCommand {
             final_flag: true,
-            read: true,
+            read: !write,
+            write,
             lun: Lun(0),
             initiator_task_tag: itt,
             expected_data_transfer_length: u32::from(blocks) * BLOCK as u32,
@@ -262,7 +254,7 @@ impl Client {
             cdb,
             ..ScsiCommand::default()
         };
-        self.send(Pdu::ScsiCommand(command), &[]).await;
+        self.send(Pdu::ScsiCommand(command), data).await;
     }
 
     /// Sends the Data-Out answering one R2T, cut by the target's
