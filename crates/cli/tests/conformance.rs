@@ -5,9 +5,9 @@
 //! fail, and the "[SKIPPED]" lines (features the suite found missing) may
 //! not grow past what the target is known to lack.
 
-use std::net::{TcpListener, TcpStream};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+
+use iscsi_test_peers::{Peer, free_port, require};
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:conformance";
 
@@ -32,43 +32,23 @@ struct Summary {
 /// Runs the whole suite against `iscsi target` serving `luns` (LUN 0 is
 /// the one tested).
 fn suite(luns: &[&str]) -> Summary {
-    let have = Command::new("sh")
-        .args(["-c", "command -v iscsi-test-cu"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    assert!(
-        have,
-        "iscsi-test-cu is missing (libiscsi-bin): run scripts/test, which installs it"
-    );
-    let port = TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port();
+    require("iscsi-test-cu", "libiscsi-bin");
+    let port = free_port();
     let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
     command
         .args(["target", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--name", NAME]);
+        .args(["--name", NAME])
+        .env("RUST_LOG", "warn");
     for lun in luns {
         command.args(["--lun", lun]);
     }
-    let mut target = command
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("iscsi target starts");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "iscsi target did not listen");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let target = Peer::spawn(command, port);
     let url = format!("iscsi://127.0.0.1:{port}/{NAME}/0");
     let output = Command::new("timeout")
         .args(["600", "iscsi-test-cu", "-d", "--test=ALL", &url, &url])
         .output()
         .expect("iscsi-test-cu runs");
-    let _ = target.kill();
-    let _ = target.wait();
+    drop(target);
     let text = String::from_utf8_lossy(&output.stdout).into_owned()
         + &String::from_utf8_lossy(&output.stderr);
     // "               tests    230    230    230      0        0"

@@ -5,121 +5,28 @@
 //! why, only if a peer binary is missing.
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+
+use iscsi_test_peers::{Tgtd, free_port, have};
 
 const TGT_NAME: &str = "iqn.2026-11.test:cli-tgt";
 const OUR_NAME: &str = "iqn.2026-11.rs.iscsi:cli-test";
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
-}
-
-fn have(program: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", &format!("command -v {program}")])
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
-
-fn wait_listening(port: u16) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "nothing listens on {port}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// A peer process killed by PID on drop (and its LUN file removed).
-struct Peer {
-    child: Child,
-    port: u16,
-    name: &'static str,
-    lun: u32,
-    file: Option<String>,
-}
-
-impl Drop for Peer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if let Some(file) = &self.file {
-            let _ = std::fs::remove_file(file);
-        }
-    }
+/// A target to run the CLI against, stopped by PID on drop.
+enum Peer {
+    Tgtd(Tgtd),
+    Ours(iscsi_test_peers::Peer),
 }
 
 impl Peer {
     fn tgtd(size: u64) -> Peer {
-        assert!(
-            have("tgtd") && have("tgtadm"),
-            "tgtd/tgtadm missing (Debian package tgt): run scripts/test, which installs it"
-        );
-        let port = free_port();
-        let control = (port % 10_000 + 10_000).to_string();
-        let file = format!("/dev/shm/iscsi-cli-test-{port}.img");
-        std::fs::File::create(&file).unwrap().set_len(size).unwrap();
-        let child = Command::new("tgtd")
-            .args([
-                "-f",
-                "--iscsi",
-                &format!("portal=127.0.0.1:{port}"),
-                "-C",
-                &control,
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("tgtd starts");
-        let peer = Peer {
-            child,
-            port,
-            name: TGT_NAME,
-            lun: 1,
-            file: Some(file.clone()),
-        };
-        wait_listening(port);
-        for args in [
-            vec![
-                "--op", "new", "--mode", "target", "--tid", "1", "-T", TGT_NAME,
-            ],
-            vec![
-                "--op",
-                "new",
-                "--mode",
-                "logicalunit",
-                "--tid",
-                "1",
-                "--lun",
-                "1",
-                "-b",
-                &file,
-            ],
-            vec![
-                "--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL",
-            ],
-        ] {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while !Command::new("tgtadm")
-                .args(["-C", &control, "--lld", "iscsi"])
-                .args(&args)
-                .status()
-                .is_ok_and(|s| s.success())
-            {
-                assert!(Instant::now() < deadline, "tgtadm {args:?}");
-                std::thread::sleep(Duration::from_millis(100));
-            }
-        }
-        peer
+        Peer::Tgtd(Tgtd::start(TGT_NAME, size))
     }
 
     fn ours() -> Peer {
         let port = free_port();
-        let child = Command::new(env!("CARGO_BIN_EXE_iscsi"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+        command
             .args([
                 "target",
                 "--listen",
@@ -129,24 +36,29 @@ impl Peer {
                 "--lun",
                 "ram:64M",
             ])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("iscsi target starts");
-        let peer = Peer {
-            child,
-            port,
-            name: OUR_NAME,
-            lun: 0,
-            file: None,
-        };
-        wait_listening(port);
-        peer
+            .env("RUST_LOG", "warn");
+        Peer::Ours(iscsi_test_peers::Peer::spawn(command, port))
+    }
+
+    fn port(&self) -> u16 {
+        match self {
+            Peer::Tgtd(tgtd) => tgtd.port(),
+            Peer::Ours(ours) => ours.port,
+        }
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            Peer::Tgtd(_) => TGT_NAME,
+            Peer::Ours(_) => OUR_NAME,
+        }
     }
 
     fn url(&self) -> String {
-        format!("iscsi://127.0.0.1:{}/{}/{}", self.port, self.name, self.lun)
+        match self {
+            Peer::Tgtd(tgtd) => tgtd.url(),
+            Peer::Ours(ours) => format!("iscsi://127.0.0.1:{}/{OUR_NAME}/0", ours.port),
+        }
     }
 }
 
@@ -184,10 +96,10 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
 fn every_subcommand(peer: &Peer, tag: &str) {
     let dir = temp_dir(tag);
     let url = peer.url();
-    let portal = format!("127.0.0.1:{}", peer.port);
+    let portal = format!("127.0.0.1:{}", peer.port());
 
     let out = iscsi(&["discover", &portal]);
-    assert!(String::from_utf8_lossy(&out.stdout).contains(peer.name));
+    assert!(String::from_utf8_lossy(&out.stdout).contains(peer.name()));
 
     let out = iscsi(&["ls", &url]);
     let text = String::from_utf8_lossy(&out.stdout);

@@ -3,31 +3,15 @@
 //! and iscsi-perf, and qemu-img writing and reading back random data. The
 //! target runs on a free loopback port and is stopped by PID.
 
-use std::io::Read;
-use std::net::{TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+
+use iscsi_test_peers::{Peer, free_port};
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:peer-test";
 
-/// The target process, killed when dropped.
+/// The target process, killed by PID when dropped.
 struct Target {
-    child: Child,
-    port: u16,
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
+    peer: Peer,
 }
 
 impl Target {
@@ -43,38 +27,19 @@ impl Target {
     /// `iscsi target ARGS...`, waiting until `probe` accepts connections.
     fn spawn(args: &[&str], probe: (&str, u16)) -> Target {
         let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-        command
-            .arg("target")
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let child = command.spawn().expect("iscsi target starts");
-        let target = Target {
-            child,
-            port: probe.1,
-        };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(probe).is_err() {
-            assert!(Instant::now() < deadline, "iscsi target did not listen");
-            std::thread::sleep(Duration::from_millis(50));
+        command.arg("target").args(args).env("RUST_LOG", "warn");
+        Target {
+            peer: Peer::spawn_at(command, probe.0, probe.1),
         }
-        target
     }
 
     fn url(&self, lun: u32) -> String {
-        format!("iscsi://127.0.0.1:{}/{NAME}/{lun}", self.port)
+        format!("iscsi://127.0.0.1:{}/{NAME}/{lun}", self.peer.port)
     }
 
-    /// The target's log so far (after it was killed).
+    /// The target's log so far (it is stopped first).
     fn log(mut self) -> String {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let mut log = String::new();
-        if let Some(mut stderr) = self.child.stderr.take() {
-            let _ = stderr.read_to_string(&mut log);
-        }
-        log
+        self.peer.log()
     }
 }
 
@@ -109,7 +74,7 @@ fn stdout(output: &Output) -> String {
 fn libiscsi_discovers_inquires_and_reads_capacity() {
     let target = Target::start(&["--lun", "ram:64M", "--lun", "ram:16M"]);
     let mut ls = tool("iscsi-ls");
-    ls.args(["-s", &format!("iscsi://127.0.0.1:{}", target.port)]);
+    ls.args(["-s", &format!("iscsi://127.0.0.1:{}", target.peer.port)]);
     let listing = stdout(&run(ls));
     assert!(listing.contains(NAME), "iscsi-ls: {listing}");
     assert!(listing.contains("Lun:0"), "iscsi-ls: {listing}");

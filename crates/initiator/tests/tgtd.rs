@@ -4,10 +4,12 @@
 //! data), SYNCHRONIZE CACHE, task management, pings, logout, and a session
 //! reinstated after its connection is dropped.
 
-mod common;
-
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig, discover};
+use iscsi_test_peers::Tgtd;
 use rand::RngCore;
+
+/// The tgtd target name.
+const TGT_NAME: &str = "iqn.2026-11.test:initiator-tgt";
 
 const SIZE: u64 = 64 << 20;
 
@@ -19,17 +21,14 @@ fn random(len: usize) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tgtd_end_to_end() {
-    let tgtd = common::Tgtd::start(SIZE);
+    let tgtd = Tgtd::start(TGT_NAME, SIZE);
     let targets = discover(
-        &format!("127.0.0.1:{}", tgtd.port),
+        &format!("127.0.0.1:{}", tgtd.port()),
         &SessionConfig::default(),
     )
     .await
     .expect("discovery");
-    assert!(
-        targets.iter().any(|t| t.name == common::TGT_NAME),
-        "{targets:?}"
-    );
+    assert!(targets.iter().any(|t| t.name == TGT_NAME), "{targets:?}");
 
     let url: IscsiUrl = tgtd.url().parse().unwrap();
     let session = Session::connect(&url, SessionConfig::default())
@@ -132,7 +131,7 @@ async fn tgtd_end_to_end() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tgtd_digests_and_initial_r2t() {
-    let tgtd = common::Tgtd::start(16 << 20);
+    let tgtd = Tgtd::start(TGT_NAME, 16 << 20);
     let url: IscsiUrl = tgtd.url().parse().unwrap();
     let mut config = SessionConfig::default();
     // tgtd answers None to digests by default; CRC32C is offered first.
