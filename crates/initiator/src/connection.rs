@@ -34,6 +34,9 @@ use iscsi_proto::pdu::{
     ServiceResponse,
 };
 use iscsi_proto::serial::{CmdSn, StatSn};
+use iscsi_proto::state::{
+    ConnectionEvent, ConnectionState as RfcConnectionState, ConnectionStateMachine,
+};
 use iscsi_proto::transfer::Limits;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, mpsc};
@@ -201,6 +204,26 @@ pub(crate) struct Connection {
     /// Set once we close on purpose (logout): the end of the stream is
     /// then expected, not a loss.
     finished: AtomicBool,
+    /// The connection's state (RFC 7143 8.1, 8.2).
+    lifecycle: Mutex<ConnectionStateMachine>,
+}
+
+/// Applies `event` to a connection state machine and traces the RFC's
+/// transition; an event the RFC does not allow is a bug here, reported
+/// (and fatal in debug builds) with the state left as it was.
+pub(crate) fn record_transition(
+    machine: &mut ConnectionStateMachine,
+    event: ConnectionEvent,
+    cid: u16,
+) {
+    let outcome = machine.handle(event);
+    if let Ok(t) = &outcome {
+        tracing::debug!(cid, transition = t.label, from = %t.from, to = %t.to, "connection state");
+    }
+    if let Err(error) = outcome {
+        tracing::warn!(cid, %error, "connection state machine");
+        debug_assert!(false, "{error}");
+    }
 }
 
 /// Breaks the connection if dropped before [`SendGuard::done`]: a PDU was
@@ -259,6 +282,7 @@ impl Connection {
         receiver: StreamReceiver<OwnedReadHalf>,
         sender: StreamSender<OwnedWriteHalf>,
         window: Arc<CommandWindow>,
+        lifecycle: ConnectionStateMachine,
     ) -> Arc<Connection> {
         let connection = Arc::new(Connection {
             cid,
@@ -273,6 +297,7 @@ impl Connection {
             shutdown: Notify::new(),
             closing: AtomicBool::new(false),
             finished: AtomicBool::new(false),
+            lifecycle: Mutex::new(lifecycle),
         });
         tokio::spawn(run_reader(connection.clone(), receiver));
         connection
@@ -280,6 +305,23 @@ impl Connection {
 
     fn lock(&self) -> MutexGuard<'_, ConnectionState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Applies a connection event (RFC 7143 8.1, 8.2).
+    pub(crate) fn record(&self, event: ConnectionEvent) {
+        let mut lifecycle = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        record_transition(&mut lifecycle, event, self.cid);
+    }
+
+    /// The connection's RFC 7143 state.
+    pub(crate) fn rfc_state(&self) -> RfcConnectionState {
+        self.lifecycle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .state()
     }
 
     /// Whether the connection can still carry commands.
@@ -632,6 +674,17 @@ async fn run_reader(connection: Arc<Connection>, mut receiver: StreamReceiver<Ow
     {
         tracing::warn!(cid = connection.cid, %error, "connection lost");
     }
+    // Not ended by a logout, the connection failed (T15, T16, T17). ERL 0
+    // keeps nothing of it for a cleanup: its tasks go back to the session,
+    // which reinstates itself (M1).
+    match connection.rfc_state() {
+        RfcConnectionState::Free => {}
+        RfcConnectionState::CleanupWait => connection.record(ConnectionEvent::CleanupTimedOut),
+        _ => {
+            connection.record(ConnectionEvent::TransportLost);
+            connection.record(ConnectionEvent::CleanupTimedOut);
+        }
+    }
     connection.close();
 }
 
@@ -700,6 +753,9 @@ async fn read_loop(
                     // The target closes the connection next: its end of
                     // stream is expected, not a loss.
                     connection.finished.store(true, Ordering::SeqCst);
+                    connection.record(ConnectionEvent::LogoutSucceeded);
+                } else {
+                    connection.record(ConnectionEvent::LogoutFailed);
                 }
                 let (itt, stat_sn, exp, max) = (
                     logout.initiator_task_tag,
@@ -737,6 +793,10 @@ async fn read_loop(
                     AsyncEvent::LogoutRequest
                     | AsyncEvent::ConnectionDrop
                     | AsyncEvent::AllConnectionsDrop => {
+                        if message.async_event == AsyncEvent::LogoutRequest {
+                            // T11 (T12, T14 when asked again).
+                            connection.record(ConnectionEvent::LogoutRequestedByTarget);
+                        }
                         // ERL 0: leave, and let the session reinstate
                         // itself and retry (section 11.9.1).
                         tracing::info!(event = ?message.async_event, "target asks us to leave");

@@ -16,6 +16,7 @@ use iscsi_proto::login::initiator::{
 use iscsi_proto::pdu::login::Isid;
 use iscsi_proto::pdu::{Digests, Header, Pdu};
 use iscsi_proto::serial::CmdSn;
+use iscsi_proto::state::{ConnectionEvent, ConnectionStateMachine, Role};
 use iscsi_proto::text::{Digest, TextPair};
 use tokio::net::TcpStream;
 
@@ -32,6 +33,8 @@ pub(crate) struct LoggedIn {
     pub datamover: TcpDatamover,
     /// What the login settled.
     pub complete: InitiatorLoginComplete,
+    /// The connection's state machine (RFC 7143 8.1), now LOGGED_IN.
+    pub state: ConnectionStateMachine,
 }
 
 /// What one login needs besides the session configuration.
@@ -105,12 +108,53 @@ async fn connect(config: &SessionConfig, portal: &str) -> Result<TcpStream, Erro
         .map_err(connect_error)
 }
 
+/// One connect and login, followed through the connection state machine:
+/// T1 (connect requested), T4 (connected), then T5 (logged in), or T2/T7
+/// on a failure (RFC 7143 8.1.3).
 async fn login_once(
     config: &SessionConfig,
     params: &LoginRequestParams<'_>,
     portal: &str,
 ) -> Result<LoggedIn, Error> {
-    let stream = connect(config, portal).await?;
+    let mut state = ConnectionStateMachine::new(Role::Initiator);
+    let failed = |state: &mut ConnectionStateMachine, error: Error| {
+        let event = match error {
+            Error::Login(_) => ConnectionEvent::LoginFailed,
+            Error::Timeout { .. } => ConnectionEvent::LoginTimedOut,
+            _ => ConnectionEvent::TransportLost,
+        };
+        crate::connection::record_transition(state, event, params.cid);
+        error
+    };
+    crate::connection::record_transition(&mut state, ConnectionEvent::ConnectRequested, params.cid);
+    let stream = connect(config, portal)
+        .await
+        .map_err(|e| failed(&mut state, e))?;
+    crate::connection::record_transition(&mut state, ConnectionEvent::Connected, params.cid);
+    match negotiate(config, params, portal, stream).await {
+        Ok((datamover, complete)) => {
+            crate::connection::record_transition(
+                &mut state,
+                ConnectionEvent::LoginSucceeded,
+                params.cid,
+            );
+            Ok(LoggedIn {
+                datamover,
+                complete,
+                state,
+            })
+        }
+        Err(error) => Err(failed(&mut state, error)),
+    }
+}
+
+/// The login phase over a connected stream.
+async fn negotiate(
+    config: &SessionConfig,
+    params: &LoginRequestParams<'_>,
+    portal: &str,
+    stream: TcpStream,
+) -> Result<(TcpDatamover, InitiatorLoginComplete), Error> {
     let mut datamover = TcpDatamover::new(stream).map_err(|source| Error::Connect {
         address: portal.to_owned(),
         source,
@@ -165,10 +209,7 @@ async fn login_once(
                     data: p.data_digest == Digest::Crc32c,
                 };
                 datamover.enable(digests, p.max_recv_data_segment_length);
-                return Ok(LoggedIn {
-                    datamover,
-                    complete: *complete,
-                });
+                return Ok((datamover, *complete));
             }
         }
     }

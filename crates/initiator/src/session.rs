@@ -33,6 +33,7 @@ use iscsi_proto::pdu::{
     RESERVED_TAG, ScsiCommand, TaskFunction, TaskManagementRequest, TaskResponse,
 };
 use iscsi_proto::serial::{CmdSn, DataSn};
+use iscsi_proto::state::{ConnectionEvent, Role, SessionEvent, SessionState, SessionStateMachine};
 use iscsi_proto::text::NegotiatedParameters;
 use iscsi_proto::transfer::{Limits, R2tTracker, WritePlan, data_segments};
 use tokio::sync::mpsc;
@@ -67,6 +68,8 @@ struct Inner {
     parameters: Mutex<Option<NegotiatedParameters>>,
     closed: AtomicBool,
     reinstatements: AtomicU64,
+    /// The session's state (RFC 7143 8.3).
+    lifecycle: Mutex<SessionStateMachine>,
 }
 
 /// How one try of a command ended, when it did not complete.
@@ -121,10 +124,12 @@ impl Session {
             parameters: Mutex::new(None),
             closed: AtomicBool::new(false),
             reinstatements: AtomicU64::new(0),
+            lifecycle: Mutex::new(SessionStateMachine::new(Role::Initiator)),
             config,
         });
         let connections = inner.establish().await?;
         *inner.lock_connections() = connections;
+        inner.record(SessionEvent::ConnectionLoggedIn);
         Ok(Session { inner })
     }
 
@@ -246,13 +251,24 @@ impl Session {
             }),
             0,
         );
+        connection.record(ConnectionEvent::LogoutStarted);
         let result = inner.exchange(&connection, itt, header, &[]).await;
+        let closed = matches!(
+            &result,
+            Ok((reply, _)) if matches!(&reply.pdu, Pdu::LogoutResponse(r)
+                if r.response == LogoutResponseCode::ClosedSuccessfully)
+        );
         for c in &connections {
+            if closed && !Arc::ptr_eq(c, &connection) && c.rfc_state().is_full_feature() {
+                // The session closed by a logout on another connection (T8).
+                c.record(ConnectionEvent::SessionClosedElsewhere);
+            }
             c.terminate().await;
         }
         let (reply, _) = result?;
         match reply.pdu {
             Pdu::LogoutResponse(r) if r.response == LogoutResponseCode::ClosedSuccessfully => {
+                inner.record(SessionEvent::Closed);
                 Ok(())
             }
             Pdu::LogoutResponse(r) => {
@@ -276,6 +292,32 @@ impl Session {
 }
 
 impl Inner {
+    /// Applies a session event (RFC 7143 8.3); an event the RFC does not
+    /// allow is a bug here, reported (and fatal in debug builds).
+    fn record(&self, event: SessionEvent) {
+        let mut lifecycle = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match lifecycle.handle(event) {
+            Ok(t) => {
+                tracing::debug!(transition = t.label, from = %t.from, to = %t.to, "session state")
+            }
+            Err(error) => {
+                tracing::warn!(%error, "session state machine");
+                debug_assert!(false, "{error}");
+            }
+        }
+    }
+
+    /// The session's RFC 7143 state.
+    fn session_state(&self) -> SessionState {
+        self.lifecycle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .state()
+    }
+
     fn lock_connections(&self) -> MutexGuard<'_, Vec<Arc<Connection>>> {
         self.connections
             .lock()
@@ -361,6 +403,7 @@ impl Inner {
             receiver,
             sender,
             self.window.clone(),
+            logged_in.state,
         )
     }
 
@@ -395,6 +438,11 @@ impl Inner {
         for connection in self.lock_connections().iter() {
             connection.close();
         }
+        // Session reinstatement needs the session FAILED (RFC 7143 6.3.5):
+        // every connection is gone now (N5).
+        if self.session_state() == SessionState::LoggedIn {
+            self.record(SessionEvent::Failed);
+        }
         let mut last_error = Error::ConnectionLost;
         for attempt in 0..self.config.reconnect_attempts.max(1) {
             if attempt > 0 {
@@ -403,6 +451,10 @@ impl Inner {
             match self.establish().await {
                 Ok(connections) => {
                     *self.lock_connections() = connections;
+                    // The reinstatement cleared the failed instance (N6);
+                    // the new one is logged in (N1).
+                    self.record(SessionEvent::TimedOutOrReinstated);
+                    self.record(SessionEvent::ConnectionLoggedIn);
                     self.generation.fetch_add(1, Ordering::SeqCst);
                     self.reinstatements.fetch_add(1, Ordering::Relaxed);
                     tracing::info!(attempt, "session reinstated");

@@ -29,6 +29,7 @@
 pub mod error;
 pub mod pdu;
 pub mod serial;
+pub mod state;
 
 // Protocol logic built on them (more to come: session, datamover).
 pub mod login;

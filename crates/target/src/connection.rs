@@ -35,6 +35,7 @@ use iscsi_proto::pdu::{
     TaskManagementRequest, TaskManagementResponse, TaskResponse, TextRequest, TextResponse,
 };
 use iscsi_proto::serial::{CmdSn, DataSn, R2tSn, StatSn};
+use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachine};
 use iscsi_proto::text::codec::{self, TextPair};
 use iscsi_proto::text::{Negotiator, Role, SessionType, Stage};
 use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
@@ -44,7 +45,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::session::{Admission, Session, Shared, Task};
+use crate::session::{Admission, Session, Shared, Task, record_connection};
 use crate::stats::SessionStats;
 
 /// The reserved tag value (RFC 7143 11.2.1.8).
@@ -256,10 +257,14 @@ pub(crate) struct Connection {
     /// Transfer Tag, the rest of the text), sent a segment per empty Text
     /// Request that carries the tag (RFC 7143 11.10.2, 11.11.1).
     text_continuation: Option<(u32, u32, Vec<u8>)>,
+    /// The connection's state (RFC 7143 8.1, 8.2): LOGGED_IN when created.
+    state: ConnectionStateMachine,
 }
 
 impl Connection {
-    /// A connection that has just completed its login.
+    /// A connection that has just completed its login: everything it
+    /// needs comes from that login, hence the argument count.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         shared: Arc<Shared>,
         session: Arc<Session>,
@@ -268,6 +273,7 @@ impl Connection {
         local: SocketAddr,
         stat_sn: StatSn,
         sender: StreamSender<OwnedWriteHalf>,
+        state: ConnectionStateMachine,
     ) -> Self {
         let writer = Arc::new(Writer {
             state: tokio::sync::Mutex::new(WriterState { sender, stat_sn }),
@@ -286,15 +292,22 @@ impl Connection {
             discarding: HashSet::new(),
             next_transfer_tag: 1,
             text_continuation: None,
+            state,
         }
     }
 
+    /// Applies a connection event (RFC 7143 8.1, 8.2).
+    fn record(&mut self, event: ConnectionEvent) {
+        record_connection(&mut self.state, event, Some(self.cid));
+    }
+
     /// Reads and serves PDUs until logout, the peer's close, an error, the
-    /// session's close or the end of the shutdown grace period.
+    /// session's close or the end of the shutdown grace period. Says
+    /// whether the connection ended by a successful logout (T13).
     pub async fn run(
         mut self,
         mut receiver: StreamReceiver<OwnedReadHalf>,
-    ) -> Result<(), DatamoverError> {
+    ) -> (Result<(), DatamoverError>, bool) {
         let mut shutdown = self.shared.shutdown.clone();
         let mut closing = self.session.closing();
         let mut logout_deadline: Option<Instant> = None;
@@ -303,10 +316,18 @@ impl Connection {
         let mut ping_outstanding = false;
         let result = loop {
             if *closing.borrow() {
+                if self.state.state() != ConnectionState::Free {
+                    // Closed by a "close the session" logout on another
+                    // connection, a reinstatement or a target reset.
+                    self.record(ConnectionEvent::SessionClosedElsewhere);
+                }
                 break Ok(());
             }
             if *shutdown.borrow() && logout_deadline.is_none() {
-                logout_deadline = Some(self.request_logout().await?);
+                match self.request_logout().await {
+                    Ok(deadline) => logout_deadline = Some(deadline),
+                    Err(e) => break Err(e),
+                }
             }
             let deadline = logout_deadline;
             let ping_at = ping_interval.map(|interval| quiet_since + interval);
@@ -325,7 +346,9 @@ impl Connection {
                         warn!(cid = self.cid, "no answer to the NOP-In ping: dropping the connection");
                         break Ok(());
                     }
-                    self.ping().await?;
+                    if let Err(e) = self.ping().await {
+                        break Err(e);
+                    }
                     ping_outstanding = true;
                     quiet_since = Instant::now();
                     continue;
@@ -345,10 +368,23 @@ impl Connection {
                 Err(e) => break Err(e),
             }
         };
+        let logged_out = self.state.state() == ConnectionState::Free;
+        if !logged_out && *closing.borrow() {
+            // The session closed while the peer was closing this
+            // connection too: a clean close, not a failure (T8, T18, T13).
+            self.record(ConnectionEvent::SessionClosedElsewhere);
+        } else if !logged_out {
+            // The transport went away, failed, or is dropped for silence
+            // (T15, T16, T17). ErrorRecoveryLevel 0 keeps no connection
+            // state for a later cleanup (Time2Retain 0): the cleanup ends
+            // at once (M1).
+            self.record(ConnectionEvent::TransportLost);
+            self.record(ConnectionEvent::CleanupTimedOut);
+        }
         // Writes still collecting data die with the connection.
         self.abandon_pending_writes();
         self.writer.terminate().await;
-        result
+        (result, logged_out && !*closing.borrow())
     }
 
     /// Aborts every write still waiting for Data-Out on this connection
@@ -377,8 +413,9 @@ impl Connection {
 
     /// Asks the initiator to log out (RFC 7143 11.9.1, AsyncEvent 1) and
     /// returns when to give up waiting.
-    async fn request_logout(&self) -> Result<Instant, DatamoverError> {
+    async fn request_logout(&mut self) -> Result<Instant, DatamoverError> {
         info!(cid = self.cid, "target shutting down: requesting logout");
+        self.record(ConnectionEvent::LogoutRequestedByTarget);
         let message = AsyncMessage {
             lun: Lun(0),
             async_event: AsyncEvent::LogoutRequest,
@@ -499,6 +536,7 @@ impl Connection {
             _ => LogoutResponseCode::RecoveryNotSupported,
         };
         if response == LogoutResponseCode::ClosedSuccessfully {
+            self.record(ConnectionEvent::LogoutStarted);
             self.abandon_pending_writes();
             self.in_flight.wait_idle().await;
         }
@@ -516,8 +554,9 @@ impl Connection {
             return Ok(Flow::Continue);
         }
         info!(cid = self.cid, reason = ?request.reason, "logout");
+        self.record(ConnectionEvent::LogoutSucceeded);
         if request.reason == LogoutReason::CloseSession {
-            self.session.close();
+            self.session.close_by_logout();
         }
         Ok(Flow::Stop)
     }

@@ -19,12 +19,16 @@ use iscsi_proto::login::chap::ChallengeHistory;
 use iscsi_proto::login::target::{LoginComplete, LoginOutcome, TargetLogin};
 use iscsi_proto::pdu::{Digests, Header, LoginRequest, Pdu};
 use iscsi_proto::serial::{CmdSn, StatSn};
+use iscsi_proto::state::{
+    ConnectionEvent, ConnectionState, ConnectionStateMachine, Role, SessionEvent,
+    SessionStateMachine,
+};
 use iscsi_proto::text::{Digest, NegotiatedParameters, SessionType};
 use iscsi_proto::transfer::Limits;
 use iscsi_scsi::{Nexus, ScsiTarget};
 use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
-use tracing::info;
+use tracing::{debug, info, warn};
 
 use crate::config::TargetConfig;
 use crate::connection::Connection;
@@ -213,6 +217,11 @@ pub(crate) struct Session {
     close: watch::Sender<bool>,
     /// Connections in full feature phase.
     connections: AtomicU32,
+    /// The session's state (RFC 7143 8.3).
+    lifecycle: Mutex<SessionStateMachine>,
+    /// A "close the session" logout succeeded (session closure, 6.3.6),
+    /// as opposed to failure or reinstatement.
+    closed_by_logout: AtomicBool,
     /// Counters for the session's statistics.
     pub stats: SessionStats,
 }
@@ -224,6 +233,7 @@ impl Session {
         target_port: u16,
         window: u32,
         cmd_sn: CmdSn,
+        lifecycle: SessionStateMachine,
     ) -> Self {
         let isid = complete
             .request
@@ -247,8 +257,26 @@ impl Session {
             }),
             close: watch::channel(false).0,
             connections: AtomicU32::new(0),
+            lifecycle: Mutex::new(lifecycle),
+            closed_by_logout: AtomicBool::new(false),
             stats: SessionStats::default(),
         }
+    }
+
+    /// Applies a session event (RFC 7143 8.3) and logs the transition.
+    pub fn record(&self, event: SessionEvent) {
+        let mut lifecycle = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        record_session(&mut lifecycle, event, self.tsih);
+    }
+
+    /// Marks the session as closed by a successful "close the session"
+    /// logout, and asks every connection to close.
+    pub fn close_by_logout(&self) {
+        self.closed_by_logout.store(true, Ordering::Release);
+        self.close();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, WindowState> {
@@ -468,14 +496,42 @@ pub(crate) async fn serve_connection(
     shared: Arc<Shared>,
 ) -> Result<(), DatamoverError> {
     let mut transport = TcpDatamover::new(stream)?;
+    let mut state = ConnectionStateMachine::new(Role::Target);
+    record_connection(&mut state, ConnectionEvent::Accepted, None);
+    // The session a leading login creates is ACTIVE while that login runs.
+    let mut leading: Option<SessionStateMachine> = None;
     // A login that stalls (a silent peer, a half-sent PDU) must not hold
     // the connection forever.
-    let Ok(logged_in) = tokio::time::timeout(LOGIN_TIMEOUT, login(&mut transport, &shared)).await
-    else {
+    let logged_in = tokio::time::timeout(
+        LOGIN_TIMEOUT,
+        login(&mut transport, &shared, &mut state, &mut leading),
+    )
+    .await;
+    let Ok(logged_in) = logged_in else {
         info!(peer = %transport.peer_addr(), "login timed out: connection closed");
+        record_connection(&mut state, ConnectionEvent::LoginTimedOut, None);
+        if let Some(mut leading) = leading {
+            record_session(&mut leading, SessionEvent::LeadingLoginFailed, 0);
+        }
         return Ok(());
     };
-    let Some((complete, cmd_sn)) = logged_in? else {
+    let logged_in = match logged_in {
+        Ok(Some(done)) => Some(done),
+        Ok(None) => None,
+        Err(error) => {
+            if state.state() != ConnectionState::Free {
+                record_connection(&mut state, ConnectionEvent::TransportLost, None);
+            }
+            if let Some(mut leading) = leading {
+                record_session(&mut leading, SessionEvent::LeadingLoginFailed, 0);
+            }
+            return Err(error);
+        }
+    };
+    let Some((complete, cmd_sn)) = logged_in else {
+        if let Some(mut leading) = leading {
+            record_session(&mut leading, SessionEvent::LeadingLoginFailed, 0);
+        }
         return Ok(());
     };
     let params = complete.parameters.clone();
@@ -492,14 +548,24 @@ pub(crate) async fn serve_connection(
             .filter(|_| params.session_type == SessionType::Normal)
             .and_then(|name| shared.scsi.iter().find(|(n, _)| n == name))
             .map(|(_, s)| Arc::clone(s));
+        let mut lifecycle = leading.unwrap_or_else(|| SessionStateMachine::new(Role::Target));
+        record_session(
+            &mut lifecycle,
+            SessionEvent::ConnectionLoggedIn,
+            complete.tsih,
+        );
         let session = Arc::new(Session::new(
             &complete,
             scsi,
             shared.config.portal_group_tag,
             shared.config.command_window,
             cmd_sn,
+            lifecycle,
         ));
         for old in shared.sessions.insert(Arc::clone(&session)) {
+            // Session reinstatement (6.3.5): the old instance's
+            // connections close (T8) and its tasks end; the session itself
+            // is cleared when its last connection is gone (N5, N6).
             info!(tsih = old.tsih, "session reinstated: closing the old one");
             old.abort_all();
             old.close();
@@ -507,7 +573,10 @@ pub(crate) async fn serve_connection(
         session
     } else {
         match shared.sessions.get(complete.tsih) {
-            Some(session) => session,
+            Some(session) => {
+                session.record(SessionEvent::ConnectionLoggedIn);
+                session
+            }
             // The session ended between the policy's check and now.
             None => return Ok(()),
         }
@@ -534,11 +603,21 @@ pub(crate) async fn serve_connection(
         local,
         complete.next_stat_sn,
         sender,
+        state,
     );
-    let result = connection.run(receiver).await;
+    let (result, ended_by_logout) = connection.run(receiver).await;
     if session.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
         // The last connection is gone: at ErrorRecoveryLevel 0 the session
-        // ends with it, and so do its tasks.
+        // ends with it, and so do its tasks. Closed by a logout, that is
+        // session closure (N3); otherwise the session failed (N5) and, with
+        // no continuation at ERL 0 (Time2Retain 0), is cleared at once
+        // (N6), as it is when a reinstatement replaced it.
+        if ended_by_logout || session.closed_by_logout.load(Ordering::Acquire) {
+            session.record(SessionEvent::Closed);
+        } else {
+            session.record(SessionEvent::Failed);
+            session.record(SessionEvent::TimedOutOrReinstated);
+        }
         session.abort_all();
         shared.sessions.remove(&session);
         if let Some(scsi) = &session.scsi {
@@ -555,6 +634,8 @@ pub(crate) async fn serve_connection(
 async fn login(
     transport: &mut TcpDatamover,
     shared: &Shared,
+    state: &mut ConnectionStateMachine,
+    leading: &mut Option<SessionStateMachine>,
 ) -> Result<Option<(Box<LoginComplete>, CmdSn)>, DatamoverError> {
     let challenge: Vec<u8> = (0..32).map(|_| rand::random::<u8>()).collect();
     let mut login = TargetLogin::new(
@@ -565,8 +646,19 @@ async fn login(
     );
     loop {
         let Some(incoming) = transport.receiver.receive().await? else {
+            record_connection(state, ConnectionEvent::TransportLost, None);
             return Ok(None);
         };
+        if state.state() == ConnectionState::XptUp {
+            record_connection(state, ConnectionEvent::LoginRequestReceived, None);
+            if let Pdu::LoginRequest(request) = &incoming.header.pdu
+                && request.tsih == 0
+            {
+                let mut session = SessionStateMachine::new(Role::Target);
+                record_session(&mut session, SessionEvent::LeadingLoginStarted, 0);
+                *leading = Some(session);
+            }
+        }
         let (step, cmd_sn) = match &incoming.header.pdu {
             Pdu::LoginRequest(request) => (
                 login.receive(&shared.policy, request, &incoming.data),
@@ -593,9 +685,45 @@ async fn login(
                     detail = status.detail,
                     "login refused"
                 );
+                record_connection(state, ConnectionEvent::LoginFailed, None);
                 return Ok(None);
             }
-            LoginOutcome::Complete(done) => return Ok(Some((done, cmd_sn))),
+            LoginOutcome::Complete(done) => {
+                record_connection(
+                    state,
+                    ConnectionEvent::LoginSucceeded,
+                    Some(done.request.cid),
+                );
+                return Ok(Some((done, cmd_sn)));
+            }
+        }
+    }
+}
+
+/// Applies `event` to a connection's state machine (RFC 7143 8.1, 8.2) and
+/// logs the transition. An event the RFC has no transition for is a bug in
+/// this driver: it is logged (and fails debug builds), the state is kept.
+pub(crate) fn record_connection(
+    machine: &mut ConnectionStateMachine,
+    event: ConnectionEvent,
+    cid: Option<u16>,
+) {
+    match machine.handle(event) {
+        Ok(t) => debug!(?cid, transition = t.label, from = %t.from, to = %t.to, "connection state"),
+        Err(error) => {
+            warn!(?cid, %error, "connection state machine");
+            debug_assert!(false, "{error}");
+        }
+    }
+}
+
+/// The same for a session's state machine (RFC 7143 8.3).
+fn record_session(machine: &mut SessionStateMachine, event: SessionEvent, tsih: u16) {
+    match machine.handle(event) {
+        Ok(t) => debug!(tsih, transition = t.label, from = %t.from, to = %t.to, "session state"),
+        Err(error) => {
+            warn!(tsih, %error, "session state machine");
+            debug_assert!(false, "{error}");
         }
     }
 }
