@@ -14,6 +14,11 @@
 //!   T15/T16/T17.
 //! - [`SessionStateMachine`]: section 8.3 (FREE, LOGGED_IN, FAILED for
 //!   both roles; ACTIVE and IN_CONTINUE for targets only).
+//!
+//! The transition labels follow the RFC's text; where the text was not at
+//! hand they were checked against the labels two independent
+//! implementations cite in their own state machines (an initiator's and a
+//! target's), so a trace reads the same as the RFC's diagrams.
 
 use std::fmt;
 
@@ -140,7 +145,9 @@ pub enum ConnectionEvent {
 /// A transition the RFC allows: its label and the state it leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Transition<S> {
-    /// The RFC's label: "T1".."T18", "M1".."M5", "N1".."N9".
+    /// The RFC's label: "T1".."T18", "M1".."M5", "N1".."N11" ("-" for an
+    /// event that keeps the session's state, such as a further MC/S
+    /// connection logging in).
     pub label: &'static str,
     /// The state before.
     pub from: S,
@@ -340,7 +347,8 @@ pub enum SessionEvent {
     ContinuationFailed,
     /// The session state timeout (Time2Wait + Time2Retain) expired, or a
     /// session reinstatement (same initiator and ISID, TSIH 0) cleared
-    /// this failed session.
+    /// this session: a failed one (N6) or, on a target, one still in its
+    /// leading login or in a continuation attempt (N11).
     TimedOutOrReinstated,
 }
 
@@ -363,12 +371,13 @@ pub fn session_transition(
         (S::LoggedIn, E::ConnectionLoggedIn) => ("-", S::LoggedIn),
         (S::LoggedIn, E::Closed) => ("N3", S::Free),
         (S::Failed, E::ConnectionLoggedIn) if !target => ("N4", S::LoggedIn),
-        (S::InContinue, E::ConnectionLoggedIn) if target => ("N4", S::LoggedIn),
+        (S::InContinue, E::ConnectionLoggedIn) if target => ("N10", S::LoggedIn),
         (S::LoggedIn, E::Failed) => ("N5", S::Failed),
         (S::Failed, E::TimedOutOrReinstated) => ("N6", S::Free),
         (S::Failed, E::ContinuationStarted) if target => ("N7", S::InContinue),
         (S::InContinue, E::ContinuationFailed) if target => ("N8", S::Failed),
         (S::Active, E::LeadingLoginFailed) if target => ("N9", S::Free),
+        (S::Active | S::InContinue, E::TimedOutOrReinstated) if target => ("N11", S::Free),
         _ => return None,
     };
     Some(Transition {

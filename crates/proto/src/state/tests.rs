@@ -271,7 +271,7 @@ const SESSION_TABLE: &[(Role, SessionState, SessionEvent, &str, SessionState)] =
     (I, SessionState::LoggedIn, SessionEvent::Closed, "N3", SessionState::Free),
     (T, SessionState::LoggedIn, SessionEvent::Closed, "N3", SessionState::Free),
     (I, SessionState::Failed, SessionEvent::ConnectionLoggedIn, "N4", SessionState::LoggedIn),
-    (T, SessionState::InContinue, SessionEvent::ConnectionLoggedIn, "N4", SessionState::LoggedIn),
+    (T, SessionState::InContinue, SessionEvent::ConnectionLoggedIn, "N10", SessionState::LoggedIn),
     (I, SessionState::LoggedIn, SessionEvent::Failed, "N5", SessionState::Failed),
     (T, SessionState::LoggedIn, SessionEvent::Failed, "N5", SessionState::Failed),
     (I, SessionState::Failed, SessionEvent::TimedOutOrReinstated, "N6", SessionState::Free),
@@ -279,6 +279,8 @@ const SESSION_TABLE: &[(Role, SessionState, SessionEvent, &str, SessionState)] =
     (T, SessionState::Failed, SessionEvent::ContinuationStarted, "N7", SessionState::InContinue),
     (T, SessionState::InContinue, SessionEvent::ContinuationFailed, "N8", SessionState::Failed),
     (T, SessionState::Active, SessionEvent::LeadingLoginFailed, "N9", SessionState::Free),
+    (T, SessionState::Active, SessionEvent::TimedOutOrReinstated, "N11", SessionState::Free),
+    (T, SessionState::InContinue, SessionEvent::TimedOutOrReinstated, "N11", SessionState::Free),
 ];
 
 #[test]
