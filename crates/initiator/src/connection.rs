@@ -35,7 +35,8 @@ use iscsi_proto::pdu::{
 };
 use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::state::{
-    ConnectionEvent, ConnectionState as RfcConnectionState, ConnectionStateMachine,
+    ConnectionEvent, ConnectionState as RfcConnectionState, ConnectionStateMachine, Diagram,
+    Machine,
 };
 use iscsi_proto::transfer::Limits;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -208,21 +209,23 @@ pub(crate) struct Connection {
     lifecycle: Mutex<ConnectionStateMachine>,
 }
 
-/// Applies `event` to a connection state machine and traces the RFC's
-/// transition; an event the RFC does not allow is a bug here, reported
-/// (and fatal in debug builds) with the state left as it was.
-pub(crate) fn record_transition(
-    machine: &mut ConnectionStateMachine,
-    event: ConnectionEvent,
-    cid: u16,
+/// Applies `event` to a section 8 state machine and traces the RFC's
+/// transition; `cid` is the connection's (`None` for the session). An
+/// event the RFC does not allow is a bug here, reported (and fatal in
+/// debug builds) with the state left as it was.
+pub(crate) fn record_transition<D: Diagram>(
+    machine: &mut Machine<D>,
+    event: D::Event,
+    cid: Option<u16>,
 ) {
-    let outcome = machine.handle(event);
-    if let Ok(t) = &outcome {
-        tracing::debug!(cid, transition = t.label, from = %t.from, to = %t.to, "connection state");
-    }
-    if let Err(error) = outcome {
-        tracing::warn!(cid, %error, "connection state machine");
-        debug_assert!(false, "{error}");
+    match machine.handle(event) {
+        Ok(t) => {
+            tracing::debug!(?cid, transition = t.label, from = %t.from, to = %t.to, "{} state", D::NAME)
+        }
+        Err(error) => {
+            tracing::warn!(?cid, %error, "state machine");
+            debug_assert!(false, "{error}");
+        }
     }
 }
 
@@ -313,7 +316,7 @@ impl Connection {
             .lifecycle
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        record_transition(&mut lifecycle, event, self.cid);
+        record_transition(&mut lifecycle, event, Some(self.cid));
     }
 
     /// The connection's RFC 7143 state.

@@ -123,20 +123,24 @@ async fn login_once(
             Error::Timeout { .. } => ConnectionEvent::LoginTimedOut,
             _ => ConnectionEvent::TransportLost,
         };
-        crate::connection::record_transition(state, event, params.cid);
+        crate::connection::record_transition(state, event, Some(params.cid));
         error
     };
-    crate::connection::record_transition(&mut state, ConnectionEvent::ConnectRequested, params.cid);
+    crate::connection::record_transition(
+        &mut state,
+        ConnectionEvent::ConnectRequested,
+        Some(params.cid),
+    );
     let stream = connect(config, portal)
         .await
         .map_err(|e| failed(&mut state, e))?;
-    crate::connection::record_transition(&mut state, ConnectionEvent::Connected, params.cid);
+    crate::connection::record_transition(&mut state, ConnectionEvent::Connected, Some(params.cid));
     match negotiate(config, params, portal, stream).await {
         Ok((datamover, complete)) => {
             crate::connection::record_transition(
                 &mut state,
                 ConnectionEvent::LoginSucceeded,
-                params.cid,
+                Some(params.cid),
             );
             Ok(LoggedIn {
                 datamover,

@@ -299,15 +299,7 @@ impl Inner {
             .lifecycle
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        match lifecycle.handle(event) {
-            Ok(t) => {
-                tracing::debug!(transition = t.label, from = %t.from, to = %t.to, "session state")
-            }
-            Err(error) => {
-                tracing::warn!(%error, "session state machine");
-                debug_assert!(false, "{error}");
-            }
-        }
+        crate::connection::record_transition(&mut lifecycle, event, None);
     }
 
     /// The session's RFC 7143 state.

@@ -156,18 +156,101 @@ pub struct Transition<S> {
 }
 
 /// An event the RFC's diagram has no transition for in the current state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{role:?} {machine}: no transition for {event} in state {state}")]
 pub struct IllegalTransition {
     /// Which side's diagram.
     pub role: Role,
     /// "connection" or "session".
     pub machine: &'static str,
-    /// The state the machine was (and stays) in.
+    /// The state the machine was (and stays) in, by its RFC name.
     pub state: &'static str,
-    /// The event, as its debug name.
-    pub event: &'static str,
+    /// The event.
+    pub event: String,
 }
+
+/// One of section 8's diagrams: its states, its events and its
+/// transition function.
+pub trait Diagram {
+    /// The diagram's states.
+    type State: Copy + fmt::Debug + fmt::Display + PartialEq;
+    /// What the drivers report.
+    type Event: Copy + fmt::Debug;
+    /// "connection" or "session", for errors.
+    const NAME: &'static str;
+    /// Where every machine starts (FREE).
+    const INITIAL: Self::State;
+    /// The transition for `event` in `state` for `role`, if any.
+    fn transition(
+        role: Role,
+        state: Self::State,
+        event: Self::Event,
+    ) -> Option<Transition<Self::State>>;
+    /// The RFC's name of a state.
+    fn state_name(state: Self::State) -> &'static str;
+}
+
+/// A state machine following diagram `D` for one role.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Machine<D: Diagram> {
+    role: Role,
+    state: D::State,
+}
+
+impl<D: Diagram> Machine<D> {
+    /// A machine for `role` in the diagram's initial state (FREE).
+    pub fn new(role: Role) -> Self {
+        Machine::in_state(role, D::INITIAL)
+    }
+
+    /// A machine for `role` already in `state`.
+    pub fn in_state(role: Role, state: D::State) -> Self {
+        Machine { role, state }
+    }
+
+    /// The current state.
+    pub fn state(&self) -> D::State {
+        self.state
+    }
+
+    /// Applies `event`: the transition taken, or an error (the state is
+    /// then unchanged).
+    pub fn handle(&mut self, event: D::Event) -> Result<Transition<D::State>, IllegalTransition> {
+        let transition =
+            D::transition(self.role, self.state, event).ok_or_else(|| IllegalTransition {
+                role: self.role,
+                machine: D::NAME,
+                state: D::state_name(self.state),
+                event: format!("{event:?}"),
+            })?;
+        self.state = transition.to;
+        Ok(transition)
+    }
+}
+
+/// Section 8.1 with 8.2: a connection's diagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectionDiagram;
+
+impl Diagram for ConnectionDiagram {
+    type State = ConnectionState;
+    type Event = ConnectionEvent;
+    const NAME: &'static str = "connection";
+    const INITIAL: ConnectionState = ConnectionState::Free;
+    fn transition(
+        role: Role,
+        state: ConnectionState,
+        event: ConnectionEvent,
+    ) -> Option<Transition<ConnectionState>> {
+        connection_transition(role, state, event)
+    }
+    fn state_name(state: ConnectionState) -> &'static str {
+        state.rfc_name()
+    }
+}
+
+/// One connection's state machine (sections 8.1 and 8.2).
+pub type ConnectionStateMachine = Machine<ConnectionDiagram>;
 
 /// The transition for `event` in `state` for `role`, if the RFC has one
 /// (sections 8.1.3 and 8.2.2).
@@ -223,68 +306,6 @@ pub fn connection_transition(
         from: state,
         to,
     })
-}
-
-/// One connection's state machine (sections 8.1 and 8.2). Starts in FREE.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConnectionStateMachine {
-    role: Role,
-    state: ConnectionState,
-}
-
-impl ConnectionStateMachine {
-    /// A machine for `role` in state FREE.
-    pub fn new(role: Role) -> Self {
-        ConnectionStateMachine {
-            role,
-            state: ConnectionState::Free,
-        }
-    }
-
-    /// The current state.
-    pub fn state(&self) -> ConnectionState {
-        self.state
-    }
-
-    /// Applies `event`: the transition taken, or an error (the state is
-    /// then unchanged).
-    pub fn handle(
-        &mut self,
-        event: ConnectionEvent,
-    ) -> Result<Transition<ConnectionState>, IllegalTransition> {
-        let transition =
-            connection_transition(self.role, self.state, event).ok_or(IllegalTransition {
-                role: self.role,
-                machine: "connection",
-                state: self.state.rfc_name(),
-                event: connection_event_name(event),
-            })?;
-        self.state = transition.to;
-        Ok(transition)
-    }
-}
-
-fn connection_event_name(event: ConnectionEvent) -> &'static str {
-    use ConnectionEvent as E;
-    match event {
-        E::ConnectRequested => "ConnectRequested",
-        E::Connected => "Connected",
-        E::Accepted => "Accepted",
-        E::LoginRequestReceived => "LoginRequestReceived",
-        E::LoginSucceeded => "LoginSucceeded",
-        E::LoginFailed => "LoginFailed",
-        E::LoginTimedOut => "LoginTimedOut",
-        E::TransportLost => "TransportLost",
-        E::SessionClosedElsewhere => "SessionClosedElsewhere",
-        E::LogoutStarted => "LogoutStarted",
-        E::LogoutRequestedByTarget => "LogoutRequestedByTarget",
-        E::LogoutSucceeded => "LogoutSucceeded",
-        E::LogoutFailed => "LogoutFailed",
-        E::CleanupTimedOut => "CleanupTimedOut",
-        E::CleanupStarted => "CleanupStarted",
-        E::CleanupFailed => "CleanupFailed",
-        E::CleanupSucceeded => "CleanupSucceeded",
-    }
 }
 
 /// A session's state (RFC 7143 8.3).
@@ -387,58 +408,29 @@ pub fn session_transition(
     })
 }
 
-/// One session's state machine (section 8.3). Starts in FREE.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SessionStateMachine {
-    role: Role,
-    state: SessionState,
-}
+/// Section 8.3: a session's diagram.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionDiagram;
 
-impl SessionStateMachine {
-    /// A machine for `role` in state FREE.
-    pub fn new(role: Role) -> Self {
-        SessionStateMachine {
-            role,
-            state: SessionState::Free,
-        }
-    }
-
-    /// The current state.
-    pub fn state(&self) -> SessionState {
-        self.state
-    }
-
-    /// Applies `event`: the transition taken, or an error (the state is
-    /// then unchanged).
-    pub fn handle(
-        &mut self,
+impl Diagram for SessionDiagram {
+    type State = SessionState;
+    type Event = SessionEvent;
+    const NAME: &'static str = "session";
+    const INITIAL: SessionState = SessionState::Free;
+    fn transition(
+        role: Role,
+        state: SessionState,
         event: SessionEvent,
-    ) -> Result<Transition<SessionState>, IllegalTransition> {
-        let transition =
-            session_transition(self.role, self.state, event).ok_or(IllegalTransition {
-                role: self.role,
-                machine: "session",
-                state: self.state.rfc_name(),
-                event: session_event_name(event),
-            })?;
-        self.state = transition.to;
-        Ok(transition)
+    ) -> Option<Transition<SessionState>> {
+        session_transition(role, state, event)
+    }
+    fn state_name(state: SessionState) -> &'static str {
+        state.rfc_name()
     }
 }
 
-fn session_event_name(event: SessionEvent) -> &'static str {
-    use SessionEvent as E;
-    match event {
-        E::LeadingLoginStarted => "LeadingLoginStarted",
-        E::ConnectionLoggedIn => "ConnectionLoggedIn",
-        E::LeadingLoginFailed => "LeadingLoginFailed",
-        E::Closed => "Closed",
-        E::Failed => "Failed",
-        E::ContinuationStarted => "ContinuationStarted",
-        E::ContinuationFailed => "ContinuationFailed",
-        E::TimedOutOrReinstated => "TimedOutOrReinstated",
-    }
-}
+/// One session's state machine (section 8.3).
+pub type SessionStateMachine = Machine<SessionDiagram>;
 
 #[cfg(test)]
 mod tests;

@@ -226,6 +226,33 @@ fn session_keys_are_irrelevant_in_discovery_sessions() {
     assert_eq!(target.session_type(), SessionType::Discovery);
 }
 
+/// The kernel initiator (open-iscsi) sends ErrorRecoveryLevel in a
+/// discovery login and refuses the login unless the answer is a number;
+/// tgt answers all three of these keys there (testdata/captures/discovery).
+#[test]
+fn recovery_and_timer_keys_are_negotiated_in_discovery_sessions() {
+    let mut target = target_with(|_| {});
+    let answers = target
+        .receive(
+            &[
+                TextPair::new("SessionType", "Discovery"),
+                TextPair::new("ErrorRecoveryLevel", "0"),
+                TextPair::new("DefaultTime2Wait", "2"),
+                TextPair::new("DefaultTime2Retain", "0"),
+            ],
+            Stage::Operational,
+        )
+        .unwrap();
+    assert_eq!(
+        answers,
+        vec![
+            TextPair::new("ErrorRecoveryLevel", "0"),
+            TextPair::new("DefaultTime2Wait", "2"),
+            TextPair::new("DefaultTime2Retain", "0"),
+        ]
+    );
+}
+
 #[test]
 fn leading_only_keys_are_irrelevant_on_secondary_connections() {
     let mut target = Negotiator::new(Role::Target, NegotiationConfig::default(), false);

@@ -45,7 +45,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
-use crate::session::{Admission, Session, Shared, Task, record_connection};
+use crate::session::{Admission, Session, Shared, Task, record};
 use crate::stats::SessionStats;
 
 /// The reserved tag value (RFC 7143 11.2.1.8).
@@ -298,7 +298,7 @@ impl Connection {
 
     /// Applies a connection event (RFC 7143 8.1, 8.2).
     fn record(&mut self, event: ConnectionEvent) {
-        record_connection(&mut self.state, event, Some(self.cid));
+        record(&mut self.state, event, &format!("cid {}", self.cid));
     }
 
     /// Reads and serves PDUs until logout, the peer's close, an error, the

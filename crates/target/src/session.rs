@@ -20,7 +20,7 @@ use iscsi_proto::login::target::{LoginComplete, LoginOutcome, TargetLogin};
 use iscsi_proto::pdu::{Digests, Header, LoginRequest, Pdu};
 use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::state::{
-    ConnectionEvent, ConnectionState, ConnectionStateMachine, Role, SessionEvent,
+    ConnectionEvent, ConnectionState, ConnectionStateMachine, Diagram, Machine, Role, SessionEvent,
     SessionStateMachine,
 };
 use iscsi_proto::text::{Digest, NegotiatedParameters, SessionType};
@@ -269,7 +269,7 @@ impl Session {
             .lifecycle
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        record_session(&mut lifecycle, event, self.tsih);
+        record(&mut *lifecycle, event, &format!("tsih {}", self.tsih));
     }
 
     /// Marks the session as closed by a successful "close the session"
@@ -497,7 +497,7 @@ pub(crate) async fn serve_connection(
 ) -> Result<(), DatamoverError> {
     let mut transport = TcpDatamover::new(stream)?;
     let mut state = ConnectionStateMachine::new(Role::Target);
-    record_connection(&mut state, ConnectionEvent::Accepted, None);
+    record(&mut state, ConnectionEvent::Accepted, "login");
     // The session a leading login creates is ACTIVE while that login runs.
     let mut leading: Option<SessionStateMachine> = None;
     // A login that stalls (a silent peer, a half-sent PDU) must not hold
@@ -509,9 +509,13 @@ pub(crate) async fn serve_connection(
     .await;
     let Ok(logged_in) = logged_in else {
         info!(peer = %transport.peer_addr(), "login timed out: connection closed");
-        record_connection(&mut state, ConnectionEvent::LoginTimedOut, None);
+        record(&mut state, ConnectionEvent::LoginTimedOut, "login");
         if let Some(mut leading) = leading {
-            record_session(&mut leading, SessionEvent::LeadingLoginFailed, 0);
+            record(
+                &mut leading,
+                SessionEvent::LeadingLoginFailed,
+                "leading login",
+            );
         }
         return Ok(());
     };
@@ -520,17 +524,25 @@ pub(crate) async fn serve_connection(
         Ok(None) => None,
         Err(error) => {
             if state.state() != ConnectionState::Free {
-                record_connection(&mut state, ConnectionEvent::TransportLost, None);
+                record(&mut state, ConnectionEvent::TransportLost, "login");
             }
             if let Some(mut leading) = leading {
-                record_session(&mut leading, SessionEvent::LeadingLoginFailed, 0);
+                record(
+                    &mut leading,
+                    SessionEvent::LeadingLoginFailed,
+                    "leading login",
+                );
             }
             return Err(error);
         }
     };
     let Some((complete, cmd_sn)) = logged_in else {
         if let Some(mut leading) = leading {
-            record_session(&mut leading, SessionEvent::LeadingLoginFailed, 0);
+            record(
+                &mut leading,
+                SessionEvent::LeadingLoginFailed,
+                "leading login",
+            );
         }
         return Ok(());
     };
@@ -549,10 +561,10 @@ pub(crate) async fn serve_connection(
             .and_then(|name| shared.scsi.iter().find(|(n, _)| n == name))
             .map(|(_, s)| Arc::clone(s));
         let mut lifecycle = leading.unwrap_or_else(|| SessionStateMachine::new(Role::Target));
-        record_session(
+        record(
             &mut lifecycle,
             SessionEvent::ConnectionLoggedIn,
-            complete.tsih,
+            "leading login",
         );
         let session = Arc::new(Session::new(
             &complete,
@@ -646,16 +658,20 @@ async fn login(
     );
     loop {
         let Some(incoming) = transport.receiver.receive().await? else {
-            record_connection(state, ConnectionEvent::TransportLost, None);
+            record(state, ConnectionEvent::TransportLost, "login");
             return Ok(None);
         };
         if state.state() == ConnectionState::XptUp {
-            record_connection(state, ConnectionEvent::LoginRequestReceived, None);
+            record(state, ConnectionEvent::LoginRequestReceived, "login");
             if let Pdu::LoginRequest(request) = &incoming.header.pdu
                 && request.tsih == 0
             {
                 let mut session = SessionStateMachine::new(Role::Target);
-                record_session(&mut session, SessionEvent::LeadingLoginStarted, 0);
+                record(
+                    &mut session,
+                    SessionEvent::LeadingLoginStarted,
+                    "leading login",
+                );
                 *leading = Some(session);
             }
         }
@@ -685,44 +701,28 @@ async fn login(
                     detail = status.detail,
                     "login refused"
                 );
-                record_connection(state, ConnectionEvent::LoginFailed, None);
+                record(state, ConnectionEvent::LoginFailed, "login");
                 return Ok(None);
             }
             LoginOutcome::Complete(done) => {
-                record_connection(
-                    state,
-                    ConnectionEvent::LoginSucceeded,
-                    Some(done.request.cid),
-                );
+                record(state, ConnectionEvent::LoginSucceeded, "login");
                 return Ok(Some((done, cmd_sn)));
             }
         }
     }
 }
 
-/// Applies `event` to a connection's state machine (RFC 7143 8.1, 8.2) and
-/// logs the transition. An event the RFC has no transition for is a bug in
-/// this driver: it is logged (and fails debug builds), the state is kept.
-pub(crate) fn record_connection(
-    machine: &mut ConnectionStateMachine,
-    event: ConnectionEvent,
-    cid: Option<u16>,
-) {
+/// Applies `event` to a section 8 state machine and logs the transition;
+/// `subject` says whose machine it is (a CID, a TSIH). An event the RFC
+/// has no transition for is a bug in this driver: it is logged (and fails
+/// debug builds), the state is kept.
+pub(crate) fn record<D: Diagram>(machine: &mut Machine<D>, event: D::Event, subject: &str) {
     match machine.handle(event) {
-        Ok(t) => debug!(?cid, transition = t.label, from = %t.from, to = %t.to, "connection state"),
-        Err(error) => {
-            warn!(?cid, %error, "connection state machine");
-            debug_assert!(false, "{error}");
+        Ok(t) => {
+            debug!(subject, transition = t.label, from = %t.from, to = %t.to, "{} state", D::NAME)
         }
-    }
-}
-
-/// The same for a session's state machine (RFC 7143 8.3).
-fn record_session(machine: &mut SessionStateMachine, event: SessionEvent, tsih: u16) {
-    match machine.handle(event) {
-        Ok(t) => debug!(tsih, transition = t.label, from = %t.from, to = %t.to, "session state"),
         Err(error) => {
-            warn!(tsih, %error, "session state machine");
+            warn!(subject, %error, "state machine");
             debug_assert!(false, "{error}");
         }
     }

@@ -131,7 +131,7 @@ fn every_connection_transition_of_the_rfc() {
             (label, from, to),
             "{role:?} {from} {event:?}"
         );
-        let mut machine = ConnectionStateMachine { role, state: from };
+        let mut machine = ConnectionStateMachine::in_state(role, from);
         assert_eq!(machine.handle(event).unwrap().to, to);
         assert_eq!(machine.state(), to);
     }
@@ -153,7 +153,7 @@ fn nothing_outside_the_connection_table_is_accepted() {
                     "{role:?} {from} {event:?}: {got:?}"
                 );
                 if !in_table {
-                    let mut machine = ConnectionStateMachine { role, state: from };
+                    let mut machine = ConnectionStateMachine::in_state(role, from);
                     let error = machine.handle(event).unwrap_err();
                     assert_eq!(machine.state(), from, "a refused event leaves the state");
                     assert!(error.to_string().contains(from.rfc_name()), "{error}");
@@ -304,7 +304,7 @@ fn nothing_outside_the_session_table_is_accepted() {
                 let in_table = SESSION_TABLE
                     .iter()
                     .any(|&(r, f, e, _, _)| (r, f, e) == (role, from, event));
-                let mut machine = SessionStateMachine { role, state: from };
+                let mut machine = SessionStateMachine::in_state(role, from);
                 assert_eq!(
                     machine.handle(event).is_ok(),
                     in_table,

@@ -320,17 +320,29 @@ pub static KEYS: &[KeyDefinition] = &[
         },
         "65536",
     ),
-    leading(
+    // Negotiated in discovery sessions too: unlike the data transfer keys,
+    // RFC 7143 does not make it irrelevant there, tgt answers it, and
+    // Linux's initiator refuses a discovery login that answers Irrelevant.
+    key(
         "DefaultTime2Wait",
         "RFC 7143 13.15",
         NumberMax { min: 0, max: 3600 },
         "2",
+        Usage::LeadingOnly,
+        Scope::Session,
+        Sender::Both,
     ),
-    leading(
+    // Negotiated in discovery sessions too: unlike the data transfer keys,
+    // RFC 7143 does not make it irrelevant there, tgt answers it, and
+    // Linux's initiator refuses a discovery login that answers Irrelevant.
+    key(
         "DefaultTime2Retain",
         "RFC 7143 13.16",
         NumberMin { min: 0, max: 3600 },
         "20",
+        Usage::LeadingOnly,
+        Scope::Session,
+        Sender::Both,
     ),
     leading(
         "MaxOutstandingR2T",
@@ -340,11 +352,17 @@ pub static KEYS: &[KeyDefinition] = &[
     ),
     leading("DataPDUInOrder", "RFC 7143 13.18", BooleanOr, "Yes"),
     leading("DataSequenceInOrder", "RFC 7143 13.19", BooleanOr, "Yes"),
-    leading(
+    // Negotiated in discovery sessions too: unlike the data transfer keys,
+    // RFC 7143 does not make it irrelevant there, tgt answers it, and
+    // Linux's initiator refuses a discovery login that answers Irrelevant.
+    key(
         "ErrorRecoveryLevel",
         "RFC 7143 13.20",
         NumberMin { min: 0, max: 2 },
         "0",
+        Usage::LeadingOnly,
+        Scope::Session,
+        Sender::Both,
     ),
     key(
         "SessionType",
