@@ -282,3 +282,19 @@ fn a_long_send_targets_answer_is_continued() {
     drop(target);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// SIGTERM, what systemd and other service managers send, shuts the
+/// target down gracefully (its initiators are asked to log out first) and
+/// the process exits with success.
+#[test]
+fn sigterm_stops_the_target_cleanly() {
+    let mut target = Target::start(&["--lun", "ram:8M"]);
+    let mut inq = tool("iscsi-inq");
+    inq.arg(target.url(0));
+    run(inq);
+    let status = target
+        .peer
+        .terminate(std::time::Duration::from_secs(20))
+        .expect("the target exits after SIGTERM");
+    assert!(status.success(), "exit status {status}");
+}

@@ -154,6 +154,22 @@ impl Peer {
         }
     }
 
+    /// Sends SIGTERM (what a service manager sends) and waits up to
+    /// `timeout` for the peer to exit; `None` if it is still running.
+    pub fn terminate(&mut self, timeout: Duration) -> Option<std::process::ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
     /// Stops the peer and returns what it wrote to stderr.
     pub fn log(&mut self) -> String {
         let _ = self.child.kill();

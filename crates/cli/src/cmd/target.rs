@@ -86,10 +86,25 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
         }
         server
-            .run_until(async {
-                let _ = tokio::signal::ctrl_c().await;
-            })
+            .run_until(shutdown_requested())
             .await
             .context("serving")
     })
+}
+
+/// Completes on Ctrl-C (SIGINT) or SIGTERM, what service managers send:
+/// either way the target asks its initiators to log out and waits for them
+/// (the graceful shutdown of `Server::run_until`).
+async fn shutdown_requested() {
+    let mut terminate =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = async {
+            match terminate.as_mut() {
+                Some(signal) => { signal.recv().await; }
+                None => std::future::pending::<()>().await,
+            }
+        } => {}
+    }
 }
