@@ -1,0 +1,95 @@
+# Guest-side helpers of the open-iscsi jobs (sourced by tests/linux-vm/guest/open-iscsi-*.sh inside
+# the VM, from the working directory /mnt/host; bash). Results go to ./out/ (./vm-out/ on the host).
+# Every check prints "ok - WHAT" or "not ok - WHAT"; the host job echoes these lines.
+set -euo pipefail
+mkdir -p out
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+ok() { echo "ok - $*"; }
+# fail WHAT: reports to stderr (also inside $(...)), with the sessions and the kernel log's tail.
+fail() {
+    {
+        echo "not ok - $*"
+        echo "--- sessions:"; iscsiadm -m session -P 1 2>&1 | head -40 || true
+        echo "--- kernel log (tail):"; dmesg | tail -25 || true
+    } >&2
+    exit 1
+}
+# check WHAT COMMAND...: runs COMMAND; ok if it succeeds, fail otherwise.
+check() { local what=$1; shift; if "$@"; then ok "$what"; else fail "$what"; fi; }
+note() { echo "# $*"; }
+
+# Starts iscsid and waits until iscsiadm can talk to it (exit 21: "no sessions" is the good answer).
+start_iscsid() {
+    iscsid
+    local _ rc
+    for _ in $(seq 1 50); do
+        rc=0; iscsiadm -m session >/dev/null 2>&1 || rc=$?
+        [ "$rc" = 0 ] || [ "$rc" = 21 ] && return 0
+        sleep 0.2
+    done
+    fail "iscsid does not answer"
+}
+
+# node_new IQN PORTAL: a node record for IQN reached through PORTAL (10.0.2.100:PORT: the forward to
+# the host; SendTargets answers with the host's own 127.0.0.1 portal, useless from here).
+node_new() { iscsiadm -m node -o new -T "$1" -p "$2" >/dev/null; }
+# node_set IQN PORTAL NAME VALUE: one setting of the node record (applies to the next login).
+node_set() { iscsiadm -m node -T "$1" -p "$2" -o update -n "$3" -v "$4"; }
+node_delete() { iscsiadm -m node -T "$1" -p "$2" -o delete >/dev/null 2>&1 || true; }
+login() { iscsiadm -m node -T "$1" -p "$2" --login >/dev/null; }
+logout() { iscsiadm -m node -T "$1" -p "$2" --logout >/dev/null; }
+
+# session_dir IQN: the sysfs directory of the (one) session to IQN.
+session_dir() {
+    local s
+    for s in /sys/class/iscsi_session/session*; do
+        [ -e "$s/targetname" ] && [ "$(cat "$s/targetname")" = "$1" ] && { echo "$s"; return 0; }
+    done
+    return 1
+}
+
+# disk IQN LUN: waits (up to 30 s) for the block device of LUN of the session to IQN, prints /dev/sdX.
+disk() {
+    local iqn=$1 lun=$2 _ s d
+    for _ in $(seq 1 150); do
+        if s=$(session_dir "$iqn"); then
+            for d in "$s"/device/target*/*:*:*:"$lun"/block/*; do
+                [ -e "$d" ] && [ -b "/dev/${d##*/}" ] && { echo "/dev/${d##*/}"; return 0; }
+            done
+        fi
+        sleep 0.2
+    done
+    fail "no disk for $iqn LUN $lun"
+}
+
+# sg_of DISK: the /dev/sgN of /dev/sdX.
+sg_of() { local d; for d in /sys/block/"${1#/dev/}"/device/scsi_generic/*; do echo "/dev/${d##*/}"; return 0; done; return 1; }
+
+# negotiated IQN KEY: a value of `iscsiadm -m session -r SID -P 2` (e.g. HeaderDigest, MaxBurstLength).
+negotiated() {
+    local s sid
+    s=$(session_dir "$1") || return 1
+    sid=${s##*session}
+    iscsiadm -m session -r "$sid" -P 2 | awk -v k="$2:" '$1==k {print $2; exit}'
+}
+
+# fio_verify NAME DISK SIZE BS [fio options...]: random writes over the first SIZE of DISK at
+# queue depth 32 (libaio, O_DIRECT), then reads everything back checking CRC32C of every block.
+# Extra "--name=X --filename=DEV" pairs run more such jobs at the same time.
+fio_verify() {
+    local name=$1 dev=$2 size=$3 bs=$4
+    shift 4
+    # Options before the first --name are global: extra "--name=X --filename=Y" jobs share them.
+    local bs_option=--bs=$bs
+    [[ $bs != *-* ]] || bs_option=--bsrange=$bs # a range: every size from ... to ...
+    if fio --ioengine=libaio --direct=1 --iodepth=32 --rw=randwrite "$bs_option" --size="$size" \
+        --verify=crc32c --verify_fatal=1 --do_verify=1 --output="out/fio-$name.txt" \
+        --name="$name" --filename="$dev" "$@" >/dev/null 2>&1; then
+        ok "fio $name: randwrite+verify crc32c bs=$bs size=$size QD32 on $dev ($(fio_rate "$name"))"
+    else
+        tail -30 "out/fio-$name.txt" 2>/dev/null
+        fail "fio $name: randwrite+verify bs=$bs size=$size on $dev"
+    fi
+}
+fio_rate() { awk '/WRITE: bw=/ {print "write " $2; exit}' "out/fio-$1.txt" 2>/dev/null | tr -d ',' || true; }

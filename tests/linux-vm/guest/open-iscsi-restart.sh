@@ -1,0 +1,63 @@
+# Guest side of jobs/open-iscsi-restart.sh: `iscsi target` is restarted on the host (first
+# SIGINT: a graceful shutdown with a logout request; then SIGKILL) while the kernel initiator
+# writes at queue depth 32 to a file LUN. The initiator must reconnect by itself (session
+# recovery within replacement_timeout) and fio must see no I/O error; afterwards a verify-only pass (fio's saved verify state) must find every acknowledged write.
+# Handshake through the shared directory: the guest writes out/fio-started when writes are under
+# way; the host writes ./restarts-done when both restarts are over.
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
+# shellcheck source=open-iscsi-lib.sh
+. ./open-iscsi-lib.sh
+# shellcheck disable=SC1091 # written by the host job
+. ./params.sh # PORT, IQN
+P=10.0.2.100:$PORT
+start_iscsid
+node_new "$IQN" "$P"
+# Hold commands for up to 120 s while the session is down; notice a dead connection within ~10 s
+# (NOP-Out pings) even when no TCP reset arrives.
+node_set "$IQN" "$P" node.session.timeo.replacement_timeout 120
+node_set "$IQN" "$P" 'node.conn[0].timeo.noop_out_interval' 5
+node_set "$IQN" "$P" 'node.conn[0].timeo.noop_out_timeout' 5
+check "login" login "$IQN" "$P"
+dev=$(disk "$IQN" 0)
+note "disk $dev, $(blockdev --getsize64 "$dev") bytes"
+
+# The write pass: random 16 KiB writes at QD32 over 160 MiB, each block with a CRC32C header; fio
+# saves which writes completed (verify_state_save) for the verify-only pass.
+job=(--name=restart --filename="$dev" --ioengine=libaio --direct=1 --iodepth=32 --rw=randwrite
+    --bs=16k --size=160M --verify=crc32c --verify_fatal=1 --verify_state_save=1)
+fio "${job[@]}" --do_verify=0 --output=out/fio-write.txt >/dev/null 2>&1 &
+fio_pid=$!
+# Tell the host once writes are really in flight.
+w0=$(awk '{print $5}' "/sys/block/${dev#/dev/}/stat")
+for _ in $(seq 1 100); do
+    [ "$(awk '{print $5}' "/sys/block/${dev#/dev/}/stat")" -gt $((w0 + 200)) ] && break
+    sleep 0.1
+done
+touch out/fio-started
+note "writes under way; the host restarts the target now"
+fio_rc=0
+wait "$fio_pid" || fio_rc=$?
+[ -e restarts-done ] || fail "fio finished before the host's restarts were over (make the write pass larger)"
+cat out/fio-write.txt
+[ "$fio_rc" = 0 ] || fail "the fio write pass failed across the target restarts (exit $fio_rc)"
+grep -q 'err= 0' out/fio-write.txt || fail "fio reports I/O errors"
+ok "fio wrote 160 MiB at QD32 across two target restarts without an I/O error"
+dmesg >out/dmesg.txt
+# SIGINT: the target asks for a logout (AsyncEvent 1), iscsid logs out and logs in again by itself
+# (the host counts the logins); SIGKILL: the connection just dies, a connection error here.
+errors=$(grep -c 'detected conn error' out/dmesg.txt || true)
+[ "$errors" -ge 1 ] || fail "the kernel saw no connection error, expected one for the SIGKILL"
+ok "the initiator saw $errors connection error(s) and recovered the session by itself"
+state=$(cat "$(session_dir "$IQN")/state")
+[ "$state" = LOGGED_IN ] || fail "session state $state"
+ok "session state $state"
+
+# Every acknowledged write is on the disk (and in the host's file, which outlived the restarts).
+if fio "${job[@]}" --verify_only --verify_state_load=1 --output=out/fio-verify.txt >/dev/null 2>&1; then
+    ok "verify-only pass: every acknowledged write reads back with the right CRC32C"
+else
+    tail -30 out/fio-verify.txt
+    fail "verify-only pass after the restarts"
+fi
+check "logout" logout "$IQN" "$P"
+echo "RESTART OK"
