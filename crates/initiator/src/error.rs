@@ -37,9 +37,12 @@ pub enum Error {
         source: std::io::Error,
     },
     /// The login failed (refused, redirected too often, CHAP failure,
-    /// negotiation failure or a target breaking the login rules).
-    #[error("login: {0}")]
-    Login(#[from] InitiatorLoginError),
+    /// negotiation failure or a target breaking the login rules). A refusal
+    /// is spelled out with the meaning RFC 7143 section 11.13.5 gives its
+    /// status. (Not a `source`: the text already says it all, and a chain
+    /// printed with `{:#}` would say it twice.)
+    #[error("login: {}", describe_login_error(.0))]
+    Login(InitiatorLoginError),
     /// The transport failed or delivered bytes that are not a valid PDU.
     #[error("connection: {0}")]
     Datamover(#[from] DatamoverError),
@@ -84,4 +87,71 @@ pub enum Error {
     /// The session was logged out or closed.
     #[error("session closed")]
     SessionClosed,
+}
+
+impl From<InitiatorLoginError> for Error {
+    fn from(error: InitiatorLoginError) -> Self {
+        Error::Login(error)
+    }
+}
+
+/// A login failure in words; a refusal with its status's meaning (RFC 7143
+/// section 11.13.5), e.g. "refused by the target: authentication failure
+/// (status 0x0201)".
+fn describe_login_error(error: &InitiatorLoginError) -> String {
+    let InitiatorLoginError::Refused(status) = error else {
+        return error.to_string();
+    };
+    let meaning = match (status.class, status.detail) {
+        (2, 0) => "initiator error",
+        (2, 1) => "authentication failure",
+        (2, 2) => "authorization failure",
+        (2, 3) => "target not found",
+        (2, 4) => "target removed",
+        (2, 5) => "unsupported version",
+        (2, 6) => "too many connections",
+        (2, 7) => "missing parameter",
+        (2, 8) => "cannot include the connection in the session",
+        (2, 9) => "session type not supported",
+        (2, 0x0a) => "session does not exist",
+        (2, 0x0b) => "invalid request during login",
+        (2, _) => "initiator error",
+        (3, 0) => "target error",
+        (3, 1) => "service unavailable",
+        (3, 2) => "out of resources",
+        (3, _) => "target error",
+        _ => "unknown status",
+    };
+    format!(
+        "refused by the target: {meaning} (status {:#04x}{:02x})",
+        status.class, status.detail
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use iscsi_proto::pdu::login::LoginStatus;
+
+    #[test]
+    fn a_refusal_says_what_it_means_once() {
+        let error = Error::from(InitiatorLoginError::Refused(
+            LoginStatus::AUTHENTICATION_FAILURE,
+        ));
+        assert_eq!(
+            anyhow_like(&error),
+            "login: refused by the target: authentication failure (status 0x0201)"
+        );
+    }
+
+    /// The message with its source chain, as `anyhow`'s `{:#}` prints it.
+    fn anyhow_like(error: &Error) -> String {
+        let mut text = error.to_string();
+        let mut source = std::error::Error::source(error);
+        while let Some(s) = source {
+            text += &format!(": {s}");
+            source = s.source();
+        }
+        text
+    }
 }

@@ -503,3 +503,85 @@ fn a_skipped_security_stage_is_refused_when_chap_is_required() {
         LoginStatus::AUTHENTICATION_FAILURE
     );
 }
+
+/// LIO ends a refused login with a Login Response whose header is cleared
+/// but for the opcode, the status and the Initiator Task Tag: the ISID
+/// comes back zero. The refusal is what the initiator must report, not
+/// "a response for another login" (found against LIO in the Linux VM).
+#[test]
+fn a_refusal_with_a_cleared_isid_is_still_the_refusal() {
+    let mut initiator = InitiatorLogin::new(
+        initiator_config(),
+        0x10,
+        CmdSn::new(7),
+        (9, vec![0x5A; 32]),
+        history(),
+    )
+    .unwrap();
+    let InitiatorStep::Send { request, .. } = initiator.start() else {
+        unreachable!()
+    };
+    let refusal = LoginResponse {
+        initiator_task_tag: request.initiator_task_tag,
+        status: LoginStatus::AUTHENTICATION_FAILURE,
+        ..LoginResponse::default()
+    };
+    assert_eq!(
+        initiator
+            .receive(&over_the_wire_response(&refusal, 0), &[])
+            .err(),
+        Some(InitiatorLoginError::Refused(
+            LoginStatus::AUTHENTICATION_FAILURE
+        ))
+    );
+    // A success with a foreign ISID is still not ours.
+    let mut initiator = InitiatorLogin::new(
+        initiator_config(),
+        0x10,
+        CmdSn::new(7),
+        (9, vec![0x5A; 32]),
+        history(),
+    )
+    .unwrap();
+    let InitiatorStep::Send { request, .. } = initiator.start() else {
+        unreachable!()
+    };
+    let foreign = LoginResponse {
+        initiator_task_tag: request.initiator_task_tag,
+        ..LoginResponse::default()
+    };
+    assert!(matches!(
+        initiator.receive(&over_the_wire_response(&foreign, 0), &[]),
+        Err(InitiatorLoginError::Protocol(_))
+    ));
+}
+
+/// SessionType is leading-only (RFC 7143 13.21): a connection joining a
+/// session (TSIH set) does not send it. LIO answers NotUnderstood there,
+/// which made every MC/S join fail.
+#[test]
+fn a_connection_joining_a_session_sends_no_session_type() {
+    let leading = run(&Policy::default(), initiator_config());
+    assert!(leading.initiator.is_ok());
+    let joining = InitiatorLoginConfig {
+        tsih: 0x1234,
+        cid: 2,
+        ..initiator_config()
+    };
+    let mut initiator = InitiatorLogin::new(
+        joining.clone(),
+        0x11,
+        CmdSn::new(8),
+        (9, vec![0x5A; 32]),
+        history(),
+    )
+    .unwrap();
+    let InitiatorStep::Send { data, .. } = initiator.start() else {
+        unreachable!()
+    };
+    assert!(!String::from_utf8_lossy(&data).contains("SessionType"));
+    assert!(text_has(&data, "InitiatorName", INITIATOR));
+    // And our target accepts such a join.
+    let joined = run(&Policy::default(), joining);
+    assert!(joined.initiator.is_ok(), "{:?}", joined.initiator.err());
+}

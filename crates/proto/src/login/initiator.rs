@@ -246,10 +246,13 @@ impl InitiatorLogin {
     }
 
     /// Every response echoes our ISID, tag and stage, and transits only
-    /// when asked (RFC 7143 11.13).
+    /// when asked (RFC 7143 11.13). A refusal (status class 2 or 3) is
+    /// believed on its tag alone: LIO zeroes the rest of the header, ISID
+    /// included, in the Login Response that ends a login with an error
+    /// (`iscsit_tx_login_rsp`).
     fn check(&self, response: &LoginResponse) -> Result<(), InitiatorLoginError> {
-        if response.isid != self.config.isid
-            || response.initiator_task_tag != self.initiator_task_tag
+        if response.initiator_task_tag != self.initiator_task_tag
+            || (response.isid != self.config.isid && response.status.class < 2)
         {
             return Err(InitiatorLoginError::Protocol("response for another login"));
         }

@@ -432,7 +432,9 @@ impl Negotiator {
                 .iter()
                 .map(|p| p.key.clone())
                 .collect();
-            if self.role == Role::Initiator {
+            // SessionType is leading only (RFC 7143 13.21: "Use: LO"):
+            // a connection joining a session does not send it.
+            if self.role == Role::Initiator && self.leading {
                 keys.push("SessionType".to_owned());
             }
             for key in keys {
