@@ -1,0 +1,172 @@
+#!/bin/sh
+# Guest side of jobs/lio-initiator.sh: our initiator (./iscsi) against LIO (the Linux kernel target)
+# on 127.0.0.1:3260 inside the VM, LIO configured by ./lio-target.py (reconfigured per phase with
+# --clear). Phases: plain (discover, ls, inquiry, capacity, 64 MiB write + read back + cmp), CRC32C
+# header+data digests required by LIO, one-way CHAP (+ a wrong secret refused), mutual CHAP (+ a
+# target proving the wrong secret refused), MC/S with MaxConnections=4 under round-robin and LUN
+# affinity scheduling (connections counted and their bytes measured on LIO's side with `ss -ti`).
+# Every step's output goes to out/<phase>.log; one PASS/FAIL line per check on stdout;
+# out/timings.txt has the seconds per phase. Exit status: the number of failed checks (capped).
+set -u
+IQN=iqn.2026-11.org.example:lio
+HOST=127.0.0.1
+ISCSI=./iscsi
+SIZE=64M
+export RUST_LOG="${RUST_LOG:-info}" NO_COLOR=1  # plain text logs in out/*.log
+failed=0
+mkdir -p out
+: > out/timings.txt
+
+now() { date +%s.%N; }
+elapsed() { echo "$(now) $1" | awk '{printf "%.1f", $1 - $2}'; }
+pass() { echo "PASS $phase: $*"; }
+fail() { echo "FAIL $phase: $*"; failed=$((failed + 1)); }
+# step NAME CMD...: runs CMD with its output appended to out/$phase.log (and kept in /tmp/step.out).
+step() {
+    shift  # NAME: the caller reports it
+    echo "\$ $*" >> "out/$phase.log"
+    "$@" > /tmp/step.out 2>&1; rc=$?
+    cat /tmp/step.out >> "out/$phase.log"
+    echo "[exit $rc]" >> "out/$phase.log"
+    return $rc
+}
+expect_ok() { # NAME CMD...
+    n=$1
+    if step "$@"; then pass "$n"; else fail "$n (exit $rc): $(tail -2 /tmp/step.out | tr '\n' ' ')"; fi
+}
+expect_grep() { # NAME PATTERN CMD...: the command succeeds and its output matches PATTERN
+    n=$1; pat=$2; shift 2
+    if step "$n" "$@" && grep -Eq "$pat" /tmp/step.out; then pass "$n"
+    else fail "$n (exit $rc, /$pat/ expected): $(tail -2 /tmp/step.out | tr '\n' ' ')"; fi
+}
+expect_refused() { # NAME PATTERN CMD...: the command fails, with an error matching PATTERN
+    n=$1; pat=$2; shift 2
+    # With the initiator's debug log in out/$phase.log, to show why.
+    RUST_LOG=debug; step "$n" "$@"; rc=$?; RUST_LOG=info
+    if [ $rc = 0 ]; then fail "$n: succeeded, a refusal was expected"
+    elif grep -Eiq "$pat" /tmp/step.out; then pass "$n: $(grep -Ei "$pat" /tmp/step.out | head -1)"
+    else fail "$n: refused, but the error does not match /$pat/: $(tail -2 /tmp/step.out | tr '\n' ' ')"; fi
+}
+lio() { # ARGS for lio-target.py
+    echo "\$ python3 lio-target.py --clear $*" >> "out/$phase.log"
+    if ! python3 ./lio-target.py --clear "$@" >> "out/$phase.log" 2>&1; then
+        echo "FAIL $phase: LIO setup: $(tail -3 "out/$phase.log" | tr '\n' ' ')"; exit 1
+    fi
+}
+# roundtrip URL OPTS...: 64 MiB of random data written, read back and compared. With SPREAD="N MODE"
+# set, LIO's side of the connections of the write session and of the read session are checked
+# (check_spread N MODE).
+SPREAD=
+roundtrip() {
+    url=$1; shift
+    t=$(now)
+    [ -z "$SPREAD" ] || sample_start
+    expect_ok "write $SIZE" $ISCSI write "$url" --input /tmp/data.bin "$@"
+    [ -z "$SPREAD" ] || { sample_stop; check_spread $SPREAD; }
+    w=$(elapsed "$t"); t=$(now)
+    rm -f /tmp/back.bin
+    [ -z "$SPREAD" ] || sample_start
+    expect_ok "read $SIZE" $ISCSI read "$url" --length $SIZE --output /tmp/back.bin "$@"
+    [ -z "$SPREAD" ] || { sample_stop; check_spread $SPREAD; }
+    r=$(elapsed "$t")
+    if cmp /tmp/data.bin /tmp/back.bin >> "out/$phase.log" 2>&1; then pass "cmp: read back = written (write ${w}s, read ${r}s)"
+    else fail "cmp: the data read back differs from the data written"; fi
+}
+# LIO's side of every connection to port 3260, sampled every 0.2 s while a transfer runs:
+# the peer address and the socket's bytes received and sent (bytes_received, bytes_acked).
+sample_start() {
+    : > /tmp/ss.txt
+    ( while :; do ss -tinH state established '( sport = :3260 )' >> /tmp/ss.txt 2>/dev/null; sleep 0.2; done ) &
+    sampler=$!
+}
+# sample_stop: stops sampling, writes one line per connection "peer received sent" to /tmp/conns.txt
+sample_stop() {
+    kill "$sampler" 2>/dev/null; wait "$sampler" 2>/dev/null
+    awk '/:3260/ { peer = $4; next }
+         peer != "" { rx = 0; tx = 0
+             for (i = 1; i <= NF; i++) {
+                 if ($i ~ /^bytes_received:/) { split($i, a, ":"); rx = a[2] }
+                 if ($i ~ /^bytes_acked:/) { split($i, a, ":"); tx = a[2] }
+             }
+             if (rx > maxrx[peer]) maxrx[peer] = rx
+             if (tx > maxtx[peer]) maxtx[peer] = tx
+             seen[peer] = 1; peer = "" }
+         END { for (p in seen) printf "%s %d %d\n", p, maxrx[p], maxtx[p] }' /tmp/ss.txt | sort > /tmp/conns.txt
+    echo "LIO-side connections (peer, bytes received, bytes sent):" >> "out/$phase.log"
+    cat /tmp/conns.txt >> "out/$phase.log"
+}
+# check_spread N MODE: N connections seen; MODE=all: every one carried >= 1/(2N) of the bytes;
+# MODE=one: one connection carried >= 95% of them.
+check_spread() {
+    want=$1; mode=$2
+    n=$(wc -l < /tmp/conns.txt)
+    summary=$(awk '{ t = $2 + $3; printf "%s%.1f MiB", (NR > 1 ? ", " : ""), t / 1048576 }' /tmp/conns.txt)
+    verdict=$(awk -v n="$want" -v mode="$mode" '
+        { t[NR] = $2 + $3; s += t[NR]; if (t[NR] > m) m = t[NR] }
+        END { ok = (NR == n)
+              if (mode == "all") for (i = 1; i <= NR; i++) if (t[i] < s / (2 * n)) ok = 0
+              if (mode == "one" && m < 0.95 * s) ok = 0
+              print ok ? "ok" : "bad" }' /tmp/conns.txt)
+    if [ "$verdict" = ok ]; then pass "$n connections, bytes per connection: $summary ($mode)"
+    else fail "expected $want connections with traffic on $mode, saw $n: $summary"; fi
+}
+
+head -c $SIZE /dev/urandom > /tmp/data.bin
+URL=iscsi://$HOST/$IQN/0
+
+phase=plain; t0=$(now)
+lio --luns 2
+expect_grep "discover" "$IQN" $ISCSI discover $HOST
+expect_grep "ls" "^ *1 +disk +268435456" $ISCSI ls iscsi://$HOST/$IQN
+expect_grep "inquiry" "LIO-ORG" $ISCSI inquiry $URL
+expect_grep "capacity" "268435456" $ISCSI capacity $URL
+roundtrip $URL
+echo "plain $(elapsed "$t0")" >> out/timings.txt
+
+phase=digest; t0=$(now)
+lio --digest
+expect_refused "login without digests refused by a target requiring them" "refused|negotiat|digest" \
+    $ISCSI inquiry $URL
+expect_grep "inquiry with CRC32C digests" "LIO-ORG" $ISCSI inquiry $URL --digest crc32c
+roundtrip $URL --digest crc32c
+echo "digest $(elapsed "$t0")" >> out/timings.txt
+
+CHAP_USER=rs-initiator; CHAP_SECRET=initiator-secret-1
+phase=chap; t0=$(now)
+lio --chap $CHAP_USER:$CHAP_SECRET
+CURL=iscsi://$CHAP_USER%$CHAP_SECRET@$HOST/$IQN/0
+expect_refused "wrong CHAP secret refused" "auth" \
+    $ISCSI inquiry iscsi://$CHAP_USER%not-the-secret-0@$HOST/$IQN/0
+# LIO answers AuthMethod=None (when it requires CHAP) by closing the connection without a Login
+# Response (dmesg: 'Proposer's value list "None" contains no valid values ... "CHAP"'), so all the
+# initiator can say is that the connection was lost.
+expect_refused "no CHAP credentials refused" "authentication|refused|connection lost" $ISCSI inquiry $URL
+expect_grep "ls with one-way CHAP" "^ *0 +disk +268435456" $ISCSI ls iscsi://$CHAP_USER%$CHAP_SECRET@$HOST/$IQN
+roundtrip $CURL --digest crc32c
+echo "chap $(elapsed "$t0")" >> out/timings.txt
+
+phase=mutual; t0=$(now)
+lio --chap $CHAP_USER:$CHAP_SECRET --mutual lio-target:target-secret-22
+expect_refused "target proving the wrong mutual secret refused" "CHAP response does not match" \
+    $ISCSI inquiry $CURL --set TargetCHAPUser=lio-target --set TargetCHAPSecret=wrong-target-secret
+expect_grep "inquiry with mutual CHAP" "LIO-ORG" \
+    $ISCSI inquiry $CURL --set TargetCHAPUser=lio-target --set TargetCHAPSecret=target-secret-22
+roundtrip $CURL --set TargetCHAPUser=lio-target --set TargetCHAPSecret=target-secret-22
+echo "mutual $(elapsed "$t0")" >> out/timings.txt
+
+phase=mcs-round-robin; t0=$(now)
+lio --luns 2 --max-connections 4
+SPREAD="4 all"; roundtrip $URL --connections 4 --set Scheduling=round-robin; SPREAD=
+echo "mcs-round-robin $(elapsed "$t0")" >> out/timings.txt
+
+phase=mcs-lun-affinity; t0=$(now)
+lio --luns 2 --max-connections 4
+for lun in 0 1; do
+    SPREAD="4 one"; roundtrip iscsi://$HOST/$IQN/$lun --connections 4 --set Scheduling=lun-affinity; SPREAD=
+done
+echo "mcs-lun-affinity $(elapsed "$t0")" >> out/timings.txt
+
+dmesg | grep -iE 'iscsi|target|CHAP' | tail -50 > out/dmesg.txt
+echo "lio-initiator: $failed failed check(s)"
+[ $failed -lt 100 ] || failed=99
+exit $failed

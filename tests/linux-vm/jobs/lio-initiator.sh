@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Our initiator (the `iscsi` binary, run inside the VM) against LIO, the Linux kernel's target, in the
+# VM on 127.0.0.1:3260: discover, ls, inquiry, capacity, 64 MiB of random data written, read back and
+# compared; with CRC32C header and data digests required by LIO; one-way and mutual CHAP (a wrong
+# secret, either way, refused with a clear error); MC/S with LIO's MaxConnections=4, under round-robin
+# and LUN-affinity scheduling, the connections used counted on LIO's side (ss -ti). One VM boot; LIO is
+# reconfigured per phase by lio-target.py --clear. Guest side: guest/lio-initiator.sh.
+# Results (every step's output, timings, dmesg) in $LINUX_VM_RESULTS/lio-initiator/ (default
+# <repo>/target/linux-vm-results/lio-initiator/).
+set -euo pipefail
+source "$(dirname "$0")/../lib.sh"
+vm_setup
+results=${LINUX_VM_RESULTS:-$LINUX_VM_REPO/target/linux-vm-results}/lio-initiator
+cp "$ISCSI_BIN" ./iscsi
+rc=0
+vm_run --timeout 1200 "$LINUX_VM_DIR/guest/lio-initiator.sh" "$LINUX_VM_DIR/lio-target.py" ./iscsi || rc=$?
+rm -f ./iscsi
+mkdir -p "$results"
+rm -rf "${results:?}"/*
+[ -d vm-out ] && cp -r vm-out/. "$results/"
+cp console.log "$results/console.log"
+grep -E '^(PASS|FAIL) ' console.log || true
+[ -f vm-out/timings.txt ] && { echo "seconds per phase (in the VM):"; sed 's/^/  /' vm-out/timings.txt; }
+echo "logs: $results"
+if ((rc != 0)); then
+    for f in vm-out/*.log; do [ -f "$f" ] && grep -q '^FAIL\|\[exit [1-9]' "$f" && { echo "===== tail of $f"; tail -n 30 "$f"; }; done
+    vm_fail "the guest script failed (exit $rc)"
+fi
+vm_log "ok"
