@@ -1,4 +1,4 @@
-# shellcheck shell=sh
+# shellcheck shell=dash
 # Guest-side helpers of the open-iscsi jobs (sourced by tests/linux-vm/guest/open-iscsi-*.sh inside
 # the VM, from the working directory /mnt/host; bash). Results go to ./out/ (./vm-out/ on the host).
 # Every check prints "ok - WHAT" or "not ok - WHAT"; the host job echoes these lines.

@@ -1,4 +1,4 @@
-# shellcheck shell=sh
+# shellcheck shell=dash
 # Guest side of jobs/open-iscsi-login.sh: the Linux kernel initiator against `iscsi target` on the host.
 # Checks SendTargets discovery; logins with no digests, HeaderDigest, DataDigest and both (CRC32C);
 # one-way and mutual CHAP (MD5 and SHA-256), a wrong secret refused as an authorization failure;

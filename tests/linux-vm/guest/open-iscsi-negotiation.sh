@@ -1,4 +1,4 @@
-# shellcheck shell=sh
+# shellcheck shell=dash
 # Guest side of jobs/open-iscsi-negotiation.sh: the negotiation matrix of the Linux kernel initiator
 # against `iscsi target`. For every cell, the initiator's offers are set in the node record, the
 # session's negotiated values (iscsiadm -m session -P 2) are compared with what RFC 7143's result

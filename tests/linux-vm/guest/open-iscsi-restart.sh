@@ -1,4 +1,4 @@
-# shellcheck shell=sh
+# shellcheck shell=dash
 # Guest side of jobs/open-iscsi-restart.sh: `iscsi target` is restarted on the host (first
 # SIGINT: a graceful shutdown with a logout request; then SIGKILL) while the kernel initiator
 # writes at queue depth 32 to a file LUN. The initiator must reconnect by itself (session

@@ -1,4 +1,4 @@
-# shellcheck shell=sh
+# shellcheck shell=dash
 # Guest side of jobs/open-iscsi-sg3.sh: sg3-utils through the Linux kernel initiator against
 # `iscsi target`'s disk (a thin RAM LUN): INQUIRY and its VPD pages, READ CAPACITY(16), persistent
 # reservations, UNMAP, WRITE SAME, COMPARE AND WRITE (match and miscompare), SYNCHRONIZE CACHE and
