@@ -132,11 +132,23 @@ struct Run {
     first_response_text: Vec<u8>,
 }
 
+/// The initiator's login machine the tests drive (tag 0x10, CmdSN 7).
+fn initiator_login(config: InitiatorLoginConfig) -> InitiatorLogin {
+    InitiatorLogin::new(config, 0x10, CmdSn::new(7), (9, vec![0x5A; 32]), history())
+        .expect("valid initiator config")
+}
+
+/// Starts `initiator`: its first Login Request and text.
+fn first_request(initiator: &mut InitiatorLogin) -> (LoginRequest, Vec<u8>) {
+    let InitiatorStep::Send { request, data } = initiator.start() else {
+        unreachable!("a login starts by sending")
+    };
+    (request, data)
+}
+
 fn run(policy: &Policy, config: InitiatorLoginConfig) -> Run {
     // Each end keeps its own challenge history, as two hosts would.
-    let mut initiator =
-        InitiatorLogin::new(config, 0x10, CmdSn::new(7), (9, vec![0x5A; 32]), history())
-            .expect("valid initiator config");
+    let mut initiator = initiator_login(config);
     let mut target = TargetLogin::new(StatSn::new(100), 3, vec![0xA5; 32], history());
     let mut step = initiator.start();
     let mut first_response_text = None;
@@ -510,17 +522,8 @@ fn a_skipped_security_stage_is_refused_when_chap_is_required() {
 /// "a response for another login" (found against LIO in the Linux VM).
 #[test]
 fn a_refusal_with_a_cleared_isid_is_still_the_refusal() {
-    let mut initiator = InitiatorLogin::new(
-        initiator_config(),
-        0x10,
-        CmdSn::new(7),
-        (9, vec![0x5A; 32]),
-        history(),
-    )
-    .unwrap();
-    let InitiatorStep::Send { request, .. } = initiator.start() else {
-        unreachable!()
-    };
+    let mut initiator = initiator_login(initiator_config());
+    let (request, _) = first_request(&mut initiator);
     let refusal = LoginResponse {
         initiator_task_tag: request.initiator_task_tag,
         status: LoginStatus::AUTHENTICATION_FAILURE,
@@ -535,17 +538,8 @@ fn a_refusal_with_a_cleared_isid_is_still_the_refusal() {
         ))
     );
     // A success with a foreign ISID is still not ours.
-    let mut initiator = InitiatorLogin::new(
-        initiator_config(),
-        0x10,
-        CmdSn::new(7),
-        (9, vec![0x5A; 32]),
-        history(),
-    )
-    .unwrap();
-    let InitiatorStep::Send { request, .. } = initiator.start() else {
-        unreachable!()
-    };
+    let mut initiator = initiator_login(initiator_config());
+    let (request, _) = first_request(&mut initiator);
     let foreign = LoginResponse {
         initiator_task_tag: request.initiator_task_tag,
         ..LoginResponse::default()
@@ -568,17 +562,7 @@ fn a_connection_joining_a_session_sends_no_session_type() {
         cid: 2,
         ..initiator_config()
     };
-    let mut initiator = InitiatorLogin::new(
-        joining.clone(),
-        0x11,
-        CmdSn::new(8),
-        (9, vec![0x5A; 32]),
-        history(),
-    )
-    .unwrap();
-    let InitiatorStep::Send { data, .. } = initiator.start() else {
-        unreachable!()
-    };
+    let (_, data) = first_request(&mut initiator_login(joining.clone()));
     assert!(!String::from_utf8_lossy(&data).contains("SessionType"));
     assert!(text_has(&data, "InitiatorName", INITIATOR));
     // And our target accepts such a join.

@@ -502,30 +502,31 @@ pub(crate) async fn serve_connection(
     let mut leading: Option<SessionStateMachine> = None;
     // A login that stalls (a silent peer, a half-sent PDU) must not hold
     // the connection forever.
-    let logged_in = tokio::time::timeout(
+    let outcome = tokio::time::timeout(
         LOGIN_TIMEOUT,
         login(&mut transport, &shared, &mut state, &mut leading),
     )
     .await;
-    let Ok(logged_in) = logged_in else {
-        info!(peer = %transport.peer_addr(), "login timed out: connection closed");
-        record(&mut state, ConnectionEvent::LoginTimedOut, "login");
-        if let Some(mut leading) = leading {
-            record(
-                &mut leading,
-                SessionEvent::LeadingLoginFailed,
-                "leading login",
-            );
-        }
-        return Ok(());
-    };
-    let logged_in = match logged_in {
-        Ok(Some(done)) => Some(done),
-        Ok(None) => None,
-        Err(error) => {
+    // `Err(None)`: the login failed and was answered (or the peer left),
+    // as `login` recorded; `Err(Some(_))`: the transport failed.
+    let logged_in = match outcome {
+        Ok(Ok(Some(done))) => Ok(done),
+        Ok(Ok(None)) => Err(None),
+        Ok(Err(error)) => {
             if state.state() != ConnectionState::Free {
                 record(&mut state, ConnectionEvent::TransportLost, "login");
             }
+            Err(Some(error))
+        }
+        Err(_elapsed) => {
+            info!(peer = %transport.peer_addr(), "login timed out: connection closed");
+            record(&mut state, ConnectionEvent::LoginTimedOut, "login");
+            Err(None)
+        }
+    };
+    let (complete, cmd_sn) = match logged_in {
+        Ok(done) => done,
+        Err(error) => {
             if let Some(mut leading) = leading {
                 record(
                     &mut leading,
@@ -533,18 +534,8 @@ pub(crate) async fn serve_connection(
                     "leading login",
                 );
             }
-            return Err(error);
+            return error.map_or(Ok(()), Err);
         }
-    };
-    let Some((complete, cmd_sn)) = logged_in else {
-        if let Some(mut leading) = leading {
-            record(
-                &mut leading,
-                SessionEvent::LeadingLoginFailed,
-                "leading login",
-            );
-        }
-        return Ok(());
     };
     let params = complete.parameters.clone();
     let digests = Digests {
