@@ -205,6 +205,13 @@ pub struct RwCdb {
     pub protect: u8,
 }
 
+/// Whether `cdb` is READ(6/10/12/16): the one command whose Data-In buffer
+/// [`crate::ScsiTarget::execute`] reuses without clearing it first.
+pub fn is_read(cdb: &[u8]) -> bool {
+    use opcode::*;
+    matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)))
+}
+
 /// Decodes READ(6/10/12/16) and WRITE(6/10/12/16); `None` for other opcodes.
 pub fn parse_rw(cdb: &[u8]) -> Option<Result<RwCdb, Sense>> {
     use opcode::*;

@@ -338,9 +338,12 @@ impl ScsiTarget {
     /// `data_out` holds the command's Data-Out bytes; the transport
     /// guarantees it is as long as [`command_info`] said, and a shorter one
     /// ends in CHECK CONDITION (INVALID FIELD IN CDB or PARAMETER LIST
-    /// LENGTH ERROR). `data_in` is cleared and filled with the response data;
+    /// LENGTH ERROR). On return `data_in` holds exactly the response data;
     /// the caller truncates it to the Expected Data Transfer Length and
-    /// computes residuals.
+    /// computes residuals. What it holds on entry is scratch: a READ
+    /// overwrites those bytes in place instead of zeroing a fresh buffer
+    /// first (a transport reuses one buffer from command to command), and
+    /// no stale byte is ever returned.
     ///
     /// An unknown LUN answers INQUIRY with peripheral qualifier 3 / device
     /// type 0x1F, serves REPORT LUNS and REQUEST SENSE, and fails everything
@@ -353,7 +356,11 @@ impl ScsiTarget {
         data_out: &[u8],
         data_in: &mut Vec<u8>,
     ) -> CommandOutcome {
-        data_in.clear();
+        // A READ takes the buffer whole (sbc::read_write); every other
+        // command builds its response from empty.
+        if !cdb::is_read(cdb) {
+            data_in.clear();
+        }
         let key = nexus.key();
         let new_nexus = self
             .nexuses

@@ -608,3 +608,57 @@ fn unknown_opcodes() {
         (SenseKey::IllegalRequest, Asc::new(0x20, 0x00))
     );
 }
+
+/// `execute` takes one buffer reused from command to command (as the
+/// transport does): a READ overwrites its bytes in place without zeroing,
+/// and no byte of an earlier response survives into a later one.
+#[test]
+fn reused_data_in_buffer_never_leaks_stale_bytes() {
+    let (t, _) = target(&[(64 << 20, 512)]);
+    let mut buffer = vec![0xAA; 1 << 20];
+    let exec = |cdb: &[u8], data_out: &[u8], buffer: &mut Vec<u8>| {
+        t.execute(&nexus(), encode_lun(0), cdb, data_out, buffer)
+    };
+    // Unwritten blocks into a full stale buffer: zeros, exactly as long.
+    assert_eq!(
+        exec(&rw16(0x88, 0, 256), &[], &mut buffer),
+        CommandOutcome::GOOD
+    );
+    assert_eq!(buffer.len(), 256 * 512);
+    assert!(buffer.iter().all(|&b| b == 0));
+    // Written data, into a buffer longer than the read.
+    buffer.resize(1 << 20, 0xBB);
+    let written = vec![0x5A; 8 * 512];
+    assert_eq!(
+        exec(&rw16(0x8A, 8, 8), &written, &mut buffer),
+        CommandOutcome::GOOD
+    );
+    buffer.resize(1 << 20, 0xBB);
+    assert_eq!(
+        exec(&rw16(0x88, 8, 8), &[], &mut buffer),
+        CommandOutcome::GOOD
+    );
+    assert_eq!(buffer, written);
+    // A zero-block READ, one out of range and one with a bad field: empty.
+    for cdb in [rw16(0x88, 0, 0), rw16(0x88, (64 << 20) / 512, 1), {
+        let mut c = rw16(0x88, 0, 1);
+        c[1] = 0x20; // RDPROTECT without protection information
+        c
+    }] {
+        buffer.resize(1 << 20, 0xCC);
+        exec(&cdb, &[], &mut buffer);
+        assert!(
+            buffer.is_empty(),
+            "cdb {cdb:02x?} left {} bytes",
+            buffer.len()
+        );
+    }
+    // Any other command starts from empty.
+    buffer.resize(1 << 20, 0xDD);
+    assert_eq!(
+        exec(&inquiry(false, 0, 96), &[], &mut buffer),
+        CommandOutcome::GOOD
+    );
+    assert!(buffer.len() <= 96);
+    assert!(!buffer.contains(&0xDD));
+}

@@ -193,7 +193,10 @@ impl Drop for InFlightGuard {
 }
 
 /// Data buffers reused from command to command (no allocation per command
-/// on the fast path once warm).
+/// on the fast path once warm). A buffer comes back holding whatever it
+/// held: the write path clears it before use, and a Data-In buffer is
+/// scratch to `ScsiTarget::execute`, which a READ overwrites in place rather
+/// than zeroing it again.
 #[derive(Default)]
 struct BufferPool {
     free: Mutex<Vec<Vec<u8>>>,
@@ -211,8 +214,7 @@ impl BufferPool {
             .unwrap_or_default()
     }
 
-    fn give(&self, mut buffer: Vec<u8>) {
-        buffer.clear();
+    fn give(&self, buffer: Vec<u8>) {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         if free.len() < Self::KEEP && buffer.capacity() <= MAX_WRITE_BUFFER as usize {
             free.push(buffer);
@@ -728,6 +730,8 @@ impl Connection {
             }
         };
         let mut buffer = self.buffers.take();
+        // Zeroed: the Data-Out lands in it piece by piece.
+        buffer.clear();
         buffer.resize(expected as usize, 0);
         let immediate = &mut buffer[..immediate_len as usize];
         match receiver.receive_data_into(immediate).await {
