@@ -20,6 +20,12 @@ pub enum DataTransfer<'a> {
     /// A read: the buffer's length is the Expected Data Transfer Length;
     /// the data lands in it and it comes back in [`Response::data`].
     Read(Vec<u8>),
+    /// A read of this many bytes (the Expected Data Transfer Length) into a
+    /// buffer of the session's pool, attached when the first Data-In
+    /// arrives. It comes back in [`Response::data`], as long as the data
+    /// reached (the highest offset received); hand it back with
+    /// [`crate::Session::recycle`].
+    PooledRead(u32),
     /// A write of these bytes.
     Write(&'a [u8]),
 }
@@ -54,6 +60,17 @@ impl<'a> Command<'a> {
     pub fn read(lun: u64, cdb: &'a [u8], buffer: Vec<u8>) -> Self {
         Command {
             data: DataTransfer::Read(buffer),
+            ..Command::new(lun, cdb)
+        }
+    }
+
+    /// A read of `length` bytes into a buffer from the session's pool (see
+    /// [`DataTransfer::PooledRead`]): for callers that consume the data and
+    /// recycle the buffer, which keeps the buffers data lands in few and hot
+    /// in cache however many reads are in flight.
+    pub fn read_pooled(lun: u64, cdb: &'a [u8], length: u32) -> Self {
+        Command {
+            data: DataTransfer::PooledRead(length),
             ..Command::new(lun, cdb)
         }
     }
@@ -156,7 +173,8 @@ pub struct Response {
     /// The residual the target reported (checked against the data that
     /// actually arrived).
     pub residual: Residual,
-    /// For a read: the caller's buffer, holding the data received.
+    /// For a read: the caller's buffer, holding the data received (for a
+    /// pooled read, the pool's buffer, as long as the data reached).
     pub data: Vec<u8>,
     /// For a read: bytes of Data-In received.
     pub received: u32,

@@ -42,6 +42,7 @@ use iscsi_proto::transfer::Limits;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, mpsc};
 
+use crate::buffers::ReadBuffers;
 use crate::command::{Residual, Response};
 use crate::error::Error;
 
@@ -60,11 +61,24 @@ pub(crate) enum TaskEvent {
     Lost(Option<Vec<u8>>),
 }
 
+/// Where a read command's data lands.
+#[derive(Debug)]
+pub(crate) enum ReadInto {
+    /// The caller's buffer, as long as the Expected Data Transfer Length.
+    Buffer(Vec<u8>),
+    /// A buffer of the session's pool, attached when data arrives, for a
+    /// read of this many bytes.
+    Pooled(u32),
+}
+
 /// Where a read command's Data-In stands.
 #[derive(Debug)]
 struct ReadProgress {
     /// The caller's buffer; `None` while the reader is landing data in it.
+    /// Empty for a pooled read until its first Data-In.
     buffer: Option<Vec<u8>>,
+    /// Whether the buffer comes from the pool.
+    pooled: bool,
     /// Expected Data Transfer Length.
     expected: u32,
     /// Bytes landed so far.
@@ -200,6 +214,8 @@ pub(crate) struct Connection {
     sender: tokio::sync::Mutex<StreamSender<OwnedWriteHalf>>,
     state: Mutex<ConnectionState>,
     window: Arc<CommandWindow>,
+    /// The session's read buffers, for pooled reads.
+    buffers: Arc<ReadBuffers>,
     shutdown: Notify,
     closing: AtomicBool,
     /// Set once we close on purpose (logout): the end of the stream is
@@ -276,6 +292,15 @@ impl Sending<'_> {
     }
 }
 
+/// What a session's connections share with it.
+#[derive(Clone, Debug)]
+pub(crate) struct SessionShared {
+    /// The command window (one per session, RFC 7143 section 4.2.2.1).
+    pub(crate) window: Arc<CommandWindow>,
+    /// Buffers for pooled reads.
+    pub(crate) buffers: Arc<ReadBuffers>,
+}
+
 impl Connection {
     /// Starts the reader task over `receiver`.
     pub(crate) fn start(
@@ -284,9 +309,10 @@ impl Connection {
         exp_stat_sn: StatSn,
         receiver: StreamReceiver<OwnedReadHalf>,
         sender: StreamSender<OwnedWriteHalf>,
-        window: Arc<CommandWindow>,
+        shared: SessionShared,
         lifecycle: ConnectionStateMachine,
     ) -> Arc<Connection> {
+        let SessionShared { window, buffers } = shared;
         let connection = Arc::new(Connection {
             cid,
             limits,
@@ -297,6 +323,7 @@ impl Connection {
                 alive: true,
             }),
             window,
+            buffers,
             shutdown: Notify::new(),
             closing: AtomicBool::new(false),
             finished: AtomicBool::new(false),
@@ -342,23 +369,37 @@ impl Connection {
         &self.window
     }
 
-    /// Registers a task under `itt`; `read` is the buffer of a read.
+    /// Registers a task under `itt`; `read` says where a read's data lands.
     pub(crate) fn register(
         &self,
         itt: u32,
-        read: Option<Vec<u8>>,
+        read: Option<ReadInto>,
     ) -> Result<mpsc::UnboundedReceiver<TaskEvent>, (Error, Option<Vec<u8>>)> {
         let (events, receiver) = mpsc::unbounded_channel();
         let mut state = self.lock();
         if !state.alive {
-            return Err((Error::ConnectionLost, read));
+            let buffer = match read {
+                Some(ReadInto::Buffer(buffer)) => Some(buffer),
+                _ => None,
+            };
+            return Err((Error::ConnectionLost, buffer));
         }
-        let read = read.map(|buffer| ReadProgress {
-            expected: buffer.len() as u32,
-            buffer: Some(buffer),
-            received: 0,
-            next_data_sn: 0,
-            next_offset: 0,
+        let read = read.map(|read| {
+            let (buffer, expected, pooled) = match read {
+                ReadInto::Buffer(buffer) => {
+                    let expected = buffer.len() as u32;
+                    (buffer, expected, false)
+                }
+                ReadInto::Pooled(expected) => (Vec::new(), expected, true),
+            };
+            ReadProgress {
+                buffer: Some(buffer),
+                pooled,
+                expected,
+                received: 0,
+                next_data_sn: 0,
+                next_offset: 0,
+            }
         });
         state.tasks.insert(itt, TaskEntry { events, read });
         Ok(receiver)
@@ -447,7 +488,9 @@ impl Connection {
         self.window.update(data_in.exp_cmd_sn, data_in.max_cmd_sn);
         let itt = data_in.initiator_task_tag;
         enum Plan {
-            Land(Vec<u8>, usize),
+            /// Into this buffer at this offset; for a pooled read still
+            /// without its buffer, the length of the one to attach.
+            Land(Vec<u8>, usize, Option<usize>),
             Discard,
             Fail(Error),
         }
@@ -462,13 +505,21 @@ impl Connection {
                     read: Some(read), ..
                 }) => check_data_in(read, &data_in, length, self.limits.data_pdu_in_order)
                     .map_or_else(Plan::Fail, |start| match read.buffer.take() {
-                        Some(buffer) => Plan::Land(buffer, start),
+                        Some(buffer) => {
+                            let expected = read.expected as usize;
+                            let attach =
+                                (read.pooled && buffer.len() != expected).then_some(expected);
+                            Plan::Land(buffer, start, attach)
+                        }
                         None => Plan::Discard,
                     }),
             }
         };
         match plan {
-            Plan::Land(mut buffer, start) => {
+            Plan::Land(mut buffer, start, attach) => {
+                if let Some(expected) = attach {
+                    buffer = self.buffers.take(expected, !self.limits.data_pdu_in_order);
+                }
                 let end = start + length as usize;
                 let landed = receiver.receive_data_into(&mut buffer[start..end]).await;
                 let mut state = self.lock();
@@ -557,6 +608,11 @@ impl Connection {
                     }
                 }
                 response.data = buffer;
+                if read.pooled {
+                    // Only as far as the data reached: the rest of a reused
+                    // buffer holds an earlier read's bytes.
+                    response.data.truncate(read.next_offset as usize);
+                }
                 response.received = read.received;
             }
             Ok(response)

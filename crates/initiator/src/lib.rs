@@ -23,8 +23,10 @@
 //! | `connection` | one full feature phase connection: the reader task, the task table, Data-In placement, R2T routing, NOP-In answers |
 //! | [`session`] | [`Session`]: the CmdSN window, ITT allocation, command execution with immediate/unsolicited/solicited data, task management, logout, ERL 0 reinstatement and retry, MC/S scheduling |
 //! | [`command`] | [`Command`] and [`Response`]: a SCSI command and what came back (status, sense, residual) |
+//! | `buffers` | the session's pool of read buffers, attached to pooled reads when their data arrives |
 //! | [`scsi`] | CDB builders and parsers for the helpers (INQUIRY, READ CAPACITY, READ/WRITE, SYNCHRONIZE CACHE, UNMAP, REPORT LUNS, TEST UNIT READY) |
 
+mod buffers;
 pub mod command;
 pub mod config;
 mod connection;

@@ -38,9 +38,10 @@ use iscsi_proto::text::NegotiatedParameters;
 use iscsi_proto::transfer::{Limits, R2tTracker, WritePlan, data_segments};
 use tokio::sync::mpsc;
 
+use crate::buffers::ReadBuffers;
 use crate::command::{Command, DataTransfer, Response, encode_lun};
 use crate::config::{Scheduling, SessionConfig};
-use crate::connection::{CommandWindow, Connection, TaskEvent};
+use crate::connection::{CommandWindow, Connection, ReadInto, SessionShared, TaskEvent};
 use crate::error::Error;
 use crate::login::{LoginRequestParams, login, random_isid};
 use crate::url::IscsiUrl;
@@ -59,6 +60,8 @@ struct Inner {
     isid: Isid,
     tsih: AtomicU16,
     window: Arc<CommandWindow>,
+    /// Buffers for pooled reads, shared by the connections.
+    read_buffers: Arc<ReadBuffers>,
     connections: Mutex<Vec<Arc<Connection>>>,
     /// Bumped by every reinstatement.
     generation: AtomicU64,
@@ -116,6 +119,7 @@ impl Session {
             isid,
             tsih: AtomicU16::new(0),
             window: Arc::new(CommandWindow::new(CmdSn::new(1), CmdSn::new(1))),
+            read_buffers: Arc::default(),
             connections: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             recovery: tokio::sync::Mutex::new(()),
@@ -281,6 +285,12 @@ impl Session {
         }
     }
 
+    /// Hands a pooled read's buffer ([`Command::read_pooled`]) back for the
+    /// next pooled read; any buffer will do.
+    pub fn recycle(&self, buffer: Vec<u8>) {
+        self.inner.read_buffers.give(buffer);
+    }
+
     /// Drops every connection without logging out, as a network failure
     /// would (for tests of recovery and for callers that detect a hung
     /// path themselves). The next command reinstates the session.
@@ -394,7 +404,10 @@ impl Inner {
             exp_stat_sn,
             receiver,
             sender,
-            self.window.clone(),
+            SessionShared {
+                window: self.window.clone(),
+                buffers: self.read_buffers.clone(),
+            },
             logged_in.state,
         )
     }
@@ -468,14 +481,19 @@ impl Inner {
         if command.cdb.is_empty() || command.cdb.len() > 16 + 255 * 4 - 4 {
             return Err(Error::InvalidCommand("CDB length"));
         }
-        let reads = matches!(command.data, DataTransfer::Read(_));
-        let (mut read_buffer, write_data, expected_length) = match command.data {
+        let reads = matches!(
+            command.data,
+            DataTransfer::Read(_) | DataTransfer::PooledRead(_)
+        );
+        let pooled = matches!(command.data, DataTransfer::PooledRead(_));
+        let (mut read_into, write_data, expected_length) = match command.data {
             DataTransfer::None => (None, None, 0),
             DataTransfer::Read(buffer) => {
                 let length = u32::try_from(buffer.len())
                     .map_err(|_| Error::InvalidCommand("transfer over 4 GiB"))?;
-                (Some(buffer), None, length)
+                (Some(ReadInto::Buffer(buffer)), None, length)
             }
+            DataTransfer::PooledRead(length) => (Some(ReadInto::Pooled(length)), None, length),
             DataTransfer::Write(data) => {
                 let length = u32::try_from(data.len())
                     .map_err(|_| Error::InvalidCommand("transfer over 4 GiB"))?;
@@ -508,7 +526,7 @@ impl Inner {
                 write_data,
                 sent_cmd_sn: &sent_cmd_sn,
             };
-            let outcome = tokio::time::timeout_at(deadline, attempt.run(read_buffer.take())).await;
+            let outcome = tokio::time::timeout_at(deadline, attempt.run(read_into.take())).await;
             match outcome {
                 Ok(Ok(response)) => return Ok(response),
                 Ok(Err(AttemptError::Failed(error))) => return Err(error),
@@ -517,9 +535,15 @@ impl Inner {
                         return Err(Error::ConnectionLost);
                     }
                     retries += 1;
-                    read_buffer = match buffer {
-                        Some(buffer) => Some(buffer),
-                        None if reads => Some(vec![0; expected_length as usize]),
+                    read_into = match buffer {
+                        _ if pooled => {
+                            if let Some(buffer) = buffer {
+                                self.read_buffers.give(buffer);
+                            }
+                            Some(ReadInto::Pooled(expected_length))
+                        }
+                        Some(buffer) => Some(ReadInto::Buffer(buffer)),
+                        None if reads => Some(ReadInto::Buffer(vec![0; expected_length as usize])),
                         None => None,
                     };
                     tracing::info!(
@@ -658,11 +682,11 @@ struct Attempt<'a> {
 }
 
 impl Attempt<'_> {
-    async fn run(self, read_buffer: Option<Vec<u8>>) -> Result<Response, AttemptError> {
+    async fn run(self, read: Option<ReadInto>) -> Result<Response, AttemptError> {
         let connection = self.connection;
-        let reads = read_buffer.is_some();
+        let reads = read.is_some();
         let mut events = connection
-            .register(self.itt, read_buffer)
+            .register(self.itt, read)
             .map_err(|(_, buffer)| AttemptError::Lost(buffer))?;
         let _registration = Registration {
             connection,

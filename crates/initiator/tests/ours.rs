@@ -5,7 +5,8 @@
 
 use std::sync::Arc;
 
-use iscsi_initiator::{IscsiUrl, Scheduling, Session, SessionConfig};
+use iscsi_initiator::scsi::rw10_cdb;
+use iscsi_initiator::{Command, IscsiUrl, Residual, Scheduling, Session, SessionConfig};
 use iscsi_scsi::{Backstore, RamBackstore};
 use iscsi_target::{Server, TargetConfig, TargetEntry};
 use rand::RngCore;
@@ -74,14 +75,25 @@ async fn mcs_round_trip(scheduling: Scheduling) {
     while let Some(done) = writes.join_next().await {
         done.unwrap().expect("write");
     }
+    // Every other read lands in the session's pool, whose buffers pass
+    // from read to read (and LUN to LUN) still holding earlier data.
     let mut reads = tokio::task::JoinSet::new();
-    for (lun, lba, data) in chunks {
+    for (i, (lun, lba, data)) in chunks.into_iter().enumerate() {
         let session = Arc::clone(&session);
         reads.spawn(async move {
-            let back = session
-                .read(lun, lba, BLOCK, vec![0; data.len()])
-                .await
-                .expect("read");
+            let back = if i % 2 == 0 {
+                session
+                    .read(lun, lba, BLOCK, vec![0; data.len()])
+                    .await
+                    .expect("read")
+            } else {
+                let cdb = rw10_cdb(false, lba as u32, (data.len() / BLOCK as usize) as u16);
+                let command = Command::read_pooled(lun, &cdb, data.len() as u32);
+                let response = session.execute(command).await.expect("pooled read");
+                let back = response.check().expect("GOOD").data;
+                session.recycle(back.clone());
+                back
+            };
             assert!(
                 back == data,
                 "LUN {lun} LBA {lba} reads back what was written"
@@ -239,4 +251,45 @@ async fn a_connection_cut_mid_write_loses_nothing_acknowledged() {
         assert!(back == data, "LBA {lba} holds what was acknowledged");
     }
     session.logout().await.unwrap();
+}
+
+/// A pooled read gets a buffer other reads used before: what comes back is
+/// exactly the data the target sent, never bytes of an earlier read, also
+/// when the target sends less than expected (an underflow).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pooled_reads_return_only_the_data_sent() {
+    let (portal, _stop) = start(|_| {}).await;
+    let url: IscsiUrl = format!("iscsi://{portal}/{TARGET}/0").parse().unwrap();
+    let session = Session::connect(&url, SessionConfig::default())
+        .await
+        .expect("login");
+    let written = random(8 * BLOCK as usize);
+    session.write(0, 16, BLOCK, &written).await.expect("write");
+    session.recycle(vec![0xEE; 64 * 1024]);
+    let cdb = rw10_cdb(false, 16, 8);
+    let response = session
+        .execute(Command::read_pooled(0, &cdb, written.len() as u32))
+        .await
+        .expect("pooled read");
+    assert_eq!(response.residual, Residual::None);
+    assert_eq!(response.data, written);
+    session.recycle(response.data);
+    // One block asked for with room for 8: the target sends 512 bytes and
+    // reports the underflow; the buffer it lands in held 8 blocks before.
+    let cdb = rw10_cdb(false, 16, 1);
+    let response = session
+        .execute(Command::read_pooled(0, &cdb, written.len() as u32))
+        .await
+        .expect("short read");
+    assert_eq!(response.residual, Residual::Underflow(7 * BLOCK));
+    assert_eq!(response.received, BLOCK);
+    assert_eq!(response.data, written[..BLOCK as usize]);
+    session.recycle(response.data);
+    // No data at all (TEST UNIT READY with an expected length): empty.
+    let response = session
+        .execute(Command::read_pooled(0, &[0; 6], 4096))
+        .await
+        .expect("no data");
+    assert!(response.data.is_empty());
+    session.logout().await.expect("logout");
 }

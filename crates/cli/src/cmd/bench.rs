@@ -80,12 +80,21 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if bs == 0 || args.qd == 0 || args.time <= 0.0 {
         bail!("--bs, --qd and --time must be positive");
     }
+    let transfer_length = u32::try_from(bs).context("--bs must be below 4 GiB")?;
     let url = target_url(&args.url)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(args.threads.max(1))
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    // One thread: a current-thread runtime, like a poll loop (no wake-ups
+    // handed between the caller's thread and a worker).
+    let runtime = if args.threads <= 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(args.threads)
+            .enable_all()
+            .build()
+    }
+    .context("starting the runtime")?;
     let report = runtime.block_on(async {
         let session = connect(&url, &args.session).await?;
         let capacity = session
@@ -93,6 +102,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .await
             .context("READ CAPACITY")?;
         let block_size = u64::from(capacity.block_size);
+        if block_size == 0 {
+            bail!("the target reports a block size of 0");
+        }
         if bs % block_size != 0 {
             bail!("--bs must be a multiple of the {block_size}-byte block");
         }
@@ -111,13 +123,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             let lun = url.lun;
             workers.spawn(async move {
                 let mut latencies: Vec<u32> = Vec::with_capacity(1 << 16);
-                let mut buffer = vec![0u8; bs as usize];
-                if write {
-                    buffer
-                        .iter_mut()
-                        .enumerate()
-                        .for_each(|(i, b)| *b = (i + worker) as u8);
-                }
+                // Writes send one buffer of their own; reads take the
+                // session's pooled buffers (attached as data arrives and
+                // recycled at once), as an application consuming its data
+                // would.
+                let data: Vec<u8> = if write {
+                    (0..bs as usize).map(|i| (i + worker) as u8).collect()
+                } else {
+                    Vec::new()
+                };
                 while Instant::now() < deadline {
                     let slot = if random {
                         rand::random_range(0..slots)
@@ -141,17 +155,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                     };
                     let issued = Instant::now();
                     let response = if write {
-                        session.execute(Command::write(lun, cdb, &buffer)).await?
+                        session.execute(Command::write(lun, cdb, &data)).await?
                     } else {
                         session
-                            .execute(Command::read(lun, cdb, std::mem::take(&mut buffer)))
+                            .execute(Command::read_pooled(lun, cdb, transfer_length))
                             .await?
                     };
                     let elapsed = issued.elapsed();
-                    let response = response.check()?;
-                    if !write {
-                        buffer = response.data;
-                    }
+                    session.recycle(response.check()?.data);
                     latencies.push(u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX));
                 }
                 Ok::<_, iscsi_initiator::Error>(latencies)
