@@ -215,6 +215,11 @@ impl BufferPool {
     }
 
     fn give(&self, buffer: Vec<u8>) {
+        // An empty Vec (a read's Data-Out) would only displace a real
+        // buffer: the next READ would zero and fault in 1 MiB again.
+        if buffer.capacity() == 0 {
+            return;
+        }
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         if free.len() < Self::KEEP && buffer.capacity() <= MAX_WRITE_BUFFER as usize {
             free.push(buffer);
