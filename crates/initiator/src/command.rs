@@ -26,6 +26,11 @@ pub enum DataTransfer<'a> {
     /// reached (the highest offset received); hand it back with
     /// [`crate::Session::recycle`].
     PooledRead(u32),
+    /// A read of this many bytes whose data is received (digests and
+    /// offsets checked) and dropped: [`Response::data`] comes back empty,
+    /// [`Response::received`] counts the bytes. What a load generator
+    /// needs (libiscsi's iscsi-perf lands every read in one shared buffer).
+    DiscardedRead(u32),
     /// A write of these bytes.
     Write(&'a [u8]),
 }
@@ -71,6 +76,15 @@ impl<'a> Command<'a> {
     pub fn read_pooled(lun: u64, cdb: &'a [u8], length: u32) -> Self {
         Command {
             data: DataTransfer::PooledRead(length),
+            ..Command::new(lun, cdb)
+        }
+    }
+
+    /// A read of `length` bytes whose data is checked and dropped (see
+    /// [`DataTransfer::DiscardedRead`]).
+    pub fn read_discarded(lun: u64, cdb: &'a [u8], length: u32) -> Self {
+        Command {
+            data: DataTransfer::DiscardedRead(length),
             ..Command::new(lun, cdb)
         }
     }

@@ -69,16 +69,28 @@ pub(crate) enum ReadInto {
     /// A buffer of the session's pool, attached when data arrives, for a
     /// read of this many bytes.
     Pooled(u32),
+    /// Nowhere: a read of this many bytes whose data is received, checked
+    /// and dropped (a load generator's read).
+    Discarded(u32),
+}
+
+/// Which of [`ReadInto`]'s destinations a read has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadMode {
+    Own,
+    Pooled,
+    Discarded,
 }
 
 /// Where a read command's Data-In stands.
 #[derive(Debug)]
 struct ReadProgress {
     /// The caller's buffer; `None` while the reader is landing data in it.
-    /// Empty for a pooled read until its first Data-In.
+    /// Empty for a pooled read until its first Data-In, and for a
+    /// discarded read.
     buffer: Option<Vec<u8>>,
-    /// Whether the buffer comes from the pool.
-    pooled: bool,
+    /// Where the buffer comes from.
+    mode: ReadMode,
     /// Expected Data Transfer Length.
     expected: u32,
     /// Bytes landed so far.
@@ -385,16 +397,17 @@ impl Connection {
             return Err((Error::ConnectionLost, buffer));
         }
         let read = read.map(|read| {
-            let (buffer, expected, pooled) = match read {
+            let (buffer, expected, mode) = match read {
                 ReadInto::Buffer(buffer) => {
                     let expected = buffer.len() as u32;
-                    (buffer, expected, false)
+                    (buffer, expected, ReadMode::Own)
                 }
-                ReadInto::Pooled(expected) => (Vec::new(), expected, true),
+                ReadInto::Pooled(expected) => (Vec::new(), expected, ReadMode::Pooled),
+                ReadInto::Discarded(expected) => (Vec::new(), expected, ReadMode::Discarded),
             };
             ReadProgress {
                 buffer: Some(buffer),
-                pooled,
+                mode,
                 expected,
                 received: 0,
                 next_data_sn: 0,
@@ -491,6 +504,9 @@ impl Connection {
             /// Into this buffer at this offset; for a pooled read still
             /// without its buffer, the length of the one to attach.
             Land(Vec<u8>, usize, Option<usize>),
+            /// A discarded read's data at this offset: through a scratch
+            /// buffer of the pool (the read's own empty one is kept).
+            Scratch(Vec<u8>, usize),
             Discard,
             Fail(Error),
         }
@@ -507,9 +523,13 @@ impl Connection {
                     .map_or_else(Plan::Fail, |start| match read.buffer.take() {
                         Some(buffer) => {
                             let expected = read.expected as usize;
-                            let attach =
-                                (read.pooled && buffer.len() != expected).then_some(expected);
-                            Plan::Land(buffer, start, attach)
+                            match read.mode {
+                                ReadMode::Discarded => Plan::Scratch(buffer, start),
+                                ReadMode::Pooled if buffer.len() != expected => {
+                                    Plan::Land(buffer, start, Some(expected))
+                                }
+                                ReadMode::Own | ReadMode::Pooled => Plan::Land(buffer, start, None),
+                            }
                         }
                         None => Plan::Discard,
                     }),
@@ -522,17 +542,14 @@ impl Connection {
                 }
                 let end = start + length as usize;
                 let landed = receiver.receive_data_into(&mut buffer[start..end]).await;
-                let mut state = self.lock();
-                if let Some(TaskEntry {
-                    read: Some(read), ..
-                }) = state.tasks.get_mut(&itt)
-                {
-                    read.buffer = Some(buffer);
-                    read.received += length;
-                    read.next_data_sn = read.next_data_sn.wrapping_add(1);
-                    read.next_offset = read.next_offset.max(end as u32);
-                }
-                drop(state);
+                self.landed(itt, buffer, length, end);
+                landed?;
+            }
+            Plan::Scratch(own, start) => {
+                let mut scratch = self.buffers.take(length as usize, false);
+                let landed = receiver.receive_data_into(&mut scratch).await;
+                self.buffers.give(scratch);
+                self.landed(itt, own, length, start + length as usize);
                 landed?;
             }
             Plan::Discard => {
@@ -564,6 +581,21 @@ impl Connection {
             self.complete_scsi(itt, status, residual, Vec::new());
         }
         Ok(())
+    }
+
+    /// Gives a read its buffer back after `length` bytes ending at `end`
+    /// were received.
+    fn landed(&self, itt: u32, buffer: Vec<u8>, length: u32, end: usize) {
+        let mut state = self.lock();
+        if let Some(TaskEntry {
+            read: Some(read), ..
+        }) = state.tasks.get_mut(&itt)
+        {
+            read.buffer = Some(buffer);
+            read.received += length;
+            read.next_data_sn = read.next_data_sn.wrapping_add(1);
+            read.next_offset = read.next_offset.max(end as u32);
+        }
     }
 
     fn fail_scsi(&self, itt: u32, error: Error) {
@@ -608,7 +640,7 @@ impl Connection {
                     }
                 }
                 response.data = buffer;
-                if read.pooled {
+                if read.mode == ReadMode::Pooled {
                     // Only as far as the data reached: the rest of a reused
                     // buffer holds an earlier read's bytes.
                     response.data.truncate(read.next_offset as usize);

@@ -483,8 +483,9 @@ impl Inner {
         }
         let reads = matches!(
             command.data,
-            DataTransfer::Read(_) | DataTransfer::PooledRead(_)
+            DataTransfer::Read(_) | DataTransfer::PooledRead(_) | DataTransfer::DiscardedRead(_)
         );
+        let discarded = matches!(command.data, DataTransfer::DiscardedRead(_));
         let pooled = matches!(command.data, DataTransfer::PooledRead(_));
         let (mut read_into, write_data, expected_length) = match command.data {
             DataTransfer::None => (None, None, 0),
@@ -494,6 +495,9 @@ impl Inner {
                 (Some(ReadInto::Buffer(buffer)), None, length)
             }
             DataTransfer::PooledRead(length) => (Some(ReadInto::Pooled(length)), None, length),
+            DataTransfer::DiscardedRead(length) => {
+                (Some(ReadInto::Discarded(length)), None, length)
+            }
             DataTransfer::Write(data) => {
                 let length = u32::try_from(data.len())
                     .map_err(|_| Error::InvalidCommand("transfer over 4 GiB"))?;
@@ -536,6 +540,7 @@ impl Inner {
                     }
                     retries += 1;
                     read_into = match buffer {
+                        _ if discarded => Some(ReadInto::Discarded(expected_length)),
                         _ if pooled => {
                             if let Some(buffer) = buffer {
                                 self.read_buffers.give(buffer);

@@ -255,7 +255,8 @@ async fn a_connection_cut_mid_write_loses_nothing_acknowledged() {
 
 /// A pooled read gets a buffer other reads used before: what comes back is
 /// exactly the data the target sent, never bytes of an earlier read, also
-/// when the target sends less than expected (an underflow).
+/// when the target sends less than expected (an underflow). A discarded
+/// read counts its data and keeps none.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pooled_reads_return_only_the_data_sent() {
     let (portal, _stop) = start(|_| {}).await;
@@ -285,6 +286,15 @@ async fn pooled_reads_return_only_the_data_sent() {
     assert_eq!(response.received, BLOCK);
     assert_eq!(response.data, written[..BLOCK as usize]);
     session.recycle(response.data);
+    // A discarded read: all the data received and checked, none kept.
+    let cdb = rw10_cdb(false, 16, 8);
+    let response = session
+        .execute(Command::read_discarded(0, &cdb, written.len() as u32))
+        .await
+        .expect("discarded read");
+    assert_eq!(response.residual, Residual::None);
+    assert_eq!(response.received, written.len() as u32);
+    assert!(response.data.is_empty());
     // No data at all (TEST UNIT READY with an expected length): empty.
     let response = session
         .execute(Command::read_pooled(0, &[0; 6], 4096))

@@ -1,7 +1,11 @@
 //! `iscsi bench`: a load generator against any iSCSI LUN. N workers (the
-//! queue depth) each keep one command in flight for the run's duration,
-//! reusing one buffer each; throughput, IOPS and latency percentiles are
-//! computed from every command's completion time.
+//! queue depth) each keep one command in flight for the run's duration;
+//! throughput, IOPS and latency percentiles are computed from every
+//! command's completion time. Reads are received in full (digests, DataSN,
+//! offsets and residuals checked) and their data dropped, as libiscsi's
+//! iscsi-perf does by landing every read in one shared buffer;
+//! `--keep-data` lands each in a buffer of its own from the session's pool,
+//! as an application using the data would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +34,10 @@ pub struct Args {
     /// Seconds to run.
     #[arg(long, default_value_t = 10.0)]
     time: f64,
+    /// Land each read's data in a buffer of its own (from the session's
+    /// pool) instead of dropping it once checked.
+    #[arg(long)]
+    keep_data: bool,
     /// Runtime worker threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
@@ -121,12 +129,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             let session: Session = session.clone();
             let next = next.clone();
             let lun = url.lun;
+            let keep_data = args.keep_data;
             workers.spawn(async move {
                 let mut latencies: Vec<u32> = Vec::with_capacity(1 << 16);
-                // Writes send one buffer of their own; reads take the
-                // session's pooled buffers (attached as data arrives and
-                // recycled at once), as an application consuming its data
-                // would.
+                // Writes send one buffer of their own; reads drop their data
+                // or, with --keep-data, take the session's pooled buffers
+                // (attached as data arrives and recycled at once).
                 let data: Vec<u8> = if write {
                     (0..bs as usize).map(|i| (i + worker) as u8).collect()
                 } else {
@@ -154,13 +162,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                         }
                     };
                     let issued = Instant::now();
-                    let response = if write {
-                        session.execute(Command::write(lun, cdb, &data)).await?
+                    let command = if write {
+                        Command::write(lun, cdb, &data)
+                    } else if keep_data {
+                        Command::read_pooled(lun, cdb, transfer_length)
                     } else {
-                        session
-                            .execute(Command::read_pooled(lun, cdb, transfer_length))
-                            .await?
+                        Command::read_discarded(lun, cdb, transfer_length)
                     };
+                    let response = session.execute(command).await?;
                     let elapsed = issued.elapsed();
                     session.recycle(response.check()?.data);
                     latencies.push(u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX));
