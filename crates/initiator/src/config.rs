@@ -105,8 +105,15 @@ pub struct SessionConfig {
 }
 
 impl Default for SessionConfig {
-    /// Offers tuned for throughput: 256 KiB data segments, 16 MiB bursts,
-    /// immediate and unsolicited data, 8 outstanding R2Ts; no digests.
+    /// Offers tuned for throughput: 1 MiB data segments received, 16 MiB
+    /// bursts, immediate and unsolicited data, 8 outstanding R2Ts; no
+    /// digests.
+    ///
+    /// MaxRecvDataSegmentLength (RFC 7143 section 13.12) is ours to
+    /// declare, up to 2^24 - 1. At libiscsi's and open-iscsi's 256 KiB, a
+    /// 1 MiB read costs the target four Data-In PDUs; at 1 MiB, one. Against
+    /// tgtd, 1 MiB reads at QD 16 went from about 2200 to 3100-3600 IOPS
+    /// (same run, same LUN), tgtd's single event thread being the limit.
     fn default() -> Self {
         SessionConfig {
             initiator_name: DEFAULT_INITIATOR_NAME.to_owned(),
@@ -118,7 +125,7 @@ impl Default for SessionConfig {
                 max_connections: 1,
                 initial_r2t: false,
                 immediate_data: true,
-                max_recv_data_segment_length: 262_144,
+                max_recv_data_segment_length: 1_048_576,
                 max_burst_length: 16_776_192,
                 first_burst_length: 262_144,
                 max_outstanding_r2t: 8,
