@@ -51,7 +51,7 @@ pub use pr::PrType;
 pub use cdb::{DataDirection, command_info};
 use lu::LogicalUnit;
 use pr::Fail;
-pub use sense::{Asc, Sense, SenseKey};
+pub use sense::{Asc, FieldPointer, Sense, SenseKey};
 
 /// SAM-5 status codes.
 pub mod status {

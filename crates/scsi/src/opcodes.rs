@@ -7,7 +7,13 @@
 //! and the behaviour cannot drift apart.
 
 use crate::cdb::{self, SA_REPORT_SUPPORTED_OPCODES, SA_REPORT_SUPPORTED_TMFS, opcode::*};
-use crate::sense::Sense;
+use crate::sense::{FieldPointer, Sense};
+
+/// INVALID FIELD IN CDB pointing at REPORTING OPTIONS (byte 2, bits 2-0).
+/// Initiators (libiscsi's suite among them) read MAINTENANCE IN answered
+/// with INVALID FIELD IN CDB and no field pointer as "not implemented".
+const BAD_REPORTING_OPTIONS: Sense =
+    Sense::INVALID_FIELD_IN_CDB.with_field_pointer(FieldPointer::cdb(2, Some(2)));
 
 /// One supported command: opcode, service action (for opcodes that have
 /// them) and CDB USAGE DATA (the CDB's length; byte 0 is the opcode, every
@@ -402,7 +408,8 @@ pub fn report_supported_opcodes(
     let sa = cdb::be16(cdb, 4)?;
     let alloc = usize::try_from(cdb::be32(cdb, 6)?).unwrap_or(usize::MAX);
     if b2 & 0x78 != 0 {
-        return Err(Sense::INVALID_FIELD_IN_CDB);
+        // Reserved bits 6-3.
+        return Err(Sense::INVALID_FIELD_IN_CDB.with_field_pointer(FieldPointer::cdb(2, Some(6))));
     }
     let v = data_in;
     match options {
@@ -429,7 +436,7 @@ pub fn report_supported_opcodes(
         1..=3 => {
             let with_sa = has_service_actions(op);
             let wanted_sa = match (options, with_sa) {
-                (1, true) | (2, false) => return Err(Sense::INVALID_FIELD_IN_CDB),
+                (1, true) | (2, false) => return Err(BAD_REPORTING_OPTIONS),
                 (1, false) | (3, false) => None,
                 _ => Some(sa),
             };
@@ -453,7 +460,7 @@ pub fn report_supported_opcodes(
                 None => v.extend_from_slice(&[0, 0x01, 0, 0]),
             }
         }
-        _ => return Err(Sense::INVALID_FIELD_IN_CDB),
+        _ => return Err(BAD_REPORTING_OPTIONS),
     }
     v.truncate(alloc);
     Ok(())

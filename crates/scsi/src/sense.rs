@@ -101,6 +101,44 @@ impl Asc {
     }
 }
 
+/// Which field of the CDB or parameter list an ILLEGAL REQUEST is about:
+/// the field pointer sense-key specific data (SPC-4 §4.5.2.4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FieldPointer {
+    /// The field is in the CDB (C/D = 1), not in the parameter list.
+    pub in_cdb: bool,
+    /// The byte the field is in.
+    pub byte: u16,
+    /// The field's most significant bit in that byte (BPV = 1), when the
+    /// field does not start a byte.
+    pub bit: Option<u8>,
+}
+
+impl FieldPointer {
+    /// A field of the CDB: `byte`, and `bit` when it does not start the byte.
+    pub const fn cdb(byte: u16, bit: Option<u8>) -> Self {
+        Self {
+            in_cdb: true,
+            byte,
+            bit,
+        }
+    }
+
+    /// The three sense-key specific bytes: SKSV, C/D, BPV, BIT POINTER,
+    /// FIELD POINTER.
+    const fn bytes(self) -> [u8; 3] {
+        let mut first = 0x80;
+        if self.in_cdb {
+            first |= 0x40;
+        }
+        if let Some(bit) = self.bit {
+            first |= 0x08 | (bit & 0x07);
+        }
+        let pointer = self.byte.to_be_bytes();
+        [first, pointer[0], pointer[1]]
+    }
+}
+
 /// Sense data for one CHECK CONDITION (or for REQUEST SENSE).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Sense {
@@ -111,6 +149,8 @@ pub struct Sense {
     /// The INFORMATION field (VALID bit set), e.g. the offset of the first
     /// miscompared byte (SBC-3 §5.2, §5.33).
     pub information: Option<u64>,
+    /// The field an ILLEGAL REQUEST is about, if named.
+    pub field_pointer: Option<FieldPointer>,
 }
 
 /// Length of fixed-format sense data this crate produces.
@@ -123,6 +163,15 @@ impl Sense {
             key,
             asc,
             information: None,
+            field_pointer: None,
+        }
+    }
+
+    /// The same sense naming the offending field.
+    pub const fn with_field_pointer(self, field: FieldPointer) -> Self {
+        Self {
+            field_pointer: Some(field),
+            ..self
         }
     }
 
@@ -206,7 +255,7 @@ impl Sense {
     /// Fixed-format sense data (SPC-4 §4.5.3): response code 0x70 (current
     /// error), sense key in byte 2, additional sense length 10, ASC/ASCQ in
     /// bytes 12/13; an INFORMATION value that fits in 32 bits goes in bytes
-    /// 3-6 with the VALID bit.
+    /// 3-6 with the VALID bit, a field pointer in bytes 15-17.
     pub fn to_fixed_format(&self) -> [u8; FIXED_SENSE_LEN] {
         let mut b = [0u8; FIXED_SENSE_LEN];
         b[0] = 0x70;
@@ -218,12 +267,16 @@ impl Sense {
         b[7] = (FIXED_SENSE_LEN - 8) as u8;
         b[12] = self.asc.asc;
         b[13] = self.asc.ascq;
+        if let Some(field) = self.field_pointer {
+            b[15..18].copy_from_slice(&field.bytes());
+        }
         b
     }
 
     /// Descriptor-format sense data (SPC-4 §4.5.2): response code 0x72
     /// (current error), sense key, ASC, ASCQ, then an Information sense data
-    /// descriptor (SPC-4 §4.5.2.2) when INFORMATION is set.
+    /// descriptor (SPC-4 §4.5.2.2) when INFORMATION is set and a Sense key
+    /// specific sense data descriptor (§4.5.2.4) for a field pointer.
     pub fn to_descriptor_format(&self) -> Vec<u8> {
         let mut v = vec![
             0x72,
@@ -238,8 +291,12 @@ impl Sense {
         if let Some(info) = self.information {
             v.extend_from_slice(&[0x00, 0x0A, 0x80, 0x00]);
             v.extend_from_slice(&info.to_be_bytes());
-            v[7] = 12;
         }
+        if let Some(field) = self.field_pointer {
+            let [first, high, low] = field.bytes();
+            v.extend_from_slice(&[0x02, 0x06, 0x00, 0x00, first, high, low, 0x00]);
+        }
+        v[7] = (v.len() - 8) as u8;
         v
     }
 }
@@ -255,6 +312,33 @@ mod tests {
         assert_eq!(b[2], 0x05);
         assert_eq!(b[7], 10);
         assert_eq!((b[12], b[13]), (0x21, 0x00));
+    }
+
+    #[test]
+    fn field_pointer_in_both_formats() {
+        let sense = Sense::INVALID_FIELD_IN_CDB.with_field_pointer(FieldPointer::cdb(2, Some(2)));
+        let fixed = sense.to_fixed_format();
+        // SKSV | C/D | BPV | bit 2, then field pointer 0x0002 (SPC-4 4.5.2.4.2).
+        assert_eq!(fixed[15..18], [0xCA, 0x00, 0x02]);
+        assert_eq!(fixed[7], 10);
+        let descriptor = sense.to_descriptor_format();
+        assert_eq!(
+            descriptor,
+            [
+                0x72, 0x05, 0x24, 0x00, 0, 0, 0, 8, 0x02, 0x06, 0, 0, 0xCA, 0x00, 0x02, 0
+            ]
+        );
+        let parameter = FieldPointer {
+            in_cdb: false,
+            byte: 300,
+            bit: None,
+        };
+        let sense = Sense::INVALID_FIELD_IN_PARAMETER_LIST.with_field_pointer(parameter);
+        assert_eq!(sense.to_fixed_format()[15..18], [0x80, 0x01, 0x2C]);
+        let both = Sense::miscompare(7).with_field_pointer(parameter);
+        let descriptor = both.to_descriptor_format();
+        assert_eq!(descriptor[7] as usize, descriptor.len() - 8);
+        assert_eq!(descriptor.len(), 8 + 12 + 8);
     }
 
     #[test]

@@ -6,8 +6,8 @@ mod common;
 
 use common::*;
 use iscsi_scsi::{
-    Asc, CommandOutcome, DataDirection, Nexus, ScsiTarget, Sense, SenseKey, command_info,
-    opcodes::COMMANDS, status,
+    Asc, CommandOutcome, DataDirection, FieldPointer, Nexus, ScsiTarget, Sense, SenseKey,
+    command_info, opcodes::COMMANDS, status,
 };
 
 /// MODE SENSE(6) of one page, current values, no block descriptor.
@@ -213,6 +213,9 @@ fn report_supported_opcodes_all() {
 
 #[test]
 fn report_supported_opcodes_one() {
+    // A bad REPORTING OPTIONS names its field (byte 2, bits 2-0).
+    let reporting_options =
+        Sense::INVALID_FIELD_IN_CDB.with_field_pointer(FieldPointer::cdb(2, Some(2)));
     let (t, _) = ram_target(1 << 20, 512);
     let a = nexus(1);
     // READ(10), option 1.
@@ -235,7 +238,7 @@ fn report_supported_opcodes_one() {
         &a,
         &rsoc(1, false, 0x9E, 0, 512),
         &[],
-        Sense::INVALID_FIELD_IN_CDB,
+        reporting_options,
     );
     let d = good(&t, &a, &rsoc(2, false, 0x9E, 0x10, 512), &[]);
     assert_eq!(d[1] & 0x07, 3);
@@ -249,20 +252,14 @@ fn report_supported_opcodes_one() {
         &a,
         &rsoc(2, false, 0x28, 0, 512),
         &[],
-        Sense::INVALID_FIELD_IN_CDB,
+        reporting_options,
     );
     // Option 3 takes either; reserved options are invalid.
     let d = good(&t, &a, &rsoc(3, false, 0x28, 0, 512), &[]);
     assert_eq!(d[1] & 0x07, 3);
     let d = good(&t, &a, &rsoc(3, false, 0x5F, 7, 512), &[]);
     assert_eq!(d[1] & 0x07, 3);
-    check(
-        &t,
-        &a,
-        &rsoc(4, false, 0, 0, 512),
-        &[],
-        Sense::INVALID_FIELD_IN_CDB,
-    );
+    check(&t, &a, &rsoc(4, false, 0, 0, 512), &[], reporting_options);
     assert_eq!(
         command_info(&rsoc(0, false, 0, 0, 777), 512),
         (DataDirection::Read, 777)
