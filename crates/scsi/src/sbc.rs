@@ -185,12 +185,17 @@ pub(crate) fn read_write(
     data_out: &[u8],
     data_in: &mut Vec<u8>,
 ) -> Result<(), Sense> {
+    let rw = cdb::parse_rw(cdb).ok_or(Sense::INVALID_OPCODE)??;
     // For a READ, `data_in` arrives holding scratch bytes (see
     // `ScsiTarget::execute`). Take them: every early return leaves the
     // response empty, and only a read that succeeds hands them back, every
-    // byte overwritten.
-    let mut scratch = std::mem::take(data_in);
-    let rw = cdb::parse_rw(cdb).ok_or(Sense::INVALID_OPCODE)??;
+    // byte overwritten. A WRITE's (empty) buffer stays with the caller,
+    // capacity and all, for the next command.
+    let mut scratch = if rw.write {
+        Vec::new()
+    } else {
+        std::mem::take(data_in)
+    };
     if rw.protect != 0 {
         // No protection information: RDPROTECT/WRPROTECT must be zero.
         return Err(Sense::INVALID_FIELD_IN_CDB);

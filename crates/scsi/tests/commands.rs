@@ -633,6 +633,11 @@ fn reused_data_in_buffer_never_leaks_stale_bytes() {
         exec(&rw16(0x8A, 8, 8), &written, &mut buffer),
         CommandOutcome::GOOD
     );
+    assert!(buffer.is_empty(), "a WRITE returns no data");
+    assert!(
+        buffer.capacity() >= 1 << 20,
+        "a WRITE leaves the reused buffer's allocation in place"
+    );
     buffer.resize(1 << 20, 0xBB);
     assert_eq!(
         exec(&rw16(0x88, 8, 8), &[], &mut buffer),
