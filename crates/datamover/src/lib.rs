@@ -23,9 +23,13 @@
 //! | module | owns |
 //! |---|---|
 //! | `lib.rs` | the primitive traits and [`DatamoverError`] |
+//! | `buffers.rs` | [`BufferPool`]: data buffers reused from command to command, LIFO, by both sides |
 //! | [`tcp`] | the TCP datamover (RFC 7143 framing over a byte stream): streaming receive into caller buffers with the data digest computed per chunk while hot, vectored sends with no copy of the data segment |
 
+mod buffers;
 pub mod tcp;
+
+pub use buffers::BufferPool;
 
 use std::future::Future;
 

@@ -13,12 +13,20 @@
 //! immune. A deep queue of large reads also holds memory only for the reads
 //! whose data is arriving.
 
-use std::sync::{Mutex, PoisonError};
+use iscsi_datamover::BufferPool;
 
 /// Buffers kept for reuse, LIFO.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct ReadBuffers {
-    free: Mutex<Vec<Vec<u8>>>,
+    pool: BufferPool,
+}
+
+impl Default for ReadBuffers {
+    fn default() -> Self {
+        ReadBuffers {
+            pool: BufferPool::new(Self::KEEP, Self::LARGEST_KEPT),
+        }
+    }
 }
 
 impl ReadBuffers {
@@ -32,12 +40,7 @@ impl ReadBuffers {
     /// arriving in order); with it, zeros (out-of-order data may leave
     /// holes).
     pub(crate) fn take(&self, length: usize, zeroed: bool) -> Vec<u8> {
-        let mut buffer = self
-            .free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-            .unwrap_or_default();
+        let mut buffer = self.pool.take();
         if zeroed {
             buffer.clear();
         }
@@ -48,13 +51,7 @@ impl ReadBuffers {
 
     /// Keeps `buffer` for a later read.
     pub(crate) fn give(&self, buffer: Vec<u8>) {
-        if buffer.capacity() == 0 || buffer.capacity() > Self::LARGEST_KEPT {
-            return;
-        }
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        if free.len() < Self::KEEP {
-            free.push(buffer);
-        }
+        self.pool.give(buffer);
     }
 }
 
@@ -80,12 +77,17 @@ mod tests {
     #[test]
     fn keeps_a_bounded_number_of_bounded_buffers() {
         let pool = ReadBuffers::default();
+        let kept = |pool: &ReadBuffers| {
+            std::iter::from_fn(|| Some(pool.pool.take()))
+                .take_while(|buffer| buffer.capacity() > 0)
+                .count()
+        };
         pool.give(Vec::new());
         pool.give(Vec::with_capacity(ReadBuffers::LARGEST_KEPT + 1));
-        assert!(pool.free.lock().unwrap().is_empty());
+        assert_eq!(kept(&pool), 0);
         for _ in 0..ReadBuffers::KEEP + 5 {
             pool.give(vec![1; 16]);
         }
-        assert_eq!(pool.free.lock().unwrap().len(), ReadBuffers::KEEP);
+        assert_eq!(kept(&pool), ReadBuffers::KEEP);
     }
 }

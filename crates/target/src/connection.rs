@@ -21,12 +21,12 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use iscsi_datamover::tcp::{StreamReceiver, StreamSender};
-use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
+use iscsi_datamover::{BufferPool, DatamoverError, PduReceiver, PduSender};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
     AsyncEvent, AsyncMessage, DataIn, DataOut, Header, LogoutReason, LogoutRequest, LogoutResponse,
@@ -192,40 +192,12 @@ impl Drop for InFlightGuard {
     }
 }
 
-/// Data buffers reused from command to command (no allocation per command
-/// on the fast path once warm). A buffer comes back holding whatever it
+/// Data buffers each connection's `BufferPool` keeps, at most. A buffer
+/// comes back holding whatever it
 /// held: the write path clears it before use, and a Data-In buffer is
 /// scratch to `ScsiTarget::execute`, which a READ overwrites in place rather
 /// than zeroing it again.
-#[derive(Default)]
-struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
-}
-
-impl BufferPool {
-    /// Buffers kept for reuse, at most.
-    const KEEP: usize = 64;
-
-    fn take(&self) -> Vec<u8> {
-        self.free
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop()
-            .unwrap_or_default()
-    }
-
-    fn give(&self, buffer: Vec<u8>) {
-        // An empty Vec (a read's Data-Out) would only displace a real
-        // buffer: the next READ would zero and fault in 1 MiB again.
-        if buffer.capacity() == 0 {
-            return;
-        }
-        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        if free.len() < Self::KEEP && buffer.capacity() <= MAX_WRITE_BUFFER as usize {
-            free.push(buffer);
-        }
-    }
-}
+const BUFFERS_KEPT: usize = 64;
 
 /// A write collecting its data.
 struct PendingWrite {
@@ -294,7 +266,7 @@ impl Connection {
             local,
             writer,
             in_flight: Arc::default(),
-            buffers: Arc::default(),
+            buffers: Arc::new(BufferPool::new(BUFFERS_KEPT, MAX_WRITE_BUFFER as usize)),
             pending_writes: HashMap::new(),
             discarding: HashSet::new(),
             next_transfer_tag: 1,

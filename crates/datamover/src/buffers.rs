@@ -1,0 +1,81 @@
+//! [`BufferPool`]: data buffers reused from command to command, last in
+//! first out, by the target (Data-Out gathered, Data-In read) and by the
+//! initiator (pooled and discarded reads). Reuse avoids an allocation per
+//! command; LIFO order hands back the buffer most likely still in cache.
+//! A buffer comes back holding whatever it held: callers that need zeros
+//! clear it, callers that overwrite every byte do not pay for zeroing.
+
+use std::sync::{Mutex, PoisonError};
+
+/// A bounded LIFO stack of byte buffers.
+#[derive(Debug)]
+pub struct BufferPool {
+    free: Mutex<Vec<Vec<u8>>>,
+    /// Buffers kept, at most.
+    keep: usize,
+    /// A buffer with a larger capacity is freed rather than kept.
+    largest: usize,
+}
+
+impl BufferPool {
+    /// A pool keeping at most `keep` buffers of at most `largest` bytes of
+    /// capacity each.
+    pub fn new(keep: usize, largest: usize) -> Self {
+        BufferPool {
+            free: Mutex::new(Vec::new()),
+            keep,
+            largest,
+        }
+    }
+
+    /// The buffer given back last, with its old contents, or a new empty one.
+    pub fn take(&self) -> Vec<u8> {
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop()
+            .unwrap_or_default()
+    }
+
+    /// Keeps `buffer` for a later [`BufferPool::take`]. An empty allocation
+    /// is not kept: it would only displace a real buffer.
+    pub fn give(&self, buffer: Vec<u8>) {
+        if buffer.capacity() == 0 || buffer.capacity() > self.largest {
+            return;
+        }
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        if free.len() < self.keep {
+            free.push(buffer);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_in_first_out_with_contents() {
+        let pool = BufferPool::new(4, 1024);
+        assert!(pool.take().is_empty(), "an empty pool makes a new buffer");
+        pool.give(vec![1; 8]);
+        pool.give(vec![2; 8]);
+        assert_eq!(pool.take(), [2; 8]);
+        assert_eq!(pool.take(), [1; 8]);
+    }
+
+    #[test]
+    fn keeps_a_bounded_number_of_bounded_buffers() {
+        let pool = BufferPool::new(3, 64);
+        pool.give(Vec::new());
+        pool.give(Vec::with_capacity(65));
+        assert!(pool.take().capacity() == 0, "neither was kept");
+        for _ in 0..5 {
+            pool.give(vec![1; 16]);
+        }
+        let kept = std::iter::from_fn(|| Some(pool.take()))
+            .take_while(|b| !b.is_empty())
+            .count();
+        assert_eq!(kept, 3);
+    }
+}
