@@ -212,6 +212,85 @@ impl<R: AsyncRead + Unpin + Send> PduReceiver for StreamReceiver<R> {
     }
 }
 
+/// PDUs encoded back to back into one buffer (each with its header
+/// digest, data, padding and data digest), to be written together: many
+/// small PDUs then cost one system call and, over TCP with Nagle's
+/// algorithm off, usually one segment instead of one each. RFC 7143
+/// section 4.2.2.1 asks only that a connection carry commands in CmdSN
+/// order, which a batch keeps: PDUs go out in the order they were pushed.
+///
+/// The data segment is copied into the batch, so a batch is for PDUs with
+/// small data (commands, immediate data of a small write, NOP-Outs); a
+/// large segment goes out without a copy through
+/// [`StreamSender::send_control_after`], behind the batch.
+#[derive(Debug, Default)]
+pub struct PduBatch {
+    bytes: Vec<u8>,
+    pdus: usize,
+    digests: Digests,
+}
+
+impl PduBatch {
+    /// An empty batch for a connection with these digests (they must be
+    /// the ones the sending [`StreamSender`] was enabled with).
+    pub fn new(digests: Digests) -> Self {
+        PduBatch {
+            bytes: Vec::new(),
+            pdus: 0,
+            digests,
+        }
+    }
+
+    /// Encodes one PDU at the end of the batch.
+    pub fn push(&mut self, header: &Header, data: &[u8]) -> Result<(), DatamoverError> {
+        let mut header_buf = [0u8; MAX_HEADER_LEN];
+        let pdu = encode_pdu(header, data, self.digests, &mut header_buf)
+            .map_err(|e| DatamoverError::Encode(e.to_string()))?;
+        self.bytes.reserve(pdu.wire_len());
+        for slice in pdu.slices() {
+            self.bytes.extend_from_slice(slice);
+        }
+        self.pdus += 1;
+        Ok(())
+    }
+
+    /// PDUs in the batch.
+    pub fn len(&self) -> usize {
+        self.pdus
+    }
+
+    /// Whether the batch holds no PDU.
+    pub fn is_empty(&self) -> bool {
+        self.pdus == 0
+    }
+
+    /// The encoded PDUs, as they go on the wire.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Moves every PDU of `other` to the end of this batch, leaving
+    /// `other` empty (without a copy when this batch is empty).
+    pub fn append(&mut self, other: &mut PduBatch) {
+        if self.is_empty() {
+            std::mem::swap(self, other);
+        } else {
+            self.bytes.extend_from_slice(&other.bytes);
+            self.pdus += other.pdus;
+            other.bytes.clear();
+            other.pdus = 0;
+        }
+    }
+
+    /// Empties the batch; keeps up to `retain` bytes of its allocation
+    /// for the next PDUs (a burst of large PDUs is not kept for good).
+    pub fn clear(&mut self, retain: usize) {
+        self.bytes.clear();
+        self.bytes.shrink_to(retain);
+        self.pdus = 0;
+    }
+}
+
 /// The send direction over any byte stream.
 #[derive(Debug)]
 pub struct StreamSender<W> {
@@ -240,6 +319,40 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
     /// PDU (tests of how a peer handles corrupted input).
     pub fn get_mut(&mut self) -> &mut W {
         &mut self.writer
+    }
+
+    /// The digests PDUs are sent with (for a [`PduBatch`] of this
+    /// connection).
+    pub fn digests(&self) -> Digests {
+        self.digests
+    }
+
+    /// Writes every PDU of `batch`, in order, with as few writes as the
+    /// stream allows (one, unless the socket buffer fills). The batch is
+    /// left as it was.
+    pub async fn send_batch(&mut self, batch: &PduBatch) -> Result<(), DatamoverError> {
+        self.writer.write_all(&batch.bytes).await?;
+        Ok(())
+    }
+
+    /// `Send_Control` behind a batch: the batch's PDUs, then `header` with
+    /// `data` (not copied), in one vectored write where the stream takes
+    /// it all.
+    pub async fn send_control_after(
+        &mut self,
+        batch: &PduBatch,
+        header: &Header,
+        data: &[u8],
+    ) -> Result<(), DatamoverError> {
+        let pdu = encode_pdu(header, data, self.digests, &mut self.header_buf)
+            .map_err(|e| DatamoverError::Encode(e.to_string()))?;
+        let [pdu_header, pdu_data, padding, digest] = pdu.slices();
+        write_all_vectored(
+            &mut self.writer,
+            &[&batch.bytes, pdu_header, pdu_data, padding, digest],
+        )
+        .await?;
+        Ok(())
     }
 }
 

@@ -2,9 +2,10 @@
 //! through the sender and come out of the receiver whole, with and without
 //! digests, landed in caller buffers through both the buffered and the
 //! direct-read paths; a corrupted data digest, a truncated stream and a
-//! misused receive give errors, never a panic or a hang.
+//! misused receive give errors, never a panic or a hang. A batch of PDUs
+//! is the same bytes as the PDUs sent one by one.
 
-use iscsi_datamover::tcp::{StreamReceiver, StreamSender};
+use iscsi_datamover::tcp::{PduBatch, StreamReceiver, StreamSender};
 use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{DataIn, Digests, Header, NopOut, Pdu};
@@ -203,4 +204,91 @@ async fn a_segment_longer_than_declared_is_refused_before_allocation() {
         Err(DatamoverError::Decode(DecodeError::DataSegmentTooLong { .. })) => {}
         other => panic!("expected DataSegmentTooLong, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn a_batch_is_the_same_bytes_as_its_pdus_sent_one_by_one_in_order() {
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        let pdus: Vec<(Header, Vec<u8>)> = [0usize, 1, 5, 48, 4096, 16 * 1024 - 3]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (data_in(i as u32, len), pattern(len, i as u8)))
+            .collect();
+        let mut expected = Vec::new();
+        for (header, data) in &pdus {
+            expected.extend(encoded(header, data, digests).await);
+        }
+        let mut batch = PduBatch::new(digests);
+        assert!(batch.is_empty());
+        for (header, data) in &pdus[..pdus.len() - 1] {
+            batch.push(header, data).unwrap();
+        }
+        assert_eq!(batch.len(), pdus.len() - 1);
+        // Appending moves PDUs in order, into an empty batch or behind
+        // others.
+        let mut front = PduBatch::new(digests);
+        let mut back = PduBatch::new(digests);
+        front.push(&pdus[0].0, &pdus[0].1).unwrap();
+        for (header, data) in &pdus[1..pdus.len() - 1] {
+            back.push(header, data).unwrap();
+        }
+        let mut empty = PduBatch::new(digests);
+        empty.append(&mut front);
+        assert!(front.is_empty() && front.bytes().is_empty());
+        empty.append(&mut back);
+        assert!(back.is_empty() && back.bytes().is_empty());
+        assert_eq!((empty.len(), empty.bytes()), (batch.len(), batch.bytes()));
+        let (last_header, last_data) = &pdus[pdus.len() - 1];
+        let last = encoded(last_header, last_data, digests).await;
+        assert_eq!(batch.bytes(), &expected[..expected.len() - last.len()]);
+
+        // Written alone, then behind a batch with a directly sent PDU: the
+        // wire carries every PDU once, in order, and the receiver takes
+        // them apart again.
+        let (client, server) = tokio::io::duplex(1 << 20);
+        let mut sender = StreamSender::new(client);
+        sender.enable(digests);
+        assert_eq!(sender.digests(), digests);
+        sender.send_batch(&batch).await.unwrap();
+        sender
+            .send_control_after(&batch, last_header, last_data)
+            .await
+            .unwrap();
+        batch.clear(0);
+        assert!(batch.is_empty() && batch.bytes().is_empty());
+        sender.send_batch(&batch).await.unwrap();
+        sender.terminate().await.unwrap();
+        let mut wire = Vec::new();
+        let mut server = server;
+        tokio::io::AsyncReadExt::read_to_end(&mut server, &mut wire)
+            .await
+            .unwrap();
+        let body = &expected[..expected.len() - last.len()];
+        assert_eq!(wire, [body, body, &last].concat());
+
+        let mut receiver = StreamReceiver::new(&wire[..]);
+        receiver.enable(digests, 1 << 20);
+        for (header, data) in pdus[..pdus.len() - 1].iter().chain(&pdus) {
+            let received = receiver.receive().await.unwrap().expect("a PDU");
+            assert_eq!(&received.header, header);
+            assert_eq!(&received.data, data);
+        }
+        assert!(receiver.receive().await.unwrap().is_none());
+    }
+}
+
+#[test]
+fn a_batch_refuses_a_pdu_whose_length_does_not_match_its_data() {
+    let mut batch = PduBatch::new(Digests::default());
+    assert!(matches!(
+        batch.push(&data_in(0, 10), &[0; 9]),
+        Err(DatamoverError::Encode(_))
+    ));
+    assert!(batch.is_empty() && batch.bytes().is_empty());
 }

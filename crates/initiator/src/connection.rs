@@ -16,19 +16,32 @@
 //!   (ExpCmdSN/MaxCmdSN, section 4.2.2.1) advance from every PDU that
 //!   carries them.
 //!
-//! Sending goes through one lock per connection so PDUs are never
-//! interleaved; a send abandoned halfway (its future dropped) breaks the
-//! connection rather than leaving a partial PDU on the wire. Whatever makes
-//! the connection unusable fails every outstanding task with
-//! [`TaskEvent::Lost`], handing read buffers back for a retry.
+//! Sending has two paths that keep one order on the wire:
+//!
+//! - Posting ([`Connection::post`], [`Connection::post_command`]): a PDU
+//!   with little data is encoded, data copied, into the connection's
+//!   outbox, and its task goes on at once. A writer task writes whatever
+//!   the outbox holds in one system call, so the commands of all the tasks
+//!   that a batch of responses woke leave together (one segment, one
+//!   wake-up of the target, instead of one each). Posting never waits, so
+//!   a caller that gives up on a command can never leave half a PDU.
+//! - Direct ([`Connection::sending`]): a PDU with a large data segment is
+//!   written from the caller's buffer without a copy, under the write
+//!   lock, behind everything posted before it.
+//!
+//! A command's CmdSN is taken under the outbox's lock in both paths, so
+//! commands leave in CmdSN order (RFC 7143 section 4.2.2.1). A direct send
+//! abandoned halfway (its future dropped) breaks the connection rather than
+//! leaving a partial PDU on the wire. Whatever makes the connection
+//! unusable fails every outstanding task with [`TaskEvent::Lost`], handing
+//! read buffers back for a retry.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use iscsi_datamover::tcp::StreamReceiver;
-use iscsi_datamover::tcp::StreamSender;
-use iscsi_datamover::{PduReceiver, PduSender};
+use iscsi_datamover::tcp::{PduBatch, StreamReceiver, StreamSender};
+use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
 use iscsi_proto::pdu::{
     AsyncEvent, DataIn, Header, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer, ScsiResponse,
     ServiceResponse,
@@ -216,6 +229,67 @@ impl CommandWindow {
     }
 }
 
+/// Data segments up to this many bytes are posted (copied into the
+/// outbox and written in a batch with other PDUs); larger ones are sent
+/// directly from the caller's buffer. Copying 16 KiB costs well under a
+/// microsecond; a write system call over loopback TCP costs several.
+pub(crate) const POSTED_DATA_LIMIT: usize = 16 * 1024;
+
+/// Bytes of allocation an emptied batch keeps for the next ones.
+const BATCH_RETAIN: usize = 256 * 1024;
+
+/// What a session's connections sent: PDUs, and the writes that carried
+/// them (one write of a batch may take more than one system call when the
+/// socket buffer fills).
+#[derive(Debug, Default)]
+pub(crate) struct SendCounters {
+    pub(crate) pdus: AtomicU64,
+    pub(crate) writes: AtomicU64,
+}
+
+impl SendCounters {
+    fn count(&self, pdus: usize) {
+        self.pdus.fetch_add(pdus as u64, Ordering::Relaxed);
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The write side of a connection, behind the write lock.
+#[derive(Debug)]
+struct Wire {
+    sender: StreamSender<OwnedWriteHalf>,
+    /// The PDUs being written (taken from the outbox); empty between
+    /// writes.
+    writing: PduBatch,
+    counters: Arc<SendCounters>,
+}
+
+impl Wire {
+    /// Writes `writing`, then empties it.
+    async fn write_batch(&mut self) -> Result<(), DatamoverError> {
+        self.counters.count(self.writing.len());
+        let result = self.sender.send_batch(&self.writing).await;
+        self.writing.clear(BATCH_RETAIN);
+        result
+    }
+
+    /// Writes `writing`, then `header` with `data` from the caller's
+    /// buffer; empties `writing`.
+    async fn write_after_batch(
+        &mut self,
+        header: &Header,
+        data: &[u8],
+    ) -> Result<(), DatamoverError> {
+        self.counters.count(self.writing.len() + 1);
+        let result = self
+            .sender
+            .send_control_after(&self.writing, header, data)
+            .await;
+        self.writing.clear(BATCH_RETAIN);
+        result
+    }
+}
+
 /// One full feature phase connection.
 #[derive(Debug)]
 pub(crate) struct Connection {
@@ -223,7 +297,14 @@ pub(crate) struct Connection {
     pub(crate) cid: u16,
     /// The transfer limits negotiated on this connection.
     pub(crate) limits: Limits,
-    sender: tokio::sync::Mutex<StreamSender<OwnedWriteHalf>>,
+    /// The write lock: the stream, held by the writer task or a direct send.
+    wire: tokio::sync::Mutex<Wire>,
+    /// PDUs posted and not yet taken for writing, in wire order.
+    outbox: Mutex<PduBatch>,
+    /// Woken when a PDU is posted (and when the connection closes).
+    posted: Notify,
+    /// Woken when the connection closes.
+    closed: Notify,
     state: Mutex<ConnectionState>,
     window: Arc<CommandWindow>,
     /// The session's read buffers, for pooled reads.
@@ -278,23 +359,55 @@ impl Drop for SendGuard<'_> {
     }
 }
 
-/// The send lock of a connection, held across a run of PDUs.
+/// The write lock of a connection, held across a run of direct sends.
 pub(crate) struct Sending<'a> {
     connection: &'a Connection,
-    sender: tokio::sync::MutexGuard<'a, StreamSender<OwnedWriteHalf>>,
+    wire: tokio::sync::MutexGuard<'a, Wire>,
 }
 
 impl Sending<'_> {
-    /// Sends one PDU.
+    /// Sends one PDU with its data straight from `data`, behind every PDU
+    /// posted before it.
     pub(crate) async fn send(&mut self, header: &Header, data: &[u8]) -> Result<(), Error> {
         if !self.connection.is_alive() {
             return Err(Error::ConnectionLost);
         }
+        self.wire.writing.append(&mut self.connection.lock_outbox());
+        self.write_after_batch(header, data).await
+    }
+
+    /// Takes the next CmdSN, if the window has room, and sends the command
+    /// `header` builds for it with `data`, behind every PDU posted before
+    /// (the CmdSN is taken and the outbox emptied under one hold of its
+    /// lock: nothing posted later goes first). `None` when the window is
+    /// closed: nothing was sent.
+    pub(crate) async fn send_command(
+        &mut self,
+        data: &[u8],
+        header: impl FnOnce(CmdSn) -> Header,
+    ) -> Result<Option<CmdSn>, Error> {
+        if !self.connection.is_alive() {
+            return Err(Error::ConnectionLost);
+        }
+        let (cmd_sn, header) = {
+            let mut outbox = self.connection.lock_outbox();
+            let Some(cmd_sn) = self.connection.window.take() else {
+                return Ok(None);
+            };
+            self.wire.writing.append(&mut outbox);
+            (cmd_sn, header(cmd_sn))
+        };
+        self.write_after_batch(&header, data).await?;
+        Ok(Some(cmd_sn))
+    }
+
+    /// Writes the batch taken from the outbox, then `header` and `data`.
+    async fn write_after_batch(&mut self, header: &Header, data: &[u8]) -> Result<(), Error> {
         let guard = SendGuard {
             connection: self.connection,
             armed: true,
         };
-        let result = self.sender.send_control(header, data).await;
+        let result = self.wire.write_after_batch(header, data).await;
         guard.done();
         if let Err(e) = result {
             self.connection.close();
@@ -311,6 +424,8 @@ pub(crate) struct SessionShared {
     pub(crate) window: Arc<CommandWindow>,
     /// Buffers for pooled reads.
     pub(crate) buffers: Arc<ReadBuffers>,
+    /// What the connections sent.
+    pub(crate) sends: Arc<SendCounters>,
 }
 
 impl Connection {
@@ -324,11 +439,23 @@ impl Connection {
         shared: SessionShared,
         lifecycle: ConnectionStateMachine,
     ) -> Arc<Connection> {
-        let SessionShared { window, buffers } = shared;
+        let SessionShared {
+            window,
+            buffers,
+            sends,
+        } = shared;
+        let digests = sender.digests();
         let connection = Arc::new(Connection {
             cid,
             limits,
-            sender: tokio::sync::Mutex::new(sender),
+            wire: tokio::sync::Mutex::new(Wire {
+                sender,
+                writing: PduBatch::new(digests),
+                counters: sends,
+            }),
+            outbox: Mutex::new(PduBatch::new(digests)),
+            posted: Notify::new(),
+            closed: Notify::new(),
             state: Mutex::new(ConnectionState {
                 tasks: HashMap::new(),
                 exp_stat_sn,
@@ -342,11 +469,16 @@ impl Connection {
             lifecycle: Mutex::new(lifecycle),
         });
         tokio::spawn(run_reader(connection.clone(), receiver));
+        tokio::spawn(run_writer(connection.clone()));
         connection
     }
 
     fn lock(&self) -> MutexGuard<'_, ConnectionState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_outbox(&self) -> MutexGuard<'_, PduBatch> {
+        self.outbox.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Applies a connection event (RFC 7143 8.1, 8.2).
@@ -427,17 +559,64 @@ impl Connection {
             .and_then(|t| t.read.and_then(|r| r.buffer))
     }
 
-    /// Takes the send lock.
+    /// Takes the write lock, for direct sends.
     pub(crate) async fn sending(&self) -> Sending<'_> {
         Sending {
             connection: self,
-            sender: self.sender.lock().await,
+            wire: self.wire.lock().await,
         }
     }
 
-    /// Sends one PDU.
-    pub(crate) async fn send(&self, header: &Header, data: &[u8]) -> Result<(), Error> {
-        self.sending().await.send(header, data).await
+    /// Posts one PDU (its data copied): the writer task sends it behind
+    /// every PDU posted or sent before. Never waits.
+    pub(crate) fn post(&self, header: &Header, data: &[u8]) -> Result<(), Error> {
+        if !self.is_alive() {
+            return Err(Error::ConnectionLost);
+        }
+        self.lock_outbox().push(header, data)?;
+        self.posted.notify_one();
+        Ok(())
+    }
+
+    /// Takes the next CmdSN, if the window has room, and posts the command
+    /// `header` builds for it with `data`, under one hold of the outbox's
+    /// lock, so commands leave in CmdSN order. `None` when the window is
+    /// closed: nothing was posted.
+    pub(crate) fn post_command(
+        &self,
+        data: &[u8],
+        header: impl FnOnce(CmdSn) -> Header,
+    ) -> Result<Option<CmdSn>, Error> {
+        if !self.is_alive() {
+            return Err(Error::ConnectionLost);
+        }
+        let mut outbox = self.lock_outbox();
+        let Some(cmd_sn) = self.window.take() else {
+            return Ok(None);
+        };
+        if let Err(error) = outbox.push(&header(cmd_sn), data) {
+            drop(outbox);
+            // The CmdSN is taken but will never be sent: the target would
+            // wait for it forever. ERL 0 recovers from a closed connection.
+            self.close();
+            return Err(error.into());
+        }
+        drop(outbox);
+        self.posted.notify_one();
+        Ok(Some(cmd_sn))
+    }
+
+    /// Resolves once the connection is closed.
+    async fn closed(&self) {
+        loop {
+            let notified = self.closed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.is_alive() {
+                return;
+            }
+            notified.await;
+        }
     }
 
     /// Makes the connection unusable: the reader stops and every
@@ -454,15 +633,27 @@ impl Connection {
         }
         if !self.closing.swap(true, Ordering::SeqCst) {
             self.shutdown.notify_one();
+            self.closed.notify_waiters();
+            self.posted.notify_one();
         }
     }
 
-    /// Closes the send direction (after a logout).
+    /// Writes what was posted, then closes the send direction (after a
+    /// logout).
     pub(crate) async fn terminate(&self) {
         self.finished.store(true, Ordering::SeqCst);
-        let mut sender = self.sender.lock().await;
-        let _ = sender.terminate().await;
-        drop(sender);
+        let mut wire = self.wire.lock().await;
+        if self.is_alive() {
+            let guard = SendGuard {
+                connection: self,
+                armed: true,
+            };
+            wire.writing.append(&mut self.lock_outbox());
+            let _ = wire.write_batch().await;
+            guard.done();
+        }
+        let _ = wire.sender.terminate().await;
+        drop(wire);
         self.close();
     }
 
@@ -689,24 +880,21 @@ impl Connection {
     }
 
     /// Answers a target's ping (RFC 7143 section 11.18.3).
-    fn answer_ping(self: &Arc<Self>, nop: NopIn, data: Vec<u8>) {
-        let connection = self.clone();
-        tokio::spawn(async move {
-            let header = Header::new(
-                Pdu::NopOut(NopOut {
-                    immediate: true,
-                    lun: nop.lun,
-                    initiator_task_tag: RESERVED_TAG,
-                    target_transfer_tag: nop.target_transfer_tag,
-                    cmd_sn: connection.window.current(),
-                    exp_stat_sn: connection.exp_stat_sn(),
-                }),
-                data.len() as u32,
-            );
-            if let Err(error) = connection.send(&header, &data).await {
-                tracing::debug!(%error, "answering a NOP-In failed");
-            }
-        });
+    fn answer_ping(&self, nop: NopIn, data: Vec<u8>) {
+        let header = Header::new(
+            Pdu::NopOut(NopOut {
+                immediate: true,
+                lun: nop.lun,
+                initiator_task_tag: RESERVED_TAG,
+                target_transfer_tag: nop.target_transfer_tag,
+                cmd_sn: self.window.current(),
+                exp_stat_sn: self.exp_stat_sn(),
+            }),
+            data.len() as u32,
+        );
+        if let Err(error) = self.post(&header, &data) {
+            tracing::debug!(%error, "answering a NOP-In failed");
+        }
     }
 }
 
@@ -777,6 +965,40 @@ async fn run_reader(connection: Arc<Connection>, mut receiver: StreamReceiver<Ow
         }
     }
     connection.close();
+}
+
+/// The writer task: writes what is posted, all of it at once. Woken by the
+/// first post after a write; the tasks made ready together with that
+/// poster run before it and post theirs too, so one write carries them
+/// all. Ends when the connection closes.
+async fn run_writer(connection: Arc<Connection>) {
+    let result = tokio::select! {
+        result = write_loop(&connection) => result,
+        () = connection.closed() => Ok(()),
+    };
+    if let Err(error) = result {
+        if !connection.finished.load(Ordering::SeqCst) {
+            tracing::warn!(cid = connection.cid, %error, "sending failed: connection lost");
+        }
+        connection.close();
+    }
+}
+
+async fn write_loop(connection: &Connection) -> Result<(), DatamoverError> {
+    loop {
+        connection.posted.notified().await;
+        let mut wire = connection.wire.lock().await;
+        if !connection.is_alive() {
+            return Ok(());
+        }
+        loop {
+            wire.writing.append(&mut connection.lock_outbox());
+            if wire.writing.is_empty() {
+                break;
+            }
+            wire.write_batch().await?;
+        }
+    }
 }
 
 async fn read_loop(

@@ -42,5 +42,5 @@ pub use config::{ChapConfig, Scheduling, SessionConfig, Timeouts};
 pub use discovery::{DiscoveredTarget, discover};
 pub use error::Error;
 pub use scsi::{Capacity, InquiryData};
-pub use session::Session;
+pub use session::{SendStatistics, Session};
 pub use url::IscsiUrl;

@@ -35,13 +35,15 @@ use iscsi_proto::pdu::{
 use iscsi_proto::serial::{CmdSn, DataSn};
 use iscsi_proto::state::{ConnectionEvent, Role, SessionEvent, SessionState, SessionStateMachine};
 use iscsi_proto::text::NegotiatedParameters;
-use iscsi_proto::transfer::{Limits, R2tTracker, WritePlan, data_segments};
+use iscsi_proto::transfer::{Limits, R2tTracker, Segment as DataSegment, WritePlan, data_segments};
 use tokio::sync::mpsc;
 
 use crate::buffers::ReadBuffers;
 use crate::command::{Command, DataTransfer, Response, encode_lun};
 use crate::config::{Scheduling, SessionConfig};
-use crate::connection::{CommandWindow, Connection, ReadInto, SessionShared, TaskEvent};
+use crate::connection::{
+    CommandWindow, Connection, POSTED_DATA_LIMIT, ReadInto, SendCounters, SessionShared, TaskEvent,
+};
 use crate::error::Error;
 use crate::login::{LoginRequestParams, login, random_isid};
 use crate::url::IscsiUrl;
@@ -62,6 +64,8 @@ struct Inner {
     window: Arc<CommandWindow>,
     /// Buffers for pooled reads, shared by the connections.
     read_buffers: Arc<ReadBuffers>,
+    /// What the connections sent, over the session's life.
+    sends: Arc<SendCounters>,
     connections: Mutex<Vec<Arc<Connection>>>,
     /// Bumped by every reinstatement.
     generation: AtomicU64,
@@ -73,6 +77,17 @@ struct Inner {
     reinstatements: AtomicU64,
     /// The session's state (RFC 7143 8.3).
     lifecycle: Mutex<SessionStateMachine>,
+}
+
+/// What a session has sent since it was opened, on all its connections
+/// (reinstatements included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SendStatistics {
+    /// PDUs sent.
+    pub pdus: u64,
+    /// Writes that carried them: PDUs posted by tasks that ran together
+    /// (the commands a batch of responses let go) leave in one write.
+    pub writes: u64,
 }
 
 /// How one try of a command ended, when it did not complete.
@@ -120,6 +135,7 @@ impl Session {
             tsih: AtomicU16::new(0),
             window: Arc::new(CommandWindow::new(CmdSn::new(1), CmdSn::new(1))),
             read_buffers: Arc::default(),
+            sends: Arc::default(),
             connections: Mutex::new(Vec::new()),
             generation: AtomicU64::new(0),
             recovery: tokio::sync::Mutex::new(()),
@@ -164,6 +180,14 @@ impl Session {
             .iter()
             .filter(|c| c.is_alive())
             .count()
+    }
+
+    /// PDUs sent and the writes that carried them.
+    pub fn send_statistics(&self) -> SendStatistics {
+        SendStatistics {
+            pdus: self.inner.sends.pdus.load(Ordering::Relaxed),
+            writes: self.inner.sends.writes.load(Ordering::Relaxed),
+        }
     }
 
     /// How many times the session was reinstated after a lost connection.
@@ -407,6 +431,7 @@ impl Inner {
             SessionShared {
                 window: self.window.clone(),
                 buffers: self.read_buffers.clone(),
+                sends: self.sends.clone(),
             },
             logged_in.state,
         )
@@ -657,7 +682,7 @@ impl Inner {
         let mut events = connection.register(itt, None).map_err(|(e, _)| e)?;
         let _registration = Registration { connection, itt };
         let work = async {
-            connection.send(&header, data).await?;
+            connection.post(&header, data)?;
             match events.recv().await {
                 Some(TaskEvent::Reply(header, data)) => Ok((header, data)),
                 Some(TaskEvent::Rejected(reason)) => Err(Error::Rejected(reason)),
@@ -741,26 +766,16 @@ impl Attempt<'_> {
                             ))));
                         }
                     };
-                    let mut sending = connection.sending().await;
-                    for segment in segments {
-                        let start = segment.offset as usize;
-                        let end = start + segment.length as usize;
-                        let header = Header::new(
-                            Pdu::DataOut(DataOut {
-                                final_flag: segment.last_in_sequence,
-                                lun: Lun(encode_lun(self.lun)),
-                                initiator_task_tag: self.itt,
-                                target_transfer_tag: r2t.target_transfer_tag,
-                                exp_stat_sn: connection.exp_stat_sn(),
-                                data_sn: DataSn::new(segment.data_sn),
-                                buffer_offset: segment.offset,
-                            }),
-                            segment.length,
-                        );
-                        if let Err(error) = sending.send(&header, &data[start..end]).await {
-                            drop(sending);
-                            return Err(self.lost_or(error, &mut events));
-                        }
+                    let sent = self
+                        .send_data_out(
+                            data,
+                            r2t.target_transfer_tag,
+                            r2t.desired_data_transfer_length,
+                            segments,
+                        )
+                        .await;
+                    if let Err(error) = sent {
+                        return Err(self.lost_or(error, &mut events));
                     }
                     tracker.answered(r2t.target_transfer_tag);
                 }
@@ -794,24 +809,48 @@ impl Attempt<'_> {
     }
 
     /// Sends the SCSI Command with its immediate data, then the
-    /// unsolicited Data-Out, under one hold of the send lock so the CmdSN
-    /// order on the wire is the order taken.
+    /// unsolicited Data-Out. A command whose data is small is posted (it
+    /// leaves in a batch with others); a larger one is sent directly from
+    /// the caller's buffer. Either way its CmdSN is taken in the same hold
+    /// of the outbox's lock that queues or writes it, so the CmdSN order on
+    /// the wire is the order taken.
     async fn send_command(&self, reads: bool, plan: &WritePlan) -> Result<(), Error> {
         let connection = self.connection;
         let window = connection.window();
-        let (mut sending, cmd_sn) = loop {
-            window.wait_open().await;
-            let sending = connection.sending().await;
-            if let Some(cmd_sn) = window.take() {
-                break (sending, cmd_sn);
+        let data = self.write_data.unwrap_or_default();
+        let immediate = &data[..plan.immediate as usize];
+        let header = |cmd_sn: CmdSn| self.command_header(reads, plan, cmd_sn);
+        let unsolicited = (plan.immediate + plan.unsolicited) as usize;
+        if unsolicited <= POSTED_DATA_LIMIT {
+            while connection.post_command(immediate, header)?.is_none() {
+                window.wait_open().await;
             }
+            return self
+                .send_data_out(data, RESERVED_TAG, plan.unsolicited, self.unsolicited(plan))
+                .await;
+        }
+        let mut sending = loop {
+            let mut sending = connection.sending().await;
+            if sending.send_command(immediate, header).await?.is_some() {
+                break sending;
+            }
+            drop(sending);
+            window.wait_open().await;
         };
+        for segment in self.unsolicited(plan) {
+            let (header, range) = self.data_out(RESERVED_TAG, &segment);
+            sending.send(&header, &data[range]).await?;
+        }
+        Ok(())
+    }
+
+    /// The SCSI Command PDU (RFC 7143 section 11.3) numbered `cmd_sn`.
+    fn command_header(&self, reads: bool, plan: &WritePlan, cmd_sn: CmdSn) -> Header {
         self.sent_cmd_sn
             .store(u64::from(cmd_sn.get()), Ordering::SeqCst);
         let mut cdb = [0u8; 16];
         let head = self.cdb.len().min(16);
         cdb[..head].copy_from_slice(&self.cdb[..head]);
-        let data = self.write_data.unwrap_or_default();
         let mut header = Header::new(
             Pdu::ScsiCommand(ScsiCommand {
                 immediate: false,
@@ -823,7 +862,7 @@ impl Attempt<'_> {
                 initiator_task_tag: self.itt,
                 expected_data_transfer_length: self.expected_length,
                 cmd_sn,
-                exp_stat_sn: connection.exp_stat_sn(),
+                exp_stat_sn: self.connection.exp_stat_sn(),
                 cdb,
             }),
             plan.immediate,
@@ -831,27 +870,64 @@ impl Attempt<'_> {
         if self.cdb.len() > 16 {
             header.ahs.push(Ahs::ExtendedCdb(self.cdb[16..].to_vec()));
         }
-        sending
-            .send(&header, &data[..plan.immediate as usize])
-            .await?;
-        let limits = connection.limits;
-        for segment in data_segments(plan.immediate, plan.unsolicited, limits.max_send_segment) {
-            let start = segment.offset as usize;
-            let end = start + segment.length as usize;
-            let header = Header::new(
-                Pdu::DataOut(DataOut {
-                    final_flag: segment.last_in_sequence,
-                    lun: Lun(encode_lun(self.lun)),
-                    initiator_task_tag: self.itt,
-                    target_transfer_tag: RESERVED_TAG,
-                    exp_stat_sn: connection.exp_stat_sn(),
-                    data_sn: DataSn::new(segment.data_sn),
-                    buffer_offset: segment.offset,
-                }),
-                segment.length,
-            );
-            sending.send(&header, &data[start..end]).await?;
+        header
+    }
+
+    /// The unsolicited Data-Out PDUs of `plan` (RFC 7143 section 13.10).
+    fn unsolicited(&self, plan: &WritePlan) -> Vec<DataSegment> {
+        data_segments(
+            plan.immediate,
+            plan.unsolicited,
+            self.connection.limits.max_send_segment,
+        )
+    }
+
+    /// Sends one Data-Out sequence (unsolicited, or the answer to an R2T
+    /// with `target_transfer_tag`) of `length` bytes: posted when small,
+    /// sent directly from the caller's buffer otherwise.
+    async fn send_data_out(
+        &self,
+        data: &[u8],
+        target_transfer_tag: u32,
+        length: u32,
+        segments: impl IntoIterator<Item = DataSegment>,
+    ) -> Result<(), Error> {
+        let connection = self.connection;
+        if length as usize <= POSTED_DATA_LIMIT {
+            for segment in segments {
+                let (header, range) = self.data_out(target_transfer_tag, &segment);
+                connection.post(&header, &data[range])?;
+            }
+            return Ok(());
+        }
+        let mut sending = connection.sending().await;
+        for segment in segments {
+            let (header, range) = self.data_out(target_transfer_tag, &segment);
+            sending.send(&header, &data[range]).await?;
         }
         Ok(())
+    }
+
+    /// The Data-Out PDU (RFC 7143 section 11.7) of `segment`, and where
+    /// its data lies in the command's buffer.
+    fn data_out(
+        &self,
+        target_transfer_tag: u32,
+        segment: &DataSegment,
+    ) -> (Header, std::ops::Range<usize>) {
+        let start = segment.offset as usize;
+        let header = Header::new(
+            Pdu::DataOut(DataOut {
+                final_flag: segment.last_in_sequence,
+                lun: Lun(encode_lun(self.lun)),
+                initiator_task_tag: self.itt,
+                target_transfer_tag,
+                exp_stat_sn: self.connection.exp_stat_sn(),
+                data_sn: DataSn::new(segment.data_sn),
+                buffer_offset: segment.offset,
+            }),
+            segment.length,
+        );
+        (header, start..start + segment.length as usize)
     }
 }

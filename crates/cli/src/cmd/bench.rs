@@ -65,6 +65,8 @@ struct Report {
     p99_us: f64,
     p999_us: f64,
     max_us: f64,
+    /// PDUs sent per write: how many commands left together.
+    pdus_per_write: f64,
 }
 
 fn percentile(sorted: &[u32], p: f64) -> f64 {
@@ -183,6 +185,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         let seconds = start.elapsed().as_secs_f64();
         let connections = session.connection_count();
+        let sends = session.send_statistics();
         let _ = session.logout().await;
         latencies.sort_unstable();
         let commands = latencies.len() as u64;
@@ -202,13 +205,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             p99_us: percentile(&latencies, 99.0),
             p999_us: percentile(&latencies, 99.9),
             max_us: latencies.last().copied().map(f64::from).unwrap_or(0.0),
+            pdus_per_write: sends.pdus as f64 / sends.writes.max(1) as f64,
         })
     })?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} bs={} qd={} connections={}: {:.1} MiB/s, {:.0} IOPS, latency mean {:.0} us, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us ({} commands in {:.1} s)",
+            "{} bs={} qd={} connections={}: {:.1} MiB/s, {:.0} IOPS, latency mean {:.0} us, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us ({} commands in {:.1} s, {:.2} PDUs per write)",
             report.rw,
             report.bs,
             report.qd,
@@ -221,7 +225,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.p999_us,
             report.max_us,
             report.commands,
-            report.seconds
+            report.seconds,
+            report.pdus_per_write
         );
     }
     Ok(())
