@@ -3,15 +3,16 @@
 //! match the data, silence, a PDU that has no place in full feature phase.
 //! Each must give that command a clear error: no panic, no hang.
 
+mod common;
+
 use std::time::Duration;
 
 use iscsi_datamover::tcp::TcpDatamover;
 use iscsi_datamover::{PduReceiver, PduSender};
 use iscsi_initiator::{Command, Error, IscsiUrl, Session, SessionConfig};
-use iscsi_proto::pdu::login::{LoginResponse, LoginStage, LoginStatus};
+use iscsi_proto::pdu::login::LoginResponse;
 use iscsi_proto::pdu::{DataIn, Header, Pdu};
 use iscsi_proto::serial::{DataSn, StatSn};
-use iscsi_proto::text::codec;
 use tokio::net::TcpListener;
 
 #[derive(Clone, Copy)]
@@ -37,45 +38,16 @@ async fn serve(listener: TcpListener, misbehaviour: Misbehaviour) {
                 };
                 match received.header.pdu {
                     Pdu::LoginRequest(request) => {
-                        let pairs = codec::parse(&received.data).unwrap_or_default();
-                        let mut answers: Vec<_> = pairs
-                            .into_iter()
-                            .filter(|p| {
-                                !matches!(
-                                    p.key.as_str(),
-                                    "InitiatorName"
-                                        | "TargetName"
-                                        | "SessionType"
-                                        | "InitiatorAlias"
-                                )
-                            })
-                            .collect();
-                        if request.current_stage == LoginStage::SecurityNegotiation {
-                            answers.retain(|p| p.key == "AuthMethod");
-                            for p in &mut answers {
-                                p.value = "None".into();
-                            }
-                        }
-                        let mut text = Vec::new();
-                        codec::encode(&answers, &mut text);
-                        let response = LoginResponse {
-                            transit: request.transit,
-                            continue_flag: false,
-                            current_stage: request.current_stage,
-                            next_stage: request.next_stage,
-                            version_max: 0,
-                            version_active: 0,
-                            isid: request.isid,
-                            tsih: 7,
-                            initiator_task_tag: request.initiator_task_tag,
-                            stat_sn,
-                            exp_cmd_sn: request.cmd_sn,
-                            max_cmd_sn: request.cmd_sn.wrapping_add(31),
-                            status: LoginStatus::SUCCESS,
-                        };
-                        stat_sn = stat_sn.next();
-                        let header = Header::new(Pdu::LoginResponse(response), text.len() as u32);
-                        dm.sender.send_control(&header, &text).await.unwrap();
+                        common::answer_login(
+                            &mut dm,
+                            &request,
+                            &received.data,
+                            &mut stat_sn,
+                            32,
+                            &[],
+                        )
+                        .await
+                        .unwrap();
                     }
                     Pdu::ScsiCommand(command) => {
                         let data_in = |residual: bool| DataIn {
