@@ -102,6 +102,38 @@ pub struct SessionConfig {
     pub command_retries: u32,
     /// How many logins to try when reinstating a lost session.
     pub reconnect_attempts: u32,
+    /// Holding new commands back while the target is busy, so that
+    /// several leave in one write.
+    pub coalescing: Coalescing,
+}
+
+/// Command coalescing: while at least `min_in_flight` commands are at the
+/// target of a connection (sent, status not back yet), a new command may
+/// wait until `commands` are ready to go and leave with them in one write
+/// (one system call and one TCP segment instead of one each, on both
+/// ends). Below `min_in_flight` every command leaves at once, so a lightly
+/// loaded session sees no added latency, and the target never has fewer
+/// than `min_in_flight` commands to work on while any are held. Only new
+/// SCSI commands are held: Data-Out, task management, NOP-Out, Text and
+/// Logout PDUs leave at once and take held commands with them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Coalescing {
+    /// Commands that leave together; 1 turns holding off.
+    pub commands: usize,
+    /// Commands at the target from which new ones may be held.
+    pub min_in_flight: usize,
+}
+
+impl Default for Coalescing {
+    /// Up to 4 commands together once 8 are at the target: at QD 32
+    /// against tgtd (4 KiB random reads), the initiator's writes fall from
+    /// about one per command to one per four.
+    fn default() -> Self {
+        Coalescing {
+            commands: 4,
+            min_in_flight: 8,
+        }
+    }
 }
 
 impl Default for SessionConfig {
@@ -137,6 +169,7 @@ impl Default for SessionConfig {
             scheduling: Scheduling::RoundRobin,
             command_retries: 3,
             reconnect_attempts: 5,
+            coalescing: Coalescing::default(),
         }
     }
 }
@@ -223,6 +256,10 @@ impl SessionConfig {
                 self.timeouts.login = Duration::from_secs_f64(parse_number(key, value)?)
             }
             "CommandRetries" => self.command_retries = parse_number(key, value)?,
+            "CoalesceCommands" => {
+                self.coalescing.commands = parse_number::<usize>(key, value)?.max(1)
+            }
+            "CoalesceMinInFlight" => self.coalescing.min_in_flight = parse_number(key, value)?,
             "CHAPUser" => {
                 let chap = self.chap.get_or_insert_with(|| ChapConfig {
                     user: String::new(),

@@ -57,6 +57,7 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::buffers::ReadBuffers;
 use crate::command::{Residual, Response};
+use crate::config::Coalescing;
 use crate::error::Error;
 
 /// What the reader task tells a waiting task.
@@ -118,13 +119,55 @@ struct ReadProgress {
 struct TaskEntry {
     events: mpsc::UnboundedSender<TaskEvent>,
     read: Option<ReadProgress>,
+    /// A SCSI command handed to the wire (counted in `in_flight`).
+    sent: bool,
 }
 
 #[derive(Debug)]
 struct ConnectionState {
     tasks: HashMap<u32, TaskEntry>,
+    /// SCSI commands handed to the wire whose task has not ended.
+    in_flight: usize,
     exp_stat_sn: StatSn,
     alive: bool,
+}
+
+impl ConnectionState {
+    /// Removes a task, keeping `in_flight` true.
+    fn remove_task(&mut self, itt: u32) -> Option<TaskEntry> {
+        let task = self.tasks.remove(&itt)?;
+        if task.sent {
+            self.in_flight -= 1;
+        }
+        Some(task)
+    }
+
+    /// Counts the task `itt` as a command at the target.
+    fn mark_sent(&mut self, itt: u32) {
+        if let Some(task) = self.tasks.get_mut(&itt)
+            && !task.sent
+        {
+            task.sent = true;
+            self.in_flight += 1;
+        }
+    }
+}
+
+/// PDUs posted and not yet taken for writing.
+#[derive(Debug)]
+struct Outbox {
+    batch: PduBatch,
+    /// Something that must not wait (anything but a new command) is in
+    /// the batch.
+    urgent: bool,
+}
+
+impl Outbox {
+    /// Moves the posted PDUs to the end of `writing`.
+    fn take_into(&mut self, writing: &mut PduBatch) {
+        writing.append(&mut self.batch);
+        self.urgent = false;
+    }
 }
 
 /// The session's command window (RFC 7143 section 4.2.2.1), shared by its
@@ -300,7 +343,9 @@ pub(crate) struct Connection {
     /// The write lock: the stream, held by the writer task or a direct send.
     wire: tokio::sync::Mutex<Wire>,
     /// PDUs posted and not yet taken for writing, in wire order.
-    outbox: Mutex<PduBatch>,
+    outbox: Mutex<Outbox>,
+    /// When new commands may wait for others.
+    coalescing: Coalescing,
     /// Woken when a PDU is posted (and when the connection closes).
     posted: Notify,
     /// Woken when the connection closes.
@@ -372,7 +417,9 @@ impl Sending<'_> {
         if !self.connection.is_alive() {
             return Err(Error::ConnectionLost);
         }
-        self.wire.writing.append(&mut self.connection.lock_outbox());
+        self.connection
+            .lock_outbox()
+            .take_into(&mut self.wire.writing);
         self.write_after_batch(header, data).await
     }
 
@@ -383,6 +430,7 @@ impl Sending<'_> {
     /// closed: nothing was sent.
     pub(crate) async fn send_command(
         &mut self,
+        itt: u32,
         data: &[u8],
         header: impl FnOnce(CmdSn) -> Header,
     ) -> Result<Option<CmdSn>, Error> {
@@ -394,7 +442,8 @@ impl Sending<'_> {
             let Some(cmd_sn) = self.connection.window.take() else {
                 return Ok(None);
             };
-            self.wire.writing.append(&mut outbox);
+            outbox.take_into(&mut self.wire.writing);
+            self.connection.lock().mark_sent(itt);
             (cmd_sn, header(cmd_sn))
         };
         self.write_after_batch(&header, data).await?;
@@ -426,6 +475,8 @@ pub(crate) struct SessionShared {
     pub(crate) buffers: Arc<ReadBuffers>,
     /// What the connections sent.
     pub(crate) sends: Arc<SendCounters>,
+    /// When new commands may wait for others.
+    pub(crate) coalescing: Coalescing,
 }
 
 impl Connection {
@@ -443,6 +494,7 @@ impl Connection {
             window,
             buffers,
             sends,
+            coalescing,
         } = shared;
         let digests = sender.digests();
         let connection = Arc::new(Connection {
@@ -453,11 +505,16 @@ impl Connection {
                 writing: PduBatch::new(digests),
                 counters: sends,
             }),
-            outbox: Mutex::new(PduBatch::new(digests)),
+            outbox: Mutex::new(Outbox {
+                batch: PduBatch::new(digests),
+                urgent: false,
+            }),
+            coalescing,
             posted: Notify::new(),
             closed: Notify::new(),
             state: Mutex::new(ConnectionState {
                 tasks: HashMap::new(),
+                in_flight: 0,
                 exp_stat_sn,
                 alive: true,
             }),
@@ -477,7 +534,7 @@ impl Connection {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn lock_outbox(&self) -> MutexGuard<'_, PduBatch> {
+    fn lock_outbox(&self) -> MutexGuard<'_, Outbox> {
         self.outbox.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -546,17 +603,47 @@ impl Connection {
                 next_offset: 0,
             }
         });
-        state.tasks.insert(itt, TaskEntry { events, read });
+        state.tasks.insert(
+            itt,
+            TaskEntry {
+                events,
+                read,
+                sent: false,
+            },
+        );
         Ok(receiver)
     }
 
     /// Forgets a task (completed elsewhere, timed out or abandoned); its
     /// read buffer, if the reader is not landing data in it right now.
     pub(crate) fn unregister(&self, itt: u32) -> Option<Vec<u8>> {
-        self.lock()
-            .tasks
-            .remove(&itt)
-            .and_then(|t| t.read.and_then(|r| r.buffer))
+        let task = self.lock().remove_task(itt);
+        self.task_ended();
+        task.and_then(|t| t.read.and_then(|r| r.buffer))
+    }
+
+    /// A task ended: fewer commands may be at the target, so commands held
+    /// back may have to leave now.
+    fn task_ended(&self) {
+        if !self.lock_outbox().batch.is_empty() {
+            self.posted.notify_one();
+        }
+    }
+
+    /// Whether the writer should write what is posted now, rather than
+    /// hold new commands back for others (see [`Coalescing`]).
+    fn should_write(&self) -> bool {
+        let outbox = self.lock_outbox();
+        if outbox.batch.is_empty() {
+            return false;
+        }
+        if outbox.urgent || outbox.batch.len() >= self.coalescing.commands {
+            return true;
+        }
+        // Not urgent: every posted PDU is a held command, counted in
+        // `in_flight` but not at the target yet.
+        let at_target = self.lock().in_flight.saturating_sub(outbox.batch.len());
+        at_target < self.coalescing.min_in_flight
     }
 
     /// Takes the write lock, for direct sends.
@@ -567,13 +654,16 @@ impl Connection {
         }
     }
 
-    /// Posts one PDU (its data copied): the writer task sends it behind
-    /// every PDU posted or sent before. Never waits.
+    /// Posts one PDU (its data copied): the writer task sends it at once,
+    /// behind every PDU posted or sent before. Never waits.
     pub(crate) fn post(&self, header: &Header, data: &[u8]) -> Result<(), Error> {
         if !self.is_alive() {
             return Err(Error::ConnectionLost);
         }
-        self.lock_outbox().push(header, data)?;
+        let mut outbox = self.lock_outbox();
+        outbox.batch.push(header, data)?;
+        outbox.urgent = true;
+        drop(outbox);
         self.posted.notify_one();
         Ok(())
     }
@@ -584,6 +674,7 @@ impl Connection {
     /// closed: nothing was posted.
     pub(crate) fn post_command(
         &self,
+        itt: u32,
         data: &[u8],
         header: impl FnOnce(CmdSn) -> Header,
     ) -> Result<Option<CmdSn>, Error> {
@@ -594,7 +685,8 @@ impl Connection {
         let Some(cmd_sn) = self.window.take() else {
             return Ok(None);
         };
-        if let Err(error) = outbox.push(&header(cmd_sn), data) {
+        self.lock().mark_sent(itt);
+        if let Err(error) = outbox.batch.push(&header(cmd_sn), data) {
             drop(outbox);
             // The CmdSN is taken but will never be sent: the target would
             // wait for it forever. ERL 0 recovers from a closed connection.
@@ -625,6 +717,7 @@ impl Connection {
         let tasks = {
             let mut state = self.lock();
             state.alive = false;
+            state.in_flight = 0;
             std::mem::take(&mut state.tasks)
         };
         for (_, task) in tasks {
@@ -648,7 +741,7 @@ impl Connection {
                 connection: self,
                 armed: true,
             };
-            wire.writing.append(&mut self.lock_outbox());
+            self.lock_outbox().take_into(&mut wire.writing);
             let _ = wire.write_batch().await;
             guard.done();
         }
@@ -668,11 +761,14 @@ impl Connection {
     fn route(&self, itt: u32, event: TaskEvent, remove: bool) {
         let mut state = self.lock();
         let sender = if remove {
-            state.tasks.remove(&itt).map(|t| t.events)
+            state.remove_task(itt).map(|t| t.events)
         } else {
             state.tasks.get(&itt).map(|t| t.events.clone())
         };
         drop(state);
+        if remove {
+            self.task_ended();
+        }
         match sender {
             Some(events) => {
                 let _ = events.send(event);
@@ -803,7 +899,9 @@ impl Connection {
         residual: Result<Residual, Error>,
         sense: Vec<u8>,
     ) {
-        let Some(task) = self.lock().tasks.remove(&itt) else {
+        let task = self.lock().remove_task(itt);
+        self.task_ended();
+        let Some(task) = task else {
             tracing::debug!(itt, "status for a task no longer waiting");
             return;
         };
@@ -987,12 +1085,16 @@ async fn run_writer(connection: Arc<Connection>) {
 async fn write_loop(connection: &Connection) -> Result<(), DatamoverError> {
     loop {
         connection.posted.notified().await;
+        if !connection.should_write() {
+            // Commands held back: the next post or ended task wakes us.
+            continue;
+        }
         let mut wire = connection.wire.lock().await;
         if !connection.is_alive() {
             return Ok(());
         }
         loop {
-            wire.writing.append(&mut connection.lock_outbox());
+            connection.lock_outbox().take_into(&mut wire.writing);
             if wire.writing.is_empty() {
                 break;
             }

@@ -38,7 +38,7 @@ pub mod session;
 pub mod url;
 
 pub use command::{Command, DataTransfer, Residual, Response, Sense};
-pub use config::{ChapConfig, Scheduling, SessionConfig, Timeouts};
+pub use config::{ChapConfig, Coalescing, Scheduling, SessionConfig, Timeouts};
 pub use discovery::{DiscoveredTarget, discover};
 pub use error::Error;
 pub use scsi::{Capacity, InquiryData};

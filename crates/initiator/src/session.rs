@@ -432,6 +432,7 @@ impl Inner {
                 window: self.window.clone(),
                 buffers: self.read_buffers.clone(),
                 sends: self.sends.clone(),
+                coalescing: self.config.coalescing,
             },
             logged_in.state,
         )
@@ -822,7 +823,10 @@ impl Attempt<'_> {
         let header = |cmd_sn: CmdSn| self.command_header(reads, plan, cmd_sn);
         let unsolicited = (plan.immediate + plan.unsolicited) as usize;
         if unsolicited <= POSTED_DATA_LIMIT {
-            while connection.post_command(immediate, header)?.is_none() {
+            while connection
+                .post_command(self.itt, immediate, header)?
+                .is_none()
+            {
                 window.wait_open().await;
             }
             return self
@@ -831,7 +835,11 @@ impl Attempt<'_> {
         }
         let mut sending = loop {
             let mut sending = connection.sending().await;
-            if sending.send_command(immediate, header).await?.is_some() {
+            if sending
+                .send_command(self.itt, immediate, header)
+                .await?
+                .is_some()
+            {
                 break sending;
             }
             drop(sending);

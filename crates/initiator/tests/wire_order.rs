@@ -9,6 +9,8 @@
 //! - Every Data-Out arrives after its command, at the offset and DataSN
 //!   expected, and carries the command's bytes (sections 11.7, 13.10).
 //! - Posted PDUs share writes: fewer writes than PDUs.
+//! - Command coalescing never delays a lone command, and never holds
+//!   commands back while fewer than `CoalesceMinInFlight` are at the target.
 
 mod common;
 
@@ -231,8 +233,10 @@ impl Target {
     }
 }
 
-#[tokio::test]
-async fn concurrent_commands_of_every_size_leave_in_cmd_sn_order_and_share_writes() {
+/// Starts a fake target on a free loopback port and logs in to it with
+/// `keys` set; returns the session and the list the target writes its
+/// findings to.
+async fn connect(keys: &[(&str, &str)]) -> (Session, Arc<Mutex<Vec<String>>>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let problems = Arc::new(Mutex::new(Vec::new()));
@@ -255,15 +259,33 @@ async fn concurrent_commands_of_every_size_leave_in_cmd_sn_order_and_share_write
         .unwrap();
     let mut config = SessionConfig::default();
     config.timeouts.command = Duration::from_secs(10);
-    for (key, value) in [
+    for (key, value) in keys {
+        config.set(key, value).unwrap();
+    }
+    (Session::connect(&url, config).await.unwrap(), problems)
+}
+
+/// Reads `length` bytes at `lba` from the fake target and checks them.
+async fn read_pattern(session: &Session, lba: u32, length: usize) {
+    let cdb = rw10_cdb(false, lba, (length / BLOCK) as u16);
+    let response = session
+        .execute(Command::read(0, &cdb, vec![0; length]))
+        .await
+        .unwrap()
+        .check()
+        .unwrap();
+    assert!(response.data == pattern(lba, length), "read of LBA {lba}");
+}
+
+#[tokio::test]
+async fn concurrent_commands_of_every_size_leave_in_cmd_sn_order_and_share_writes() {
+    let (session, problems) = connect(&[
         ("ImmediateData", "Yes"),
         ("InitialR2T", "No"),
         ("FirstBurstLength", "65536"),
         ("MaxBurstLength", "1048576"),
-    ] {
-        config.set(key, value).unwrap();
-    }
-    let session = Session::connect(&url, config).await.unwrap();
+    ])
+    .await;
 
     // Reads and writes of 4 KiB (posted), writes of 12 KiB (posted
     // immediate data and Data-Out), 64 KiB (direct: immediate data and
@@ -276,16 +298,10 @@ async fn concurrent_commands_of_every_size_leave_in_cmd_sn_order_and_share_write
         let read = i % sizes.len() as u32 == 0;
         commands.spawn(async move {
             let lba = i * 1024;
-            let cdb = rw10_cdb(!read, lba, (length / BLOCK) as u16);
             if read {
-                let response = session
-                    .execute(Command::read(0, &cdb, vec![0; length]))
-                    .await
-                    .unwrap()
-                    .check()
-                    .unwrap();
-                assert!(response.data == pattern(lba, length), "read of LBA {lba}");
+                read_pattern(&session, lba, length).await;
             } else {
+                let cdb = rw10_cdb(true, lba, (length / BLOCK) as u16);
                 let data = pattern(lba, length);
                 session
                     .execute(Command::write(0, &cdb, &data))
@@ -308,4 +324,46 @@ async fn concurrent_commands_of_every_size_leave_in_cmd_sn_order_and_share_write
         sent.writes < sent.pdus,
         "PDUs posted together must share writes: {sent:?}"
     );
+}
+
+#[tokio::test]
+async fn a_lone_command_is_never_held_back() {
+    // Below CoalesceMinInFlight (8 by default) commands at the target,
+    // every command leaves in a write of its own, at once.
+    let (session, problems) = connect(&[]).await;
+    for i in 0..20 {
+        read_pattern(&session, i * 8, 4096).await;
+    }
+    let sent = session.send_statistics();
+    session.drop_connections();
+    assert!(problems.lock().unwrap().is_empty());
+    assert_eq!(sent.pdus, 20, "{sent:?}");
+    assert_eq!(sent.writes, 20, "{sent:?}");
+}
+
+#[tokio::test]
+async fn held_commands_leave_when_too_few_are_at_the_target() {
+    // More commands may wait together (16) than must be at the target
+    // (8): ten commands posted at once are all held, none is at the
+    // target yet, so they must leave now rather than wait for each other
+    // until the command timeout.
+    let (session, problems) =
+        connect(&[("CoalesceCommands", "16"), ("CoalesceMinInFlight", "8")]).await;
+    for _round in 0..5 {
+        let mut reads = tokio::task::JoinSet::new();
+        for i in 0..10u32 {
+            let session = session.clone();
+            reads.spawn(async move { read_pattern(&session, i * 8, 4096).await });
+        }
+        let all = async {
+            while let Some(done) = reads.join_next().await {
+                done.unwrap();
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), all)
+            .await
+            .expect("held commands stalled");
+    }
+    session.drop_connections();
+    assert!(problems.lock().unwrap().is_empty());
 }
