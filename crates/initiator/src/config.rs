@@ -216,8 +216,9 @@ impl SessionConfig {
 
     /// Sets one key by its RFC 7143 name (`MaxBurstLength`, `HeaderDigest`,
     /// ...) or one of the initiator's own settings (`InitiatorName`,
-    /// `Connections`, `Scheduling`, `CommandTimeout` in seconds, ...). Keys
-    /// starting with `X-` or `X#` are sent as private extensions.
+    /// `Connections`, `Scheduling`, `CommandTimeout` in seconds,
+    /// `CoalesceCommands` and `CoalesceMinInFlight` (see [`Coalescing`]),
+    /// ...). Keys starting with `X-` or `X#` are sent as private extensions.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
         let n = &mut self.negotiation;
         match key {
