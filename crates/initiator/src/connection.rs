@@ -346,15 +346,14 @@ pub(crate) struct Connection {
     outbox: Mutex<Outbox>,
     /// When new commands may wait for others.
     coalescing: Coalescing,
-    /// Woken when a PDU is posted (and when the connection closes).
+    /// Woken when a PDU is posted.
     posted: Notify,
-    /// Woken when the connection closes.
+    /// Woken when the connection closes: the reader and the writer stop.
     closed: Notify,
     state: Mutex<ConnectionState>,
     window: Arc<CommandWindow>,
     /// The session's read buffers, for pooled reads.
     buffers: Arc<ReadBuffers>,
-    shutdown: Notify,
     closing: AtomicBool,
     /// Set once we close on purpose (logout): the end of the stream is
     /// then expected, not a loss.
@@ -520,7 +519,6 @@ impl Connection {
             }),
             window,
             buffers,
-            shutdown: Notify::new(),
             closing: AtomicBool::new(false),
             finished: AtomicBool::new(false),
             lifecycle: Mutex::new(lifecycle),
@@ -725,9 +723,7 @@ impl Connection {
             let _ = task.events.send(TaskEvent::Lost(buffer));
         }
         if !self.closing.swap(true, Ordering::SeqCst) {
-            self.shutdown.notify_one();
             self.closed.notify_waiters();
-            self.posted.notify_one();
         }
     }
 
@@ -1044,7 +1040,7 @@ fn residual(overflow: bool, underflow: bool, count: u32) -> Result<Residual, Err
 async fn run_reader(connection: Arc<Connection>, mut receiver: StreamReceiver<OwnedReadHalf>) {
     let result = tokio::select! {
         result = read_loop(&connection, &mut receiver) => result,
-        () = connection.shutdown.notified() => Ok(()),
+        () = connection.closed() => Ok(()),
     };
     if let Err(error) = result
         && !connection.finished.load(Ordering::SeqCst)
