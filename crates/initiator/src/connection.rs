@@ -615,17 +615,19 @@ impl Connection {
     /// Forgets a task (completed elsewhere, timed out or abandoned); its
     /// read buffer, if the reader is not landing data in it right now.
     pub(crate) fn unregister(&self, itt: u32) -> Option<Vec<u8>> {
-        let task = self.lock().remove_task(itt);
-        self.task_ended();
-        task.and_then(|t| t.read.and_then(|r| r.buffer))
+        self.end_task(itt)
+            .and_then(|t| t.read.and_then(|r| r.buffer))
     }
 
-    /// A task ended: fewer commands may be at the target, so commands held
-    /// back may have to leave now.
-    fn task_ended(&self) {
+    /// Removes the task `itt` from the table. Fewer commands may then be
+    /// at the target, so commands held back may have to leave now: the
+    /// writer is woken if any are posted.
+    fn end_task(&self, itt: u32) -> Option<TaskEntry> {
+        let task = self.lock().remove_task(itt);
         if !self.lock_outbox().batch.is_empty() {
             self.posted.notify_one();
         }
+        task
     }
 
     /// Whether the writer should write what is posted now, rather than
@@ -755,16 +757,11 @@ impl Connection {
 
     /// Sends `event` to the task `itt`; `remove` when it ends the task.
     fn route(&self, itt: u32, event: TaskEvent, remove: bool) {
-        let mut state = self.lock();
         let sender = if remove {
-            state.remove_task(itt).map(|t| t.events)
+            self.end_task(itt).map(|t| t.events)
         } else {
-            state.tasks.get(&itt).map(|t| t.events.clone())
+            self.lock().tasks.get(&itt).map(|t| t.events.clone())
         };
-        drop(state);
-        if remove {
-            self.task_ended();
-        }
         match sender {
             Some(events) => {
                 let _ = events.send(event);
@@ -895,9 +892,7 @@ impl Connection {
         residual: Result<Residual, Error>,
         sense: Vec<u8>,
     ) {
-        let task = self.lock().remove_task(itt);
-        self.task_ended();
-        let Some(task) = task else {
+        let Some(task) = self.end_task(itt) else {
             tracing::debug!(itt, "status for a task no longer waiting");
             return;
         };
