@@ -42,7 +42,8 @@ use crate::buffers::ReadBuffers;
 use crate::command::{Command, DataTransfer, Response, encode_lun};
 use crate::config::{Scheduling, SessionConfig};
 use crate::connection::{
-    CommandWindow, Connection, POSTED_DATA_LIMIT, ReadInto, SendCounters, SessionShared, TaskEvent,
+    CommandWindow, Connection, POSTED_DATA_LIMIT, ReadInto, SendCounters, Sending, SessionShared,
+    TaskEvent,
 };
 use crate::error::Error;
 use crate::login::{LoginRequestParams, login, random_isid};
@@ -845,11 +846,8 @@ impl Attempt<'_> {
             drop(sending);
             window.wait_open().await;
         };
-        for segment in self.unsolicited(plan) {
-            let (header, range) = self.data_out(RESERVED_TAG, &segment);
-            sending.send(&header, &data[range]).await?;
-        }
-        Ok(())
+        self.write_data_out(&mut sending, data, RESERVED_TAG, self.unsolicited(plan))
+            .await
     }
 
     /// The SCSI Command PDU (RFC 7143 section 11.3) numbered `cmd_sn`.
@@ -909,6 +907,19 @@ impl Attempt<'_> {
             return Ok(());
         }
         let mut sending = connection.sending().await;
+        self.write_data_out(&mut sending, data, target_transfer_tag, segments)
+            .await
+    }
+
+    /// Writes the Data-Out PDUs of `segments` directly from `data`, under
+    /// the write lock `sending` holds.
+    async fn write_data_out(
+        &self,
+        sending: &mut Sending<'_>,
+        data: &[u8],
+        target_transfer_tag: u32,
+        segments: impl IntoIterator<Item = DataSegment>,
+    ) -> Result<(), Error> {
         for segment in segments {
             let (header, range) = self.data_out(target_transfer_tag, &segment);
             sending.send(&header, &data[range]).await?;
