@@ -1,8 +1,8 @@
 //! Every initiator subcommand of `iscsi` against tgtd (Debian package
 //! `tgt`) and against `iscsi target`, plus a cross-check with QEMU's
 //! libiscsi client: data written with our CLI is read back by `qemu-img
-//! convert` from the same iscsi:// URL and compared. Tests skip, saying
-//! why, only if a peer binary is missing.
+//! convert` from the same iscsi:// URL and compared. A missing peer is a
+//! failure that names the package (scripts/test installs them all).
 
 use std::io::Write;
 use std::process::{Command, Output};

@@ -1,0 +1,65 @@
+# Install probes shared by scripts/test, the bench scripts and their test (tests/scripts/probes).
+# Source it (bash). Every probe answers with its exit status and must give the same answer under
+# `set -euo pipefail` as without it: a probe never ends a pipeline with `grep -q` (grep's early exit
+# can SIGPIPE the writer, and pipefail then reports the writer's status, not grep's), and never
+# lets a command that is expected to fail decide the answer. Output is captured first, then matched.
+
+# probe_have PROGRAM: PROGRAM is on PATH.
+probe_have() { command -v "$1" >/dev/null 2>&1; }
+
+# The URL the qemu-img probe opens: port 1 on loopback, which refuses at once, so no traffic leaves
+# the machine and the probe takes milliseconds.
+PROBE_QEMU_ISCSI_URL=iscsi://127.0.0.1:1/iqn.2026-11.rs.iscsi:probe/0
+
+# probe_qemu_iscsi_missing: qemu-img is absent, or it cannot open iscsi:// URLs. `qemu-img --help`
+# lists iscsi even when its module cannot load, so the probe asks qemu-img to open a URL; qemu-img
+# always fails (nothing listens), and only what it says tells the two cases apart:
+#   "Unable to load module iscsi"  qemu-utils without qemu-block-extra of the same version
+#   "Unknown protocol 'iscsi'"     a qemu-img built without the driver
+# Anything else (the driver's own "iSCSI: Failed to connect ..." error) means the driver loaded.
+probe_qemu_iscsi_missing() {
+    probe_have qemu-img || return 0
+    local said
+    said=$(qemu-img info "$PROBE_QEMU_ISCSI_URL" 2>&1 </dev/null) || true
+    case $said in
+        *'Unable to load module'* | *'Unknown protocol'*) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+# probe_rust_toolchain NAME: rustup lists a toolchain whose name starts with NAME (e.g. nightly).
+probe_rust_toolchain() {
+    local listed
+    listed=$(rustup toolchain list 2>/dev/null) || return 1
+    grep -q "^$1" <<<"$listed"
+}
+
+# probe_rust_component NAME: rustup lists component NAME (rustfmt, clippy...) as installed.
+probe_rust_component() {
+    local listed
+    listed=$(rustup component list --installed 2>/dev/null) || return 1
+    grep -q "^$1" <<<"$listed"
+}
+
+# qemu_block_extra_versions: the qemu-utils and qemu-block-extra versions to install together so
+# that qemu-img loads the iscsi module (the module only loads into a qemu-img of its own version).
+# Keeps the installed qemu-utils when the archive has a qemu-block-extra of that very version (a
+# backport of both); otherwise both at qemu-block-extra's candidate (which may downgrade a backported
+# qemu-utils). Prints "qemu-utils=V qemu-block-extra=V"; fails with a message if there is none.
+qemu_block_extra_versions() {
+    local installed candidate available
+    installed=$(dpkg-query -W -f='${Version}' qemu-utils 2>/dev/null) || installed=""
+    available=$(apt-cache madison qemu-block-extra 2>/dev/null | awk -F'|' '{gsub(/ /, "", $2); print $2}') ||
+        available=
+    if [ -n "$installed" ] && grep -qxF -- "$installed" <<<"$available"; then
+        echo "qemu-utils=$installed qemu-block-extra=$installed"
+        return 0
+    fi
+    candidate=$(apt-cache policy qemu-block-extra 2>/dev/null | awk '/Candidate:/ {print $2}') ||
+        candidate=""
+    if [ -z "$candidate" ] || [ "$candidate" = "(none)" ]; then
+        echo "no qemu-block-extra in this machine's apt sources" >&2
+        return 1
+    fi
+    echo "qemu-utils=$candidate qemu-block-extra=$candidate"
+}
