@@ -24,9 +24,11 @@
 //! |---|---|
 //! | `lib.rs` | the primitive traits and [`DatamoverError`] |
 //! | `buffers.rs` | [`BufferPool`]: data buffers reused from command to command, LIFO, by both sides |
+//! | [`tap`] | [`tap::WireTap`]: told of every PDU sent and received (counters for parameter studies, traces) |
 //! | [`tcp`] | the TCP datamover (RFC 7143 framing over a byte stream): streaming receive into caller buffers with the data digest computed per chunk while hot, vectored sends with no copy of the data segment |
 
 mod buffers;
+pub mod tap;
 pub mod tcp;
 
 pub use buffers::BufferPool;

@@ -16,6 +16,7 @@
 
 use std::io::IoSlice;
 use std::net::SocketAddr;
+use std::time::Instant;
 
 use iscsi_proto::pdu::decoder::{Decoder, DecoderConfig, Event, Stage};
 use iscsi_proto::pdu::encode::MAX_HEADER_LEN;
@@ -24,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use crate::tap::{Direction, PduSummary, Tap};
 use crate::{DatamoverError, PduReceiver, PduSender};
 
 /// Size of the receive buffer.
@@ -54,6 +56,11 @@ pub struct StreamReceiver<R> {
     end: usize,
     /// Data bytes of the current PDU not yet handed to the caller.
     data_pending: usize,
+    /// Told of every PDU received.
+    tap: Option<Tap>,
+    /// The PDU being received, for the tap: what it is and when its header
+    /// was decoded.
+    tapped: Option<(PduSummary, Instant)>,
 }
 
 impl<R: AsyncRead + Unpin + Send> StreamReceiver<R> {
@@ -67,6 +74,20 @@ impl<R: AsyncRead + Unpin + Send> StreamReceiver<R> {
             start: 0,
             end: 0,
             data_pending: 0,
+            tap: None,
+            tapped: None,
+        }
+    }
+
+    /// Tells `tap` of every PDU received from now on.
+    pub fn set_tap(&mut self, tap: Option<Tap>) {
+        self.tap = tap;
+    }
+
+    /// Reports the PDU that has just been taken in whole to the tap.
+    fn tap_received(&mut self) {
+        if let (Some(tap), Some((pdu, start))) = (&self.tap, self.tapped.take()) {
+            tap.pdu(Direction::Received, pdu, start, Instant::now());
         }
     }
 
@@ -142,6 +163,12 @@ impl<R: AsyncRead + Unpin + Send> PduReceiver for StreamReceiver<R> {
                     // The decoder has checked the length against our
                     // MaxRecvDataSegmentLength before anyone allocates.
                     self.data_pending = header.data_segment_length as usize;
+                    if self.tap.is_some() {
+                        self.tapped = Some((PduSummary::of(&header), Instant::now()));
+                        if self.data_pending == 0 {
+                            self.tap_received();
+                        }
+                    }
                     return Ok(Some(header));
                 }
                 Some(Event::End) => continue,
@@ -202,7 +229,9 @@ impl<R: AsyncRead + Unpin + Send> PduReceiver for StreamReceiver<R> {
             self.decoder.need().stage,
             Stage::Padding | Stage::DataDigest | Stage::Complete
         ));
-        self.finish_pdu().await
+        self.finish_pdu().await?;
+        self.tap_received();
+        Ok(())
     }
 
     async fn receive_data(&mut self) -> Result<Vec<u8>, DatamoverError> {
@@ -228,6 +257,8 @@ pub struct PduBatch {
     bytes: Vec<u8>,
     pdus: usize,
     digests: Digests,
+    /// What each PDU is, for a tap on the sender that writes the batch.
+    summaries: Vec<PduSummary>,
 }
 
 impl PduBatch {
@@ -238,6 +269,7 @@ impl PduBatch {
             bytes: Vec::new(),
             pdus: 0,
             digests,
+            summaries: Vec::new(),
         }
     }
 
@@ -251,6 +283,7 @@ impl PduBatch {
             self.bytes.extend_from_slice(slice);
         }
         self.pdus += 1;
+        self.summaries.push(PduSummary::of(header));
         Ok(())
     }
 
@@ -277,6 +310,7 @@ impl PduBatch {
         } else {
             self.bytes.extend_from_slice(&other.bytes);
             self.pdus += other.pdus;
+            self.summaries.append(&mut other.summaries);
             other.bytes.clear();
             other.pdus = 0;
         }
@@ -288,6 +322,7 @@ impl PduBatch {
         self.bytes.clear();
         self.bytes.shrink_to(retain);
         self.pdus = 0;
+        self.summaries.clear();
     }
 }
 
@@ -297,6 +332,8 @@ pub struct StreamSender<W> {
     writer: W,
     digests: Digests,
     header_buf: Vec<u8>,
+    /// Told of every PDU sent.
+    tap: Option<Tap>,
 }
 
 impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
@@ -306,6 +343,31 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
             writer,
             digests: Digests::default(),
             header_buf: vec![0; MAX_HEADER_LEN],
+            tap: None,
+        }
+    }
+
+    /// Tells `tap` of every PDU sent from now on.
+    pub fn set_tap(&mut self, tap: Option<Tap>) {
+        self.tap = tap;
+    }
+
+    /// The time a write begins, when a tap wants it.
+    fn tap_clock(&self) -> Option<Instant> {
+        self.tap.as_ref().map(|_| Instant::now())
+    }
+
+    /// Reports the PDUs of one write (a batch, then perhaps one more) to
+    /// the tap.
+    fn tap_sent(&self, batch: &[PduSummary], last: Option<&Header>, start: Option<Instant>) {
+        if let (Some(tap), Some(start)) = (&self.tap, start) {
+            let end = Instant::now();
+            for pdu in batch {
+                tap.pdu(Direction::Sent, *pdu, start, end);
+            }
+            if let Some(header) = last {
+                tap.pdu(Direction::Sent, PduSummary::of(header), start, end);
+            }
         }
     }
 
@@ -331,7 +393,9 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
     /// stream allows (one, unless the socket buffer fills). The batch is
     /// left as it was.
     pub async fn send_batch(&mut self, batch: &PduBatch) -> Result<(), DatamoverError> {
+        let start = self.tap_clock();
         self.writer.write_all(&batch.bytes).await?;
+        self.tap_sent(&batch.summaries, None, start);
         Ok(())
     }
 
@@ -344,6 +408,7 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
         header: &Header,
         data: &[u8],
     ) -> Result<(), DatamoverError> {
+        let start = self.tap_clock();
         let pdu = encode_pdu(header, data, self.digests, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;
         let [pdu_header, pdu_data, padding, digest] = pdu.slices();
@@ -352,15 +417,18 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
             &[&batch.bytes, pdu_header, pdu_data, padding, digest],
         )
         .await?;
+        self.tap_sent(&batch.summaries, Some(header), start);
         Ok(())
     }
 }
 
 impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
     async fn send_control(&mut self, header: &Header, data: &[u8]) -> Result<(), DatamoverError> {
+        let start = self.tap_clock();
         let pdu = encode_pdu(header, data, self.digests, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;
         write_all_vectored(&mut self.writer, &pdu.slices()).await?;
+        self.tap_sent(&[], Some(header), start);
         Ok(())
     }
 
@@ -441,6 +509,20 @@ impl TcpDatamover {
     pub fn enable(&mut self, digests: Digests, max_recv_data_segment_length: u32) {
         self.receiver.enable(digests, max_recv_data_segment_length);
         self.sender.enable(digests);
+    }
+
+    /// Tells `tap` of every PDU sent and received from now on (login
+    /// PDUs too, when set before the login).
+    pub fn set_tap(&mut self, tap: Option<Tap>) {
+        self.receiver.set_tap(tap.clone());
+        self.sender.set_tap(tap);
+    }
+
+    /// Turns Nagle's algorithm off (`true`, the default: every PDU leaves
+    /// at once) or on (small writes wait for outstanding data to be
+    /// acknowledged; a setting parameter studies compare).
+    pub fn set_nodelay(&self, nodelay: bool) -> std::io::Result<()> {
+        self.sender.writer.as_ref().set_nodelay(nodelay)
     }
 
     /// This end's address.

@@ -5,7 +5,10 @@
 //! (section 7.1.4.1: reinstate and retry) and the number of connections
 //! with their scheduling policy (MC/S, section 4.1 and 13.2).
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use iscsi_datamover::tap::WireTap;
 
 use iscsi_proto::login::chap::{ChapAlgorithm, Credentials};
 use iscsi_proto::login::initiator::InitiatorChapSettings;
@@ -105,6 +108,15 @@ pub struct SessionConfig {
     /// Holding new commands back while the target is busy, so that
     /// several leave in one write.
     pub coalescing: Coalescing,
+    /// TCP_NODELAY on the session's sockets: `true` (the default) sends
+    /// every PDU at once; `false` lets Nagle's algorithm hold small writes
+    /// until earlier data is acknowledged (a setting the parameter studies
+    /// compare: setting `TcpNoDelay=No`).
+    pub tcp_nodelay: bool,
+    /// Told of every PDU of the session's connections (and of discovery's),
+    /// e.g. a trace writer. Each session also counts its PDUs itself
+    /// ([`crate::Session::wire_counts`]).
+    pub tap: Option<Arc<dyn WireTap>>,
 }
 
 /// Command coalescing: while at least `min_in_flight` commands are at the
@@ -170,6 +182,8 @@ impl Default for SessionConfig {
             command_retries: 3,
             reconnect_attempts: 5,
             coalescing: Coalescing::default(),
+            tcp_nodelay: true,
+            tap: None,
         }
     }
 }
@@ -218,7 +232,7 @@ impl SessionConfig {
     /// ...) or one of the initiator's own settings (`InitiatorName`,
     /// `Connections`, `Scheduling`, `CommandTimeout` in seconds,
     /// `CoalesceCommands` and `CoalesceMinInFlight` (see [`Coalescing`]),
-    /// ...). Keys starting with `X-` or `X#` are sent as private extensions.
+    /// `TcpNoDelay` (Yes or No), ...). Keys starting with `X-` or `X#` are sent as private extensions.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
         let n = &mut self.negotiation;
         match key {
@@ -261,6 +275,7 @@ impl SessionConfig {
                 self.coalescing.commands = parse_number::<usize>(key, value)?.max(1)
             }
             "CoalesceMinInFlight" => self.coalescing.min_in_flight = parse_number(key, value)?,
+            "TcpNoDelay" => self.tcp_nodelay = parse_bool(key, value)?,
             "CHAPUser" => {
                 let chap = self.chap.get_or_insert_with(|| ChapConfig {
                     user: String::new(),
@@ -315,6 +330,8 @@ mod tests {
         config.set("InitialR2T", "Yes").unwrap();
         config.set("Scheduling", "lun-affinity").unwrap();
         config.set("X-com.example.Key", "1").unwrap();
+        config.set("TcpNoDelay", "No").unwrap();
+        assert!(!config.tcp_nodelay);
         assert_eq!(config.negotiation.max_burst_length, 65536);
         assert_eq!(
             config.negotiation.header_digest,

@@ -88,6 +88,7 @@ pub async fn discover(
             cid: 0,
             cmd_sn: CmdSn::new(1),
             initiator_task_tag: 0,
+            tap: config.tap.clone(),
         },
     )
     .await?;

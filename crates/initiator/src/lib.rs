@@ -44,3 +44,7 @@ pub use error::Error;
 pub use scsi::{Capacity, InquiryData};
 pub use session::{SendStatistics, Session};
 pub use url::IscsiUrl;
+
+pub use iscsi_datamover::tap::{
+    Direction, PduEvent, PduSummary, Tap, WireCounter, WireCounts, WireTap,
+};

@@ -4,8 +4,10 @@
 //! section 11.13.5), and switches the datamover to the negotiated digests
 //! and segment length on success (RFC 5047 `Enable_Datamover`).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use iscsi_datamover::tap::{Tap, WireTap};
 use iscsi_datamover::tcp::TcpDatamover;
 use iscsi_datamover::{PduReceiver, PduSender};
 use iscsi_proto::login::chap::ChallengeHistory;
@@ -53,6 +55,15 @@ pub(crate) struct LoginRequestParams<'a> {
     pub cmd_sn: CmdSn,
     /// The ITT carried in the Login Requests.
     pub initiator_task_tag: u32,
+    /// Told of the connection's PDUs, from the first Login Request on.
+    pub tap: Option<Arc<dyn WireTap>>,
+}
+
+/// Numbers connections for taps: unique within the process, so a trace of
+/// many sessions keeps each connection apart.
+fn next_connection_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A fresh random ISID of type "random" (RFC 7143 section 11.12.5, T = 0b10).
@@ -159,10 +170,20 @@ async fn negotiate(
     portal: &str,
     stream: TcpStream,
 ) -> Result<(TcpDatamover, InitiatorLoginComplete), Error> {
-    let mut datamover = TcpDatamover::new(stream).map_err(|source| Error::Connect {
+    let connect_error = |source| Error::Connect {
         address: portal.to_owned(),
         source,
-    })?;
+    };
+    let mut datamover = TcpDatamover::new(stream).map_err(connect_error)?;
+    datamover
+        .set_nodelay(config.tcp_nodelay)
+        .map_err(connect_error)?;
+    datamover.set_tap(
+        params
+            .tap
+            .clone()
+            .map(|tap| Tap::new(tap, next_connection_number())),
+    );
     let mut negotiation = config.negotiation.clone();
     if let Some(alias) = &config.initiator_alias {
         negotiation

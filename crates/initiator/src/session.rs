@@ -48,6 +48,7 @@ use crate::connection::{
 use crate::error::Error;
 use crate::login::{LoginRequestParams, login, random_isid};
 use crate::url::IscsiUrl;
+use iscsi_datamover::tap::{Tee, WireCounter, WireCounts, WireTap};
 
 /// A logged-in normal session. Cheap to clone: clones share the session.
 #[derive(Clone, Debug)]
@@ -67,6 +68,12 @@ struct Inner {
     read_buffers: Arc<ReadBuffers>,
     /// What the connections sent, over the session's life.
     sends: Arc<SendCounters>,
+    /// PDUs and data bytes by kind, on all connections, over the session's
+    /// life.
+    wire: Arc<WireCounter>,
+    /// What every connection's datamover is told of: `wire`, and the
+    /// configuration's tap if there is one.
+    tap: Arc<dyn WireTap>,
     connections: Mutex<Vec<Arc<Connection>>>,
     /// Bumped by every reinstatement.
     generation: AtomicU64,
@@ -129,7 +136,14 @@ impl Session {
         let config = config.with_url_credentials(url);
         let target_name = url.target_name()?.to_owned();
         let isid = Isid::from_bytes(config.isid.unwrap_or_else(random_isid));
+        let wire = Arc::new(WireCounter::default());
+        let tap: Arc<dyn WireTap> = match &config.tap {
+            Some(user) => Arc::new(Tee(vec![wire.clone(), user.clone()])),
+            None => wire.clone(),
+        };
         let inner = Arc::new(Inner {
+            wire,
+            tap,
             portal: url.portal(),
             target_name,
             isid,
@@ -189,6 +203,14 @@ impl Session {
             pdus: self.inner.sends.pdus.load(Ordering::Relaxed),
             writes: self.inner.sends.writes.load(Ordering::Relaxed),
         }
+    }
+
+    /// PDUs and data bytes by kind (SCSI commands, Data-In, R2T, Data-Out,
+    /// immediate, unsolicited and solicited data...) exactly as they went
+    /// over this session's connections since it was opened. Take the
+    /// difference of two readings ([`WireCounts::since`]) for a window.
+    pub fn wire_counts(&self) -> WireCounts {
+        self.inner.wire.counts()
     }
 
     /// How many times the session was reinstated after a lost connection.
@@ -374,6 +396,7 @@ impl Inner {
                 cid: 0,
                 cmd_sn: self.window.current(),
                 initiator_task_tag: self.itt(),
+                tap: Some(self.tap.clone()),
             },
         )
         .await?;
@@ -397,6 +420,7 @@ impl Inner {
                     cid,
                     cmd_sn: self.window.current(),
                     initiator_task_tag: self.itt(),
+                    tap: Some(self.tap.clone()),
                 },
             )
             .await;

@@ -303,3 +303,70 @@ async fn pooled_reads_return_only_the_data_sent() {
     assert!(response.data.is_empty());
     session.logout().await.expect("logout");
 }
+
+/// The session's wire counts are what went over the wire, PDU by PDU: a
+/// 64 KiB read at MaxRecvDataSegmentLength 8192 comes as 8 Data-Ins; a
+/// 64 KiB write with InitialR2T=Yes, ImmediateData=No and 16 KiB bursts
+/// goes as 4 R2T-solicited Data-Outs; with ImmediateData=Yes and a 16 KiB
+/// first burst, 16 KiB rides in the command and 3 R2Ts fetch the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wire_counts_are_the_pdus_on_the_wire() {
+    let (portal, _stop) = start(|_| {}).await;
+    let url: IscsiUrl = format!("iscsi://{portal}/{TARGET}/0").parse().unwrap();
+    let data = random(64 * 1024);
+    let blocks = (data.len() / BLOCK as usize) as u16;
+
+    let mut config = SessionConfig::default();
+    for (key, value) in [
+        ("MaxRecvDataSegmentLength", "8192"),
+        ("InitialR2T", "Yes"),
+        ("ImmediateData", "No"),
+        ("MaxBurstLength", "16384"),
+        ("FirstBurstLength", "16384"),
+    ] {
+        config.set(key, value).unwrap();
+    }
+    let session = Session::connect(&url, config).await.expect("login");
+    let before = session.wire_counts();
+    session.write(0, 0, BLOCK, &data).await.expect("write");
+    let write = session.wire_counts().since(&before);
+    assert_eq!(write.scsi_commands, 1);
+    assert_eq!((write.r2t, write.data_out), (4, 4), "{write:?}");
+    assert_eq!(write.solicited_bytes, 65536);
+    assert_eq!(write.immediate_bytes + write.unsolicited_bytes, 0);
+    assert_eq!(write.scsi_responses, 1);
+
+    let before = session.wire_counts();
+    let read = session
+        .execute(Command::read(
+            0,
+            &rw10_cdb(false, 0, blocks),
+            vec![0; 65536],
+        ))
+        .await
+        .expect("read");
+    assert_eq!(read.check().expect("status").data, data);
+    let read = session.wire_counts().since(&before);
+    assert_eq!((read.scsi_commands, read.data_in), (1, 8), "{read:?}");
+    assert_eq!(read.data_out + read.r2t, 0);
+    session.logout().await.expect("logout");
+
+    let mut config = SessionConfig::default();
+    for (key, value) in [
+        ("InitialR2T", "Yes"),
+        ("ImmediateData", "Yes"),
+        ("MaxBurstLength", "16384"),
+        ("FirstBurstLength", "16384"),
+        ("TcpNoDelay", "No"),
+    ] {
+        config.set(key, value).unwrap();
+    }
+    let session = Session::connect(&url, config).await.expect("login");
+    let before = session.wire_counts();
+    session.write(0, 0, BLOCK, &data).await.expect("write");
+    let write = session.wire_counts().since(&before);
+    assert_eq!(write.immediate_bytes, 16384, "{write:?}");
+    assert_eq!((write.r2t, write.data_out), (3, 3), "{write:?}");
+    assert_eq!(write.solicited_bytes, 49152);
+    session.logout().await.expect("logout");
+}
