@@ -45,6 +45,9 @@ enum Command {
     Bench(cmd::bench::Args),
     /// Run an initiator script (login, read, write, repeat, set, ...).
     Script(cmd::script::Args),
+    /// Relay TCP connections with a fixed delay each way (a link with a
+    /// real round-trip time, for parameter studies).
+    DelayRelay(cmd::relay::Args),
 }
 
 fn main() -> ExitCode {
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Command::Copy(args) => cmd::transfer::run_copy(&args),
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Script(args) => cmd::script::run(&args),
+        Command::DelayRelay(args) => cmd::relay::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,6 +7,7 @@ pub mod initiator_args;
 pub mod inspect;
 pub mod measure;
 pub mod pdu_bench;
+pub mod relay;
 pub mod script;
 pub mod target;
 pub mod transfer;
