@@ -314,16 +314,18 @@ fn eq2(results: &Results, fit: &Eq2Fit, path: &Path) -> DrawResult {
     let root = BitMapBackend::new(path, (1500, 900)).into_drawing_area();
     root.fill(&WHITE)?;
     let (title, body) = root.split_vertically(40);
+    // The seed's letters for the coefficients: A for x1 ... E for x5, F.
+    let coefficients = fit
+        .kept
+        .iter()
+        .zip(&fit.fit.coefficients)
+        .map(|(&term, c)| format!("{}={c:.4}", ["A", "B", "C", "D", "E", "F"][term]))
+        .collect::<Vec<_>>()
+        .join("  ");
     title.titled(
         &format!(
-            "eq. 2: t = {}   (R² {}, n {})",
-            fit.fit
-                .terms
-                .iter()
-                .zip(&fit.fit.coefficients)
-                .map(|(t, c)| format!("{c:.4}·{t}"))
-                .collect::<Vec<_>>()
-                .join(" + "),
+            "eq. 2: t = A·x1 + B·x2 + C·x3 + D·x4 + E·x5{}:  {coefficients}   (R² {}, n {})",
+            if fit.kept.contains(&5) { " + F" } else { "" },
             fit.fit.r2.map_or("-".to_owned(), |r| format!("{r:.4}")),
             fit.fit.n
         ),
