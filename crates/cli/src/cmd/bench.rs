@@ -181,7 +181,7 @@ impl Measured {
 /// measures anything.
 pub fn check_load(load: &Load, geometry: &Geometry) -> anyhow::Result<()> {
     let block_size = geometry.block_size;
-    if load.bs % block_size != 0 {
+    if !load.bs.is_multiple_of(block_size) {
         bail!("--bs must be a multiple of the {block_size}-byte block");
     }
     if geometry.blocks / (load.bs / block_size) == 0 {
