@@ -48,6 +48,12 @@ enum Command {
     /// Relay TCP connections with a fixed delay each way (a link with a
     /// real round-trip time, for parameter studies).
     DelayRelay(cmd::relay::Args),
+    /// Measure every combination of key values, block sizes and queue
+    /// depths (one login per run); write results.csv, models.json, plots.
+    Sweep(cmd::sweep::Args),
+    /// Fit the throughput models to a sweep's results.csv again; rewrite
+    /// models.json and the plots.
+    Model(cmd::model::Args),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +79,8 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Script(args) => cmd::script::run(&args),
         Command::DelayRelay(args) => cmd::relay::run(&args),
+        Command::Sweep(args) => cmd::sweep::run(&args),
+        Command::Model(args) => cmd::model::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
