@@ -138,6 +138,17 @@ fn label(dim_name: &str, value: &str) -> String {
     }
 }
 
+/// A linked dimension's name for a legend: its first key and how many
+/// more move with it.
+fn short(name: &str) -> String {
+    let mut keys = name.split(',');
+    let first = keys.next().unwrap_or_default();
+    match keys.count() {
+        0 => first.to_owned(),
+        more => format!("{first}(+{more})"),
+    }
+}
+
 fn human_bytes(bytes: u64) -> String {
     match bytes {
         b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{}M", b >> 20),
@@ -162,7 +173,7 @@ fn throughput(
     for row in &results.rows {
         let name = others
             .iter()
-            .map(|o| format!("{}={}", o.name, label(&o.name, &o.value(row))))
+            .map(|o| format!("{}={}", short(&o.name), label(&o.name, &o.value(row))))
             .collect::<Vec<_>>()
             .join(" ");
         let at = dim
@@ -179,7 +190,9 @@ fn throughput(
         };
         series[index].1[at].push(row.mib_per_s);
     }
-    let top = upper(results.rows.iter().map(|r| r.mib_per_s));
+    // Headroom above the highest point for the legend, a line per series.
+    let headroom = 1.0 + 0.05 * series.len().min(12) as f64;
+    let top = upper(results.rows.iter().map(|r| r.mib_per_s)) * headroom;
     let root = BitMapBackend::new(path, (960, 600)).into_drawing_area();
     root.fill(&WHITE)?;
     let count = dim.values.len() as i32;
@@ -240,7 +253,7 @@ fn throughput(
             .label_font((FAMILY, 13))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
-            .position(SeriesLabelPosition::LowerRight)
+            .position(SeriesLabelPosition::UpperLeft)
             .draw()?;
     }
     root.present()?;
@@ -558,5 +571,10 @@ mod tests {
         assert_eq!(label("bs", "1048576"), "1M");
         assert_eq!(label("bs", "1000"), "1000");
         assert_eq!(label("MaxOutstandingR2T", "1024"), "1024");
+        assert_eq!(
+            short("MaxRecvDataSegmentLength,MaxBurstLength"),
+            "MaxRecvDataSegmentLength(+1)"
+        );
+        assert_eq!(short("qd"), "qd");
     }
 }
