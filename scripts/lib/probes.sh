@@ -7,6 +7,13 @@
 # probe_have PROGRAM: PROGRAM is on PATH.
 probe_have() { command -v "$1" >/dev/null 2>&1; }
 
+# The font the plots of `iscsi sweep`, `iscsi model` and `iscsi pdu-cost` draw text with
+# (crates/analysis/src/plot.rs looks here first; Debian package fonts-dejavu-core).
+PROBE_PLOT_FONT=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
+
+# probe_plot_font: the plot font is installed.
+probe_plot_font() { [ -f "$PROBE_PLOT_FONT" ]; }
+
 # The URL the qemu-img probe opens: port 1 on loopback, which refuses at once, so no traffic leaves
 # the machine and the probe takes milliseconds.
 PROBE_QEMU_ISCSI_URL=iscsi://127.0.0.1:1/iqn.2026-11.rs.iscsi:probe/0

@@ -4,7 +4,8 @@
 # --clear). Phases: plain (discover, ls, inquiry, capacity, 64 MiB write + read back + cmp), CRC32C
 # header+data digests required by LIO, one-way CHAP (+ a wrong secret refused), mutual CHAP (+ a
 # target proving the wrong secret refused), MC/S with MaxConnections=4 under round-robin and LUN
-# affinity scheduling (connections counted and their bytes measured on LIO's side with `ss -ti`).
+# affinity scheduling (connections counted and their bytes measured on LIO's side with `ss -ti`),
+# and the parameter study's sweeps against LIO and against `iscsi target` in the guest.
 # Every step's output goes to out/<phase>.log; one PASS/FAIL line per check on stdout;
 # out/timings.txt has the seconds per phase. Exit status: the number of failed checks (capped).
 set -u
@@ -165,6 +166,41 @@ for lun in 0 1; do
     SPREAD="4 one"; roundtrip iscsi://$HOST/$IQN/$lun --connections 4 --set Scheduling=lun-affinity; SPREAD=
 done
 echo "mcs-lun-affinity $(elapsed "$t0")" >> out/timings.txt
+
+# The parameter study's sweep (docs/analysis.md) against LIO and, under the same emulation, against
+# `iscsi target` in the guest: 1 MiB reads over MaxRecvDataSegmentLength (eq. 1) and 1 MiB writes
+# over ImmediateData x InitialR2T x bursts (eq. 2). Checks: each sweep finishes with a row per cell
+# and repeat, and the Data-Ins per read counted on the wire are what the MRDSL and LIO's
+# MaxBurstLength (262144) make them. SWEEP_VALUES, SWEEP_BURSTS, SWEEP_TIME and SWEEP_REPEAT (from
+# the job's environment file, if any) make the full study; the defaults keep the job short.
+phase=sweep; t0=$(now)
+[ -f ./sweep.env ] && . ./sweep.env
+SWEEP_VALUES=${SWEEP_VALUES:-8k,64k,256k}
+SWEEP_BURSTS=${SWEEP_BURSTS:-64k,256k}
+SWEEP_TIME=${SWEEP_TIME:-0.5}
+SWEEP_REPEAT=${SWEEP_REPEAT:-1}
+lio --ramdisk --size 256
+RUST_LOG=warn $ISCSI target --listen 127.0.0.1:3261 --lun ram:256M > out/sweep-target.log 2>&1 &
+ours_pid=$!
+sleep 2
+OURS_URL=iscsi://127.0.0.1:3261/iqn.2026-11.rs.iscsi:target0/0
+for peer in lio ours; do
+    url=$URL; [ $peer = ours ] && url=$OURS_URL
+    expect_ok "eq1 sweep ($peer)" $ISCSI sweep "$url" --rw read --bs 1M --qd 1 --time "$SWEEP_TIME" \
+        --repeat "$SWEEP_REPEAT" --key MaxRecvDataSegmentLength="$SWEEP_VALUES" --out "out/sweep-eq1-$peer"
+    expect_ok "eq2 sweep ($peer)" $ISCSI sweep "$url" --rw write --bs 1M --qd 1 --time "$SWEEP_TIME" \
+        --repeat "$SWEEP_REPEAT" --key ImmediateData=Yes,No --key InitialR2T=Yes,No \
+        --key MaxBurstLength,FirstBurstLength="$SWEEP_BURSTS" --out "out/sweep-eq2-$peer"
+done
+kill $ours_pid 2>/dev/null; wait $ours_pid 2>/dev/null
+# Data-Ins per 1 MiB read against LIO: 1 MiB / min(MRDSL, LIO's MaxBurstLength 256 KiB) for each MRDSL.
+csv=out/sweep-eq1-lio/results.csv
+bad=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) { if ($i == "MaxRecvDataSegmentLength") m = i; if ($i == "data_in_per_cmd") d = i }; next }
+    { seg = $m < 262144 ? $m : 262144; if ($d + 0 != 1048576 / seg) print "MRDSL " $m ": " $d " Data-Ins per command" }' "$csv" 2>&1)
+rows=$(($(wc -l < "$csv" 2>/dev/null || echo 1) - 1))
+if [ -z "$bad" ] && [ "$rows" -gt 0 ]; then pass "Data-Ins per read counted on the wire match LIO's MRDSL and MaxBurstLength ($rows rows)"
+else fail "Data-Ins per read against LIO: ${bad:-no rows in $csv}"; fi
+echo "sweep $(elapsed "$t0")" >> out/timings.txt
 
 dmesg | grep -iE 'iscsi|target|CHAP' | tail -50 > out/dmesg.txt
 echo "lio-initiator: $failed failed check(s)"

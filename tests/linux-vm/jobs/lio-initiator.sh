@@ -4,7 +4,9 @@
 # compared; with CRC32C header and data digests required by LIO; one-way and mutual CHAP (a wrong
 # secret, either way, refused with a clear error); MC/S with LIO's MaxConnections=4, under round-robin
 # and LUN-affinity scheduling, the connections used counted on LIO's side (ss -ti). One VM boot; LIO is
-# reconfigured per phase by lio-target.py --clear. Guest side: guest/lio-initiator.sh.
+# reconfigured per phase by lio-target.py --clear. Last, the parameter study's sweeps against LIO
+# and against `iscsi target` in the guest (short by default; LIO_SWEEP_ENV for the full study).
+# Guest side: guest/lio-initiator.sh.
 # Results (every step's output, timings, dmesg) in $LINUX_VM_RESULTS/lio-initiator/ (default
 # <repo>/target/linux-vm-results/lio-initiator/).
 set -euo pipefail
@@ -12,8 +14,15 @@ source "$(dirname "$0")/../lib.sh"
 vm_setup
 results=${LINUX_VM_RESULTS:-$LINUX_VM_REPO/target/linux-vm-results}/lio-initiator
 cp "$ISCSI_BIN" ./iscsi
+# LIO_SWEEP_ENV=FILE: shell assignments (SWEEP_VALUES=..., SWEEP_TIME=...) for the sweep phase, to
+# run the full parameter study of docs/analysis.md instead of the short check.
+extra=()
+if [ -n "${LIO_SWEEP_ENV:-}" ]; then
+    cp "$LIO_SWEEP_ENV" ./sweep.env
+    extra=(./sweep.env)
+fi
 rc=0
-vm_run --timeout 1200 "$LINUX_VM_DIR/guest/lio-initiator.sh" "$LINUX_VM_DIR/lio-target.py" ./iscsi || rc=$?
+vm_run --timeout "${LIO_TIMEOUT:-1200}" "$LINUX_VM_DIR/guest/lio-initiator.sh" "$LINUX_VM_DIR/lio-target.py" ./iscsi "${extra[@]}" || rc=$?
 rm -f ./iscsi
 mkdir -p "$results"
 rm -rf "${results:?}"/*
