@@ -113,6 +113,13 @@ pub struct SessionConfig {
     /// until earlier data is acknowledged (a setting the parameter studies
     /// compare: setting `TcpNoDelay=No`).
     pub tcp_nodelay: bool,
+    /// The largest data segment we send (immediate data, Data-Out), below
+    /// the target's MaxRecvDataSegmentLength: RFC 7143 section 13.12 lets
+    /// a sender use any size up to the receiver's declaration. `None`: the
+    /// target's declaration. open-iscsi calls this MaxXmitDataSegmentLength;
+    /// parameter studies use it to vary Data-Outs per command while the
+    /// target stays as it is (setting `MaxXmitDataSegmentLength`).
+    pub max_xmit_data_segment_length: Option<u32>,
     /// Told of every PDU of the session's connections (and of discovery's),
     /// e.g. a trace writer. Each session also counts its PDUs itself
     /// ([`crate::Session::wire_counts`]).
@@ -183,6 +190,7 @@ impl Default for SessionConfig {
             reconnect_attempts: 5,
             coalescing: Coalescing::default(),
             tcp_nodelay: true,
+            max_xmit_data_segment_length: None,
             tap: None,
         }
     }
@@ -232,7 +240,7 @@ impl SessionConfig {
     /// ...) or one of the initiator's own settings (`InitiatorName`,
     /// `Connections`, `Scheduling`, `CommandTimeout` in seconds,
     /// `CoalesceCommands` and `CoalesceMinInFlight` (see [`Coalescing`]),
-    /// `TcpNoDelay` (Yes or No), ...). Keys starting with `X-` or `X#` are sent as private extensions.
+    /// `TcpNoDelay` (Yes or No), `MaxXmitDataSegmentLength` (bytes), ...). Keys starting with `X-` or `X#` are sent as private extensions.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
         let n = &mut self.negotiation;
         match key {
@@ -276,6 +284,16 @@ impl SessionConfig {
             }
             "CoalesceMinInFlight" => self.coalescing.min_in_flight = parse_number(key, value)?,
             "TcpNoDelay" => self.tcp_nodelay = parse_bool(key, value)?,
+            "MaxXmitDataSegmentLength" => {
+                let length: u32 = parse_number(key, value)?;
+                // The range of MaxRecvDataSegmentLength (section 13.12).
+                if !(512..=16_777_215).contains(&length) {
+                    return Err(Error::Config(format!(
+                        "{key}: {length} is outside 512..16777215"
+                    )));
+                }
+                self.max_xmit_data_segment_length = Some(length);
+            }
             "CHAPUser" => {
                 let chap = self.chap.get_or_insert_with(|| ChapConfig {
                     user: String::new(),
@@ -332,6 +350,9 @@ mod tests {
         config.set("X-com.example.Key", "1").unwrap();
         config.set("TcpNoDelay", "No").unwrap();
         assert!(!config.tcp_nodelay);
+        config.set("MaxXmitDataSegmentLength", "8192").unwrap();
+        assert_eq!(config.max_xmit_data_segment_length, Some(8192));
+        assert!(config.set("MaxXmitDataSegmentLength", "100").is_err());
         assert_eq!(config.negotiation.max_burst_length, 65536);
         assert_eq!(
             config.negotiation.header_digest,

@@ -444,7 +444,10 @@ impl Inner {
     }
 
     fn start(&self, cid: u16, logged_in: crate::login::LoggedIn) -> Arc<Connection> {
-        let limits = Limits::from(&logged_in.complete.parameters);
+        let mut limits = Limits::from(&logged_in.complete.parameters);
+        if let Some(cap) = self.config.max_xmit_data_segment_length {
+            limits.max_send_segment = limits.max_send_segment.min(cap);
+        }
         let exp_stat_sn = logged_in.complete.exp_stat_sn;
         let (receiver, sender) = logged_in.datamover.split();
         Connection::start(

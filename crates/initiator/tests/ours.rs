@@ -369,4 +369,34 @@ async fn wire_counts_are_the_pdus_on_the_wire() {
     assert_eq!((write.r2t, write.data_out), (3, 3), "{write:?}");
     assert_eq!(write.solicited_bytes, 49152);
     session.logout().await.expect("logout");
+
+    // MaxXmitDataSegmentLength caps what we send below the target's 256
+    // KiB: 8 KiB immediate data, then each 16 KiB burst in two Data-Outs.
+    let mut config = SessionConfig::default();
+    for (key, value) in [
+        ("InitialR2T", "Yes"),
+        ("MaxBurstLength", "16384"),
+        ("FirstBurstLength", "16384"),
+        ("MaxXmitDataSegmentLength", "8192"),
+    ] {
+        config.set(key, value).unwrap();
+    }
+    let session = Session::connect(&url, config).await.expect("login");
+    let before = session.wire_counts();
+    session.write(0, 0, BLOCK, &data).await.expect("write");
+    let write = session.wire_counts().since(&before);
+    assert_eq!(write.immediate_bytes, 8192, "{write:?}");
+    // 57344 solicited bytes: bursts of 16 KiB (3.5 of them, 4 R2Ts) in
+    // PDUs of at most 8 KiB.
+    assert_eq!((write.r2t, write.data_out), (4, 7), "{write:?}");
+    let read = session
+        .execute(Command::read(
+            0,
+            &rw10_cdb(false, 0, blocks),
+            vec![0; 65536],
+        ))
+        .await
+        .expect("read");
+    assert_eq!(read.check().expect("status").data, data);
+    session.logout().await.expect("logout");
 }
