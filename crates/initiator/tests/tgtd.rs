@@ -153,3 +153,40 @@ async fn tgtd_digests_and_initial_r2t() {
     assert!(back == data);
     session.logout().await.expect("logout");
 }
+
+/// tgtd offering InitialR2T=No and a FirstBurstLength while we want
+/// InitialR2T=Yes and no immediate data: we answer its FirstBurstLength
+/// with Irrelevant, tgt answers that with Reject, and the login goes on
+/// (the key is irrelevant either way); every byte is solicited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tgtd_offering_what_we_find_irrelevant() {
+    let tgtd = Tgtd::start(TGT_NAME, SIZE);
+    tgtd.set("InitialR2T", "No");
+    tgtd.set("FirstBurstLength", "1048576");
+    tgtd.set("MaxRecvDataSegmentLength", "262144");
+    let url: IscsiUrl = tgtd.url().parse().unwrap();
+    let mut config = SessionConfig::default();
+    for (key, value) in [
+        ("InitialR2T", "Yes"),
+        ("ImmediateData", "No"),
+        ("MaxBurstLength", "65536"),
+        ("FirstBurstLength", "65536"),
+    ] {
+        config.set(key, value).unwrap();
+    }
+    let session = Session::connect(&url, config).await.expect("login");
+    // tgtd reports a unit attention (power on) to the first command.
+    session.test_unit_ready(1).await.expect("TEST UNIT READY");
+    let data = random(256 * 1024);
+    let before = session.wire_counts();
+    session.write(1, 0, 512, &data).await.expect("write");
+    let counts = session.wire_counts().since(&before);
+    assert_eq!(counts.solicited_bytes, data.len() as u64, "{counts:?}");
+    assert_eq!(counts.r2t, 4, "{counts:?}");
+    let back = session
+        .read(1, 0, 512, vec![0; data.len()])
+        .await
+        .expect("read");
+    assert!(back == data, "tgtd returned other data");
+    session.logout().await.expect("logout");
+}

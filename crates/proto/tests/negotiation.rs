@@ -280,6 +280,40 @@ fn protocol_errors() {
         ),
         Err(NegotiationError::DuplicateKey(_))
     ));
+    // A reply to our answer is not a second offer: tgt answers our
+    // FirstBurstLength=Irrelevant with FirstBurstLength=Reject. The outcome
+    // stands; a second real offer is still an error.
+    let mut initiator = Negotiator::new(
+        Role::Initiator,
+        NegotiationConfig {
+            initial_r2t: true,
+            immediate_data: false,
+            ..NegotiationConfig::default()
+        },
+        true,
+    );
+    let offer = [
+        TextPair::new("InitialR2T", "No"),
+        TextPair::new("ImmediateData", "No"),
+        TextPair::new("FirstBurstLength", "1048576"),
+    ];
+    let answers = initiator.receive(&offer, Stage::Operational).unwrap();
+    assert!(
+        answers.contains(&TextPair::new("FirstBurstLength", "Irrelevant")),
+        "{answers:?}"
+    );
+    let echo = [TextPair::new("FirstBurstLength", "Reject")];
+    assert_eq!(
+        initiator.receive(&echo, Stage::Operational).unwrap(),
+        Vec::new()
+    );
+    assert!(matches!(
+        initiator.receive(
+            &[TextPair::new("FirstBurstLength", "65536")],
+            Stage::Operational
+        ),
+        Err(NegotiationError::DuplicateKey(_))
+    ));
     let mut target = target_with(|_| {});
     assert!(matches!(
         target.receive(&[TextPair::new("TargetAlias", "x")], Stage::Operational),

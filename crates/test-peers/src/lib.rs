@@ -197,6 +197,8 @@ pub struct Tgtd {
     peer: Peer,
     name: String,
     lun_file: String,
+    /// tgtd's control port number (`tgtadm -C`).
+    control: String,
 }
 
 impl Tgtd {
@@ -256,7 +258,22 @@ impl Tgtd {
             peer,
             name: name.to_owned(),
             lun_file,
+            control,
         }
+    }
+
+    /// Changes what tgtd offers in later logins (`tgtadm --op update`), e.g.
+    /// `set("InitialR2T", "No")`.
+    pub fn set(&self, key: &str, value: &str) {
+        let status = Command::new("tgtadm")
+            .args(["-C", &self.control, "--lld", "iscsi", "--op", "update"])
+            .args([
+                "--mode", "target", "--tid", "1", "--name", key, "--value", value,
+            ])
+            .stdout(Stdio::null())
+            .status()
+            .expect("tgtadm runs");
+        assert!(status.success(), "tgtadm could not set {key}={value}");
     }
 
     /// The portal port.

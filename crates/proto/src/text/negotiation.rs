@@ -563,6 +563,18 @@ impl Negotiator {
             return Ok(None);
         }
         if state.peer_offered {
+            // A reply to our answer, not a second offer: tgt 1.0.85 answers
+            // our `FirstBurstLength=Irrelevant` (its offer, while InitialR2T=Yes
+            // and ImmediateData=No) with `FirstBurstLength=Reject`. An answer
+            // needs no answer (RFC 7143 section 6.2); the key's outcome stands.
+            if state.outcome.is_some()
+                && matches!(
+                    pair.value.as_str(),
+                    "Reject" | "Irrelevant" | "NotUnderstood"
+                )
+            {
+                return Ok(None);
+            }
             return Err(NegotiationError::DuplicateKey(pair.key.clone()));
         }
         state.peer_offered = true;
