@@ -1,0 +1,459 @@
+//! [`TraceWriter`]: a [`WireTap`] that streams every PDU, command and step
+//! it is told of to a Chrome Trace Event Format file.
+//!
+//! Memory stays bounded however long the trace: each event is formatted
+//! into one reused line buffer and handed to a buffered writer at once;
+//! the only other state is the commands in flight (to close their spans
+//! when their status passes) and the names already given to tracks.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::io::{self, BufWriter, Write};
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Instant;
+
+use iscsi_datamover::tap::{Direction, PduEvent, StepEvent, WireTap};
+use iscsi_proto::pdu::Opcode;
+
+use crate::names::{cdb_name, pdu_name};
+use crate::{
+    COMMAND_LANES, FIRST_LANE_TRACK, RECEIVE_TRACK, SEND_TRACK, STEP_TRACK, TRACKS_PER_CONNECTION,
+};
+
+/// Commands whose spans are held open at once, over all connections. A
+/// command that is never answered (aborted, or its connection dropped)
+/// stays in the table until its tag is reused; this cap keeps a target
+/// that traces for days from growing without end.
+const MAX_PENDING: usize = 1 << 16;
+
+/// The buffered writer's capacity: one system call per this many bytes of
+/// trace (a few thousand events).
+const WRITE_BUFFER: usize = 1 << 20;
+
+/// A command whose span is open: from its SCSI Command PDU to its status.
+#[derive(Clone, Copy, Debug)]
+struct Pending {
+    start: Instant,
+    cdb: u8,
+    read: bool,
+    write: bool,
+    /// The track its span (and its steps) go on.
+    lane: u32,
+}
+
+/// The lanes of one connection: command spans overlap (many commands in
+/// flight), and a timeline shows only properly nested slices on one
+/// track, so each command in flight takes the lowest free lane.
+#[derive(Debug, Default)]
+struct Lanes {
+    busy: Vec<bool>,
+}
+
+impl Lanes {
+    fn take(&mut self) -> u32 {
+        match self.busy.iter().position(|busy| !busy) {
+            Some(free) => {
+                self.busy[free] = true;
+                free as u32
+            }
+            None if self.busy.len() < COMMAND_LANES as usize => {
+                self.busy.push(true);
+                self.busy.len() as u32 - 1
+            }
+            // More in flight than lanes: the last lane is shared (its
+            // slices may overlap on the timeline; the table is unaffected).
+            None => COMMAND_LANES - 1,
+        }
+    }
+
+    fn free(&mut self, lane: u32) {
+        if let Some(busy) = self.busy.get_mut(lane as usize) {
+            *busy = false;
+        }
+    }
+}
+
+/// Everything behind the writer's one lock.
+struct State {
+    /// `None` once finished (later events are ignored) or after a write
+    /// failed.
+    out: Option<Box<dyn Write + Send>>,
+    /// The event being formatted, reused from event to event.
+    line: Vec<u8>,
+    /// Whether an event has been written (for the separating comma).
+    written: bool,
+    /// The first write error, reported by `finish`.
+    error: Option<io::Error>,
+    /// Commands in flight by (connection, ITT).
+    pending: HashMap<(u64, u32), Pending>,
+    /// Statuses seen before their command: an initiator's reading task can
+    /// take in a status before its writer has reported the write that sent
+    /// the command. By (connection, ITT): when the status ended.
+    early: HashMap<(u64, u32), Instant>,
+    lanes: HashMap<u64, Lanes>,
+    /// Tracks that have their `thread_name` metadata event.
+    named: HashSet<u64>,
+    events: u64,
+    /// Commands whose span was lost: never answered before their tag came
+    /// back, or beyond `MAX_PENDING`.
+    spans_lost: u64,
+}
+
+/// A [`WireTap`] writing a Chrome Trace Event Format file (for Perfetto,
+/// `chrome://tracing` and `iscsi trace-report`): one complete event per
+/// PDU, one per SCSI command from its command PDU to its status, one per
+/// [`StepEvent`]. Call [`TraceWriter::finish`] to close the JSON; dropping
+/// the writer unfinished finishes it too, ignoring errors.
+pub struct TraceWriter {
+    /// Time 0 of the trace.
+    origin: Instant,
+    /// The `pid` of every event: this process.
+    pid: u32,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for TraceWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TraceWriter")
+            .field("pid", &self.pid)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TraceWriter {
+    /// Creates (or truncates) `path` and starts a trace there for the
+    /// process named `process` (e.g. "iscsi target").
+    pub fn create(path: &Path, process: &str) -> io::Result<TraceWriter> {
+        let file = File::create(path)?;
+        TraceWriter::new(BufWriter::with_capacity(WRITE_BUFFER, file), process)
+    }
+
+    /// Starts a trace on `out` (which should be buffered) for the process
+    /// named `process`.
+    pub fn new(out: impl Write + Send + 'static, process: &str) -> io::Result<TraceWriter> {
+        let writer = TraceWriter {
+            origin: Instant::now(),
+            pid: std::process::id(),
+            state: Mutex::new(State {
+                out: Some(Box::new(out)),
+                line: Vec::with_capacity(512),
+                written: false,
+                error: None,
+                pending: HashMap::new(),
+                early: HashMap::new(),
+                lanes: HashMap::new(),
+                named: HashSet::new(),
+                events: 0,
+                spans_lost: 0,
+            }),
+        };
+        {
+            let mut state = writer.lock();
+            state.write_raw(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
+            let name = serde_json::to_string(process).map_err(io::Error::other)?;
+            let pid = writer.pid;
+            state.line.clear();
+            let _ = write!(
+                state.line,
+                "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":{name}}}}}"
+            );
+            state.emit();
+            if let Some(error) = state.error.take() {
+                return Err(error);
+            }
+        }
+        Ok(writer)
+    }
+
+    /// Closes the JSON (commands still in flight are counted in
+    /// `otherData`, without spans) and flushes it. Events after this are
+    /// ignored. Returns the first error met while writing.
+    pub fn finish(&self) -> io::Result<()> {
+        let mut state = self.lock();
+        let Some(mut out) = state.out.take() else {
+            return match state.error.take() {
+                Some(error) => Err(error),
+                None => Ok(()),
+            };
+        };
+        let tail = format!(
+            "\n],\"otherData\":{{\"producer\":\"iscsi-rs {}\",\"events\":{},\
+             \"commands_in_flight_at_end\":{},\"command_spans_lost\":{},\
+             \"tracks\":\"tid = connection * {} + track: {} received PDUs, {} sent PDUs, {}-{} commands in flight (one lane each, with their steps), {} steps of unknown commands\"}}}}\n",
+            env!("CARGO_PKG_VERSION"),
+            state.events,
+            state.pending.len(),
+            state.spans_lost,
+            TRACKS_PER_CONNECTION,
+            RECEIVE_TRACK,
+            SEND_TRACK,
+            FIRST_LANE_TRACK,
+            STEP_TRACK - 1,
+            STEP_TRACK,
+        );
+        let result = out.write_all(tail.as_bytes()).and_then(|()| out.flush());
+        state.pending.clear();
+        state.early.clear();
+        match state.error.take() {
+            Some(error) => Err(error),
+            None => result,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while holding the lock leaves at worst a half-written
+        // line: keep tracing rather than poison every connection.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Microseconds since the trace began, as `123.456`.
+    fn timestamp(&self, line: &mut Vec<u8>, at: Instant) {
+        let nanos = at.saturating_duration_since(self.origin).as_nanos();
+        let _ = write!(line, "{}.{:03}", nanos / 1000, nanos % 1000);
+    }
+
+    /// Writes the common head of a complete event, up to `"args":`.
+    fn head(
+        &self,
+        state: &mut State,
+        name: &[&str],
+        category: &str,
+        tid: u64,
+        start: Instant,
+        end: Instant,
+    ) {
+        state.line.clear();
+        state.line.extend_from_slice(b"{\"name\":\"");
+        for part in name {
+            state.line.extend_from_slice(part.as_bytes());
+        }
+        let _ = write!(
+            state.line,
+            "\",\"cat\":\"{category}\",\"ph\":\"X\",\"pid\":{},\"tid\":{tid},\"ts\":",
+            self.pid
+        );
+        self.timestamp(&mut state.line, start);
+        state.line.extend_from_slice(b",\"dur\":");
+        let duration = end.saturating_duration_since(start).as_nanos();
+        let _ = write!(
+            state.line,
+            "{}.{:03},\"args\":",
+            duration / 1000,
+            duration % 1000
+        );
+    }
+
+    /// Gives a track its name the first time it is used.
+    fn name_track(&self, state: &mut State, connection: u64, track: u32) {
+        let tid = tid(connection, track);
+        if !state.named.insert(tid) {
+            return;
+        }
+        let what = match track {
+            RECEIVE_TRACK => "received".to_owned(),
+            SEND_TRACK => "sent".to_owned(),
+            STEP_TRACK => "steps of unknown commands".to_owned(),
+            lane => format!("commands {}", lane - FIRST_LANE_TRACK + 1),
+        };
+        state.line.clear();
+        let _ = write!(
+            state.line,
+            "{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":{},\"tid\":{tid},\"args\":{{\"name\":\"connection {connection} {what}\"}}}},\n\
+             {{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":{},\"tid\":{tid},\"args\":{{\"sort_index\":{tid}}}}}",
+            self.pid, self.pid
+        );
+        state.emit();
+    }
+
+    fn command_span(&self, state: &mut State, connection: u64, itt: u32, p: Pending, end: Instant) {
+        let track = FIRST_LANE_TRACK + p.lane;
+        self.name_track(state, connection, track);
+        let name = cdb_name(p.cdb);
+        self.head(
+            state,
+            &[&name],
+            "command",
+            tid(connection, track),
+            p.start,
+            end,
+        );
+        let _ = write!(
+            state.line,
+            "{{\"itt\":{itt},\"cdb\":\"0x{:02x}\",\"read\":{},\"write\":{}}}}}",
+            p.cdb, p.read, p.write
+        );
+        state.emit();
+        if let Some(lanes) = state.lanes.get_mut(&connection) {
+            lanes.free(p.lane);
+        }
+    }
+
+    /// Opens the span of a command whose SCSI Command PDU has passed.
+    fn command_started(&self, state: &mut State, event: &PduEvent) {
+        let key = (event.connection, event.pdu.itt);
+        let early = state.early.remove(&key);
+        let old = state.pending.remove(&key);
+        if old.is_some() {
+            // Never answered (aborted, or its status lost with its
+            // connection): its tag is in use again.
+            state.spans_lost += 1;
+        } else if early.is_none() && state.pending.len() >= MAX_PENDING {
+            state.spans_lost += 1;
+            return;
+        }
+        let lanes = state.lanes.entry(event.connection).or_default();
+        if let Some(old) = old {
+            lanes.free(old.lane);
+        }
+        let pending = Pending {
+            start: event.start,
+            cdb: event.pdu.cdb_opcode,
+            read: event.pdu.read,
+            write: event.pdu.write,
+            lane: lanes.take(),
+        };
+        match early {
+            Some(end) => self.command_span(state, event.connection, event.pdu.itt, pending, end),
+            None => {
+                state.pending.insert(key, pending);
+            }
+        }
+    }
+
+    /// Closes the span of the command a status PDU ended.
+    fn command_ended(&self, state: &mut State, event: &PduEvent) {
+        let key = (event.connection, event.pdu.itt);
+        match state.pending.remove(&key) {
+            Some(pending) => {
+                self.command_span(state, event.connection, event.pdu.itt, pending, event.end)
+            }
+            None if state.early.len() < MAX_PENDING => {
+                state.early.insert(key, event.end);
+            }
+            None => state.spans_lost += 1,
+        }
+    }
+}
+
+impl State {
+    /// Appends the formatted line to the trace, after a separator.
+    fn emit(&mut self) {
+        let Some(out) = self.out.as_mut() else {
+            return;
+        };
+        let separator: &[u8] = if self.written { b",\n" } else { b"" };
+        let result = out
+            .write_all(separator)
+            .and_then(|()| out.write_all(&self.line));
+        self.written = true;
+        self.events += 1;
+        if let Err(error) = result {
+            self.fail(error);
+        }
+    }
+
+    fn write_raw(&mut self, bytes: &[u8]) {
+        if let Some(out) = self.out.as_mut()
+            && let Err(error) = out.write_all(bytes)
+        {
+            self.fail(error);
+        }
+    }
+
+    /// Stops tracing after a write error: the file cannot be closed as
+    /// valid JSON any more, and `finish` says why.
+    fn fail(&mut self, error: io::Error) {
+        self.out = None;
+        self.error.get_or_insert(error);
+    }
+}
+
+/// The `tid` of a connection's track.
+fn tid(connection: u64, track: u32) -> u64 {
+    connection * TRACKS_PER_CONNECTION + u64::from(track)
+}
+
+impl WireTap for TraceWriter {
+    fn pdu(&self, event: &PduEvent) {
+        let mut state = self.lock();
+        if state.out.is_none() {
+            return;
+        }
+        let pdu = &event.pdu;
+        let (verb, track) = match event.direction {
+            Direction::Sent => ("send ", SEND_TRACK),
+            Direction::Received => ("recv ", RECEIVE_TRACK),
+        };
+        self.name_track(&mut state, event.connection, track);
+        let name = pdu_name(pdu.opcode);
+        self.head(
+            &mut state,
+            &[verb, &name],
+            "pdu",
+            tid(event.connection, track),
+            event.start,
+            event.end,
+        );
+        let _ = write!(
+            state.line,
+            "{{\"itt\":{},\"data_length\":{}",
+            pdu.itt, pdu.data_length
+        );
+        match pdu.opcode {
+            Opcode::ScsiDataOut => {
+                let _ = write!(state.line, ",\"solicited\":{}", pdu.solicited);
+            }
+            Opcode::ScsiDataIn | Opcode::ScsiResponse => {
+                let _ = write!(state.line, ",\"status\":{}", pdu.status);
+            }
+            Opcode::ScsiCommand => {
+                let _ = write!(state.line, ",\"cdb\":\"0x{:02x}\"", pdu.cdb_opcode);
+            }
+            _ => {}
+        }
+        state.line.extend_from_slice(b"}}");
+        state.emit();
+        if pdu.opcode == Opcode::ScsiCommand {
+            self.command_started(&mut state, event);
+        } else if pdu.status {
+            self.command_ended(&mut state, event);
+        }
+    }
+
+    fn step(&self, event: &StepEvent) {
+        let mut state = self.lock();
+        if state.out.is_none() {
+            return;
+        }
+        // A step goes on its command's lane, nested in the command's span,
+        // and is named after the command so the table splits reads from
+        // writes.
+        let key = (event.connection, event.itt);
+        let (track, command) = match state.pending.get(&key) {
+            Some(p) => (FIRST_LANE_TRACK + p.lane, Some(cdb_name(p.cdb))),
+            None => (STEP_TRACK, None),
+        };
+        self.name_track(&mut state, event.connection, track);
+        let (separator, command) = match &command {
+            Some(name) => (" ", name.as_ref()),
+            None => ("", ""),
+        };
+        self.head(
+            &mut state,
+            &[event.name, separator, command],
+            "step",
+            tid(event.connection, track),
+            event.start,
+            event.end,
+        );
+        let _ = write!(state.line, "{{\"itt\":{}}}}}", event.itt);
+        state.emit();
+    }
+}
+
+impl Drop for TraceWriter {
+    fn drop(&mut self) {
+        let _ = self.finish();
+    }
+}
