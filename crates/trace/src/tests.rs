@@ -411,3 +411,76 @@ fn the_report_reads_a_bare_array_and_refuses_what_is_not_a_trace() {
         Err(ReportError::Json(_))
     ));
 }
+
+#[test]
+fn a_trace_of_many_chunks_keeps_every_event_in_order() {
+    let out = Shared::default();
+    let writer = TraceWriter::new(out.clone(), "iscsi bench").unwrap();
+    let t0 = Instant::now();
+    let commands = 20_000u32;
+    for itt in 0..commands {
+        let at = u64::from(itt) * 10;
+        writer.pdu(&event(
+            t0,
+            Direction::Sent,
+            command(itt, 0x28),
+            (at, at + 1),
+        ));
+        writer.pdu(&event(
+            t0,
+            Direction::Received,
+            data_in(itt, 4096, true),
+            (at + 5, at + 6),
+        ));
+    }
+    // Several chunks went out before the finish.
+    assert!(out.bytes().len() > 1 << 20);
+    writer.finish().unwrap();
+    let trace = out.json();
+    let events = complete_events(&trace);
+    let spans = named(&events, "READ(10)");
+    assert_eq!(spans.len(), commands as usize);
+    assert_eq!(named(&events, "recv Data-In").len(), commands as usize);
+    let sent = named(&events, "send SCSI Command");
+    assert!(sent.windows(2).all(|w| ts(w[0]) < ts(w[1])));
+    assert_eq!(
+        trace["otherData"]["events"],
+        3 * u64::from(commands) + 1 + 3,
+        "three per command, the process name and three tracks"
+    );
+}
+
+/// A file system that fills up after `room` bytes.
+struct Full {
+    room: usize,
+}
+
+impl Write for Full {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if bytes.len() > self.room {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::StorageFull,
+                "no space left",
+            ));
+        }
+        self.room -= bytes.len();
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn a_write_error_is_reported_by_finish() {
+    let writer = TraceWriter::new(Full { room: 100_000 }, "iscsi bench").unwrap();
+    let t0 = Instant::now();
+    for itt in 0..20_000 {
+        writer.pdu(&event(t0, Direction::Sent, command(itt, 0x28), (0, 1)));
+    }
+    let error = writer.finish().expect_err("the disk filled up");
+    assert_eq!(error.kind(), std::io::ErrorKind::StorageFull);
+    // Reported once; later calls have nothing more to say.
+    writer.finish().unwrap();
+}

@@ -2,13 +2,16 @@
 //! it is told of to a Chrome Trace Event Format file.
 //!
 //! Memory stays bounded however long the trace: each event is formatted
-//! into one reused line buffer and handed to a buffered writer at once;
-//! the only other state is the commands in flight (to close their spans
-//! when their status passes) and the names already given to tracks.
+//! into one reused line buffer and appended to a chunk of at most
+//! [`CHUNK`] bytes; the only other state is the commands in flight (to
+//! close their spans when their status passes) and the names already
+//! given to tracks. A full chunk is written out by the thread that filled
+//! it *after* releasing the events' lock, so the other connections' tasks
+//! do not wait for a write system call to note their events.
 
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
-use std::io::{self, BufWriter, Write};
+use std::io::{self, Write};
 use std::path::Path;
 use std::sync::{Mutex, MutexGuard};
 use std::time::Instant;
@@ -27,9 +30,8 @@ use crate::{
 /// that traces for days from growing without end.
 const MAX_PENDING: usize = 1 << 16;
 
-/// The buffered writer's capacity: one system call per this many bytes of
-/// trace (a few thousand events).
-const WRITE_BUFFER: usize = 1 << 20;
+/// Bytes of trace written per system call (a few thousand events).
+const CHUNK: usize = 512 << 10;
 
 /// A command whose span is open: from its SCSI Command PDU to its status.
 #[derive(Clone, Copy, Debug)]
@@ -74,17 +76,16 @@ impl Lanes {
     }
 }
 
-/// Everything behind the writer's one lock.
+/// Everything behind the events' lock.
 struct State {
-    /// `None` once finished (later events are ignored) or after a write
-    /// failed.
-    out: Option<Box<dyn Write + Send>>,
+    /// False once finished: later events are ignored.
+    open: bool,
     /// The event being formatted, reused from event to event.
     line: Vec<u8>,
+    /// Events not written yet, up to [`CHUNK`] bytes.
+    chunk: Vec<u8>,
     /// Whether an event has been written (for the separating comma).
     written: bool,
-    /// The first write error, reported by `finish`.
-    error: Option<io::Error>,
     /// Commands in flight by (connection, ITT).
     pending: HashMap<(u64, u32), Pending>,
     /// Statuses seen before their command: an initiator's reading task can
@@ -100,6 +101,30 @@ struct State {
     spans_lost: u64,
 }
 
+/// Where full chunks go, behind a lock of its own (taken while holding the
+/// events' lock, so chunks go out in order, and kept while writing).
+struct Output {
+    /// `None` once finished, or after a write failed.
+    out: Option<Box<dyn Write + Send>>,
+    /// The chunk last written, emptied, to be filled again.
+    spare: Vec<u8>,
+    /// The first write error, reported by `finish`.
+    error: Option<io::Error>,
+}
+
+impl Output {
+    fn write(&mut self, bytes: &[u8]) {
+        if let Some(out) = self.out.as_mut()
+            && let Err(error) = out.write_all(bytes)
+        {
+            // The file cannot be closed as valid JSON any more: stop, and
+            // let `finish` say why.
+            self.out = None;
+            self.error.get_or_insert(error);
+        }
+    }
+}
+
 /// A [`WireTap`] writing a Chrome Trace Event Format file (for Perfetto,
 /// `chrome://tracing` and `iscsi trace-report`): one complete event per
 /// PDU, one per SCSI command from its command PDU to its status, one per
@@ -111,6 +136,7 @@ pub struct TraceWriter {
     /// The `pid` of every event: this process.
     pid: u32,
     state: Mutex<State>,
+    output: Mutex<Output>,
 }
 
 impl std::fmt::Debug for TraceWriter {
@@ -125,21 +151,20 @@ impl TraceWriter {
     /// Creates (or truncates) `path` and starts a trace there for the
     /// process named `process` (e.g. "iscsi target").
     pub fn create(path: &Path, process: &str) -> io::Result<TraceWriter> {
-        let file = File::create(path)?;
-        TraceWriter::new(BufWriter::with_capacity(WRITE_BUFFER, file), process)
+        TraceWriter::new(File::create(path)?, process)
     }
 
-    /// Starts a trace on `out` (which should be buffered) for the process
-    /// named `process`.
+    /// Starts a trace on `out` for the process named `process`. The writer
+    /// buffers: `out` is written a chunk at a time.
     pub fn new(out: impl Write + Send + 'static, process: &str) -> io::Result<TraceWriter> {
         let writer = TraceWriter {
             origin: Instant::now(),
             pid: std::process::id(),
             state: Mutex::new(State {
-                out: Some(Box::new(out)),
+                open: true,
                 line: Vec::with_capacity(512),
+                chunk: Vec::with_capacity(CHUNK + 4096),
                 written: false,
-                error: None,
                 pending: HashMap::new(),
                 early: HashMap::new(),
                 lanes: HashMap::new(),
@@ -147,22 +172,25 @@ impl TraceWriter {
                 events: 0,
                 spans_lost: 0,
             }),
+            output: Mutex::new(Output {
+                out: Some(Box::new(out)),
+                spare: Vec::with_capacity(CHUNK + 4096),
+                error: None,
+            }),
         };
-        {
-            let mut state = writer.lock();
-            state.write_raw(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
-            let name = serde_json::to_string(process).map_err(io::Error::other)?;
-            let pid = writer.pid;
-            state.line.clear();
-            let _ = write!(
-                state.line,
-                "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":{name}}}}}"
-            );
-            state.emit();
-            if let Some(error) = state.error.take() {
-                return Err(error);
-            }
-        }
+        let name = serde_json::to_string(process).map_err(io::Error::other)?;
+        let mut state = writer.lock();
+        state
+            .chunk
+            .extend_from_slice(b"{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
+        let pid = writer.pid;
+        state.line.clear();
+        let _ = write!(
+            state.line,
+            "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":{pid},\"tid\":0,\"args\":{{\"name\":{name}}}}}"
+        );
+        state.emit();
+        drop(state);
         Ok(writer)
     }
 
@@ -171,12 +199,14 @@ impl TraceWriter {
     /// ignored. Returns the first error met while writing.
     pub fn finish(&self) -> io::Result<()> {
         let mut state = self.lock();
-        let Some(mut out) = state.out.take() else {
-            return match state.error.take() {
+        let mut output = self.output.lock().unwrap_or_else(|e| e.into_inner());
+        if !state.open {
+            return match output.error.take() {
                 Some(error) => Err(error),
                 None => Ok(()),
             };
-        };
+        }
+        state.open = false;
         let tail = format!(
             "\n],\"otherData\":{{\"producer\":\"iscsi-rs {}\",\"events\":{},\
              \"commands_in_flight_at_end\":{},\"command_spans_lost\":{},\
@@ -192,13 +222,36 @@ impl TraceWriter {
             STEP_TRACK - 1,
             STEP_TRACK,
         );
-        let result = out.write_all(tail.as_bytes()).and_then(|()| out.flush());
+        state.chunk.extend_from_slice(tail.as_bytes());
+        output.write(&state.chunk);
+        state.chunk = Vec::new();
         state.pending.clear();
         state.early.clear();
-        match state.error.take() {
-            Some(error) => Err(error),
-            None => result,
+        if let Some(mut out) = output.out.take()
+            && let Err(error) = out.flush()
+        {
+            output.error.get_or_insert(error);
         }
+        match output.error.take() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Releases the events' lock, first writing the chunk out if it is
+    /// full: the next chunk is started, and the full one written while
+    /// only the output is locked.
+    fn release(&self, mut state: MutexGuard<'_, State>) {
+        if state.chunk.len() < CHUNK {
+            return;
+        }
+        let mut output = self.output.lock().unwrap_or_else(|e| e.into_inner());
+        let spare = std::mem::take(&mut output.spare);
+        let mut full = std::mem::replace(&mut state.chunk, spare);
+        drop(state);
+        output.write(&full);
+        full.clear();
+        output.spare = full;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -339,35 +392,14 @@ impl TraceWriter {
 }
 
 impl State {
-    /// Appends the formatted line to the trace, after a separator.
+    /// Appends the formatted line to the chunk, after a separator.
     fn emit(&mut self) {
-        let Some(out) = self.out.as_mut() else {
-            return;
-        };
-        let separator: &[u8] = if self.written { b",\n" } else { b"" };
-        let result = out
-            .write_all(separator)
-            .and_then(|()| out.write_all(&self.line));
+        if self.written {
+            self.chunk.extend_from_slice(b",\n");
+        }
+        self.chunk.extend_from_slice(&self.line);
         self.written = true;
         self.events += 1;
-        if let Err(error) = result {
-            self.fail(error);
-        }
-    }
-
-    fn write_raw(&mut self, bytes: &[u8]) {
-        if let Some(out) = self.out.as_mut()
-            && let Err(error) = out.write_all(bytes)
-        {
-            self.fail(error);
-        }
-    }
-
-    /// Stops tracing after a write error: the file cannot be closed as
-    /// valid JSON any more, and `finish` says why.
-    fn fail(&mut self, error: io::Error) {
-        self.out = None;
-        self.error.get_or_insert(error);
     }
 }
 
@@ -431,7 +463,7 @@ fn tid(connection: u64, track: u32) -> u64 {
 impl WireTap for TraceWriter {
     fn pdu(&self, event: &PduEvent) {
         let mut state = self.lock();
-        if state.out.is_none() {
+        if !state.open {
             return;
         }
         let pdu = &event.pdu;
@@ -476,11 +508,12 @@ impl WireTap for TraceWriter {
         } else if pdu.status {
             self.command_ended(&mut state, event);
         }
+        self.release(state);
     }
 
     fn step(&self, event: &StepEvent) {
         let mut state = self.lock();
-        if state.out.is_none() {
+        if !state.open {
             return;
         }
         // A step goes on its command's lane, nested in the command's span,
@@ -508,6 +541,7 @@ impl WireTap for TraceWriter {
         push_u64(&mut state.line, u64::from(event.itt));
         state.line.extend_from_slice(b"}}");
         state.emit();
+        self.release(state);
     }
 }
 
