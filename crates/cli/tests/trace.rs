@@ -4,6 +4,7 @@
 //! `iscsi trace-report` turns them into the table (or refuses what is not
 //! a trace, with a non-zero status).
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::Duration;
@@ -76,6 +77,34 @@ fn complete(trace: &Value) -> Vec<&Value> {
     complete
 }
 
+/// Asserts that on every track (pid, tid) slices nest, never partly
+/// overlap: a timeline draws nothing else (why commands get lanes).
+fn assert_nested(events: &[&Value]) {
+    let mut tracks: HashMap<(u64, u64), Vec<(f64, f64)>> = HashMap::new();
+    for e in events {
+        let (pid, tid) = (e["pid"].as_u64().unwrap(), e["tid"].as_u64().unwrap());
+        let start = e["ts"].as_f64().unwrap();
+        let end = start + e["dur"].as_f64().unwrap();
+        tracks.entry((pid, tid)).or_default().push((start, end));
+    }
+    for (track, mut slices) in tracks {
+        slices.sort_by(|a, b| a.0.total_cmp(&b.0).then(b.1.total_cmp(&a.1)));
+        let mut open: Vec<f64> = Vec::new();
+        for (start, end) in slices {
+            while open.last().is_some_and(|&until| until <= start) {
+                open.pop();
+            }
+            if let Some(&until) = open.last() {
+                assert!(
+                    end <= until,
+                    "track {track:?}: {start}..{end} overlaps a slice ending at {until}"
+                );
+            }
+            open.push(end);
+        }
+    }
+}
+
 fn count(events: &[&Value], test: impl Fn(&Value) -> bool) -> usize {
     events.iter().filter(|e| test(e)).count()
 }
@@ -125,6 +154,7 @@ fn target_and_bench_traces_parse_agree_and_make_a_table() {
     // initiator offers) is one Data-In carrying the status.
     let trace = parse(&bench_trace.0);
     let events = complete(&trace);
+    assert_nested(&events);
     let reads = count(&events, |e| {
         e["name"] == "READ(10)" && e["cat"] == "command"
     });
@@ -160,6 +190,7 @@ fn target_and_bench_traces_parse_agree_and_make_a_table() {
     // The target: the same commands, with their execution nested inside.
     let trace = parse(&target_trace.0);
     let events = complete(&trace);
+    assert_nested(&events);
     let target_reads = count(&events, |e| {
         e["name"] == "READ(10)" && e["cat"] == "command"
     });
