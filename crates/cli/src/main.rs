@@ -54,6 +54,9 @@ enum Command {
     /// Fit the throughput models to a sweep's results.csv again; rewrite
     /// models.json and the plots.
     Model(cmd::model::Args),
+    /// Sum a trace (from --trace) per step: total time, count, average and
+    /// share of the connection time.
+    TraceReport(cmd::trace_report::Args),
 }
 
 fn main() -> ExitCode {
@@ -81,6 +84,12 @@ fn main() -> ExitCode {
         Command::DelayRelay(args) => cmd::relay::run(&args),
         Command::Sweep(args) => cmd::sweep::run(&args),
         Command::Model(args) => cmd::model::run(&args),
+        Command::TraceReport(args) => cmd::trace_report::run(&args),
+    };
+    // An initiator subcommand's --trace is closed however it ended.
+    let result = match (result, cmd::initiator_args::finish_trace()) {
+        (Err(error), _) => Err(error),
+        (Ok(()), finished) => finished,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -116,11 +116,35 @@ pub struct PduEvent {
     pub end: Instant,
 }
 
+/// A step of one task's work that the wire does not show (the target's
+/// SCSI execution, its wait for the connection's writer), timed by the
+/// code that does it and reported through the same tap as the PDUs, so a
+/// trace holds both on one clock.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StepEvent {
+    /// The connection, as numbered by whoever set the tap.
+    pub connection: u64,
+    /// The Initiator Task Tag of the task the step worked for.
+    pub itt: u32,
+    /// What the step was, e.g. `"execute"`.
+    pub name: &'static str,
+    /// When the step began.
+    pub start: Instant,
+    /// When it ended.
+    pub end: Instant,
+}
+
 /// Something told of every PDU on the connections it is set on. Calls come
 /// from the connections' own tasks, concurrently: keep them short.
 pub trait WireTap: Send + Sync + Debug {
     /// One PDU was sent or received.
     fn pdu(&self, event: &PduEvent);
+
+    /// One step of a task's work between its PDUs. Only traces want these;
+    /// counting taps keep the default, which ignores them.
+    fn step(&self, event: &StepEvent) {
+        let _ = event;
+    }
 }
 
 /// A tap on one connection: the shared tap and the number it gives this
@@ -147,6 +171,17 @@ impl Tap {
             end,
         });
     }
+
+    /// Reports one step of the task `itt`'s work on this connection.
+    pub fn step(&self, name: &'static str, itt: u32, start: Instant, end: Instant) {
+        self.tap.step(&StepEvent {
+            connection: self.connection,
+            itt,
+            name,
+            start,
+            end,
+        });
+    }
 }
 
 /// Several taps as one (a session's counter and a user's trace).
@@ -157,6 +192,12 @@ impl WireTap for Tee {
     fn pdu(&self, event: &PduEvent) {
         for tap in &self.0 {
             tap.pdu(event);
+        }
+    }
+
+    fn step(&self, event: &StepEvent) {
+        for tap in &self.0 {
+            tap.step(event);
         }
     }
 }

@@ -46,5 +46,5 @@ pub use session::{SendStatistics, Session};
 pub use url::IscsiUrl;
 
 pub use iscsi_datamover::tap::{
-    Direction, PduEvent, PduSummary, Tap, WireCounter, WireCounts, WireTap,
+    Direction, PduEvent, PduSummary, StepEvent, Tap, WireCounter, WireCounts, WireTap,
 };

@@ -34,6 +34,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
         negotiation: TargetConfig::default_negotiation(),
         command_window: 64,
         nop_in_interval: None,
+        tap: None,
     };
     let server = Server::bind(config).await.unwrap();
     let address = server.local_addrs()[0];

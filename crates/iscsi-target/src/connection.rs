@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
+use iscsi_datamover::tap::Tap;
 use iscsi_datamover::tcp::{StreamReceiver, StreamSender};
 use iscsi_datamover::{BufferPool, DatamoverError, PduReceiver, PduSender};
 use iscsi_proto::error::DecodeError;
@@ -238,6 +239,8 @@ pub(crate) struct Connection {
     text_continuation: Option<(u32, u32, Vec<u8>)>,
     /// The connection's state (RFC 7143 8.1, 8.2): LOGGED_IN when created.
     state: ConnectionStateMachine,
+    /// Told of each command's steps between its PDUs (`--trace`).
+    tap: Option<Tap>,
 }
 
 impl Connection {
@@ -253,6 +256,7 @@ impl Connection {
         stat_sn: StatSn,
         sender: StreamSender<OwnedWriteHalf>,
         state: ConnectionStateMachine,
+        tap: Option<Tap>,
     ) -> Self {
         let writer = Arc::new(Writer {
             state: tokio::sync::Mutex::new(WriterState { sender, stat_sn }),
@@ -272,6 +276,7 @@ impl Connection {
             next_transfer_tag: 1,
             text_continuation: None,
             state,
+            tap,
         }
     }
 
@@ -906,6 +911,7 @@ impl Connection {
         let writer = Arc::clone(&self.writer);
         let session = Arc::clone(&self.session);
         let limits = self.limits;
+        let tap = self.tap.clone();
         tokio::spawn(async move {
             let _guard = guard;
             let response = Response {
@@ -914,6 +920,7 @@ impl Connection {
                 data_in: &[],
                 residual: Residual::NONE,
                 r2ts: 0,
+                tap: tap.as_ref(),
             };
             if let Err(error) = respond(&writer, &session, &task, &limits, response).await {
                 debug!(%error, "response not sent");
@@ -933,11 +940,13 @@ impl Connection {
         r2ts: u32,
     ) {
         task.start();
+        let itt = command.initiator_task_tag;
         let guard = self.in_flight.enter();
         let writer = Arc::clone(&self.writer);
         let session = Arc::clone(&self.session);
         let buffers = Arc::clone(&self.buffers);
         let limits = self.limits;
+        let tap = self.tap.clone();
         tokio::spawn(async move {
             let _guard = guard;
             let data_in = buffers.take();
@@ -947,7 +956,19 @@ impl Connection {
             let run = {
                 let command = command.clone();
                 let session = Arc::clone(&session);
+                let tap = tap.clone();
+                // The steps a trace shows between the command's PDUs: the
+                // hand-off to the blocking pool, then the SCSI execution
+                // (CDB, backstore) itself.
+                let queued = tap.as_ref().map(|_| std::time::Instant::now());
                 let work = move || {
+                    let started = tap.as_ref().map(|tap| {
+                        let now = std::time::Instant::now();
+                        if let (false, Some(queued)) = (inline, queued) {
+                            tap.step("wait for blocking pool", itt, queued, now);
+                        }
+                        now
+                    });
                     let mut data_in = data_in;
                     let (outcome, residual) = run_command(
                         &scsi,
@@ -957,6 +978,9 @@ impl Connection {
                         &data_out,
                         &mut data_in,
                     );
+                    if let (Some(tap), Some(started)) = (&tap, started) {
+                        tap.step("execute", itt, started, std::time::Instant::now());
+                    }
                     (outcome, residual, data_out, data_in)
                 };
                 if inline {
@@ -984,6 +1008,7 @@ impl Connection {
                 data_in: &data_in,
                 residual,
                 r2ts,
+                tap: tap.as_ref(),
             };
             if let Err(error) = respond(&writer, &session, &task, &limits, response).await {
                 debug!(%error, "response not sent");
@@ -1128,6 +1153,8 @@ struct Response<'a> {
     data_in: &'a [u8],
     residual: Residual,
     r2ts: u32,
+    /// Told how long the response waited for the connection's writer.
+    tap: Option<&'a Tap>,
 }
 
 /// Sends a command's Data-In (cut by MaxRecvDataSegmentLength and
@@ -1148,6 +1175,7 @@ async fn respond(
         data_in,
         residual,
         r2ts,
+        tap,
     } = response;
     let sent = if command.read {
         data_in
@@ -1159,7 +1187,14 @@ async fn respond(
     let collapse = outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
     let segments = limits.data_in_segments(sent);
     let count = segments.len();
+    let waiting = tap.map(|_| std::time::Instant::now());
     let mut out = writer.lock().await;
+    if let (Some(tap), Some(waiting)) = (tap, waiting) {
+        // Other commands' Data-In and statuses go first: at a deep queue
+        // this is where a response spends its time.
+        let itt = command.initiator_task_tag;
+        tap.step("wait for writer", itt, waiting, std::time::Instant::now());
+    }
     for (i, segment) in segments.iter().enumerate() {
         let last = i + 1 == count;
         let with_status = last && collapse;

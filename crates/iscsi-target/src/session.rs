@@ -10,9 +10,10 @@
 //! 7143 section 6.3.5).
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
+use iscsi_datamover::tap::Tap;
 use iscsi_datamover::tcp::TcpDatamover;
 use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
 use iscsi_proto::login::chap::ChallengeHistory;
@@ -490,12 +491,26 @@ impl Session {
     }
 }
 
+/// Numbers connections for the tap: unique within the process, so a
+/// trace tells apart connections that came and went.
+fn next_connection_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
 /// Serves one accepted connection to its end.
 pub(crate) async fn serve_connection(
     stream: TcpStream,
     shared: Arc<Shared>,
 ) -> Result<(), DatamoverError> {
     let mut transport = TcpDatamover::new(stream)?;
+    // Tapped from the first login PDU on, like the initiator's connections.
+    let tap = shared
+        .config
+        .tap
+        .as_ref()
+        .map(|tap| Tap::new(Arc::clone(tap), next_connection_number()));
+    transport.set_tap(tap.clone());
     let mut state = ConnectionStateMachine::new(Role::Target);
     record(&mut state, ConnectionEvent::Accepted, "login");
     // The session a leading login creates is ACTIVE while that login runs.
@@ -607,6 +622,7 @@ pub(crate) async fn serve_connection(
         complete.next_stat_sn,
         sender,
         state,
+        tap,
     );
     let (result, ended_by_logout) = connection.run(receiver).await;
     if session.connections.fetch_sub(1, Ordering::AcqRel) == 1 {

@@ -63,6 +63,7 @@ impl Target {
             negotiation: TargetConfig::default_negotiation(),
             command_window: 32,
             nop_in_interval: None,
+            tap: None,
         };
         tune(&mut config);
         let server = Server::bind(config).await.expect("bind");

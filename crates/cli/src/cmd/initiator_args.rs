@@ -1,12 +1,16 @@
 //! What the initiator subcommands share: session options on the command
 //! line (`--set KEY=VALUE` for any negotiation key, digests, connections,
-//! timeouts), sizes like `64K`, and a tokio runtime to run them on.
+//! timeouts, `--trace`), sizes like `64K`, and a tokio runtime to run them
+//! on.
 
 use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+use iscsi_trace::TraceWriter;
 
 /// Session options common to the initiator subcommands.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -27,6 +31,10 @@ pub struct SessionArgs {
     /// The initiator name.
     #[arg(long)]
     pub initiator_name: Option<String>,
+    /// Write a trace of every PDU and SCSI command to FILE (Chrome Trace
+    /// Event Format: Perfetto, chrome://tracing, `iscsi trace-report`).
+    #[arg(long, value_name = "FILE")]
+    pub trace: Option<PathBuf>,
 }
 
 impl SessionArgs {
@@ -49,6 +57,9 @@ impl SessionArgs {
             config.negotiation.max_connections = self.connections;
         }
         config.timeouts.command = Duration::from_secs_f64(self.timeout.max(0.001));
+        if let Some(path) = &self.trace {
+            config.tap = Some(open_trace(path)?);
+        }
         for pair in &self.set {
             let (key, value) = pair
                 .split_once('=')
@@ -57,6 +68,45 @@ impl SessionArgs {
         }
         Ok(config)
     }
+}
+
+/// The trace `--trace` asked for. A subcommand may open several sessions
+/// (`copy` two, `script` one per login) and all go to one file, so it is
+/// opened by the first and closed by [`finish_trace`] when the subcommand
+/// returns, whichever way it returns.
+static TRACE: Mutex<Option<(PathBuf, Arc<TraceWriter>)>> = Mutex::new(None);
+
+/// The process's trace, opened at `path` if it is not open yet.
+fn open_trace(path: &Path) -> anyhow::Result<Arc<TraceWriter>> {
+    let mut slot = TRACE.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some((_, trace)) = slot.as_ref() {
+        return Ok(Arc::clone(trace));
+    }
+    // Named after the subcommand: "iscsi bench", "iscsi copy".
+    let process = match std::env::args().nth(1) {
+        Some(subcommand) => format!("iscsi {subcommand}"),
+        None => "iscsi".to_owned(),
+    };
+    let trace = Arc::new(
+        TraceWriter::create(path, &process)
+            .with_context(|| format!("--trace {}", path.display()))?,
+    );
+    *slot = Some((path.to_owned(), Arc::clone(&trace)));
+    Ok(trace)
+}
+
+/// Closes the JSON of the trace `--trace` opened, if any: once the
+/// subcommand has returned (its sessions logged out or dropped with its
+/// runtime), nothing more is traced.
+pub fn finish_trace() -> anyhow::Result<()> {
+    let taken = TRACE.lock().unwrap_or_else(PoisonError::into_inner).take();
+    if let Some((path, trace)) = taken {
+        trace
+            .finish()
+            .with_context(|| format!("--trace {}", path.display()))?;
+        eprintln!("iscsi: trace written to {}", path.display());
+    }
+    Ok(())
 }
 
 /// Parses an `iscsi://` URL that names a target.

@@ -12,4 +12,5 @@ pub mod relay;
 pub mod script;
 pub mod sweep;
 pub mod target;
+pub mod trace_report;
 pub mod transfer;

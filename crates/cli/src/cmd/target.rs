@@ -4,9 +4,12 @@
 //! 127.0.0.1:3260.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use iscsi_target::{Server, TargetConfig, TargetEntry, open_lun, unique_id};
+use iscsi_trace::TraceWriter;
 
 /// Command-line options of `iscsi target`.
 #[derive(clap::Args, Debug)]
@@ -33,6 +36,11 @@ pub struct Args {
     /// Logical block size of every LUN: 512 or 4096.
     #[arg(long, default_value_t = 512)]
     block_size: u32,
+    /// Write a trace of every PDU, command and SCSI execution to FILE
+    /// (Chrome Trace Event Format: Perfetto, chrome://tracing, `iscsi
+    /// trace-report`); closed when the target stops on SIGINT or SIGTERM.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// The configuration the command-line flags describe.
@@ -64,19 +72,29 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         negotiation: TargetConfig::default_negotiation(),
         command_window: 128,
         nop_in_interval: Some(iscsi_target::DEFAULT_NOP_IN_INTERVAL),
+        tap: None,
     })
 }
 
 /// Runs `iscsi target`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
-    let config = match &args.config {
+    let mut config = match &args.config {
         Some(path) => TargetConfig::from_file(path)
             .with_context(|| format!("configuration {}", path.display()))?,
         None => config_from_flags(args)?,
     };
     let names: Vec<String> = config.targets.iter().map(|t| t.name.clone()).collect();
+    let trace = match &args.trace {
+        Some(path) => {
+            let writer = TraceWriter::create(path, "iscsi target")
+                .with_context(|| format!("--trace {}", path.display()))?;
+            Some(Arc::new(writer))
+        }
+        None => None,
+    };
+    config.tap = trace.clone().map(|t| t as _);
     let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
-    runtime.block_on(async {
+    let served = runtime.block_on(async {
         let server = Server::bind(config).await.context("binding the portals")?;
         for address in server.local_addrs() {
             for target in &names {
@@ -89,7 +107,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .run_until(shutdown_requested())
             .await
             .context("serving")
-    })
+    });
+    // Every connection has ended (or been dropped after the grace
+    // period): nothing more will be traced, so the JSON can be closed.
+    drop(runtime);
+    if let (Some(trace), Some(path)) = (trace, &args.trace) {
+        trace
+            .finish()
+            .with_context(|| format!("--trace {}", path.display()))?;
+        eprintln!("iscsi target: trace written to {}", path.display());
+    }
+    served
 }
 
 /// Completes on Ctrl-C (SIGINT) or SIGTERM, what service managers send:

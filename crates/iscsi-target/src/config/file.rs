@@ -218,6 +218,7 @@ impl TargetConfig {
                 Some(seconds) => Some(std::time::Duration::from_secs(seconds)),
                 None => Some(DEFAULT_NOP_IN_INTERVAL),
             },
+            tap: None,
         })
     }
 }

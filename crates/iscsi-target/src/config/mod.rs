@@ -6,6 +6,7 @@ pub mod file;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use iscsi_datamover::tap::WireTap;
 use iscsi_proto::login::chap::{ChapAlgorithm, Credentials};
 use iscsi_proto::login::target::ChapRequirement;
 use iscsi_proto::text::{Digest, NegotiationConfig, TextPair};
@@ -55,6 +56,10 @@ pub struct TargetConfig {
     /// a NOP-In ping (RFC 7143 11.19) and drops the connection if no
     /// NOP-Out answers within the same time again. `None`: no pings.
     pub nop_in_interval: Option<std::time::Duration>,
+    /// Told of every PDU each connection sends and receives and of the
+    /// steps between them (SCSI execution, the wait for the connection's
+    /// writer): `iscsi target --trace`. `None`: connections are not tapped.
+    pub tap: Option<Arc<dyn WireTap>>,
 }
 
 impl TargetConfig {
