@@ -13,8 +13,17 @@ use std::collections::BTreeMap;
 
 use crate::rows::Results;
 
-/// The key whose values are m (bytes in the CSV).
+/// The key whose values are m (bytes in the CSV) when the sweep names it.
 pub const MRDSL: &str = "MaxRecvDataSegmentLength";
+/// The initiator's cap on the data segments it sends. The seed's m for
+/// writes is the *target's* MaxRecvDataSegmentLength, the size of every
+/// Data-Out; seen from the initiator that is this cap (RFC 7143 13.12 lets
+/// a sender send less than the receiver declares), so a sweep that varies
+/// it varies the seed's m against any target. Preferred over [`MRDSL`]
+/// when both are swept: the initiator's own MRDSL bounds only Data-In.
+pub const MAX_XMIT: &str = "MaxXmitDataSegmentLength";
+/// The keys that give m, in order of preference.
+pub const M_KEYS: [&str; 2] = [MAX_XMIT, MRDSL];
 /// The key whose values are n.
 pub const MAX_OUTSTANDING_R2T: &str = "MaxOutstandingR2T";
 /// How far below the best throughput a choice may be.
@@ -116,9 +125,10 @@ pub struct Eq3Search {
 /// Why eq. 3 cannot be searched in these results.
 pub fn eq3_searches(results: &Results, tolerance: f64) -> Result<Vec<Eq3Search>, String> {
     let position = |name: &str| results.key_names.iter().position(|key| key == name);
-    let (Some(m_at), Some(n_at)) = (position(MRDSL), position(MAX_OUTSTANDING_R2T)) else {
+    let m_at = M_KEYS.iter().find_map(|&key| position(key));
+    let (Some(m_at), Some(n_at)) = (m_at, position(MAX_OUTSTANDING_R2T)) else {
         return Err(format!(
-            "{MRDSL} and {MAX_OUTSTANDING_R2T} are not both swept"
+            "{MAX_XMIT} (or {MRDSL}) and {MAX_OUTSTANDING_R2T} are not both swept"
         ));
     };
     let writes: Vec<_> = results.rows.iter().filter(|row| row.is_write()).collect();

@@ -130,9 +130,10 @@ pub fn analyze(results: &Results) -> Analysis {
         Ok(searches) => {
             for search in &searches {
                 let mut notes = vec![format!(
-                    "n: the smallest {} within {:.0}% of the best throughput at each {}",
+                    "n: the smallest {} within {:.0}% of the best throughput at each m ({} if swept, else {})",
                     eq3::MAX_OUTSTANDING_R2T,
                     eq3::DEFAULT_TOLERANCE * 100.0,
+                    eq3::MAX_XMIT,
                     eq3::MRDSL
                 )];
                 let (terms, coefficients) = match search.constant {
@@ -146,8 +147,8 @@ pub fn analyze(results: &Results) -> Analysis {
                 };
                 analysis.models.push(Model {
                     model: "eq3".into(),
-                    equation: "n * m = c (m = MRDSL in KiB, c = geometric mean of n*m over \
-                               choices not at the edge of the n tried)"
+                    equation: "n * m = c (m = the Data-Out size in KiB, c = geometric mean of \
+                               n*m over choices not at the edge of the n tried)"
                         .into(),
                     terms,
                     coefficients,
@@ -353,5 +354,36 @@ mod tests {
         assert_eq!(model.n, 36);
         let json: serde_json::Value = serde_json::from_str(&analysis.models_json()).unwrap();
         assert_eq!(json[0]["table"][1]["n_times_m"], 32.0);
+    }
+
+    #[test]
+    fn eq3_takes_m_from_the_initiators_data_out_cap_before_its_mrdsl() {
+        // The initiator's MaxRecvDataSegmentLength stays at 1 MiB (it bounds
+        // Data-In only); MaxXmitDataSegmentLength sizes the Data-Outs.
+        let mut rows = Vec::new();
+        for m in [1024u64, 4096, 16384] {
+            for n in [1u64, 2, 4, 8, 16, 32] {
+                let rate = 100.0 * ((n * m) as f64 / 32768.0).min(1.0);
+                rows.push(row(
+                    &["1048576", &m.to_string(), &n.to_string()],
+                    "write",
+                    rate,
+                ));
+            }
+        }
+        let results = Results {
+            key_names: vec![
+                "MaxRecvDataSegmentLength".into(),
+                "MaxXmitDataSegmentLength".into(),
+                "MaxOutstandingR2T".into(),
+            ],
+            rows,
+        };
+        let analysis = analyze(&results);
+        assert_eq!(analysis.eq3.len(), 1);
+        let search = &analysis.eq3[0];
+        assert_eq!(search.table.mrdsl, [1024, 4096, 16384]);
+        let chosen: Vec<u64> = search.choices.iter().map(|c| c.n).collect();
+        assert_eq!(chosen, [32, 8, 2]);
     }
 }

@@ -412,7 +412,7 @@ fn eq2(results: &Results, fit: &Eq2Fit, path: &Path) -> DrawResult {
     Ok(())
 }
 
-/// Eq. 3's table: MRDSL by MaxOutstandingR2T, colour = mean MiB/s, the
+/// Eq. 3's table: m (the Data-Out size) by MaxOutstandingR2T, colour = mean MiB/s, the
 /// chosen n outlined.
 fn heatmap(search: &Eq3Search, path: &Path) -> DrawResult {
     let table = &search.table;
@@ -422,7 +422,7 @@ fn heatmap(search: &Eq3Search, path: &Path) -> DrawResult {
     let root = BitMapBackend::new(path, (1000, 700)).into_drawing_area();
     root.fill(&WHITE)?;
     let caption = format!(
-        "eq. 3: write MiB/s by MRDSL and MaxOutstandingR2T; outlined: chosen n{}",
+        "eq. 3: write MiB/s by m (Data-Out size) and MaxOutstandingR2T; outlined: chosen n{}",
         search
             .constant
             .map_or(String::new(), |c| format!(" (n·m ≈ {c:.1} KiB)"))
@@ -442,7 +442,7 @@ fn heatmap(search: &Eq3Search, path: &Path) -> DrawResult {
         .configure_mesh()
         .disable_mesh()
         .x_desc("MaxOutstandingR2T")
-        .y_desc("MaxRecvDataSegmentLength")
+        .y_desc("m: Data-Out size")
         .x_labels(n_values.len())
         .y_labels(m_values.len())
         .x_label_formatter(&|v| match v {
