@@ -8,10 +8,11 @@
 //! command counts; then natively under `perf record` for the kernel's
 //! share; then `iscsi pdu-cost analyze` reads every file back, splits each
 //! profile into categories (`category.rs`), takes the differences
-//! (`table.rs`) and writes the table, CSV and JSON.
+//! (`table.rs`) and writes the table, CSV, JSON and chart (`chart.rs`).
 
 pub mod callgrind;
 pub mod category;
+pub mod chart;
 pub mod perf;
 pub mod table;
 pub mod workload;
@@ -38,7 +39,7 @@ enum Mode {
     /// commands; prints a JSON record of the PDUs they took.
     Workload(workload::Args),
     /// Read a directory of runs (as scripts/pdu-cost leaves it) and print
-    /// the table; optionally write CSV and JSON.
+    /// the table; optionally write CSV, JSON and a PNG chart.
     Analyze(AnalyzeArgs),
     /// The functions that carry most of each category in one callgrind
     /// profile: how to check what the rules in `category.rs` decided.
@@ -66,6 +67,9 @@ pub struct AnalyzeArgs {
     /// Write the rows as JSON here.
     #[arg(long)]
     json: Option<PathBuf>,
+    /// Draw the stacked bar chart into this PNG.
+    #[arg(long)]
+    chart: Option<PathBuf>,
 }
 
 /// Runs `iscsi pdu-cost`.
@@ -246,6 +250,12 @@ fn analyze(args: &AnalyzeArgs) -> anyhow::Result<()> {
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&rows)? + "\n")
             .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.chart {
+        let title = "Where a PDU's instructions go: iscsi-rs target and initiator (callgrind)";
+        if !chart::draw(&rows, path, title)? {
+            eprintln!("iscsi pdu-cost: no TrueType font found; the chart has no text");
+        }
     }
     Ok(())
 }
