@@ -83,7 +83,7 @@ pub fn draw(rows: &[Row], path: &Path, title: &str) -> anyhow::Result<bool> {
     let root = BitMapBackend::new(path, (width, height)).into_drawing_area();
     let fail = |e: DrawingAreaErrorKind<_>| anyhow!("drawing {}: {e}", path.display());
     root.fill(&WHITE).map_err(fail)?;
-    let (left, right, top, bottom) = (70i32, 190i32, 60i32, 110i32);
+    let (left, right, top, bottom) = (70i32, 190i32, 80i32, 110i32);
     let plot_w = width as i32 - left - right;
     let plot_h = height as i32 - top - bottom;
     let y_of = |share: f64| top + plot_h - (share * plot_h as f64).round() as i32;
@@ -137,7 +137,7 @@ pub fn draw(rows: &[Row], path: &Path, title: &str) -> anyhow::Result<bool> {
             .map_err(fail)?;
         root.draw(&Text::new(
             "instructions per PDU (callgrind) above each bar",
-            (left, 34),
+            (left, 36),
             ("sans-serif", 13),
         ))
         .map_err(fail)?;
