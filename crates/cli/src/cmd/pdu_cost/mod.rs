@@ -142,7 +142,7 @@ fn collect_cases(dir: &Path) -> anyhow::Result<BTreeMap<CaseKey, CaseRuns>> {
         let runs = cases
             .entry((record.rw.clone(), record.bs, record.digests))
             .or_default();
-        if with_suffix(&stem, ".initiator.perf.txt").exists() {
+        if with_suffix(&stem, ".perf.txt").exists() {
             runs.perf.push((record, stem));
         } else {
             runs.callgrind.push((record, stem));
@@ -187,10 +187,19 @@ fn kernel_times(side: &str, runs: &[(Record, PathBuf)]) -> anyhow::Result<Option
     }
     let (mut kernel, mut copy, mut user) = (Vec::new(), Vec::new(), Vec::new());
     for (record, stem) in runs {
-        let report_path = with_suffix(stem, &format!(".{side}.perf.txt"));
+        let report_path = with_suffix(stem, ".perf.txt");
         let report = std::fs::read_to_string(&report_path)
             .with_context(|| format!("reading {}", report_path.display()))?;
-        let time = perf::parse_report(&report)?;
+        let threads = perf::parse_report(&report)?;
+        let tids = if side == "initiator" {
+            record.tids.clone()
+        } else {
+            let path = with_suffix(stem, ".target.tids");
+            let text = std::fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            perf::parse_tids(&text)?
+        };
+        let time = perf::process_time(&threads, &tids);
         if time.kernel_ns + time.user_ns == 0.0 {
             bail!("no samples of the {side} in {}", report_path.display());
         }

@@ -65,8 +65,11 @@ pub struct Record {
     pub data_out: u64,
     /// Wall-clock seconds of the loop.
     pub seconds: f64,
-    /// This process's ID (to find it in a `perf` profile).
+    /// This process's ID.
     pub pid: u32,
+    /// Its threads at the end of the loop (a `perf` report is by thread).
+    #[serde(default)]
+    pub tids: Vec<u32>,
 }
 
 /// Runs `iscsi pdu-cost workload`.
@@ -141,6 +144,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             data_out: wire.data_out,
             seconds,
             pid: std::process::id(),
+            tids: own_threads(),
         })
     })?;
     let text = serde_json::to_string(&record)?;
@@ -150,6 +154,22 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         None => println!("{text}"),
     }
     Ok(())
+}
+
+/// This process's thread IDs (`/proc/self/task`); just the main thread
+/// where /proc cannot be read.
+fn own_threads() -> Vec<u32> {
+    let mut tids: Vec<u32> = std::fs::read_dir("/proc/self/task")
+        .map(|dir| {
+            dir.filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default();
+    if tids.is_empty() {
+        tids.push(std::process::id());
+    }
+    tids.sort_unstable();
+    tids
 }
 
 /// Sends `command` to perf's control FIFO and waits for its `ack`, so
