@@ -27,6 +27,10 @@ enum Command {
     /// Measure the per-PDU cost of receiving a Data-In: header decode and
     /// digest, and a whole 8 KiB PDU landed with both digests.
     PduBench(cmd::pdu_bench::Args),
+    /// Split the instructions per PDU of our target and initiator into
+    /// header, digest, copy, syscall, SCSI, backstore and other (see
+    /// scripts/pdu-cost).
+    PduCost(cmd::pdu_cost::Args),
     /// List the targets a portal serves (SendTargets discovery).
     Discover(cmd::discover::DiscoverArgs),
     /// List a target's LUNs with size, type, vendor and product.
@@ -72,6 +76,7 @@ fn main() -> ExitCode {
         Command::Target(args) => cmd::target::run(&args),
         Command::CrcBench(args) => cmd::crc_bench::run(&args),
         Command::PduBench(args) => cmd::pdu_bench::run(&args),
+        Command::PduCost(args) => cmd::pdu_cost::run(&args),
         Command::Discover(args) => cmd::discover::run_discover(&args),
         Command::Ls(args) => cmd::discover::run_ls(&args),
         Command::Inquiry(args) => cmd::inspect::run_inquiry(&args),

@@ -8,6 +8,7 @@ pub mod inspect;
 pub mod measure;
 pub mod model;
 pub mod pdu_bench;
+pub mod pdu_cost;
 pub mod relay;
 pub mod script;
 pub mod sweep;
