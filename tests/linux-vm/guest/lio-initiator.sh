@@ -171,12 +171,13 @@ echo "mcs-lun-affinity $(elapsed "$t0")" >> out/timings.txt
 # `iscsi target` in the guest: 1 MiB reads over MaxRecvDataSegmentLength (eq. 1) and 1 MiB writes
 # over ImmediateData x InitialR2T x bursts (eq. 2). Checks: each sweep finishes with a row per cell
 # and repeat, and the Data-Ins per read counted on the wire are what the MRDSL and LIO's
-# MaxBurstLength (262144) make them. SWEEP_VALUES, SWEEP_BURSTS, SWEEP_TIME and SWEEP_REPEAT (from
+# MaxBurstLength (262144) make them. SWEEP_VALUES, SWEEP_BURSTS, SWEEP_XMIT, SWEEP_TIME, SWEEP_REPEAT (from
 # the job's environment file, if any) make the full study; the defaults keep the job short.
 phase=sweep; t0=$(now)
 [ -f ./sweep.env ] && . ./sweep.env
 SWEEP_VALUES=${SWEEP_VALUES:-8k,64k,256k}
 SWEEP_BURSTS=${SWEEP_BURSTS:-64k,256k}
+SWEEP_XMIT=${SWEEP_XMIT:-16k,64k}
 SWEEP_TIME=${SWEEP_TIME:-0.5}
 SWEEP_REPEAT=${SWEEP_REPEAT:-1}
 lio --ramdisk --size 256
@@ -190,7 +191,8 @@ for peer in lio ours; do
         --repeat "$SWEEP_REPEAT" --key MaxRecvDataSegmentLength="$SWEEP_VALUES" --out "out/sweep-eq1-$peer"
     expect_ok "eq2 sweep ($peer)" $ISCSI sweep "$url" --rw write --bs 1M --qd 1 --time "$SWEEP_TIME" \
         --repeat "$SWEEP_REPEAT" --key ImmediateData=Yes,No --key InitialR2T=Yes,No \
-        --key MaxBurstLength,FirstBurstLength="$SWEEP_BURSTS" --out "out/sweep-eq2-$peer"
+        --key MaxBurstLength,FirstBurstLength="$SWEEP_BURSTS" --key MaxXmitDataSegmentLength="$SWEEP_XMIT" \
+        --out "out/sweep-eq2-$peer"
 done
 kill $ours_pid 2>/dev/null; wait $ours_pid 2>/dev/null
 # Data-Ins per 1 MiB read against LIO: 1 MiB / min(MRDSL, LIO's MaxBurstLength 256 KiB) for each MRDSL.
