@@ -7,9 +7,11 @@
 //! to be positive.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
+use common::{iscsi, succeeds};
 use iscsi_test_peers::{Tgtd, free_port};
+
+mod common;
 
 const OUR_NAME: &str = "iqn.2026-11.rs.iscsi:sweep-test";
 const TGT_NAME: &str = "iqn.2026-11.test:sweep-tgt";
@@ -19,39 +21,7 @@ const FIXED: &str = "rw,bs,qd,repeat,mib_per_s,iops,p50_us,p99_us,cpu_us_per_io,
                      unsolicited_bytes,solicited_bytes,ms_per_mb";
 
 fn our_target() -> (iscsi_test_peers::Peer, String) {
-    let port = free_port();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-    command
-        .args([
-            "target",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--name",
-            OUR_NAME,
-            "--lun",
-            "ram:64M",
-        ])
-        .env("RUST_LOG", "warn");
-    let peer = iscsi_test_peers::Peer::spawn(command, port);
-    (peer, format!("iscsi://127.0.0.1:{port}/{OUR_NAME}/0"))
-}
-
-fn iscsi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iscsi"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("iscsi runs")
-}
-
-fn succeeds(args: &[&str]) -> String {
-    let output = iscsi(args);
-    assert!(
-        output.status.success(),
-        "iscsi {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
+    common::our_target(OUR_NAME, &[])
 }
 
 fn out_dir(tag: &str) -> PathBuf {

@@ -6,33 +6,17 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::time::Duration;
 
+use common::{iscsi, succeeds};
 use iscsi_test_peers::free_port;
 use serde_json::Value;
+
+mod common;
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:trace-test";
 /// The read size, and its one Data-In's length.
 const MIB: u64 = 1 << 20;
-
-fn iscsi(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_iscsi"))
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("iscsi runs")
-}
-
-fn succeeds(args: &[&str]) -> String {
-    let output = iscsi(args);
-    assert!(
-        output.status.success(),
-        "iscsi {args:?} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).expect("UTF-8 output")
-}
 
 /// A file in the temporary directory, removed when dropped.
 struct TempFile(PathBuf);
@@ -113,23 +97,7 @@ fn count(events: &[&Value], test: impl Fn(&Value) -> bool) -> usize {
 fn target_and_bench_traces_parse_agree_and_make_a_table() {
     let target_trace = TempFile::new("target.json");
     let bench_trace = TempFile::new("bench.json");
-    let port = free_port();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-    command
-        .args([
-            "target",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--name",
-            NAME,
-            "--lun",
-            "ram:64M",
-            "--trace",
-            target_trace.path(),
-        ])
-        .env("RUST_LOG", "warn");
-    let mut target = iscsi_test_peers::Peer::spawn(command, port);
-    let url = format!("iscsi://127.0.0.1:{port}/{NAME}/0");
+    let (mut target, url) = common::our_target(NAME, &["--trace", target_trace.path()]);
     succeeds(&[
         "bench",
         &url,
