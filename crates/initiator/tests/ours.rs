@@ -6,7 +6,9 @@
 use std::sync::Arc;
 
 use iscsi_initiator::scsi::rw10_cdb;
-use iscsi_initiator::{Command, IscsiUrl, Residual, Scheduling, Session, SessionConfig};
+use iscsi_initiator::{
+    Command, IscsiUrl, Residual, Scheduling, Session, SessionConfig, WireCounts,
+};
 use iscsi_scsi::{Backstore, RamBackstore};
 use iscsi_target::{Server, TargetConfig, TargetEntry};
 use rand::RngCore;
@@ -305,6 +307,22 @@ async fn pooled_reads_return_only_the_data_sent() {
     session.logout().await.expect("logout");
 }
 
+/// A session to `url` with `keys` set on the default configuration.
+async fn connect_with(url: &IscsiUrl, keys: &[(&str, &str)]) -> Session {
+    let mut config = SessionConfig::default();
+    for (key, value) in keys {
+        config.set(key, value).unwrap();
+    }
+    Session::connect(url, config).await.expect("login")
+}
+
+/// What went over the wire while `data` was written to LUN 0 from LBA 0.
+async fn counted_write(session: &Session, data: &[u8]) -> WireCounts {
+    let before = session.wire_counts();
+    session.write(0, 0, BLOCK, data).await.expect("write");
+    session.wire_counts().since(&before)
+}
+
 /// The session's wire counts are what went over the wire, PDU by PDU: a
 /// 64 KiB read at MaxRecvDataSegmentLength 8192 comes as 8 Data-Ins; a
 /// 64 KiB write with InitialR2T=Yes, ImmediateData=No and 16 KiB bursts
@@ -317,20 +335,18 @@ async fn wire_counts_are_the_pdus_on_the_wire() {
     let data = random(64 * 1024);
     let blocks = (data.len() / BLOCK as usize) as u16;
 
-    let mut config = SessionConfig::default();
-    for (key, value) in [
-        ("MaxRecvDataSegmentLength", "8192"),
-        ("InitialR2T", "Yes"),
-        ("ImmediateData", "No"),
-        ("MaxBurstLength", "16384"),
-        ("FirstBurstLength", "16384"),
-    ] {
-        config.set(key, value).unwrap();
-    }
-    let session = Session::connect(&url, config).await.expect("login");
-    let before = session.wire_counts();
-    session.write(0, 0, BLOCK, &data).await.expect("write");
-    let write = session.wire_counts().since(&before);
+    let session = connect_with(
+        &url,
+        &[
+            ("MaxRecvDataSegmentLength", "8192"),
+            ("InitialR2T", "Yes"),
+            ("ImmediateData", "No"),
+            ("MaxBurstLength", "16384"),
+            ("FirstBurstLength", "16384"),
+        ],
+    )
+    .await;
+    let write = counted_write(&session, &data).await;
     assert_eq!(write.scsi_commands, 1);
     assert_eq!((write.r2t, write.data_out), (4, 4), "{write:?}");
     assert_eq!(write.solicited_bytes, 65536);
@@ -352,20 +368,18 @@ async fn wire_counts_are_the_pdus_on_the_wire() {
     assert_eq!(read.data_out + read.r2t, 0);
     session.logout().await.expect("logout");
 
-    let mut config = SessionConfig::default();
-    for (key, value) in [
-        ("InitialR2T", "Yes"),
-        ("ImmediateData", "Yes"),
-        ("MaxBurstLength", "16384"),
-        ("FirstBurstLength", "16384"),
-        ("TcpNoDelay", "No"),
-    ] {
-        config.set(key, value).unwrap();
-    }
-    let session = Session::connect(&url, config).await.expect("login");
-    let before = session.wire_counts();
-    session.write(0, 0, BLOCK, &data).await.expect("write");
-    let write = session.wire_counts().since(&before);
+    let session = connect_with(
+        &url,
+        &[
+            ("InitialR2T", "Yes"),
+            ("ImmediateData", "Yes"),
+            ("MaxBurstLength", "16384"),
+            ("FirstBurstLength", "16384"),
+            ("TcpNoDelay", "No"),
+        ],
+    )
+    .await;
+    let write = counted_write(&session, &data).await;
     assert_eq!(write.immediate_bytes, 16384, "{write:?}");
     assert_eq!((write.r2t, write.data_out), (3, 3), "{write:?}");
     assert_eq!(write.solicited_bytes, 49152);
@@ -373,19 +387,17 @@ async fn wire_counts_are_the_pdus_on_the_wire() {
 
     // MaxXmitDataSegmentLength caps what we send below the target's 256
     // KiB: 8 KiB immediate data, then each 16 KiB burst in two Data-Outs.
-    let mut config = SessionConfig::default();
-    for (key, value) in [
-        ("InitialR2T", "Yes"),
-        ("MaxBurstLength", "16384"),
-        ("FirstBurstLength", "16384"),
-        ("MaxXmitDataSegmentLength", "8192"),
-    ] {
-        config.set(key, value).unwrap();
-    }
-    let session = Session::connect(&url, config).await.expect("login");
-    let before = session.wire_counts();
-    session.write(0, 0, BLOCK, &data).await.expect("write");
-    let write = session.wire_counts().since(&before);
+    let session = connect_with(
+        &url,
+        &[
+            ("InitialR2T", "Yes"),
+            ("MaxBurstLength", "16384"),
+            ("FirstBurstLength", "16384"),
+            ("MaxXmitDataSegmentLength", "8192"),
+        ],
+    )
+    .await;
+    let write = counted_write(&session, &data).await;
     assert_eq!(write.immediate_bytes, 8192, "{write:?}");
     // 57344 solicited bytes: bursts of 16 KiB (3.5 of them, 4 R2Ts) in
     // PDUs of at most 8 KiB.
