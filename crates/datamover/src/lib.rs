@@ -25,13 +25,18 @@
 //! | `lib.rs` | the primitive traits and [`DatamoverError`] |
 //! | `buffers.rs` | [`BufferPool`]: data buffers reused from command to command, LIFO, by both sides |
 //! | [`tap`] | [`tap::WireTap`]: told of every PDU sent and received (counters for parameter studies, traces) |
+//! | [`iser`] | the iSER datamover (RFC 7145) over the verbs of `iscsi-iwarp`: control PDUs in RDMA Sends, Data-In as RDMA Writes, R2T/Data-Out as RDMA Reads |
+//! | `transport.rs` | [`Datamover`], [`Receiver`], [`Sender`]: one connection's datamover, TCP or iSER, behind the same primitives |
 //! | [`tcp`] | the TCP datamover (RFC 7143 framing over a byte stream): streaming receive into caller buffers with the data digest computed per chunk while hot, vectored sends with no copy of the data segment |
 
 mod buffers;
+pub mod iser;
 pub mod tap;
 pub mod tcp;
+mod transport;
 
 pub use buffers::BufferPool;
+pub use transport::{Datamover, Receiver, Sender};
 
 use std::future::Future;
 
@@ -61,6 +66,32 @@ pub enum DatamoverError {
     /// Our own PDU could not be encoded (a bug, reported rather than hidden).
     #[error("encode: {0}")]
     Encode(String),
+    /// The RDMA stream under iSER failed, or the peer broke an iSER rule
+    /// (a message that holds no PDU, a task with no advertised buffer).
+    #[error("iSER: {0}")]
+    Transport(String),
+}
+
+/// Decodes the BHS and AHS at the front of `bytes` (a PDU already
+/// delimited by its transport, e.g. an iSER message): the header, checked
+/// against `config` as the streaming decoder checks it, and its length.
+pub(crate) fn decode_header(
+    bytes: &[u8],
+    config: iscsi_proto::pdu::decoder::DecoderConfig,
+) -> Result<(Header, usize), DatamoverError> {
+    use iscsi_proto::pdu::decoder::{Decoder, Event};
+    let mut decoder = Decoder::new(config);
+    let mut pos = 0;
+    loop {
+        let progress = decoder.feed(bytes.get(pos..).unwrap_or_default())?;
+        pos += progress.consumed;
+        match progress.event {
+            Some(Event::Header(header)) => return Ok((header, pos)),
+            Some(_) => return Err(DatamoverError::Misuse("header expected")),
+            None if progress.consumed > 0 => continue,
+            None => return Err(DatamoverError::Truncated),
+        }
+    }
 }
 
 /// A received PDU: its header and its whole data segment.

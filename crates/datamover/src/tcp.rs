@@ -302,6 +302,32 @@ impl PduBatch {
         &self.bytes
     }
 
+    /// Each PDU of the batch again: its header and its data segment (for
+    /// a transport that sends PDUs one message each, such as iSER).
+    pub fn pdus(&self) -> Result<Vec<(Header, &[u8])>, DatamoverError> {
+        let config = DecoderConfig {
+            max_recv_data_segment_length: u32::MAX,
+            digests: self.digests,
+            ..DecoderConfig::default()
+        };
+        let mut pdus = Vec::with_capacity(self.pdus);
+        let mut rest = &self.bytes[..];
+        while !rest.is_empty() {
+            let (header, header_len) = crate::decode_header(rest, config)?;
+            let data_len = header.data_segment_length as usize;
+            let padding = data_len.wrapping_neg() & 3;
+            let digest = if self.digests.data && data_len > 0 { 4 } else { 0 };
+            let data = rest
+                .get(header_len..header_len + data_len)
+                .ok_or(DatamoverError::Truncated)?;
+            rest = rest
+                .get(header_len + data_len + padding + digest..)
+                .ok_or(DatamoverError::Truncated)?;
+            pdus.push((header, data));
+        }
+        Ok(pdus)
+    }
+
     /// Moves every PDU of `other` to the end of this batch, leaving
     /// `other` empty (without a copy when this batch is empty).
     pub fn append(&mut self, other: &mut PduBatch) {

@@ -113,6 +113,10 @@ pub struct SessionConfig {
     /// until earlier data is acknowledged (a setting the parameter studies
     /// compare: setting `TcpNoDelay=No`).
     pub tcp_nodelay: bool,
+    /// Over iSER: ask for the MPA CRC32C on every FPDU (`true`, the
+    /// default; used if either side asks). Setting `MpaCrc=No` leaves the
+    /// choice to the target.
+    pub iser_crc: bool,
     /// The largest data segment we send (immediate data, Data-Out), below
     /// the target's MaxRecvDataSegmentLength: RFC 7143 section 13.12 lets
     /// a sender use any size up to the receiver's declaration. `None`: the
@@ -190,6 +194,7 @@ impl Default for SessionConfig {
             reconnect_attempts: 5,
             coalescing: Coalescing::default(),
             tcp_nodelay: true,
+            iser_crc: true,
             max_xmit_data_segment_length: None,
             tap: None,
         }
@@ -284,6 +289,7 @@ impl SessionConfig {
             }
             "CoalesceMinInFlight" => self.coalescing.min_in_flight = parse_number(key, value)?,
             "TcpNoDelay" => self.tcp_nodelay = parse_bool(key, value)?,
+            "MpaCrc" => self.iser_crc = parse_bool(key, value)?,
             "MaxXmitDataSegmentLength" => {
                 let length: u32 = parse_number(key, value)?;
                 // The range of MaxRecvDataSegmentLength (section 13.12).

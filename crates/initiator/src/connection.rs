@@ -40,8 +40,9 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use iscsi_datamover::tcp::{PduBatch, StreamReceiver, StreamSender};
-use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
+use iscsi_datamover::iser::DataDescriptors;
+use iscsi_datamover::tcp::PduBatch;
+use iscsi_datamover::{DatamoverError, PduReceiver, PduSender, Receiver, Sender};
 use iscsi_proto::pdu::{
     AsyncEvent, DataIn, Header, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer, ScsiResponse,
     ServiceResponse,
@@ -52,7 +53,6 @@ use iscsi_proto::state::{
     Machine,
 };
 use iscsi_proto::transfer::Limits;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, mpsc};
 
 use crate::buffers::ReadBuffers;
@@ -300,7 +300,7 @@ impl SendCounters {
 /// The write side of a connection, behind the write lock.
 #[derive(Debug)]
 struct Wire {
-    sender: StreamSender<OwnedWriteHalf>,
+    sender: Sender,
     /// The PDUs being written (taken from the outbox); empty between
     /// writes.
     writing: PduBatch,
@@ -360,6 +360,9 @@ pub(crate) struct Connection {
     finished: AtomicBool,
     /// The connection's state (RFC 7143 8.1, 8.2).
     lifecycle: Mutex<ConnectionStateMachine>,
+    /// Where a write's data is described before its command, for a
+    /// transport that fetches it (iSER); a no-op over TCP.
+    pub(crate) descriptors: DataDescriptors,
 }
 
 /// Applies `event` to a section 8 state machine and traces the RFC's
@@ -484,8 +487,9 @@ impl Connection {
         cid: u16,
         limits: Limits,
         exp_stat_sn: StatSn,
-        receiver: StreamReceiver<OwnedReadHalf>,
-        sender: StreamSender<OwnedWriteHalf>,
+        receiver: Receiver,
+        sender: Sender,
+        descriptors: DataDescriptors,
         shared: SessionShared,
         lifecycle: ConnectionStateMachine,
     ) -> Arc<Connection> {
@@ -522,6 +526,7 @@ impl Connection {
             closing: AtomicBool::new(false),
             finished: AtomicBool::new(false),
             lifecycle: Mutex::new(lifecycle),
+            descriptors,
         });
         tokio::spawn(run_reader(connection.clone(), receiver));
         tokio::spawn(run_writer(connection.clone()));
@@ -615,6 +620,7 @@ impl Connection {
     /// Forgets a task (completed elsewhere, timed out or abandoned); its
     /// read buffer, if the reader is not landing data in it right now.
     pub(crate) fn unregister(&self, itt: u32) -> Option<Vec<u8>> {
+        self.descriptors.forget(itt);
         self.end_task(itt)
             .and_then(|t| t.read.and_then(|r| r.buffer))
     }
@@ -776,7 +782,7 @@ impl Connection {
         &self,
         data_in: DataIn,
         length: u32,
-        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        receiver: &mut Receiver,
     ) -> Result<(), Error> {
         self.window.update(data_in.exp_cmd_sn, data_in.max_cmd_sn);
         let itt = data_in.initiator_task_tag;
@@ -1032,7 +1038,7 @@ fn residual(overflow: bool, underflow: bool, count: u32) -> Result<Residual, Err
     }
 }
 
-async fn run_reader(connection: Arc<Connection>, mut receiver: StreamReceiver<OwnedReadHalf>) {
+async fn run_reader(connection: Arc<Connection>, mut receiver: Receiver) {
     let result = tokio::select! {
         result = read_loop(&connection, &mut receiver) => result,
         () = connection.closed() => Ok(()),
@@ -1096,7 +1102,7 @@ async fn write_loop(connection: &Connection) -> Result<(), DatamoverError> {
 
 async fn read_loop(
     connection: &Arc<Connection>,
-    receiver: &mut StreamReceiver<OwnedReadHalf>,
+    receiver: &mut Receiver,
 ) -> Result<(), Error> {
     loop {
         let Some(header) = receiver.receive_header().await? else {

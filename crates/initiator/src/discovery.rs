@@ -5,8 +5,7 @@
 //! Text Request with the response's Target Transfer Tag asks for the rest
 //! (section 11.10.2, 11.11.2). Then it logs out.
 
-use iscsi_datamover::tcp::TcpDatamover;
-use iscsi_datamover::{PduReceiver, PduSender};
+use iscsi_datamover::{Datamover, PduReceiver, PduSender};
 use iscsi_proto::pdu::login::Isid;
 use iscsi_proto::pdu::{Header, LogoutReason, LogoutRequest, Lun, Pdu, RESERVED_TAG, TextRequest};
 use iscsi_proto::serial::{CmdSn, StatSn};
@@ -73,9 +72,27 @@ pub fn parse_send_targets(text: &[u8]) -> Result<Vec<DiscoveredTarget>, Error> {
     Ok(targets)
 }
 
-/// Asks the portal `host:port` which targets it serves.
+/// Asks the portal `host:port` which targets it serves (iSCSI over TCP).
 pub async fn discover(
     portal: &str,
+    config: &SessionConfig,
+) -> Result<Vec<DiscoveredTarget>, Error> {
+    discover_on(portal, false, config).await
+}
+
+/// Asks the portal of `url` which targets it serves, over the URL's
+/// transport (`iscsi://` or `iser://`); the URL's target and LUN, if any,
+/// are not used.
+pub async fn discover_url(
+    url: &crate::url::IscsiUrl,
+    config: &SessionConfig,
+) -> Result<Vec<DiscoveredTarget>, Error> {
+    discover_on(&url.portal(), url.iser, config).await
+}
+
+async fn discover_on(
+    portal: &str,
+    iser: bool,
     config: &SessionConfig,
 ) -> Result<Vec<DiscoveredTarget>, Error> {
     let logged_in = login(
@@ -89,6 +106,7 @@ pub async fn discover(
             cmd_sn: CmdSn::new(1),
             initiator_task_tag: 0,
             tap: config.tap.clone(),
+            iser,
         },
     )
     .await?;
@@ -125,7 +143,7 @@ pub async fn discover(
 }
 
 async fn send_targets(
-    datamover: &mut TcpDatamover,
+    datamover: &mut Datamover,
     cmd_sn: &mut CmdSn,
     exp_stat_sn: &mut StatSn,
 ) -> Result<Vec<u8>, Error> {

@@ -39,7 +39,7 @@ pub mod url;
 
 pub use command::{Command, DataTransfer, Residual, Response, Sense};
 pub use config::{ChapConfig, Coalescing, Scheduling, SessionConfig, Timeouts};
-pub use discovery::{DiscoveredTarget, discover};
+pub use discovery::{DiscoveredTarget, discover, discover_url};
 pub use error::Error;
 pub use scsi::{Capacity, InquiryData};
 pub use session::{SendStatistics, Session};

@@ -1,6 +1,6 @@
 //! One connection's TCP connect and login phase (RFC 7143 section 6.3 and
 //! 11.12-11.13): drives `iscsi_proto::login::initiator::InitiatorLogin`
-//! over a fresh [`TcpDatamover`], follows redirections (status class 1,
+//! over a fresh datamover (TCP, or iSER over iWARP for `iser://`), follows redirections (status class 1,
 //! section 11.13.5), and switches the datamover to the negotiated digests
 //! and segment length on success (RFC 5047 `Enable_Datamover`).
 
@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use iscsi_datamover::tap::{Tap, WireTap};
-use iscsi_datamover::tcp::TcpDatamover;
-use iscsi_datamover::{PduReceiver, PduSender};
+use iscsi_datamover::iser::{CmHeader, IserConfig, IserDatamover, IserRole};
+use iscsi_datamover::{Datamover, PduReceiver, PduSender};
 use iscsi_proto::login::chap::ChallengeHistory;
 use iscsi_proto::login::initiator::{
     InitiatorLogin, InitiatorLoginComplete, InitiatorLoginConfig, InitiatorLoginError,
@@ -32,7 +32,7 @@ const MAX_REDIRECTS: usize = 4;
 /// A logged-in connection.
 pub(crate) struct LoggedIn {
     /// The datamover, switched to full feature phase settings.
-    pub datamover: TcpDatamover,
+    pub datamover: Datamover,
     /// What the login settled.
     pub complete: InitiatorLoginComplete,
     /// The connection's state machine (RFC 7143 8.1), now LOGGED_IN.
@@ -57,6 +57,53 @@ pub(crate) struct LoginRequestParams<'a> {
     pub initiator_task_tag: u32,
     /// Told of the connection's PDUs, from the first Login Request on.
     pub tap: Option<Arc<dyn WireTap>>,
+    /// iSER (RFC 7145) over iWARP instead of iSCSI over TCP.
+    pub iser: bool,
+}
+
+/// The InitiatorRecvDataSegmentLength this initiator declares over iSER:
+/// what a target's Send may carry (sense data, text, NOP-In data); every
+/// receive buffer holds this much.
+const ISER_RECV_DATA_SEGMENT_LENGTH: u32 = 8192;
+
+/// Receive buffers an iSER connection keeps posted: the responses of every
+/// command the target's window may admit, plus NOP-In and asynchronous
+/// messages. A Send with no receive posted ends the RDMA stream.
+const ISER_RECEIVES: usize = 512;
+
+/// RDMA Read Requests the target may have outstanding against this
+/// initiator's buffers (our IRD; the target's ORD is at most this).
+const ISER_IRD: u16 = 128;
+
+/// Makes the RDMA stream of an iSER connection (RFC 7145 with the Linux
+/// ordering: MPA first, its private data carrying the iSER CM header; the
+/// login then runs over RDMA Sends).
+async fn iser_connect(stream: TcpStream, config: &SessionConfig) -> Result<Datamover, Error> {
+    let iser = IserConfig {
+        recv_data_segment_length: ISER_RECV_DATA_SEGMENT_LENGTH,
+        receives: ISER_RECEIVES,
+        send_with_invalidate: true,
+        send_queue: 1024,
+    };
+    let params = iscsi_iwarp::ConnectParams {
+        private_data: CmHeader::ours(true).emit().to_vec(),
+        ird: ISER_IRD,
+        ord: 0,
+        crc: config.iser_crc,
+        caps: iscsi_iwarp::QpCaps {
+            max_send_wr: iser.send_queue,
+            max_recv_wr: iser.receives,
+        },
+        timeout: config.timeouts.login,
+    };
+    let qp = iscsi_iwarp::connect(stream, params, iser.initial_receives())
+        .await
+        .map_err(|e| Error::Datamover(iscsi_datamover::DatamoverError::Transport(e.to_string())))?;
+    Ok(Datamover::iser(IserDatamover::new(
+        qp,
+        IserRole::Initiator,
+        iser,
+    )))
 }
 
 /// Numbers connections for taps: unique within the process, so a trace of
@@ -169,12 +216,16 @@ async fn negotiate(
     params: &LoginRequestParams<'_>,
     portal: &str,
     stream: TcpStream,
-) -> Result<(TcpDatamover, InitiatorLoginComplete), Error> {
+) -> Result<(Datamover, InitiatorLoginComplete), Error> {
     let connect_error = |source| Error::Connect {
         address: portal.to_owned(),
         source,
     };
-    let mut datamover = TcpDatamover::new(stream).map_err(connect_error)?;
+    let mut datamover = if params.iser {
+        iser_connect(stream, config).await?
+    } else {
+        Datamover::tcp(stream).map_err(connect_error)?
+    };
     datamover
         .set_nodelay(config.tcp_nodelay)
         .map_err(connect_error)?;
@@ -185,6 +236,18 @@ async fn negotiate(
             .map(|tap| Tap::new(tap, next_connection_number())),
     );
     let mut negotiation = config.negotiation.clone();
+    if params.iser {
+        // RFC 7145 section 6: iSER-assisted mode, no digests (the MPA CRC
+        // covers every FPDU), and the receive buffers' size declared.
+        negotiation.rdma_extensions = true;
+        negotiation.header_digest = vec![Digest::None];
+        negotiation.data_digest = vec![Digest::None];
+        negotiation.max_recv_data_segment_length = ISER_RECV_DATA_SEGMENT_LENGTH;
+        negotiation.declarations.push(TextPair::new(
+            "InitiatorRecvDataSegmentLength",
+            ISER_RECV_DATA_SEGMENT_LENGTH.to_string(),
+        ));
+    }
     if let Some(alias) = &config.initiator_alias {
         negotiation
             .declarations
@@ -229,6 +292,11 @@ async fn negotiate(
             }
             InitiatorStep::Complete(complete) => {
                 let p = &complete.parameters;
+                if params.iser && !p.rdma_extensions {
+                    return Err(Error::Protocol(
+                        "the target answered RDMAExtensions=No on an iSER connection".into(),
+                    ));
+                }
                 let digests = Digests {
                     header: p.header_digest == Digest::Crc32c,
                     data: p.data_digest == Digest::Crc32c,

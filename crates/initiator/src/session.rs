@@ -60,6 +60,8 @@ pub struct Session {
 struct Inner {
     config: SessionConfig,
     portal: String,
+    /// The session's connections are iSER ones (an `iser://` URL).
+    iser: bool,
     target_name: String,
     isid: Isid,
     tsih: AtomicU16,
@@ -145,6 +147,7 @@ impl Session {
             wire,
             tap,
             portal: url.portal(),
+            iser: url.iser,
             target_name,
             isid,
             tsih: AtomicU16::new(0),
@@ -397,6 +400,7 @@ impl Inner {
                 cmd_sn: self.window.current(),
                 initiator_task_tag: self.itt(),
                 tap: Some(self.tap.clone()),
+                iser: self.iser,
             },
         )
         .await?;
@@ -421,6 +425,7 @@ impl Inner {
                     cmd_sn: self.window.current(),
                     initiator_task_tag: self.itt(),
                     tap: Some(self.tap.clone()),
+                    iser: self.iser,
                 },
             )
             .await;
@@ -449,6 +454,7 @@ impl Inner {
             limits.max_send_segment = limits.max_send_segment.min(cap);
         }
         let exp_stat_sn = logged_in.complete.exp_stat_sn;
+        let descriptors = logged_in.datamover.descriptors();
         let (receiver, sender) = logged_in.datamover.split();
         Connection::start(
             cid,
@@ -456,6 +462,7 @@ impl Inner {
             exp_stat_sn,
             receiver,
             sender,
+            descriptors,
             SessionShared {
                 window: self.window.clone(),
                 buffers: self.read_buffers.clone(),
@@ -850,6 +857,13 @@ impl Attempt<'_> {
         let immediate = &data[..plan.immediate as usize];
         let header = |cmd_sn: CmdSn| self.command_header(reads, plan, cmd_sn);
         let unsolicited = (plan.immediate + plan.unsolicited) as usize;
+        if self.write_data.is_some()
+            && unsolicited < self.expected_length as usize
+            && connection.descriptors.wanted()
+        {
+            // The target will fetch the rest itself (iSER: RDMA Read).
+            connection.descriptors.data_out(self.itt, data);
+        }
         if unsolicited <= POSTED_DATA_LIMIT {
             while connection
                 .post_command(self.itt, immediate, header)?

@@ -1,4 +1,5 @@
 //! The libiscsi URL form, `iscsi://[user[%secret]@]host[:port]/target-iqn/lun`
+//! (`iser://` for iSER over iWARP, as libiscsi spells it)
 //! (also understood by QEMU): the portal (IPv6 addresses in brackets, port
 //! 3260 by default, RFC 7143 section 13.8), the target name, the LUN and
 //! optional one-way CHAP credentials. `iscsi://host[:port]` alone (or with
@@ -27,6 +28,9 @@ pub struct IscsiUrl {
     pub user: Option<String>,
     /// CHAP secret, if given.
     pub secret: Option<String>,
+    /// `iser://`: iSCSI Extensions for RDMA (RFC 7145) over iWARP instead
+    /// of iSCSI over TCP.
+    pub iser: bool,
 }
 
 impl IscsiUrl {
@@ -87,9 +91,11 @@ impl FromStr for IscsiUrl {
             url: text.to_owned(),
             reason,
         };
-        let rest = text
-            .strip_prefix("iscsi://")
-            .ok_or_else(|| bad("must start with iscsi://"))?;
+        let (rest, iser) = match (text.strip_prefix("iscsi://"), text.strip_prefix("iser://")) {
+            (Some(rest), _) => (rest, false),
+            (None, Some(rest)) => (rest, true),
+            (None, None) => return Err(bad("must start with iscsi:// or iser://")),
+        };
         let (authority, path) = rest.split_once('/').unwrap_or((rest, ""));
         let (credentials, portal) = match authority.rsplit_once('@') {
             Some((credentials, portal)) => (Some(credentials), portal),
@@ -129,6 +135,7 @@ impl FromStr for IscsiUrl {
             return Err(bad("LUN above 16383"));
         }
         Ok(IscsiUrl {
+            iser,
             host,
             port,
             target,
@@ -142,7 +149,7 @@ impl FromStr for IscsiUrl {
 impl fmt::Display for IscsiUrl {
     /// The URL, with the secret masked.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "iscsi://")?;
+        write!(f, "{}", if self.iser { "iser://" } else { "iscsi://" })?;
         if let Some(user) = &self.user {
             write!(f, "{user}")?;
             if self.secret.is_some() {
@@ -161,6 +168,17 @@ impl fmt::Display for IscsiUrl {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iser_urls() {
+        let url: IscsiUrl = "iser://10.0.0.1:3262/iqn.2026-11.x:t/1".parse().unwrap();
+        assert!(url.iser);
+        assert_eq!((url.port, url.lun), (3262, 1));
+        assert_eq!(url.to_string(), "iser://10.0.0.1:3262/iqn.2026-11.x:t/1");
+        let tcp: IscsiUrl = "iscsi://10.0.0.1/iqn.2026-11.x:t/1".parse().unwrap();
+        assert!(!tcp.iser);
+        assert!("rdma://h/t/0".parse::<IscsiUrl>().is_err());
+    }
 
     #[test]
     fn full_form() {

@@ -31,6 +31,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
     tune(&mut entry);
     let config = TargetConfig {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
+        iser: Vec::new(),
         targets: vec![entry],
         portal_group_tag: 1,
         negotiation: TargetConfig::default_negotiation(),

@@ -26,8 +26,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use iscsi_datamover::tap::Tap;
-use iscsi_datamover::tcp::{StreamReceiver, StreamSender};
-use iscsi_datamover::{BufferPool, DatamoverError, PduReceiver, PduSender};
+use iscsi_datamover::{BufferPool, DatamoverError, PduReceiver, PduSender, Receiver, Sender};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
     AsyncEvent, AsyncMessage, DataIn, DataOut, Header, LogoutReason, LogoutRequest, LogoutResponse,
@@ -41,7 +40,6 @@ use iscsi_proto::text::codec::{self, TextPair};
 use iscsi_proto::text::{Negotiator, Role, SessionType, Stage};
 use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, Nexus, ScsiTarget, TargetReset};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -83,7 +81,7 @@ pub(crate) struct Writer {
 
 /// The sender and this connection's StatSN, under the writer's lock.
 pub(crate) struct WriterState {
-    sender: StreamSender<OwnedWriteHalf>,
+    sender: Sender,
     stat_sn: StatSn,
 }
 
@@ -254,7 +252,7 @@ impl Connection {
         limits: Limits,
         local: SocketAddr,
         stat_sn: StatSn,
-        sender: StreamSender<OwnedWriteHalf>,
+        sender: Sender,
         state: ConnectionStateMachine,
         tap: Option<Tap>,
     ) -> Self {
@@ -290,7 +288,7 @@ impl Connection {
     /// whether the connection ended by a successful logout (T13).
     pub async fn run(
         mut self,
-        mut receiver: StreamReceiver<OwnedReadHalf>,
+        mut receiver: Receiver,
     ) -> (Result<(), DatamoverError>, bool) {
         let mut shutdown = self.shared.shutdown.clone();
         let mut closing = self.session.closing();
@@ -414,7 +412,7 @@ impl Connection {
 
     async fn dispatch(
         &mut self,
-        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        receiver: &mut Receiver,
         header: Header,
     ) -> Result<Flow, DatamoverError> {
         match header.pdu.clone() {
@@ -466,7 +464,7 @@ impl Connection {
     /// digest error with a Reject (RFC 7143 7.8).
     async fn data_or_reject(
         &mut self,
-        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        receiver: &mut Receiver,
         header: &Header,
     ) -> Result<Option<Vec<u8>>, DatamoverError> {
         match receiver.receive_data().await {
@@ -651,7 +649,7 @@ impl Connection {
     /// A SCSI Command PDU (RFC 7143 11.3).
     async fn scsi_command(
         &mut self,
-        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        receiver: &mut Receiver,
         header: &Header,
         command: ScsiCommand,
     ) -> Result<(), DatamoverError> {
@@ -788,7 +786,7 @@ impl Connection {
     /// and unsolicited window, then received straight into place.
     async fn data_out(
         &mut self,
-        receiver: &mut StreamReceiver<OwnedReadHalf>,
+        receiver: &mut Receiver,
         header: &Header,
         data_out: DataOut,
     ) -> Result<(), DatamoverError> {

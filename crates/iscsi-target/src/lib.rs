@@ -3,7 +3,9 @@
 //! (`iscsi-scsi`).
 //!
 //! - [`config`]: targets, LUNs, portals, CHAP, negotiation defaults.
-//! - [`server`]: listeners, one task per connection, shutdown.
+//! - [`server`]: listeners (TCP and iSER portals), one task per connection, shutdown.
+//! - `iser`: the RDMA stream of an iSER portal's connection (MPA with the
+//!   iSER CM header) and what login negotiates on it (RFC 7145 section 6).
 //! - `policy`: the login decisions the protocol core asks for (which target,
 //!   which session).
 //! - `session`: the full feature phase of one connection: SCSI commands,
@@ -16,6 +18,7 @@
 
 pub mod config;
 mod connection;
+mod iser;
 mod policy;
 pub mod server;
 mod session;

@@ -13,6 +13,8 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
 
+use iscsi_datamover::{Datamover, DatamoverError};
+
 use crate::config::TargetConfig;
 use crate::policy::Policy;
 use crate::session::{Registry, Shared, serve_connection};
@@ -20,6 +22,7 @@ use crate::session::{Registry, Shared, serve_connection};
 /// A target bound to its portals, ready to serve.
 pub struct Server {
     listeners: Vec<TcpListener>,
+    iser_listeners: Vec<TcpListener>,
     shared: Arc<Shared>,
     shutdown: watch::Sender<bool>,
 }
@@ -30,6 +33,10 @@ impl Server {
         let mut listeners = Vec::new();
         for address in &config.listen {
             listeners.push(TcpListener::bind(address).await?);
+        }
+        let mut iser_listeners = Vec::new();
+        for address in &config.iser {
+            iser_listeners.push(TcpListener::bind(address).await?);
         }
         let scsi: Vec<(String, Arc<ScsiTarget>)> = config
             .targets
@@ -77,12 +84,23 @@ impl Server {
         });
         Ok(Server {
             listeners,
+            iser_listeners,
             shared,
             shutdown,
         })
     }
 
-    /// The addresses actually bound (port 0 becomes a real port).
+    /// The addresses the iSER portals are bound to (port 0 becomes a
+    /// real port).
+    pub fn iser_addrs(&self) -> Vec<SocketAddr> {
+        self.iser_listeners
+            .iter()
+            .filter_map(|l| l.local_addr().ok())
+            .collect()
+    }
+
+    /// The addresses the TCP portals are bound to (port 0 becomes a real
+    /// port).
     pub fn local_addrs(&self) -> Vec<SocketAddr> {
         self.listeners
             .iter()
@@ -99,7 +117,11 @@ impl Server {
         let mut accepts = JoinSet::new();
         for listener in self.listeners {
             let shared = Arc::clone(&self.shared);
-            accepts.spawn(accept_loop(listener, shared));
+            accepts.spawn(accept_loop(listener, shared, Portal::Tcp));
+        }
+        for listener in self.iser_listeners {
+            let shared = Arc::clone(&self.shared);
+            accepts.spawn(accept_loop(listener, shared, Portal::Iser));
         }
         shutdown.await;
         info!("shutting down: asking initiators to log out");
@@ -109,8 +131,17 @@ impl Server {
     }
 }
 
+/// What a portal speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Portal {
+    /// iSCSI over TCP (RFC 7143).
+    Tcp,
+    /// iSER over iWARP (RFC 7145).
+    Iser,
+}
+
 /// Accepts connections on one portal, a task each.
-async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, portal: Portal) {
     let mut connections = JoinSet::new();
     let mut shutdown = shared.shutdown.clone();
     loop {
@@ -120,7 +151,15 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
                 Ok((stream, peer)) => {
                     let shared = Arc::clone(&shared);
                     connections.spawn(async move {
-                        if let Err(error) = serve_connection(stream, shared).await {
+                        let transport = match portal {
+                            Portal::Tcp => Datamover::tcp(stream).map_err(DatamoverError::from),
+                            Portal::Iser => crate::iser::accept(stream, &shared).await,
+                        };
+                        let served = match transport {
+                            Ok(transport) => serve_connection(transport, shared).await,
+                            Err(error) => Err(error),
+                        };
+                        if let Err(error) = served {
                             warn!(%peer, %error, "connection ended");
                         }
                     });

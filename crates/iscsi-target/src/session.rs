@@ -14,8 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use iscsi_datamover::tap::Tap;
-use iscsi_datamover::tcp::TcpDatamover;
-use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
+use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender};
 use iscsi_proto::login::chap::ChallengeHistory;
 use iscsi_proto::login::target::{LoginComplete, LoginOutcome, TargetLogin};
 use iscsi_proto::pdu::{Digests, Header, LoginRequest, Pdu};
@@ -27,7 +26,6 @@ use iscsi_proto::state::{
 use iscsi_proto::text::{Digest, NegotiatedParameters, SessionType};
 use iscsi_proto::transfer::Limits;
 use iscsi_scsi::{Nexus, ScsiTarget};
-use tokio::net::TcpStream;
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
@@ -500,10 +498,9 @@ fn next_connection_number() -> u64 {
 
 /// Serves one accepted connection to its end.
 pub(crate) async fn serve_connection(
-    stream: TcpStream,
+    mut transport: Datamover,
     shared: Arc<Shared>,
 ) -> Result<(), DatamoverError> {
-    let mut transport = TcpDatamover::new(stream)?;
     // Tapped from the first login PDU on, like the initiator's connections.
     let tap = shared
         .config
@@ -553,6 +550,11 @@ pub(crate) async fn serve_connection(
         }
     };
     let params = complete.parameters.clone();
+    if transport.rdma_capable() && !params.rdma_extensions {
+        // RFC 7145 5.1: an iSER connection is iSER-assisted or nothing.
+        info!(peer = %transport.peer_addr(), "RDMAExtensions=No on an iSER portal: connection closed");
+        return Ok(());
+    }
     let digests = Digests {
         header: params.header_digest == Digest::Crc32c,
         data: params.data_digest == Digest::Crc32c,
@@ -651,11 +653,15 @@ pub(crate) async fn serve_connection(
 /// starts from, or `None` if the login failed (the response was sent) or
 /// the initiator went away.
 async fn login(
-    transport: &mut TcpDatamover,
+    transport: &mut Datamover,
     shared: &Shared,
     state: &mut ConnectionStateMachine,
     leading: &mut Option<SessionStateMachine>,
 ) -> Result<Option<(Box<LoginComplete>, CmdSn)>, DatamoverError> {
+    let policy = crate::iser::ConnectionPolicy {
+        inner: &shared.policy,
+        iser: transport.rdma_capable(),
+    };
     let challenge: Vec<u8> = (0..32).map(|_| rand::random::<u8>()).collect();
     let mut login = TargetLogin::new(
         StatSn::new(rand::random()),
@@ -684,7 +690,7 @@ async fn login(
         }
         let (step, cmd_sn) = match &incoming.header.pdu {
             Pdu::LoginRequest(request) => (
-                login.receive(&shared.policy, request, &incoming.data),
+                login.receive(&policy, request, &incoming.data),
                 request.cmd_sn,
             ),
             _ => (

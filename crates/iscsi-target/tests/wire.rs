@@ -52,6 +52,7 @@ impl Target {
         let lun = Arc::new(RamBackstore::new(16 << 20, BLOCK as u32, 7).expect("a RAM LUN"));
         let mut config = TargetConfig {
             listen: vec!["127.0.0.1:0".parse().unwrap()],
+            iser: Vec::new(),
             targets: vec![TargetEntry {
                 name: TARGET.to_owned(),
                 alias: None,

@@ -3,14 +3,15 @@
 
 use anyhow::Context;
 use iscsi_initiator::url::{format_portal, parse_portal};
-use iscsi_initiator::{IscsiUrl, discover};
+use iscsi_initiator::{IscsiUrl, discover_url};
 
 use super::initiator_args::{SessionArgs, block_on, connect};
 
 /// Options of `iscsi discover`.
 #[derive(clap::Args, Debug)]
 pub struct DiscoverArgs {
-    /// The portal: HOST[:PORT], [IPv6][:PORT] or an iscsi:// URL.
+    /// The portal: HOST[:PORT], [IPv6][:PORT], or an iscsi:// or iser://
+    /// URL (iser:// discovers over iSER).
     portal: String,
     #[command(flatten)]
     session: SessionArgs,
@@ -18,15 +19,16 @@ pub struct DiscoverArgs {
 
 /// Prints each target and its portals.
 pub fn run_discover(args: &DiscoverArgs) -> anyhow::Result<()> {
-    let portal = if args.portal.starts_with("iscsi://") {
-        args.portal.parse::<IscsiUrl>()?.portal()
+    let url = if args.portal.contains("://") {
+        args.portal.parse::<IscsiUrl>()?
     } else {
         let (host, port) = parse_portal(&args.portal).context("bad portal: want HOST[:PORT]")?;
-        format_portal(&host, port)
+        format!("iscsi://{}", format_portal(&host, port)).parse::<IscsiUrl>()?
     };
+    let portal = url.portal();
     let config = args.session.config()?;
     let targets = block_on(async {
-        discover(&portal, &config)
+        discover_url(&url, &config)
             .await
             .with_context(|| format!("discovery at {portal}"))
     })?;

@@ -17,6 +17,10 @@ pub struct Args {
     /// A portal to listen on (repeatable).
     #[arg(long = "listen", default_values_t = ["127.0.0.1:3260".parse::<SocketAddr>().expect("valid default")])]
     listen: Vec<SocketAddr>,
+    /// An iSER portal (iSCSI Extensions for RDMA over iWARP, RFC 7145)
+    /// beside the TCP portals (repeatable); it needs a port of its own.
+    #[arg(long = "iser", value_name = "ADDR:PORT")]
+    iser: Vec<SocketAddr>,
     /// The target's iSCSI name.
     #[arg(long, default_value = "iqn.2026-11.rs.iscsi:target0")]
     name: String,
@@ -28,7 +32,7 @@ pub struct Args {
     /// A TOML configuration file (targets, portals, LUNs, CHAP, ACLs,
     /// negotiation); replaces the other options. See the `config::file`
     /// module of the iscsi-target crate for the format.
-    #[arg(long, conflicts_with_all = ["listen", "name", "luns", "chap", "block_size"])]
+    #[arg(long, conflicts_with_all = ["listen", "iser", "name", "luns", "chap", "block_size"])]
     config: Option<std::path::PathBuf>,
     /// Require one-way CHAP with this `USER:SECRET`.
     #[arg(long)]
@@ -65,8 +69,12 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         let (user, secret) = chap.split_once(':').context("--chap wants USER:SECRET")?;
         target.require_chap(user, secret);
     }
+    if let Some(both) = args.listen.iter().find(|a| args.iser.contains(a)) {
+        bail!("{both} is both a TCP (--listen) and an iSER (--iser) portal: iWARP needs a port of its own");
+    }
     Ok(TargetConfig {
         listen: args.listen.clone(),
+        iser: args.iser.clone(),
         targets: vec![target],
         portal_group_tag: 1,
         negotiation: TargetConfig::default_negotiation(),
@@ -101,6 +109,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 println!("iscsi target: serving {target} on {address}");
                 println!("  discover: iscsi-ls iscsi://{address}");
                 println!("  inquiry:  iscsi-inq iscsi://{address}/{target}/0");
+            }
+        }
+        for address in server.iser_addrs() {
+            for target in &names {
+                println!("iscsi target: serving {target} over iSER on {address}");
+                println!("  inquiry:  iscsi inquiry iser://{address}/{target}/0");
             }
         }
         server

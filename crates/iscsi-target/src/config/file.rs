@@ -4,6 +4,7 @@
 //!
 //! ```toml
 //! listen = ["127.0.0.1:3260", "[::1]:3260"]
+//! iser = ["127.0.0.1:3262"]       # optional: iSER portals (iWARP)
 //! command_window = 128            # optional
 //! portal_group_tag = 1            # optional
 //! nop_in_interval_seconds = 30    # optional; 0 turns the pings off
@@ -63,7 +64,10 @@ fn invalid(message: impl Into<String>) -> ConfigError {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct FileConfig {
+    #[serde(default)]
     listen: Vec<String>,
+    #[serde(default)]
+    iser: Vec<String>,
     #[serde(default)]
     command_window: Option<u32>,
     #[serde(default)]
@@ -141,8 +145,21 @@ impl TargetConfig {
                     .map_err(|e| invalid(format!("listen address {address:?}: {e}")))?,
             );
         }
-        if listen.is_empty() {
-            return Err(invalid("listen: at least one portal is needed"));
+        let mut iser = Vec::new();
+        for address in &file.iser {
+            iser.push(
+                address
+                    .parse::<SocketAddr>()
+                    .map_err(|e| invalid(format!("iser address {address:?}: {e}")))?,
+            );
+        }
+        if listen.is_empty() && iser.is_empty() {
+            return Err(invalid("listen, iser: at least one portal is needed"));
+        }
+        if let Some(both) = listen.iter().find(|a| iser.contains(a)) {
+            return Err(invalid(format!(
+                "{both} is both a TCP and an iSER portal: iWARP needs a TCP port of its own"
+            )));
         }
         let mut negotiation = TargetConfig::default_negotiation();
         if let Some(n) = file.negotiation {
@@ -209,6 +226,7 @@ impl TargetConfig {
         }
         Ok(TargetConfig {
             listen,
+            iser,
             targets,
             portal_group_tag: file.portal_group_tag.unwrap_or(1),
             negotiation,

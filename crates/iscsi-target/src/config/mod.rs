@@ -42,8 +42,12 @@ impl TargetEntry {
 /// Everything `iscsi target` serves.
 #[derive(Clone, Debug)]
 pub struct TargetConfig {
-    /// Portals to listen on.
+    /// Portals to listen on (iSCSI over TCP).
     pub listen: Vec<SocketAddr>,
+    /// iSER portals (RFC 7145 over iWARP: MPA, DDP and RDMAP over TCP).
+    /// An iWARP listener takes its TCP port, so it cannot share one with
+    /// a TCP portal.
+    pub iser: Vec<SocketAddr>,
     /// The targets.
     pub targets: Vec<TargetEntry>,
     /// The Target Portal Group Tag of every portal.

@@ -1,0 +1,397 @@
+//! The iSER datamover (RFC 7145): iSCSI over an RDMA-capable protocol,
+//! implementing the same RFC 5047 primitives as the TCP datamover, so the
+//! iSCSI layer above does not know which one it drives.
+//!
+//! It uses only the verbs of `iscsi-iwarp` (protection domain, memory
+//! regions with STags, a queue pair's sends, receives and completions): it
+//! knows nothing of MPA framing, DDP sequence numbers or CRC, so an
+//! rdma-core backend can replace the software iWARP stack under it.
+//!
+//! | iSCSI | over iSER (RFC 7145 section 7) |
+//! |---|---|
+//! | control-type PDUs (everything but Data-In, R2T and solicited Data-Out) | an RDMA Send: the 28-byte iSER header, then BHS, AHS and data segment (no padding, no digests) |
+//! | Data-In (`put_data`, target) | an RDMA Write into the initiator's Read STag at Read Base Offset + buffer offset |
+//! | R2T (target) | an RDMA Read Request from the initiator's Write STag; its completion is handed up as the Data-Out the R2T asked for, so the iSCSI layer's write path is the same as over TCP |
+//! | SCSI Command (initiator) | the Send advertises a registered buffer: RSV for a read (Data-In lands in it; when the SCSI Response arrives the data is handed up as one Data-In before it), WSV for a write whose data is not all immediate ([`DataDescriptors::data_out`] registered it) |
+//! | SCSI Response (target) | a Send, with Invalidate of the task's STag when the initiator allows it; status is never collapsed into Data-In (a Data-In with status becomes a Write and a SCSI Response) |
+//!
+//! Receive buffers: each holds the iSER header, BHS, the largest AHS and
+//! this side's RecvDataSegmentLength; a fixed number is kept posted and
+//! each is posted again as soon as its PDU has been taken. A Send that
+//! finds none posted is fatal to the RDMA stream (on real hardware too),
+//! which is why the count follows the command window.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`header`] | the iSER header, Hello/HelloReply, the iSER CM private data header |
+//! | `receive.rs` | [`IserReceiver`]: Sends in, Data-Out from completed RDMA Reads (target), Data-In before a read's response (initiator) |
+//! | `send.rs` | [`IserSender`]: Sends, RDMA Writes for Data-In, RDMA Reads for R2Ts, buffers advertised in SCSI Commands |
+
+pub mod header;
+mod receive;
+mod send;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use iscsi_iwarp::{Access, MemoryRegion, QueuePair, RecvRequest, SendOp, SendRequest, WcOpcode};
+use iscsi_proto::pdu::{BHS_LEN, Header};
+use tokio::sync::{Semaphore, mpsc};
+
+pub use header::{Advertised, CmHeader, IserHeader};
+pub use receive::IserReceiver;
+pub use send::IserSender;
+
+use crate::DatamoverError;
+use crate::tap::Tap;
+
+/// The largest AHS a receive buffer makes room for (TotalAHSLength is a
+/// byte count of words: 255 words at most).
+const MAX_AHS: usize = 1020;
+
+/// Which end of the iSCSI connection this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IserRole {
+    /// The initiator: advertises buffers, sends commands.
+    Initiator,
+    /// The target: moves data with RDMA Writes and Reads.
+    Target,
+}
+
+/// How an iSER connection is sized.
+#[derive(Clone, Copy, Debug)]
+pub struct IserConfig {
+    /// The RecvDataSegmentLength this side declares
+    /// (InitiatorRecvDataSegmentLength or TargetRecvDataSegmentLength,
+    /// RFC 7145 6.5-6.6): the data a peer's Send may carry.
+    pub recv_data_segment_length: u32,
+    /// Receive buffers kept posted: at least the PDUs the peer may have in
+    /// flight (the command window plus immediate PDUs).
+    pub receives: usize,
+    /// The peer takes Send with Invalidate (its CM header did not say
+    /// otherwise; target side).
+    pub send_with_invalidate: bool,
+    /// Send-queue requests in flight at most (the QP's `max_send_wr`).
+    pub send_queue: usize,
+}
+
+impl IserConfig {
+    /// Bytes of each receive buffer.
+    pub fn receive_buffer_len(&self) -> usize {
+        header::HEADER_LEN + BHS_LEN + MAX_AHS + self.recv_data_segment_length as usize + 3
+    }
+
+    /// The receive buffers to post before the connection is accepted or
+    /// made (a peer may Send the moment the RDMA stream is up).
+    pub fn initial_receives(&self) -> Vec<RecvRequest> {
+        (0..self.receives)
+            .map(|i| RecvRequest {
+                wr_id: i as u64,
+                buffer: vec![0; self.receive_buffer_len()],
+            })
+            .collect()
+    }
+}
+
+impl Default for IserConfig {
+    fn default() -> Self {
+        IserConfig {
+            recv_data_segment_length: 8192,
+            receives: 256,
+            send_with_invalidate: true,
+            send_queue: 512,
+        }
+    }
+}
+
+/// The buffers of the initiator named by one task (target side: from the
+/// SCSI Command's iSER header).
+#[derive(Clone, Copy, Debug, Default)]
+struct RemoteTask {
+    write: Option<Advertised>,
+    read: Option<Advertised>,
+}
+
+/// The buffers this initiator registered for one task.
+#[derive(Default)]
+struct LocalTask {
+    /// The write data the target RDMA Reads.
+    write: Option<MemoryRegion>,
+    /// Where the target RDMA Writes the read data, and the Expected Data
+    /// Transfer Length.
+    read: Option<(MemoryRegion, u32)>,
+}
+
+/// An RDMA Read the target issued for an R2T: what the Data-Out handed up
+/// on completion says.
+struct PendingRead {
+    region: MemoryRegion,
+    header: Header,
+}
+
+/// State both directions of a connection share.
+struct Shared {
+    qp: QueuePair,
+    role: IserRole,
+    config: IserConfig,
+    /// Free send-queue slots: every request is signaled, and a slot comes
+    /// back with its completion.
+    send_slots: Semaphore,
+    next_wr_id: AtomicU64,
+    remote_tasks: Mutex<HashMap<u32, RemoteTask>>,
+    local_tasks: Mutex<HashMap<u32, LocalTask>>,
+    reads: Mutex<HashMap<u64, PendingRead>>,
+    tap: Mutex<Option<Tap>>,
+}
+
+/// Locks a mutex, ignoring poisoning (no code here panics holding one).
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// An error of the RDMA stream, as the datamover reports it.
+fn transport(error: impl std::fmt::Display) -> DatamoverError {
+    DatamoverError::Transport(error.to_string())
+}
+
+impl Shared {
+    /// Posts one send-queue request, waiting for a free slot first.
+    async fn post(&self, op: SendOp) -> Result<u64, DatamoverError> {
+        let wr_id = self.next_wr_id.fetch_add(1, Ordering::Relaxed);
+        self.post_as(wr_id, op).await?;
+        Ok(wr_id)
+    }
+
+    /// Posts `op` under a work request id the caller chose.
+    async fn post_as(&self, wr_id: u64, op: SendOp) -> Result<(), DatamoverError> {
+        let permit = self
+            .send_slots
+            .acquire()
+            .await
+            .map_err(|_| self.ended())?;
+        permit.forget();
+        let request = SendRequest {
+            wr_id,
+            signaled: true,
+            op,
+        };
+        if let Err(error) = self.qp.post_send(request) {
+            self.send_slots.add_permits(1);
+            return Err(transport(error));
+        }
+        Ok(())
+    }
+
+    /// Why nothing more can be sent.
+    fn ended(&self) -> DatamoverError {
+        match self.qp.error() {
+            Some(error) => transport(error),
+            None => transport("the RDMA stream is closed"),
+        }
+    }
+
+    /// Registers `buffer` for the peer's access.
+    fn register(&self, buffer: Vec<u8>, access: Access) -> MemoryRegion {
+        self.qp.pd().register(buffer, access)
+    }
+
+    /// Deregisters a region whose task is over.
+    fn release(&self, region: MemoryRegion) {
+        drop(self.qp.pd().deregister(region));
+    }
+
+    /// Forgets what a finished task had registered (initiator) or
+    /// advertised (target).
+    fn end_task(&self, itt: u32) {
+        lock(&self.remote_tasks).remove(&itt);
+        let local = lock(&self.local_tasks).remove(&itt);
+        if let Some(local) = local {
+            self.release_local(local);
+        }
+    }
+
+    fn release_local(&self, local: LocalTask) {
+        if let Some(region) = local.write {
+            self.release(region);
+        }
+        if let Some((region, _)) = local.read {
+            self.release(region);
+        }
+    }
+}
+
+/// Drains the send completions: gives back send-queue slots and hands each
+/// finished RDMA Read up to the receiver as the Data-Out its R2T asked for.
+async fn run_send_completions(
+    shared: Arc<Shared>,
+    completed_reads: mpsc::UnboundedSender<Result<(Header, Vec<u8>), DatamoverError>>,
+) {
+    while let Some(completion) = shared.qp.send_cq().next().await {
+        shared.send_slots.add_permits(1);
+        let failed = completion.status != iscsi_iwarp::WcStatus::Success;
+        if completion.opcode == WcOpcode::RdmaRead
+            || lock(&shared.reads).contains_key(&completion.wr_id)
+        {
+            let Some(read) = lock(&shared.reads).remove(&completion.wr_id) else {
+                continue;
+            };
+            let data = shared.qp.pd().deregister(read.region);
+            let outcome = if failed {
+                Err(transport(format!(
+                    "RDMA Read for a Data-Out failed: {:?}",
+                    completion.status
+                )))
+            } else {
+                Ok((read.header, data))
+            };
+            if completed_reads.send(outcome).is_err() {
+                break;
+            }
+        } else if failed {
+            tracing::debug!(status = ?completion.status, opcode = ?completion.opcode, "send request failed");
+        }
+    }
+    // The stream is over: nobody waits for a slot in vain.
+    shared.send_slots.close();
+}
+
+/// RFC 5047's DataDescriptorOut for an initiator: the data of a write
+/// handed to the datamover with its command, for transports where the
+/// target fetches it (iSER: registered for RDMA Read). Over TCP the data
+/// is sent in answer to R2Ts instead, and this does nothing.
+#[derive(Clone, Default)]
+pub struct DataDescriptors {
+    shared: Option<Arc<Shared>>,
+}
+
+impl DataDescriptors {
+    /// Whether write data must be described before its command is sent.
+    pub fn wanted(&self) -> bool {
+        self.shared.is_some()
+    }
+
+    /// Registers `data` (the whole write, Expected Data Transfer Length
+    /// bytes) for the task `itt`; the SCSI Command that follows advertises
+    /// it. A task still registered under the same tag (a command that
+    /// ended without a response) is released first.
+    pub fn data_out(&self, itt: u32, data: &[u8]) {
+        let Some(shared) = &self.shared else {
+            return;
+        };
+        let region = shared.register(data.to_vec(), Access::REMOTE_READ);
+        let old = lock(&shared.local_tasks).insert(
+            itt,
+            LocalTask {
+                write: Some(region),
+                read: None,
+            },
+        );
+        if let Some(old) = old {
+            shared.release_local(old);
+        }
+    }
+
+    /// Forgets whatever was registered for `itt` (the task ended without a
+    /// response: aborted, timed out, connection lost).
+    pub fn forget(&self, itt: u32) {
+        if let Some(shared) = &self.shared {
+            shared.end_task(itt);
+        }
+    }
+}
+
+impl std::fmt::Debug for DataDescriptors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DataDescriptors")
+            .field("wanted", &self.wanted())
+            .finish()
+    }
+}
+
+impl std::fmt::Debug for Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared")
+            .field("peer", &self.qp.peer_addr())
+            .field("role", &self.role)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One iSER connection as a datamover: RFC 5047
+/// `Allocate_Connection_Resources` on creation (receive buffers were
+/// posted when the RDMA stream was made: [`IserConfig::initial_receives`]).
+#[derive(Debug)]
+pub struct IserDatamover {
+    /// The receive direction.
+    pub receiver: IserReceiver,
+    /// The send direction.
+    pub sender: IserSender,
+    descriptors: DataDescriptors,
+    local: SocketAddr,
+    peer: SocketAddr,
+}
+
+impl IserDatamover {
+    /// Wraps an established queue pair whose initial receives were posted
+    /// from `config` (wr_ids 0..receives).
+    pub fn new(qp: QueuePair, role: IserRole, config: IserConfig) -> Self {
+        let local = qp.local_addr();
+        let peer = qp.peer_addr();
+        let shared = Arc::new(Shared {
+            qp,
+            role,
+            config,
+            send_slots: Semaphore::new(config.send_queue),
+            next_wr_id: AtomicU64::new(1 << 32),
+            remote_tasks: Mutex::default(),
+            local_tasks: Mutex::default(),
+            reads: Mutex::default(),
+            tap: Mutex::default(),
+        });
+        let (reads_done, reads_in) = mpsc::unbounded_channel();
+        tokio::spawn(run_send_completions(Arc::clone(&shared), reads_done));
+        IserDatamover {
+            receiver: IserReceiver::new(Arc::clone(&shared), reads_in),
+            sender: IserSender::new(Arc::clone(&shared)),
+            descriptors: DataDescriptors {
+                shared: (role == IserRole::Initiator).then_some(shared),
+            },
+            local,
+            peer,
+        }
+    }
+
+    /// RFC 5047 `Notice_Key_Values` + `Enable_Datamover`: the data
+    /// segments a peer's Send may carry from now on (the RecvDataSegmentLength
+    /// this side declared; never more than the receive buffers hold).
+    pub fn enable(&mut self, max_recv_data_segment_length: u32) {
+        self.receiver.enable(max_recv_data_segment_length);
+    }
+
+    /// Tells `tap` of every PDU sent and received from now on.
+    pub fn set_tap(&mut self, tap: Option<Tap>) {
+        *lock(&self.sender.shared().tap) = tap;
+    }
+
+    /// The handle through which an initiator describes write data.
+    pub fn descriptors(&self) -> DataDescriptors {
+        self.descriptors.clone()
+    }
+
+    /// This end's address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// The peer's address.
+    pub fn peer_addr(&self) -> SocketAddr {
+        self.peer
+    }
+
+    /// The two directions, to drive from separate tasks.
+    pub fn split(self) -> (IserReceiver, IserSender) {
+        (self.receiver, self.sender)
+    }
+}

@@ -1,0 +1,359 @@
+//! The receive direction of an iSER connection (RFC 7145 sections 7.3,
+//! 9.3-9.5).
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Instant;
+
+use iscsi_iwarp::{RecvRequest, WcStatus};
+use iscsi_proto::pdu::decoder::DecoderConfig;
+use iscsi_proto::pdu::{DataIn, Digests, Header, Pdu, ScsiCommand, ScsiResponse};
+use iscsi_proto::serial::{DataSn, StatSn};
+use tokio::sync::mpsc;
+
+use super::header::{HEADER_LEN, ISER_VERSION, IserHeader};
+use super::{IserRole, RemoteTask, Shared, lock, transport};
+use crate::tap::{Direction, PduSummary};
+use crate::{DatamoverError, PduReceiver, decode_header};
+
+/// Where the data segment of the PDU being received is.
+#[derive(Debug)]
+enum Current {
+    /// In a receive buffer (a Send): bytes `start..start + len`, posted
+    /// again once the data is taken.
+    Received {
+        buffer: Vec<u8>,
+        start: usize,
+        len: usize,
+        wr_id: u64,
+    },
+    /// In a buffer of its own (data placed by RDMA: a Data-Out from an
+    /// RDMA Read, a Data-In from the initiator's read buffer).
+    Placed(Vec<u8>),
+}
+
+/// The receive direction: Sends from the peer, plus the data RDMA placed,
+/// handed up as the PDUs TCP would have carried.
+#[derive(Debug)]
+pub struct IserReceiver {
+    shared: Arc<Shared>,
+    completed_reads: mpsc::UnboundedReceiver<Result<(Header, Vec<u8>), DatamoverError>>,
+    /// PDUs made ready ahead (a read's response behind its Data-In).
+    queued: VecDeque<(Header, Current)>,
+    current: Option<(Header, Current)>,
+    decoder: DecoderConfig,
+}
+
+impl IserReceiver {
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        completed_reads: mpsc::UnboundedReceiver<Result<(Header, Vec<u8>), DatamoverError>>,
+    ) -> Self {
+        IserReceiver {
+            shared,
+            completed_reads,
+            queued: VecDeque::new(),
+            current: None,
+            decoder: DecoderConfig {
+                max_recv_data_segment_length: 8192,
+                digests: Digests::default(),
+                ..DecoderConfig::default()
+            },
+        }
+    }
+
+    /// The RecvDataSegmentLength this side declared applies from now on.
+    pub(crate) fn enable(&mut self, max_recv_data_segment_length: u32) {
+        self.decoder.max_recv_data_segment_length = max_recv_data_segment_length
+            .min(self.shared.config.recv_data_segment_length.max(8192));
+    }
+
+    /// Posts a receive buffer again.
+    fn repost(&self, wr_id: u64, buffer: Vec<u8>) -> Result<(), DatamoverError> {
+        let mut buffer = buffer;
+        buffer.resize(self.shared.config.receive_buffer_len(), 0);
+        self.shared
+            .qp
+            .post_recv(RecvRequest { wr_id, buffer })
+            .map_err(transport)
+    }
+
+    /// The next PDU: from a Send, or from data RDMA placed.
+    async fn next_pdu(&mut self) -> Result<Option<(Header, Current)>, DatamoverError> {
+        loop {
+            if let Some(ready) = self.queued.pop_front() {
+                return Ok(Some(ready));
+            }
+            let completion = tokio::select! {
+                completion = self.shared.qp.recv_cq().next() => completion,
+                Some(read) = self.completed_reads.recv() => {
+                    let (header, data) = read?;
+                    return Ok(Some((header, Current::Placed(data))));
+                }
+            };
+            let Some(completion) = completion else {
+                // The stream ended: between PDUs that is the peer's close;
+                // a Terminate or an error says why.
+                return match self.shared.qp.error() {
+                    None | Some(iscsi_iwarp::Error::Closed) => Ok(None),
+                    Some(error) => Err(transport(error)),
+                };
+            };
+            if completion.status != WcStatus::Success {
+                if completion.status == WcStatus::Flushed {
+                    continue;
+                }
+                return Err(transport(format!("receive failed: {:?}", completion.status)));
+            }
+            let Some(buffer) = completion.buffer else {
+                return Err(transport("receive completion without its buffer"));
+            };
+            let len = completion.byte_len.min(buffer.len());
+            if let Some(pdu) = self.message(buffer, len, completion.wr_id).await? {
+                return Ok(Some(pdu));
+            }
+        }
+    }
+
+    /// One received Send: an iSCSI PDU, or Hello/HelloReply.
+    async fn message(
+        &mut self,
+        buffer: Vec<u8>,
+        len: usize,
+        wr_id: u64,
+    ) -> Result<Option<(Header, Current)>, DatamoverError> {
+        let message = &buffer[..len];
+        let iser = IserHeader::parse(message).map_err(transport)?;
+        let (write, read) = match iser {
+            IserHeader::Control { write, read } => (write, read),
+            IserHeader::Hello { version, .. } => {
+                // RFC 5046-style peers open with Hello; Linux does not
+                // (its CM private data says the same). Accept and answer.
+                self.repost(wr_id, buffer)?;
+                if self.shared.role == IserRole::Target {
+                    let supported = version >> 4 >= ISER_VERSION && version & 0xf <= ISER_VERSION;
+                    self.hello_reply(!supported).await?;
+                    if !supported {
+                        return Err(transport(format!(
+                            "iSER Hello with versions {version:#x}: 10 is not among them"
+                        )));
+                    }
+                }
+                return Ok(None);
+            }
+            IserHeader::HelloReply { reject, .. } => {
+                self.repost(wr_id, buffer)?;
+                if reject {
+                    return Err(transport("the target rejected the iSER connection (HelloReply)"));
+                }
+                return Ok(None);
+            }
+        };
+        let pdu = &message[HEADER_LEN..];
+        let (header, header_len) = decode_header(pdu, self.decoder)?;
+        let data_len = header.data_segment_length as usize;
+        // The PDU may carry its padding (RFC 7143 framing) or not (the
+        // Send's length delimits it): both are accepted.
+        if pdu.len() < header_len + data_len || pdu.len() > header_len + data_len + 3 {
+            return Err(transport(format!(
+                "iSER message of {} bytes does not hold a PDU of {} header and {} data bytes",
+                pdu.len(),
+                header_len,
+                data_len
+            )));
+        }
+        let start = HEADER_LEN + header_len;
+        match (&header.pdu, self.shared.role) {
+            (Pdu::ScsiCommand(command), IserRole::Target) => {
+                self.command_arrived(command, write, read);
+            }
+            (Pdu::ScsiResponse(response), IserRole::Initiator) => {
+                let response = response.clone();
+                let current = Current::Received {
+                    buffer,
+                    start,
+                    len: data_len,
+                    wr_id,
+                };
+                return Ok(Some(self.response_arrived(header, response, current)));
+            }
+            _ => {}
+        }
+        Ok(Some((
+            header,
+            Current::Received {
+                buffer,
+                start,
+                len: data_len,
+                wr_id,
+            },
+        )))
+    }
+
+    /// Target: remembers the buffers a SCSI Command advertised.
+    fn command_arrived(
+        &self,
+        command: &ScsiCommand,
+        write: Option<super::Advertised>,
+        read: Option<super::Advertised>,
+    ) {
+        if write.is_some() || read.is_some() {
+            lock(&self.shared.remote_tasks)
+                .insert(command.initiator_task_tag, RemoteTask { write, read });
+        }
+    }
+
+    /// Initiator: a SCSI Response ends its task. A read's data, placed by
+    /// the target's RDMA Writes, is handed up first as one Data-In of the
+    /// bytes transferred (the Expected Data Transfer Length less an
+    /// underflow residual), then the response.
+    fn response_arrived(
+        &mut self,
+        header: Header,
+        response: ScsiResponse,
+        current: Current,
+    ) -> (Header, Current) {
+        let itt = response.initiator_task_tag;
+        let task = lock(&self.shared.local_tasks).remove(&itt);
+        let Some(mut task) = task else {
+            return (header, current);
+        };
+        if let Some(region) = task.write.take() {
+            self.shared.release(region);
+        }
+        let Some((region, expected)) = task.read.take() else {
+            return (header, current);
+        };
+        let mut data = self.shared.qp.pd().deregister(region);
+        let transferred = if response.residual_underflow {
+            expected.saturating_sub(response.residual_count)
+        } else {
+            expected
+        };
+        let good = response.status == 0 || response.status == 0x04;
+        if !good || transferred == 0 {
+            return (header, current);
+        }
+        data.truncate(transferred as usize);
+        let data_in = Header::new(
+            Pdu::DataIn(DataIn {
+                final_flag: true,
+                initiator_task_tag: itt,
+                target_transfer_tag: 0xFFFF_FFFF,
+                stat_sn: StatSn::new(0),
+                exp_cmd_sn: response.exp_cmd_sn,
+                max_cmd_sn: response.max_cmd_sn,
+                data_sn: DataSn::new(0),
+                buffer_offset: 0,
+                ..DataIn::default()
+            }),
+            transferred,
+        );
+        self.queued.push_back((header, current));
+        (data_in, Current::Placed(data))
+    }
+
+    /// Target: answers a Hello (RFC 7145 9.4).
+    async fn hello_reply(&self, reject: bool) -> Result<(), DatamoverError> {
+        let reply = IserHeader::HelloReply {
+            reject,
+            version: (ISER_VERSION << 4) | ISER_VERSION,
+            ord: self.shared.qp.peer().ird,
+        };
+        let op = iscsi_iwarp::SendOp::Send {
+            data: vec![iscsi_iwarp::Sge::Bytes(bytes::Bytes::copy_from_slice(
+                &reply.emit(),
+            ))],
+            solicited: false,
+            invalidate: None,
+        };
+        self.shared.post(op).await.map(drop)
+    }
+
+    /// Takes the current PDU's data, then posts its receive buffer again.
+    fn take_current(&mut self) -> Result<Option<Current>, DatamoverError> {
+        Ok(self.current.take().map(|(_, current)| current))
+    }
+
+    fn tapped(&self, header: &Header, start: Instant) {
+        if let Some(tap) = lock(&self.shared.tap).as_ref() {
+            tap.pdu(Direction::Received, PduSummary::of(header), start, Instant::now());
+        }
+    }
+}
+
+impl PduReceiver for IserReceiver {
+    async fn receive_header(&mut self) -> Result<Option<Header>, DatamoverError> {
+        if let Some((header, _)) = &self.current {
+            if header.data_segment_length > 0 {
+                return Err(DatamoverError::Misuse(
+                    "the previous PDU's data segment was not received",
+                ));
+            }
+            if let Some(Current::Received { buffer, wr_id, .. }) = self.take_current()? {
+                self.repost(wr_id, buffer)?;
+            }
+        }
+        let start = Instant::now();
+        let Some((header, current)) = self.next_pdu().await? else {
+            return Ok(None);
+        };
+        self.tapped(&header, start);
+        if header.data_segment_length == 0 {
+            if let Current::Received { buffer, wr_id, .. } = current {
+                self.repost(wr_id, buffer)?;
+            }
+        } else {
+            self.current = Some((header.clone(), current));
+        }
+        Ok(Some(header))
+    }
+
+    async fn receive_data_into(&mut self, destination: &mut [u8]) -> Result<(), DatamoverError> {
+        let Some((header, current)) = self.current.take() else {
+            return if destination.is_empty() {
+                Ok(())
+            } else {
+                Err(DatamoverError::Misuse(
+                    "destination length differs from the data segment length",
+                ))
+            };
+        };
+        if destination.len() != header.data_segment_length as usize {
+            self.current = Some((header, current));
+            return Err(DatamoverError::Misuse(
+                "destination length differs from the data segment length",
+            ));
+        }
+        match current {
+            Current::Received {
+                buffer,
+                start,
+                len,
+                wr_id,
+            } => {
+                destination.copy_from_slice(&buffer[start..start + len]);
+                self.repost(wr_id, buffer)?;
+            }
+            Current::Placed(data) => destination.copy_from_slice(&data[..destination.len()]),
+        }
+        Ok(())
+    }
+
+    async fn receive_data(&mut self) -> Result<Vec<u8>, DatamoverError> {
+        let len = self
+            .current
+            .as_ref()
+            .map_or(0, |(header, _)| header.data_segment_length as usize);
+        if let Some((_, Current::Placed(_))) = &self.current {
+            // Placed data is already a buffer of its own: no copy.
+            if let Some((_, Current::Placed(mut data))) = self.current.take() {
+                data.truncate(len);
+                return Ok(data);
+            }
+        }
+        let mut data = vec![0; len];
+        self.receive_data_into(&mut data).await?;
+        Ok(data)
+    }
+}
