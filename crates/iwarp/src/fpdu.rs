@@ -276,24 +276,25 @@ impl Encoder {
 mod tests {
     use super::*;
 
-    /// A Send of "hello" (QN 0, MSN 1, MO 0, last) as one FPDU with CRC.
+    /// A Send of "hello" (QN 0, MSN 1, MO 0, last) as one FPDU with CRC
+    /// (ULPDU 23 bytes, 3 pad bytes).
     /// The CRC was computed independently (a bitwise CRC32C in Python over
     /// the 24 bytes before it: reflected 0x82F63B78, init and final xor
     /// all ones) and is stored little-endian.
-    static SEND_HELLO: [u8; 28] = [
+    static SEND_HELLO: [u8; 32] = [
         0x00, 0x17, // ULPDU_Length 23 = 18 + 5
         0x41, 0x43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, // DDP/RDMAP
         b'h', b'e', b'l', b'l', b'o', // payload
-        0,    // pad to 4
+        0, 0, 0, // pad to 4
         CRC[0], CRC[1], CRC[2], CRC[3],
     ];
     const CRC: [u8; 4] = SEND_HELLO_CRC.to_le_bytes();
-    const SEND_HELLO_CRC: u32 = 0x578B_783A;
+    const SEND_HELLO_CRC: u32 = 0x0CB1_90B9;
 
     #[test]
     fn decodes_send_with_crc() {
         let (seg, n) = decode(&SEND_HELLO, true).unwrap().unwrap();
-        assert_eq!(n, 28);
+        assert_eq!(n, 32);
         assert_eq!(seg.opcode, Opcode::Send);
         assert!(seg.last);
         assert_eq!(seg.payload, b"hello");
@@ -306,7 +307,7 @@ mod tests {
                 mo: 0
             }
         );
-        for cut in 0..28 {
+        for cut in 0..32 {
             assert_eq!(decode(&SEND_HELLO[..cut], true).unwrap(), None);
         }
     }
@@ -329,8 +330,8 @@ mod tests {
         assert_eq!(out, SEND_HELLO);
         out.clear();
         Encoder { crc: false }.push(&mut out, &hdr, &[], &[b"hello"]);
-        assert_eq!(&out[..24], &SEND_HELLO[..24]);
-        assert_eq!(&out[24..], &[0, 0, 0, 0]);
+        assert_eq!(&out[..28], &SEND_HELLO[..28]);
+        assert_eq!(&out[28..], &[0, 0, 0, 0]);
     }
 
     #[test]
@@ -348,7 +349,7 @@ mod tests {
 
     #[test]
     fn header_rules() {
-        let check = |mutate: &dyn Fn(&mut [u8; 28]), layer, etype, code| {
+        let check = |mutate: &dyn Fn(&mut [u8; 32]), layer, etype, code| {
             let mut b = SEND_HELLO;
             mutate(&mut b);
             let e = decode(&b, false).unwrap_err();
