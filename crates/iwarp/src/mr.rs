@@ -1,0 +1,337 @@
+//! Memory registration (RFC 5040 §5.2, RFC 5041 §3): the protection domain
+//! owns every registered buffer; an STag names one with its access rights,
+//! and every tagged placement or Read source is checked against them here.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Rights a region is registered with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Access(u8);
+
+impl Access {
+    /// No rights beyond local reading.
+    pub const NONE: Access = Access(0);
+    /// Local placement (RDMA Read sink, receive).
+    pub const LOCAL_WRITE: Access = Access(1);
+    /// The peer may RDMA Read it.
+    pub const REMOTE_READ: Access = Access(2);
+    /// The peer may RDMA Write it.
+    pub const REMOTE_WRITE: Access = Access(4);
+
+    /// Whether every right in `other` is in `self`.
+    pub fn contains(self, other: Access) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Access {
+    type Output = Access;
+    fn bitor(self, rhs: Access) -> Access {
+        Access(self.0 | rhs.0)
+    }
+}
+
+/// Why a tagged access was refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Refusal {
+    /// No such STag, or it was invalidated.
+    InvalidStag,
+    /// The range is not inside the region.
+    Bounds,
+    /// The region lacks the right.
+    Access,
+}
+
+struct Region {
+    buf: Vec<u8>,
+    access: Access,
+    base: u64,
+    valid: bool,
+}
+
+#[derive(Default)]
+struct Slot {
+    key: u8,
+    region: Option<Region>,
+}
+
+#[derive(Default)]
+struct Table {
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+}
+
+impl Table {
+    fn get(&mut self, stag: u32) -> Option<&mut Region> {
+        let slot = self.slots.get_mut((stag >> 8) as usize)?;
+        if slot.key != stag as u8 {
+            return None;
+        }
+        slot.region.as_mut()
+    }
+}
+
+/// The memory regions of one connection (a PD per QP, cheap to clone).
+#[derive(Clone, Default)]
+pub struct ProtectionDomain {
+    table: Arc<Mutex<Table>>,
+}
+
+/// A registered region. Not Clone: it is the capability to deregister.
+#[derive(Debug)]
+pub struct MemoryRegion {
+    stag: u32,
+    addr: u64,
+    len: usize,
+}
+
+impl MemoryRegion {
+    /// The STag (= rkey = lkey here): the upper 24 bits index the PD's
+    /// table, the low 8 are a key that changes with each registration so a
+    /// stale STag is not taken for a new region.
+    pub fn stag(&self) -> u32 {
+        self.stag
+    }
+    /// The tagged offset of byte 0 (a unique base per slot, not a pointer).
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Bytes registered.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the region has no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl ProtectionDomain {
+    /// A domain with no regions.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Table> {
+        self.table.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Registers `buffer` (ownership moves to the PD until deregistered).
+    /// The region's first byte has the tagged offset `mr.addr()`: absolute
+    /// (not zero-based), like Linux iser/siw, with a base unique per slot.
+    ///
+    /// # Panics
+    /// When 2^24 regions are registered at once.
+    pub fn register(&self, buffer: Vec<u8>, access: Access) -> MemoryRegion {
+        let mut t = self.lock();
+        let index = match t.free.pop() {
+            Some(i) => i,
+            None => {
+                t.slots.push(Slot::default());
+                (t.slots.len() - 1) as u32
+            }
+        };
+        assert!(index < 1 << 24, "too many registered regions");
+        let base = (u64::from(index) + 1) << 40;
+        let len = buffer.len();
+        let slot = &mut t.slots[index as usize];
+        // Keys run 1..=255 so that no STag is ever 0.
+        slot.key = if slot.key == 255 { 1 } else { slot.key + 1 };
+        slot.region = Some(Region {
+            buf: buffer,
+            access,
+            base,
+            valid: true,
+        });
+        MemoryRegion {
+            stag: (index << 8) | u32::from(slot.key),
+            addr: base,
+            len,
+        }
+    }
+
+    /// Ends the registration and gives the buffer back (with whatever the
+    /// peer placed in it). A region of another PD gives an empty Vec.
+    pub fn deregister(&self, mr: MemoryRegion) -> Vec<u8> {
+        let mut t = self.lock();
+        let index = mr.stag >> 8;
+        let Some(slot) = t.slots.get_mut(index as usize) else {
+            return Vec::new();
+        };
+        if slot.key != mr.stag as u8 {
+            return Vec::new();
+        }
+        let Some(region) = slot.region.take() else {
+            return Vec::new();
+        };
+        t.free.push(index);
+        region.buf
+    }
+
+    /// Runs `f` over the registered bytes. Must not be called from inside
+    /// another `with_region` on the same PD (the PD's lock is held).
+    ///
+    /// # Panics
+    /// If `mr` is not registered in this PD.
+    pub fn with_region<R>(&self, mr: &MemoryRegion, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        let mut t = self.lock();
+        let region = t
+            .get(mr.stag)
+            .expect("with_region: the region is not in this PD");
+        f(&mut region.buf)
+    }
+
+    /// Whether `stag` names a valid region of this PD (not invalidated).
+    pub fn is_valid(&self, stag: u32) -> bool {
+        self.lock().get(stag).is_some_and(|r| r.valid)
+    }
+
+    /// Invalidates `stag` (local invalidation, or a peer's Send with
+    /// Invalidate). False if the STag is unknown or already invalid.
+    pub fn invalidate(&self, stag: u32) -> bool {
+        match self.lock().get(stag) {
+            Some(r) if r.valid => {
+                r.valid = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// The tagged offset of `stag`'s first byte.
+    pub(crate) fn addr_of(&self, stag: u32) -> Option<u64> {
+        self.lock().get(stag).map(|r| r.base)
+    }
+
+    /// Checks a local range (an API argument) for `need`.
+    pub(crate) fn check_local(
+        &self,
+        stag: u32,
+        offset: usize,
+        len: usize,
+        need: Access,
+    ) -> Result<(), String> {
+        let mut t = self.lock();
+        let Some(r) = t.get(stag) else {
+            return Err(format!("unknown local STag {stag:#x}"));
+        };
+        if !r.valid {
+            return Err(format!("local STag {stag:#x} was invalidated"));
+        }
+        if !r.access.contains(need) {
+            return Err(format!("local STag {stag:#x} lacks {need:?}"));
+        }
+        if offset.checked_add(len).is_none_or(|end| end > r.buf.len()) {
+            return Err(format!(
+                "{len} bytes at {offset} do not fit STag {stag:#x} of {} bytes",
+                r.buf.len()
+            ));
+        }
+        Ok(())
+    }
+
+    /// Places `data` at tagged offset `to` of `stag`, which must hold `need`.
+    pub(crate) fn place(
+        &self,
+        stag: u32,
+        to: u64,
+        data: &[u8],
+        need: Access,
+    ) -> Result<(), Refusal> {
+        let mut t = self.lock();
+        let r = t
+            .get(stag)
+            .filter(|r| r.valid)
+            .ok_or(Refusal::InvalidStag)?;
+        if !r.access.contains(need) {
+            return Err(Refusal::Access);
+        }
+        let start = to.checked_sub(r.base).ok_or(Refusal::Bounds)?;
+        let start = usize::try_from(start).map_err(|_| Refusal::Bounds)?;
+        let end = start.checked_add(data.len()).ok_or(Refusal::Bounds)?;
+        let dst = r.buf.get_mut(start..end).ok_or(Refusal::Bounds)?;
+        dst.copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Checks that `len` bytes at tagged offset `to` of `stag` may be read
+    /// by the peer; returns the region-relative offset.
+    pub(crate) fn check_remote_read(
+        &self,
+        stag: u32,
+        to: u64,
+        len: usize,
+    ) -> Result<usize, Refusal> {
+        let mut t = self.lock();
+        let r = t
+            .get(stag)
+            .filter(|r| r.valid)
+            .ok_or(Refusal::InvalidStag)?;
+        if !r.access.contains(Access::REMOTE_READ) {
+            return Err(Refusal::Access);
+        }
+        let start = to.checked_sub(r.base).ok_or(Refusal::Bounds)?;
+        let start = usize::try_from(start).map_err(|_| Refusal::Bounds)?;
+        if start.checked_add(len).is_none_or(|end| end > r.buf.len()) {
+            return Err(Refusal::Bounds);
+        }
+        Ok(start)
+    }
+
+    /// Appends `len` bytes at region offset `offset` of `stag` to `out`
+    /// (the sender's copy). False if the region went away meanwhile.
+    pub(crate) fn copy_out(&self, stag: u32, offset: usize, len: usize, out: &mut Vec<u8>) -> bool {
+        let mut t = self.lock();
+        match t.get(stag).and_then(|r| r.buf.get(offset..offset + len)) {
+            Some(bytes) => {
+                out.extend_from_slice(bytes);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stags_checks_and_invalidation() {
+        let pd = ProtectionDomain::new();
+        let mr = pd.register(vec![0; 16], Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+        assert_ne!(mr.stag(), 0);
+        assert_eq!(
+            pd.place(mr.stag(), mr.addr() + 4, b"abcd", Access::REMOTE_WRITE),
+            Ok(())
+        );
+        assert_eq!(
+            pd.place(mr.stag(), mr.addr() + 14, b"abcd", Access::REMOTE_WRITE),
+            Err(Refusal::Bounds)
+        );
+        assert_eq!(
+            pd.place(mr.stag(), mr.addr() - 1, b"a", Access::REMOTE_WRITE),
+            Err(Refusal::Bounds)
+        );
+        assert_eq!(
+            pd.check_remote_read(mr.stag(), mr.addr(), 1),
+            Err(Refusal::Access)
+        );
+        assert_eq!(
+            pd.place(mr.stag() ^ 1, mr.addr(), b"a", Access::REMOTE_WRITE),
+            Err(Refusal::InvalidStag)
+        );
+        assert!(pd.invalidate(mr.stag()));
+        assert!(!pd.invalidate(mr.stag()));
+        assert_eq!(
+            pd.place(mr.stag(), mr.addr(), b"a", Access::REMOTE_WRITE),
+            Err(Refusal::InvalidStag)
+        );
+        let old = mr.stag();
+        let buf = pd.deregister(mr);
+        assert_eq!(&buf[4..8], b"abcd");
+        let again = pd.register(vec![0; 4], Access::REMOTE_READ);
+        assert_ne!(again.stag(), old, "a re-used slot gets a new key");
+        assert_eq!(pd.check_remote_read(again.stag(), again.addr(), 4), Ok(0));
+    }
+}
