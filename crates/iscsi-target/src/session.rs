@@ -612,7 +612,14 @@ pub(crate) async fn serve_connection(
         max_send = params.max_send_data_segment_length,
         "login complete"
     );
-    let limits = Limits::from(&params);
+    let mut limits = Limits::from(&params);
+    if transport.rdma_capable() {
+        // Over iSER the solicited data is placed by RDMA Reads of up to
+        // MaxBurstLength, not received in buffers of the declared
+        // TargetRecvDataSegmentLength (RFC 7145 7.3.2): the datamover hands
+        // each burst up as one Data-Out.
+        limits.max_recv_segment = limits.max_recv_segment.max(params.max_burst_length);
+    }
     let local = transport.local_addr();
     let (receiver, sender) = transport.split();
     let connection = Connection::new(

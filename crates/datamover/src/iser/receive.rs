@@ -68,14 +68,19 @@ impl IserReceiver {
             .min(self.shared.config.recv_data_segment_length.max(8192));
     }
 
-    /// Posts a receive buffer again.
+    /// Posts a receive buffer again. A stream that has just ended refuses
+    /// it: the buffer is dropped and the next receive reports the end.
     fn repost(&self, wr_id: u64, buffer: Vec<u8>) -> Result<(), DatamoverError> {
         let mut buffer = buffer;
         buffer.resize(self.shared.config.receive_buffer_len(), 0);
-        self.shared
-            .qp
-            .post_recv(RecvRequest { wr_id, buffer })
-            .map_err(transport)
+        match self.shared.qp.post_recv(RecvRequest { wr_id, buffer }) {
+            Ok(()) => Ok(()),
+            Err(error) if self.shared.qp.error().is_some() => {
+                tracing::debug!(%error, "receive not posted again: the stream has ended");
+                Ok(())
+            }
+            Err(error) => Err(transport(error)),
+        }
     }
 
     /// The next PDU: from a Send, or from data RDMA placed.
