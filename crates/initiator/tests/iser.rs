@@ -1,0 +1,193 @@
+//! The initiator against `iscsi target` over iSER (RFC 7145) on loopback:
+//! the software iWARP stack under both, MPA CRC on. Every byte written is
+//! read back and compared: small writes carried whole as immediate data,
+//! large ones fetched by the target's RDMA Reads, reads placed by its RDMA
+//! Writes, many commands at once, discovery, a read the target cuts short
+//! (residual), and a refused zero-based-addressing peer.
+
+use std::sync::Arc;
+
+use iscsi_datamover::iser::CmHeader;
+use iscsi_initiator::{Command, IscsiUrl, Residual, Session, SessionConfig, discover_url};
+use iscsi_scsi::{Backstore, RamBackstore};
+use iscsi_target::{Server, TargetConfig, TargetEntry};
+use rand::RngCore;
+use tokio::sync::oneshot;
+
+const TARGET: &str = "iqn.2026-11.rs.iscsi:iser-tests";
+const BLOCK: u32 = 512;
+
+/// A target with one iSER portal and one TCP portal; returns both.
+async fn start() -> (String, String, oneshot::Sender<()>) {
+    let lun: Arc<dyn Backstore> = Arc::new(RamBackstore::new(64 << 20, BLOCK, 7).unwrap());
+    let config = TargetConfig {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        iser: vec!["127.0.0.1:0".parse().unwrap()],
+        targets: vec![TargetEntry {
+            name: TARGET.to_owned(),
+            alias: None,
+            luns: vec![lun],
+            chap: None,
+            allowed_initiators: Vec::new(),
+        }],
+        portal_group_tag: 1,
+        negotiation: TargetConfig::default_negotiation(),
+        command_window: 64,
+        nop_in_interval: None,
+        tap: None,
+    };
+    let server = Server::bind(config).await.unwrap();
+    let tcp = server.local_addrs()[0];
+    let iser = server.iser_addrs()[0];
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(server.run_until(async {
+        let _ = stopped.await;
+    }));
+    (tcp.to_string(), iser.to_string(), stop)
+}
+
+fn random(len: usize) -> Vec<u8> {
+    let mut data = vec![0u8; len];
+    rand::rng().fill_bytes(&mut data);
+    data
+}
+
+fn logging() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_and_reads_of_every_size_round_trip() {
+    logging();
+    let (_, iser, _stop) = start().await;
+    let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
+    let session = Session::connect(&url, SessionConfig::default())
+        .await
+        .expect("login over iSER");
+    let parameters = session.parameters().unwrap();
+    assert!(parameters.rdma_extensions, "RDMAExtensions=Yes");
+    assert!(parameters.initial_r2t, "the iSER target asks InitialR2T=Yes");
+    let inquiry = session.inquiry(0).await.expect("INQUIRY");
+    assert_eq!(inquiry.vendor.trim(), "ISCSI-RS");
+    // 512 B and 4 KiB: immediate data only; 64 KiB, 1 MiB and 3 MiB: the
+    // rest fetched by RDMA Reads, in MaxBurstLength pieces.
+    let mut lba = 0u64;
+    for len in [512usize, 4096, 8192, 65536, 1 << 20, 3 << 20] {
+        let data = random(len);
+        session.write(0, lba, BLOCK, &data).await.expect("write");
+        let back = session
+            .read(0, lba, BLOCK, vec![0; len])
+            .await
+            .expect("read");
+        assert!(back == data, "{len} bytes at LBA {lba} came back different");
+        lba += (len as u64).div_ceil(u64::from(BLOCK));
+    }
+    session.logout().await.expect("logout");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_commands_at_once() {
+    logging();
+    let (_, iser, _stop) = start().await;
+    let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
+    let session = Arc::new(Session::connect(&url, SessionConfig::default()).await.unwrap());
+    let chunks: Vec<(u64, Vec<u8>)> = (0..96u64)
+        .map(|i| (i * 256, random(if i % 3 == 0 { 4096 } else { 128 * 1024 })))
+        .collect();
+    let mut writes = tokio::task::JoinSet::new();
+    for (lba, data) in chunks.clone() {
+        let session = Arc::clone(&session);
+        writes.spawn(async move { session.write(0, lba, BLOCK, &data).await });
+    }
+    while let Some(done) = writes.join_next().await {
+        done.unwrap().expect("write");
+    }
+    let mut reads = tokio::task::JoinSet::new();
+    for (lba, data) in chunks {
+        let session = Arc::clone(&session);
+        reads.spawn(async move {
+            let back = session.read(0, lba, BLOCK, vec![0; data.len()]).await;
+            (lba, data, back)
+        });
+    }
+    while let Some(done) = reads.join_next().await {
+        let (lba, data, back) = done.unwrap();
+        assert!(back.expect("read") == data, "LBA {lba} differs");
+    }
+    session.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_read_reports_its_residual() {
+    logging();
+    let (_, iser, _stop) = start().await;
+    let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
+    let session = Session::connect(&url, SessionConfig::default()).await.unwrap();
+    // INQUIRY asking for 255 bytes: the target has fewer, the RDMA Write
+    // is short and the response carries the underflow.
+    let cdb = [0x12, 0, 0, 0, 255, 0];
+    let response = session
+        .execute(Command::read(0, &cdb, vec![0; 255]))
+        .await
+        .expect("INQUIRY");
+    assert_eq!(response.status, 0);
+    let Residual::Underflow(missing) = response.residual else {
+        panic!("expected an underflow, got {:?}", response.residual);
+    };
+    assert!(missing > 0 && missing < 255 - 36, "underflow of {missing}");
+    assert_eq!(&response.data[8..16], b"ISCSI-RS");
+    session.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_over_iser_lists_the_iser_portal() {
+    logging();
+    let (_, iser, _stop) = start().await;
+    let url: IscsiUrl = format!("iser://{iser}").parse().unwrap();
+    let targets = discover_url(&url, &SessionConfig::default())
+        .await
+        .expect("SendTargets over iSER");
+    assert_eq!(targets.len(), 1);
+    assert_eq!(targets[0].name, TARGET);
+    assert!(
+        targets[0].addresses.iter().any(|a| a.portal == iser),
+        "{:?} should name {iser}",
+        targets[0].addresses
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tcp_portal_answers_rdma_extensions_no() {
+    logging();
+    let (tcp, _, _stop) = start().await;
+    // An iSER login attempt at the TCP portal: the MPA Request is not an
+    // iSCSI PDU, so the target drops the connection and the initiator
+    // reports a failure rather than hanging.
+    let url: IscsiUrl = format!("iser://{tcp}/{TARGET}/0").parse().unwrap();
+    let mut config = SessionConfig::default();
+    config.timeouts.login = std::time::Duration::from_secs(5);
+    assert!(Session::connect(&url, config).await.is_err());
+    // And plain iSCSI there still says RDMAExtensions=No.
+    let url: IscsiUrl = format!("iscsi://{tcp}/{TARGET}/0").parse().unwrap();
+    let session = Session::connect(&url, SessionConfig::default()).await.unwrap();
+    assert!(!session.parameters().unwrap().rdma_extensions);
+    session.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zero_based_addressing_is_refused() {
+    logging();
+    let (_, iser, _stop) = start().await;
+    let stream = tokio::net::TcpStream::connect(&iser).await.unwrap();
+    let mut cm = CmHeader::ours(true);
+    cm.zero_based = true;
+    let params = iscsi_iwarp::ConnectParams {
+        private_data: cm.emit().to_vec(),
+        ..iscsi_iwarp::ConnectParams::default()
+    };
+    let refused = iscsi_iwarp::connect(stream, params, Vec::new()).await;
+    assert!(refused.is_err(), "the MPA Reply must carry the Reject bit");
+}
