@@ -316,7 +316,11 @@ impl PduBatch {
             let (header, header_len) = crate::decode_header(rest, config)?;
             let data_len = header.data_segment_length as usize;
             let padding = data_len.wrapping_neg() & 3;
-            let digest = if self.digests.data && data_len > 0 { 4 } else { 0 };
+            let digest = if self.digests.data && data_len > 0 {
+                4
+            } else {
+                0
+            };
             let data = rest
                 .get(header_len..header_len + data_len)
                 .ok_or(DatamoverError::Truncated)?;

@@ -42,7 +42,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use iscsi_datamover::iser::DataDescriptors;
 use iscsi_datamover::tcp::PduBatch;
-use iscsi_datamover::{DatamoverError, PduReceiver, PduSender, Receiver, Sender};
+use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender, Receiver, Sender};
 use iscsi_proto::pdu::{
     AsyncEvent, DataIn, Header, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer, ScsiResponse,
     ServiceResponse,
@@ -482,17 +482,17 @@ pub(crate) struct SessionShared {
 }
 
 impl Connection {
-    /// Starts the reader task over `receiver`.
+    /// Starts the reader and writer tasks over `datamover`.
     pub(crate) fn start(
         cid: u16,
         limits: Limits,
         exp_stat_sn: StatSn,
-        receiver: Receiver,
-        sender: Sender,
-        descriptors: DataDescriptors,
+        datamover: Datamover,
         shared: SessionShared,
         lifecycle: ConnectionStateMachine,
     ) -> Arc<Connection> {
+        let descriptors = datamover.descriptors();
+        let (receiver, sender) = datamover.split();
         let SessionShared {
             window,
             buffers,
@@ -1100,10 +1100,7 @@ async fn write_loop(connection: &Connection) -> Result<(), DatamoverError> {
     }
 }
 
-async fn read_loop(
-    connection: &Arc<Connection>,
-    receiver: &mut Receiver,
-) -> Result<(), Error> {
+async fn read_loop(connection: &Arc<Connection>, receiver: &mut Receiver) -> Result<(), Error> {
     loop {
         let Some(header) = receiver.receive_header().await? else {
             return Err(Error::ConnectionLost);

@@ -7,8 +7,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use iscsi_datamover::tap::{Tap, WireTap};
 use iscsi_datamover::iser::{CmHeader, IserConfig, IserDatamover, IserRole};
+use iscsi_datamover::tap::{Tap, WireTap};
 use iscsi_datamover::{Datamover, PduReceiver, PduSender};
 use iscsi_proto::login::chap::ChallengeHistory;
 use iscsi_proto::login::initiator::{

@@ -454,15 +454,11 @@ impl Inner {
             limits.max_send_segment = limits.max_send_segment.min(cap);
         }
         let exp_stat_sn = logged_in.complete.exp_stat_sn;
-        let descriptors = logged_in.datamover.descriptors();
-        let (receiver, sender) = logged_in.datamover.split();
         Connection::start(
             cid,
             limits,
             exp_stat_sn,
-            receiver,
-            sender,
-            descriptors,
+            logged_in.datamover,
             SessionShared {
                 window: self.window.clone(),
                 buffers: self.read_buffers.clone(),

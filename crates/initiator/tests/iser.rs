@@ -69,7 +69,10 @@ async fn writes_and_reads_of_every_size_round_trip() {
         .expect("login over iSER");
     let parameters = session.parameters().unwrap();
     assert!(parameters.rdma_extensions, "RDMAExtensions=Yes");
-    assert!(parameters.initial_r2t, "the iSER target asks InitialR2T=Yes");
+    assert!(
+        parameters.initial_r2t,
+        "the iSER target asks InitialR2T=Yes"
+    );
     let inquiry = session.inquiry(0).await.expect("INQUIRY");
     assert_eq!(inquiry.vendor.trim(), "ISCSI-RS");
     // 512 B and 4 KiB: immediate data only; 64 KiB, 1 MiB and 3 MiB: the
@@ -93,7 +96,11 @@ async fn many_commands_at_once() {
     logging();
     let (_, iser, _stop) = start().await;
     let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
-    let session = Arc::new(Session::connect(&url, SessionConfig::default()).await.unwrap());
+    let session = Arc::new(
+        Session::connect(&url, SessionConfig::default())
+            .await
+            .unwrap(),
+    );
     let chunks: Vec<(u64, Vec<u8>)> = (0..96u64)
         .map(|i| (i * 256, random(if i % 3 == 0 { 4096 } else { 128 * 1024 })))
         .collect();
@@ -125,7 +132,9 @@ async fn a_short_read_reports_its_residual() {
     logging();
     let (_, iser, _stop) = start().await;
     let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
-    let session = Session::connect(&url, SessionConfig::default()).await.unwrap();
+    let session = Session::connect(&url, SessionConfig::default())
+        .await
+        .unwrap();
     // INQUIRY asking for 255 bytes: the target has fewer, the RDMA Write
     // is short and the response carries the underflow.
     let cdb = [0x12, 0, 0, 0, 255, 0];
@@ -172,7 +181,9 @@ async fn the_tcp_portal_answers_rdma_extensions_no() {
     assert!(Session::connect(&url, config).await.is_err());
     // And plain iSCSI there still says RDMAExtensions=No.
     let url: IscsiUrl = format!("iscsi://{tcp}/{TARGET}/0").parse().unwrap();
-    let session = Session::connect(&url, SessionConfig::default()).await.unwrap();
+    let session = Session::connect(&url, SessionConfig::default())
+        .await
+        .unwrap();
     assert!(!session.parameters().unwrap().rdma_extensions);
     session.logout().await.unwrap();
 }

@@ -286,10 +286,7 @@ impl Connection {
     /// Reads and serves PDUs until logout, the peer's close, an error, the
     /// session's close or the end of the shutdown grace period. Says
     /// whether the connection ended by a successful logout (T13).
-    pub async fn run(
-        mut self,
-        mut receiver: Receiver,
-    ) -> (Result<(), DatamoverError>, bool) {
+    pub async fn run(mut self, mut receiver: Receiver) -> (Result<(), DatamoverError>, bool) {
         let mut shutdown = self.shared.shutdown.clone();
         let mut closing = self.session.closing();
         let mut logout_deadline: Option<Instant> = None;

@@ -70,7 +70,9 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         target.require_chap(user, secret);
     }
     if let Some(both) = args.listen.iter().find(|a| args.iser.contains(a)) {
-        bail!("{both} is both a TCP (--listen) and an iSER (--iser) portal: iWARP needs a port of its own");
+        bail!(
+            "{both} is both a TCP (--listen) and an iSER (--iser) portal: iWARP needs a port of its own"
+        );
     }
     Ok(TargetConfig {
         listen: args.listen.clone(),

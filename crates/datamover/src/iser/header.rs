@@ -88,7 +88,9 @@ pub enum HeaderError {
 impl fmt::Display for HeaderError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            HeaderError::Short(n) => write!(f, "iSER message of {n} bytes: shorter than its header"),
+            HeaderError::Short(n) => {
+                write!(f, "iSER message of {n} bytes: shorter than its header")
+            }
             HeaderError::Opcode(op) => write!(f, "iSER opcode {op:#x} is not defined"),
         }
     }
@@ -205,7 +207,10 @@ impl CmHeader {
     /// Parses a peer's private data (the ULP part, after the IRD/ORD
     /// words). Empty private data is the RFC 5046 style: defaults.
     pub fn parse(private_data: &[u8]) -> CmHeader {
-        let flags = private_data.first().copied().unwrap_or(CM_ZBVA_NOT_SUPPORTED);
+        let flags = private_data
+            .first()
+            .copied()
+            .unwrap_or(CM_ZBVA_NOT_SUPPORTED);
         CmHeader {
             zero_based: flags & CM_ZBVA_NOT_SUPPORTED == 0,
             send_with_invalidate: flags & CM_SEND_WITH_INVALIDATE_NOT_SUPPORTED == 0,

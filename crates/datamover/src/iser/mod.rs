@@ -166,11 +166,7 @@ impl Shared {
 
     /// Posts `op` under a work request id the caller chose.
     async fn post_as(&self, wr_id: u64, op: SendOp) -> Result<(), DatamoverError> {
-        let permit = self
-            .send_slots
-            .acquire()
-            .await
-            .map_err(|_| self.ended())?;
+        let permit = self.send_slots.acquire().await.map_err(|_| self.ended())?;
         permit.forget();
         let request = SendRequest {
             wr_id,

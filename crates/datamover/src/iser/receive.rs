@@ -64,8 +64,8 @@ impl IserReceiver {
 
     /// The RecvDataSegmentLength this side declared applies from now on.
     pub(crate) fn enable(&mut self, max_recv_data_segment_length: u32) {
-        self.decoder.max_recv_data_segment_length = max_recv_data_segment_length
-            .min(self.shared.config.recv_data_segment_length.max(8192));
+        self.decoder.max_recv_data_segment_length =
+            max_recv_data_segment_length.min(self.shared.config.recv_data_segment_length.max(8192));
     }
 
     /// Posts a receive buffer again. A stream that has just ended refuses
@@ -108,7 +108,10 @@ impl IserReceiver {
                 if completion.status == WcStatus::Flushed {
                     continue;
                 }
-                return Err(transport(format!("receive failed: {:?}", completion.status)));
+                return Err(transport(format!(
+                    "receive failed: {:?}",
+                    completion.status
+                )));
             }
             let Some(buffer) = completion.buffer else {
                 return Err(transport("receive completion without its buffer"));
@@ -149,7 +152,9 @@ impl IserReceiver {
             IserHeader::HelloReply { reject, .. } => {
                 self.repost(wr_id, buffer)?;
                 if reject {
-                    return Err(transport("the target rejected the iSER connection (HelloReply)"));
+                    return Err(transport(
+                        "the target rejected the iSER connection (HelloReply)",
+                    ));
                 }
                 return Ok(None);
             }
@@ -282,7 +287,12 @@ impl IserReceiver {
 
     fn tapped(&self, header: &Header, start: Instant) {
         if let Some(tap) = lock(&self.shared.tap).as_ref() {
-            tap.pdu(Direction::Received, PduSummary::of(header), start, Instant::now());
+            tap.pdu(
+                Direction::Received,
+                PduSummary::of(header),
+                start,
+                Instant::now(),
+            );
         }
     }
 }

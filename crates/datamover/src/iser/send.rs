@@ -6,9 +6,7 @@ use std::time::Instant;
 use bytes::Bytes;
 use iscsi_iwarp::{Access, LocalBuffer, RemoteBuffer, SendOp, Sge};
 use iscsi_proto::pdu::encode::{MAX_HEADER_LEN, encode_header};
-use iscsi_proto::pdu::{
-    DataIn, DataOut, Header, Pdu, ScsiCommand, ScsiResponse, ServiceResponse,
-};
+use iscsi_proto::pdu::{DataIn, DataOut, Header, Pdu, ScsiCommand, ScsiResponse, ServiceResponse};
 use iscsi_proto::serial::DataSn;
 
 use super::header::{Advertised, HEADER_LEN, IserHeader};
@@ -40,7 +38,12 @@ impl IserSender {
     /// Tells the tap of one PDU sent.
     fn tapped(&self, header: &Header, start: Instant) {
         if let Some(tap) = lock(&self.shared.tap).as_ref() {
-            tap.pdu(Direction::Sent, PduSummary::of(header), start, Instant::now());
+            tap.pdu(
+                Direction::Sent,
+                PduSummary::of(header),
+                start,
+                Instant::now(),
+            );
         }
     }
 
@@ -169,10 +172,10 @@ impl IserSender {
         }
         let expected = command.expected_data_transfer_length;
         // Data all sent in the command needs no buffer on the target side.
-        if !command.write || immediate as u32 >= expected {
-            if let Some(region) = task.write.take() {
-                self.shared.release(region);
-            }
+        if (!command.write || immediate as u32 >= expected)
+            && let Some(region) = task.write.take()
+        {
+            self.shared.release(region);
         }
         if command.read && expected > 0 {
             let region = self
@@ -235,7 +238,6 @@ impl IserSender {
                 exp_data_sn: DataSn::new(data_in.data_sn.get().wrapping_add(1)),
                 bidi_read_residual_count: 0,
                 residual_count: data_in.residual_count,
-                ..ScsiResponse::default()
             };
             let header = Header::new(Pdu::ScsiResponse(response), 0);
             self.respond(&header, &[], itt).await?;
