@@ -70,3 +70,28 @@ qemu_block_extra_versions() {
     fi
     echo "qemu-utils=$candidate qemu-block-extra=$candidate"
 }
+
+# probe_tshark_lua: tshark is there and runs Lua dissectors (tools/wireshark/iser-iwarp.lua needs
+# them). Debian's tshark is built with Lua; `tshark -v` names it in its "Compiled ... with Lua
+# 5.2.4" paragraph (or "without Lua"), wrapped at any word, so lines are joined before matching.
+probe_tshark_lua() {
+    probe_have tshark || return 1
+    local said
+    said=$(tshark -v 2>/dev/null </dev/null) || return 1
+    said=${said//$'\n'/ }
+    case $said in
+        *'with Lua'*) return 0 ;;
+        *) return 1 ;;
+    esac
+}
+
+# probe_iscsi_iser BIN: the iscsi binary BIN has an iSER portal (`iscsi target --iser ADDR`): its
+# `target --help` names --iser. A binary that fails to run has none.
+probe_iscsi_iser() {
+    local said
+    said=$("$1" target --help 2>/dev/null </dev/null) || return 1
+    case $said in
+        *--iser*) return 0 ;;
+        *) return 1 ;;
+    esac
+}
