@@ -222,6 +222,10 @@ pub(crate) struct Connection {
     session: Arc<Session>,
     cid: u16,
     limits: Limits,
+    /// The limits Data-In is cut by: `limits`, except that over iSER a
+    /// Data-In is an RDMA Write, not bound by the initiator's receive
+    /// buffers, so only MaxBurstLength cuts it (RFC 7145 7.3.5).
+    data_in_limits: Limits,
     local: SocketAddr,
     writer: Arc<Writer>,
     in_flight: Arc<InFlight>,
@@ -255,6 +259,7 @@ impl Connection {
         sender: Sender,
         state: ConnectionStateMachine,
         tap: Option<Tap>,
+        placed_data: bool,
     ) -> Self {
         let writer = Arc::new(Writer {
             state: tokio::sync::Mutex::new(WriterState { sender, stat_sn }),
@@ -265,6 +270,14 @@ impl Connection {
             session,
             cid,
             limits,
+            data_in_limits: if placed_data {
+                Limits {
+                    max_send_segment: limits.max_burst_length,
+                    ..limits
+                }
+            } else {
+                limits
+            },
             local,
             writer,
             in_flight: Arc::default(),
@@ -905,7 +918,7 @@ impl Connection {
         let guard = self.in_flight.enter();
         let writer = Arc::clone(&self.writer);
         let session = Arc::clone(&self.session);
-        let limits = self.limits;
+        let limits = self.data_in_limits;
         let tap = self.tap.clone();
         tokio::spawn(async move {
             let _guard = guard;
@@ -940,7 +953,7 @@ impl Connection {
         let writer = Arc::clone(&self.writer);
         let session = Arc::clone(&self.session);
         let buffers = Arc::clone(&self.buffers);
-        let limits = self.limits;
+        let limits = self.data_in_limits;
         let tap = self.tap.clone();
         tokio::spawn(async move {
             let _guard = guard;

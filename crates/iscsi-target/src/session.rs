@@ -621,6 +621,7 @@ pub(crate) async fn serve_connection(
         limits.max_recv_segment = limits.max_recv_segment.max(params.max_burst_length);
     }
     let local = transport.local_addr();
+    let placed_data = transport.rdma_capable();
     let (receiver, sender) = transport.split();
     let connection = Connection::new(
         Arc::clone(&shared),
@@ -632,6 +633,7 @@ pub(crate) async fn serve_connection(
         sender,
         state,
         tap,
+        placed_data,
     );
     let (result, ended_by_logout) = connection.run(receiver).await;
     if session.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
