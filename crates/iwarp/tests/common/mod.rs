@@ -1,7 +1,7 @@
 //! Helpers shared by the loopback tests: a QP pair over 127.0.0.1, and a
 //! raw TCP peer that speaks MPA by hand and then sends whatever bytes a
 //! test wants (the bad peer).
-#![allow(dead_code)]
+#![allow(dead_code, missing_docs)]
 
 use std::time::Duration;
 
