@@ -395,3 +395,88 @@ async fn not_a_start_frame_and_early_bytes() {
     let mut rest = Vec::new();
     let _ = a.read_to_end(&mut rest).await;
 }
+
+#[tokio::test]
+async fn revision_1_and_peer_to_peer_requests() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        let mut qps = Vec::new();
+        for _ in 0..2 {
+            let (s, _) = listener.accept().await.unwrap();
+            let req = accept_request(s, T).await.unwrap();
+            let p2p = req.peer_to_peer();
+            let peer = req.peer().clone();
+            let qp = req
+                .accept(
+                    ConnectParams {
+                        private_data: b"ok".to_vec(),
+                        crc: false,
+                        ..Default::default()
+                    },
+                    vec![],
+                )
+                .await
+                .unwrap();
+            qps.push((peer, p2p, qp));
+        }
+        qps
+    });
+    // Revision 1: no IRD/ORD words either way.
+    let mut raw = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let mut req = frame(false, false, false, None, b"abc");
+    req[17] = 1;
+    raw.write_all(&req).await.unwrap();
+    let (reply, pd) = read_frame(&mut raw).await;
+    assert_eq!(
+        (reply.revision, reply.enhanced, reply.crc),
+        (1, false, false)
+    );
+    assert_eq!(pd, b"ok");
+    // Peer-to-peer asked: accepted in client-server mode (P clear in the reply).
+    let mut raw2 = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let words = IrdOrdRepr {
+        p2p: true,
+        send_rtr: true,
+        ird: 8,
+        ord: 8,
+        ..Default::default()
+    };
+    raw2.write_all(&frame(false, false, false, Some(words), b"xyz"))
+        .await
+        .unwrap();
+    let (reply, pd) = read_frame(&mut raw2).await;
+    assert!(reply.enhanced);
+    let w = IrdOrdRepr::parse(&pd).unwrap();
+    assert!(!w.p2p && !w.send_rtr);
+    assert_eq!(&pd[4..], b"ok");
+    let qps = server.await.unwrap();
+    assert_eq!(
+        (
+            qps[0].0.revision,
+            qps[0].0.private_data.as_slice(),
+            qps[0].1
+        ),
+        (1, &b"abc"[..], false)
+    );
+    assert_eq!(
+        (
+            qps[1].0.revision,
+            qps[1].0.private_data.as_slice(),
+            qps[1].1
+        ),
+        (2, &b"xyz"[..], true)
+    );
+}
+
+#[tokio::test]
+async fn dropping_the_last_handle_closes_the_stream() {
+    let (mut raw, qp) = raw_peer(ConnectParams::default(), vec![]).await;
+    drop(qp);
+    let mut rest = Vec::new();
+    tokio::time::timeout(T, raw.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(rest.is_empty());
+}
