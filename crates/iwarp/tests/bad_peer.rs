@@ -480,3 +480,39 @@ async fn dropping_the_last_handle_closes_the_stream() {
         .unwrap();
     assert!(rest.is_empty());
 }
+
+#[tokio::test]
+async fn reply_with_ord_above_our_ird_is_refused() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let raw = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.unwrap();
+        read_frame(&mut s).await;
+        let words = IrdOrdRepr {
+            ird: 1,
+            ord: 64,
+            ..Default::default()
+        };
+        s.write_all(&frame(true, true, false, Some(words), &[]))
+            .await
+            .unwrap();
+        read_terminate(&mut s).await
+    });
+    let s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let e = connect(
+        s,
+        ConnectParams {
+            ird: 4,
+            ..Default::default()
+        },
+        vec![],
+    )
+    .await
+    .err();
+    assert!(matches!(e, Some(Error::Mpa(_))), "{e:?}");
+    let t = raw.await.unwrap();
+    assert_eq!(
+        (t.layer, t.etype, t.code),
+        (2, 0, llp_code::INSUFFICIENT_IRD)
+    );
+}
