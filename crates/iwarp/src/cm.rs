@@ -18,14 +18,17 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::error::Error;
+use crate::error::{Error, llp_code};
+use crate::fpdu::Encoder;
 use crate::qp::{Agreed, QueuePair};
 use crate::verbs::{QpCaps, RecvRequest};
 use crate::wire::WireError;
+use crate::wire::ddp::{Buffer, DdpRepr};
 use crate::wire::mpa::{
     HEADER_LEN, IrdOrdRepr, MAX_IRD_ORD, MAX_PRIVATE_DATA, MAX_PRIVATE_DATA_RFC, StartFrameRepr,
     mulpdu_for_mss,
 };
+use crate::wire::rdmap::{CtrlRepr, Opcode, TerminateRepr};
 
 /// Connection-manager parameters for our side of the MPA exchange.
 #[derive(Clone, Debug)]
@@ -126,6 +129,42 @@ pub async fn connect(
         return Err(Error::Mpa(
             "the peer's Reply chose peer-to-peer mode, which we did not ask for".into(),
         ));
+    }
+    if theirs.ord > params.ird {
+        // RFC 6581 §7: the responder may not plan more Reads than we accept;
+        // say so the way siw does (LLP "insufficient IRD") and close.
+        let mut t = Vec::new();
+        let term = TerminateRepr {
+            layer: 2,
+            etype: 0,
+            code: llp_code::INSUFFICIENT_IRD,
+            m: false,
+            d: false,
+            r: false,
+        };
+        let mut extra = [0u8; TerminateRepr::LEN];
+        term.emit(&mut extra);
+        let ddp_hdr = DdpRepr {
+            last: true,
+            version: crate::wire::ddp::VERSION,
+            ulp_ctrl: CtrlRepr::byte(Opcode::Terminate),
+            buffer: Buffer::Untagged {
+                ulp: 0,
+                qn: 2,
+                msn: 1,
+                mo: 0,
+            },
+        };
+        Encoder {
+            crc: params.crc || hdr.crc,
+        }
+        .push(&mut t, &ddp_hdr, &extra, &[]);
+        let _ = tokio::time::timeout(params.timeout, stream.write_all(&t)).await;
+        let _ = stream.shutdown().await;
+        return Err(Error::Mpa(format!(
+            "the peer's ORD {} exceeds our IRD {} (sent Terminate: insufficient IRD)",
+            theirs.ord, params.ird
+        )));
     }
     let peer = PeerParams {
         private_data: ulp,

@@ -14,6 +14,24 @@
 //! | `cm` | the MPA exchange: [`connect`], [`accept_request`], [`ConnectRequest`] |
 //! | `qp` | [`QueuePair`]: the stream's state and its tokio driver (RFC 5040 §5-§7 semantics) |
 //!
+//! Design notes (why it is built this way):
+//! - One reading and one writing task per QP; all placement happens on the
+//!   reading task in stream order, so a Send completes at the receiver only
+//!   after the Writes before it were placed (what iSER relies on for a SCSI
+//!   Response after Data-In).
+//! - The writer gathers up to 1 MiB of queued work into one scratch buffer
+//!   of FPDUs (headers, payload, pad, CRC) and writes it with one system
+//!   call. Payload from a registered region is copied into that buffer
+//!   under the PD's lock, one segment at a time: regions live in a
+//!   `Mutex`'d table (no `unsafe`), and a guard cannot be held across the
+//!   socket write. The copy is the price of zero `unsafe`; the CRC then
+//!   runs over cache-hot bytes.
+//! - The reader reads 256 KiB at a time, checks each FPDU's CRC over the
+//!   received bytes, and copies tagged payload straight into the region
+//!   (one lock per segment).
+//! - Lock order: QP state, then PD, then CQ. Do not call QP methods from
+//!   inside [`ProtectionDomain::with_region`].
+//!
 //! Not implemented: MPA markers (refused, as Linux siw does), peer-to-peer
 //! mode's RTR (never asked for; a peer that asks is answered
 //! client-server), memory windows, RFC 7306 atomics. CRC32C is the same

@@ -94,10 +94,23 @@ pub(crate) struct Shared {
     mulpdu: AtomicUsize,
 }
 
-/// One established RDMA stream (Clone: handles to the same QP).
+/// One established RDMA stream (Clone: handles to the same QP). When the
+/// last handle is dropped the stream is closed at once (what is still
+/// queued is flushed): call [`QueuePair::disconnect`] for a graceful end.
 #[derive(Clone)]
 pub struct QueuePair {
     shared: Arc<Shared>,
+    _owner: Arc<Owner>,
+}
+
+/// Ends the stream when the last user handle goes (the driver tasks hold
+/// `Shared`, so without this a forgotten QP would keep its socket open).
+struct Owner(Arc<Shared>);
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        self.0.fail(Error::Closed, None);
+    }
 }
 
 /// What the connection manager agreed, for [`QueuePair::start`].
@@ -151,7 +164,10 @@ impl QueuePair {
         });
         tokio::spawn(rx_task(shared.clone(), rd));
         tokio::spawn(tx_task(shared.clone(), wr));
-        Ok(QueuePair { shared })
+        Ok(QueuePair {
+            _owner: Arc::new(Owner(shared.clone())),
+            shared,
+        })
     }
 
     /// Posts a send-queue request. `Err(Error::QueueFull)` when

@@ -4,7 +4,7 @@
 //! buffer that is too small: that is a caller bug, not a peer's).
 //!
 //! Parsers check only what the layout needs; protocol rules (versions,
-//! queue numbers, MSNs) are checked by [`crate::rx`], which knows which
+//! queue numbers, MSNs) are checked by [`crate::fpdu`], which knows which
 //! Terminate each broken rule calls for.
 
 pub mod ddp;
