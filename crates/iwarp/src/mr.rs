@@ -280,11 +280,19 @@ impl ProtectionDomain {
 
     /// Appends `len` bytes at region offset `offset` of `stag` to `out`
     /// (the sender's copy). False if the region went away meanwhile.
-    pub(crate) fn copy_out(&self, stag: u32, offset: usize, len: usize, out: &mut Vec<u8>) -> bool {
+    /// Runs `f` over bytes `offset..offset + len` of region `stag`, under
+    /// the table's lock; false if the region or the range is gone.
+    pub(crate) fn with_bytes(
+        &self,
+        stag: u32,
+        offset: usize,
+        len: usize,
+        f: impl FnOnce(&[u8]),
+    ) -> bool {
         let mut t = self.lock();
         match t.get(stag).and_then(|r| r.buf.get(offset..offset + len)) {
             Some(bytes) => {
-                out.extend_from_slice(bytes);
+                f(bytes);
                 true
             }
             None => false,

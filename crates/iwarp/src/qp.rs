@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use bytes::Bytes;
+use iscsi_crc32c::Crc32c;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -622,6 +623,63 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
     }
 }
 
+/// Payloads at least this long are written from their `Bytes` with a
+/// vectored write instead of being copied into the batch buffer.
+const ZERO_COPY_MIN: usize = 2048;
+
+/// One piece of a batch as it goes on the wire.
+enum Chunk {
+    /// Bytes of the batch buffer (headers, pads, CRCs, small payloads).
+    Out(std::ops::Range<usize>),
+    /// A payload written from where it is.
+    Bytes(Bytes),
+}
+
+/// Writes every chunk, in order, with as few vectored writes as the
+/// socket takes.
+async fn write_chunks(
+    wr: &mut OwnedWriteHalf,
+    out: &[u8],
+    chunks: &[Chunk],
+) -> std::io::Result<()> {
+    let slices: Vec<&[u8]> = chunks
+        .iter()
+        .map(|c| match c {
+            Chunk::Out(range) => &out[range.clone()],
+            Chunk::Bytes(b) => &b[..],
+        })
+        .filter(|s| !s.is_empty())
+        .collect();
+    let mut index = 0;
+    let mut offset = 0;
+    while index < slices.len() {
+        let end = (index + 512).min(slices.len());
+        let mut io: Vec<std::io::IoSlice<'_>> = Vec::with_capacity(end - index);
+        io.push(std::io::IoSlice::new(&slices[index][offset..]));
+        io.extend(
+            slices[index + 1..end]
+                .iter()
+                .map(|s| std::io::IoSlice::new(s)),
+        );
+        let mut written = wr.write_vectored(&io).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 && index < slices.len() {
+            let left = slices[index].len() - offset;
+            if written >= left {
+                written -= left;
+                index += 1;
+                offset = 0;
+            } else {
+                offset += written;
+                written = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Where one FPDU's body comes from (flattened so a batch allocates nothing per FPDU).
 enum Src {
     Bytes(Bytes),
@@ -900,23 +958,70 @@ impl Shared {
         }
     }
 
-    /// Encodes the plan into `out`. False if a region went away meanwhile.
-    fn encode(&self, plan: &Plan, out: &mut Vec<u8>) -> bool {
+    /// Encodes the plan: headers, pads, CRCs and region payloads into
+    /// `out`; `chunks` says what goes on the wire in order, so that large
+    /// `Bytes` payloads are written from where they are, without a copy.
+    /// Each FPDU's CRC is computed as its pieces are laid down (fused with
+    /// the copy for region payloads). False if a region went away
+    /// meanwhile.
+    fn encode(&self, plan: &Plan, out: &mut Vec<u8>, chunks: &mut Vec<Chunk>) -> bool {
         let enc = Encoder { crc: self.crc };
+        let mut pending = out.len();
         for p in &plan.pieces {
             let start = enc.begin(out, &p.hdr, &p.extra[..p.extra_len], p.body);
+            let mut crc = Crc32c::new();
+            if self.crc {
+                crc.update(&out[start..]);
+            }
+            let mut ulpdu_len = out.len() - start - 2;
             for s in &plan.srcs[p.srcs.clone()] {
                 match s {
-                    Src::Bytes(b) => out.extend_from_slice(b),
+                    Src::Bytes(b) if b.len() >= ZERO_COPY_MIN => {
+                        if self.crc {
+                            crc.update(b);
+                        }
+                        chunks.push(Chunk::Out(pending..out.len()));
+                        chunks.push(Chunk::Bytes(b.clone()));
+                        pending = out.len();
+                        ulpdu_len += b.len();
+                    }
+                    Src::Bytes(b) => {
+                        let at = out.len();
+                        out.extend_from_slice(b);
+                        if self.crc {
+                            crc.update(&out[at..]);
+                        }
+                        ulpdu_len += b.len();
+                    }
                     Src::Region { stag, offset, len } => {
-                        if !self.pd.copy_out(*stag, *offset, *len, out) {
+                        let at = out.len();
+                        out.resize(at + len, 0);
+                        let with_crc = self.crc;
+                        let placed = self.pd.with_bytes(*stag, *offset, *len, |bytes| {
+                            if with_crc {
+                                crc.update_copy(&mut out[at..], bytes);
+                            } else {
+                                out[at..].copy_from_slice(bytes);
+                            }
+                        });
+                        if !placed {
                             return false;
                         }
+                        ulpdu_len += len;
                     }
                 }
             }
-            enc.finish(out, start);
+            let pad = &[0u8; 3][..crate::wire::mpa::pad_len(ulpdu_len)];
+            out.extend_from_slice(pad);
+            let value = if self.crc {
+                crc.update(pad);
+                crc.value()
+            } else {
+                0
+            };
+            out.extend_from_slice(&value.to_le_bytes());
         }
+        chunks.push(Chunk::Out(pending..out.len()));
         true
     }
 
@@ -973,11 +1078,13 @@ enum Action {
 async fn tx_task(shared: Arc<Shared>, mut wr: OwnedWriteHalf) {
     let mut ended = shared.ended.subscribe();
     let mut out = Vec::with_capacity(BATCH_BYTES + 2 * MAX_FPDU);
+    let mut chunks = Vec::new();
     let mut plan = Plan::default();
     // False once a write was cut short: the stream then ends mid-FPDU and no Terminate can follow.
     let mut clean = true;
     loop {
         out.clear();
+        chunks.clear();
         plan.clear();
         let action = {
             let mut st = shared.lock();
@@ -1010,7 +1117,7 @@ async fn tx_task(shared: Arc<Shared>, mut wr: OwnedWriteHalf) {
                 return;
             }
             Action::Send => {
-                if !shared.encode(&plan, &mut out) {
+                if !shared.encode(&plan, &mut out, &mut chunks) {
                     shared.fail(
                         Error::Misuse("a region was deregistered while a request used it".into()),
                         None,
@@ -1019,7 +1126,7 @@ async fn tx_task(shared: Arc<Shared>, mut wr: OwnedWriteHalf) {
                     continue;
                 }
                 let r = tokio::select! {
-                    r = wr.write_all(&out) => r,
+                    r = write_chunks(&mut wr, &out, &chunks) => r,
                     _ = async {
                         let _ = ended.wait_for(|e| *e).await;
                         tokio::time::sleep(Duration::from_secs(1)).await;

@@ -36,6 +36,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use bytes::{Bytes, BytesMut};
 use iscsi_iwarp::{Access, MemoryRegion, QueuePair, RecvRequest, SendOp, SendRequest, WcOpcode};
 use iscsi_proto::pdu::{BHS_LEN, Header};
 use tokio::sync::{Semaphore, mpsc};
@@ -144,7 +145,19 @@ struct Shared {
     local_tasks: Mutex<HashMap<u32, LocalTask>>,
     reads: Mutex<HashMap<u64, PendingRead>>,
     tap: Mutex<Option<Tap>>,
+    /// RDMA Write payloads on the wire, by work request: each comes back
+    /// to `free_payloads` when its Write completes.
+    payloads: Mutex<HashMap<u64, Bytes>>,
+    free_payloads: Mutex<Vec<BytesMut>>,
+    /// Buffers for regions (read staging, RDMA Read sinks, write data),
+    /// reused so a large transfer does not cost fresh pages each time.
+    free_buffers: Mutex<Vec<Vec<u8>>>,
 }
+
+/// Buffers each pool keeps, at most.
+const POOLED: usize = 32;
+/// The largest buffer a pool keeps.
+const POOLED_MAX: usize = 16 << 20;
 
 /// Locks a mutex, ignoring poisoning (no code here panics holding one).
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -188,14 +201,70 @@ impl Shared {
         }
     }
 
+    /// A buffer of `len` bytes, reused when one is free. Its bytes are
+    /// whatever it held: every use fills what it hands on (an RDMA Read
+    /// completes only when all its bytes are placed; a read's data is
+    /// handed up only as far as the target says it transferred).
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
+        let reused = {
+            let mut free = lock(&self.free_buffers);
+            free.iter()
+                .position(|b| b.capacity() >= len)
+                .map(|i| free.swap_remove(i))
+        };
+        let mut buffer = reused.unwrap_or_default();
+        if buffer.len() >= len {
+            buffer.truncate(len);
+        } else {
+            buffer.resize(len, 0);
+        }
+        buffer
+    }
+
+    /// Gives a buffer back to the pool.
+    fn give_buffer(&self, buffer: Vec<u8>) {
+        if buffer.capacity() <= POOLED_MAX {
+            let mut free = lock(&self.free_buffers);
+            if free.len() < POOLED {
+                free.push(buffer);
+            }
+        }
+    }
+
+    /// `data` in a payload buffer that can go on the wire without another
+    /// copy, remembered under `wr_id` until its Write completes.
+    fn payload(&self, wr_id: u64, data: &[u8]) -> Bytes {
+        let mut buffer = lock(&self.free_payloads).pop().unwrap_or_default();
+        buffer.clear();
+        buffer.extend_from_slice(data);
+        let payload = buffer.freeze();
+        lock(&self.payloads).insert(wr_id, payload.clone());
+        payload
+    }
+
+    /// A Write's payload is off the wire: its buffer can be reused.
+    fn payload_done(&self, wr_id: u64) {
+        let Some(payload) = lock(&self.payloads).remove(&wr_id) else {
+            return;
+        };
+        if let Ok(buffer) = payload.try_into_mut()
+            && buffer.capacity() <= POOLED_MAX
+        {
+            let mut free = lock(&self.free_payloads);
+            if free.len() < POOLED {
+                free.push(buffer);
+            }
+        }
+    }
+
     /// Registers `buffer` for the peer's access.
     fn register(&self, buffer: Vec<u8>, access: Access) -> MemoryRegion {
         self.qp.pd().register(buffer, access)
     }
 
-    /// Deregisters a region whose task is over.
+    /// Deregisters a region whose task is over; its buffer is reused.
     fn release(&self, region: MemoryRegion) {
-        drop(self.qp.pd().deregister(region));
+        self.give_buffer(self.qp.pd().deregister(region));
     }
 
     /// Forgets what a finished task had registered (initiator) or
@@ -226,6 +295,7 @@ async fn run_send_completions(
 ) {
     while let Some(completion) = shared.qp.send_cq().next().await {
         shared.send_slots.add_permits(1);
+        shared.payload_done(completion.wr_id);
         let failed = completion.status != iscsi_iwarp::WcStatus::Success;
         if completion.opcode == WcOpcode::RdmaRead
             || lock(&shared.reads).contains_key(&completion.wr_id)
@@ -276,7 +346,9 @@ impl DataDescriptors {
         let Some(shared) = &self.shared else {
             return;
         };
-        let region = shared.register(data.to_vec(), Access::REMOTE_READ);
+        let mut buffer = shared.take_buffer(data.len());
+        buffer.copy_from_slice(data);
+        let region = shared.register(buffer, Access::REMOTE_READ);
         let old = lock(&shared.local_tasks).insert(
             itt,
             LocalTask {
@@ -345,6 +417,9 @@ impl IserDatamover {
             local_tasks: Mutex::default(),
             reads: Mutex::default(),
             tap: Mutex::default(),
+            payloads: Mutex::default(),
+            free_payloads: Mutex::default(),
+            free_buffers: Mutex::default(),
         });
         let (reads_done, reads_in) = mpsc::unbounded_channel();
         tokio::spawn(run_send_completions(Arc::clone(&shared), reads_done));

@@ -235,6 +235,7 @@ impl IserReceiver {
             return (header, current);
         };
         let mut data = self.shared.qp.pd().deregister(region);
+        // Only what the target says it transferred is handed up.
         let transferred = if response.residual_underflow {
             expected.saturating_sub(response.residual_count)
         } else {
@@ -350,7 +351,10 @@ impl PduReceiver for IserReceiver {
                 destination.copy_from_slice(&buffer[start..start + len]);
                 self.repost(wr_id, buffer)?;
             }
-            Current::Placed(data) => destination.copy_from_slice(&data[..destination.len()]),
+            Current::Placed(data) => {
+                destination.copy_from_slice(&data[..destination.len()]);
+                self.shared.give_buffer(data);
+            }
         }
         Ok(())
     }

@@ -95,9 +95,10 @@ impl IserSender {
             )));
         };
         let length = r2t.desired_data_transfer_length;
-        let region = self
-            .shared
-            .register(vec![0; length as usize], Access::LOCAL_WRITE);
+        let region = self.shared.register(
+            self.shared.take_buffer(length as usize),
+            Access::LOCAL_WRITE,
+        );
         let local = LocalBuffer {
             stag: region.stag(),
             offset: 0,
@@ -178,9 +179,10 @@ impl IserSender {
             self.shared.release(region);
         }
         if command.read && expected > 0 {
-            let region = self
-                .shared
-                .register(vec![0; expected as usize], Access::REMOTE_WRITE);
+            let region = self.shared.register(
+                self.shared.take_buffer(expected as usize),
+                Access::REMOTE_WRITE,
+            );
             task.read = Some((region, expected));
         }
         let write = task.write.as_ref().map(|region| Advertised {
@@ -216,11 +218,18 @@ impl IserSender {
                 stag,
                 to: base.wrapping_add(u64::from(data_in.buffer_offset)),
             };
+            let wr_id = self
+                .shared
+                .next_wr_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             let op = SendOp::RdmaWrite {
-                data: Sge::Bytes(Bytes::copy_from_slice(data)),
+                data: Sge::Bytes(self.shared.payload(wr_id, data)),
                 remote,
             };
-            self.shared.post(op).await?;
+            if let Err(error) = self.shared.post_as(wr_id, op).await {
+                self.shared.payload_done(wr_id);
+                return Err(error);
+            }
         }
         if let Some(status) = data_in.status {
             let response = ScsiResponse {
