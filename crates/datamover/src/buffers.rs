@@ -79,3 +79,36 @@ mod tests {
         assert_eq!(kept, 3);
     }
 }
+
+/// A buffer of a [`BufferPool`] that goes back to the pool when the last
+/// `Bytes` made from it is dropped ([`PooledBuffer::into_bytes`]): data
+/// handed to a datamover that sends it later (iSER's RDMA Writes) comes
+/// home by itself once it is on the wire.
+pub struct PooledBuffer {
+    buffer: Vec<u8>,
+    pool: std::sync::Arc<BufferPool>,
+}
+
+impl PooledBuffer {
+    /// Wraps `buffer`, which returns to `pool` at the end.
+    pub fn new(buffer: Vec<u8>, pool: std::sync::Arc<BufferPool>) -> Self {
+        PooledBuffer { buffer, pool }
+    }
+
+    /// The buffer as `Bytes` (no copy); cheap to clone and slice.
+    pub fn into_bytes(self) -> bytes::Bytes {
+        bytes::Bytes::from_owner(self)
+    }
+}
+
+impl AsRef<[u8]> for PooledBuffer {
+    fn as_ref(&self) -> &[u8] {
+        &self.buffer
+    }
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        self.pool.give(std::mem::take(&mut self.buffer));
+    }
+}

@@ -35,7 +35,7 @@ pub mod tap;
 pub mod tcp;
 mod transport;
 
-pub use buffers::BufferPool;
+pub use buffers::{BufferPool, PooledBuffer};
 pub use transport::{Datamover, Receiver, Sender};
 
 use std::future::Future;
@@ -122,6 +122,18 @@ pub trait PduReceiver: Send {
         destination: &mut [u8],
     ) -> impl Future<Output = Result<(), DatamoverError>> + Send;
 
+    /// Takes the current PDU's data segment only to drop it (a load
+    /// generator's read: received, checked, not kept). `scratch`, exactly
+    /// `data_segment_length` bytes, is room the transport may receive it
+    /// into; data a transport has already placed elsewhere (iSER) is not
+    /// copied again.
+    fn discard_data(
+        &mut self,
+        scratch: &mut [u8],
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
+        self.receive_data_into(scratch)
+    }
+
     /// The current PDU's data segment in a new buffer, digest verified.
     fn receive_data(&mut self) -> impl Future<Output = Result<Vec<u8>, DatamoverError>> + Send;
 
@@ -158,6 +170,18 @@ pub trait PduSender: Send {
         data: &[u8],
     ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
         self.send_control(header, data)
+    }
+
+    /// `Put_Data` from a buffer the datamover may keep until the data is
+    /// on the wire (RFC 5047 leaves the buffer to the datamover until
+    /// `Put_Data` completes): over iSER the RDMA Write goes out from it
+    /// with no copy; over TCP this is [`PduSender::put_data`].
+    fn put_data_owned(
+        &mut self,
+        header: &Header,
+        data: bytes::Bytes,
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
+        async move { self.put_data(header, &data).await }
     }
 
     /// `Connection_Terminate`: flushes and closes the send direction.

@@ -48,6 +48,13 @@ impl PduReceiver for Receiver {
         }
     }
 
+    async fn discard_data(&mut self, scratch: &mut [u8]) -> Result<(), DatamoverError> {
+        match self {
+            Receiver::Tcp(r) => r.discard_data(scratch).await,
+            Receiver::Iser(r) => r.discard_data(scratch).await,
+        }
+    }
+
     async fn receive_data(&mut self) -> Result<Vec<u8>, DatamoverError> {
         match self {
             Receiver::Tcp(r) => r.receive_data().await,
@@ -68,6 +75,17 @@ impl PduSender for Sender {
         match self {
             Sender::Tcp(s) => s.put_data(header, data).await,
             Sender::Iser(s) => s.put_data(header, data).await,
+        }
+    }
+
+    async fn put_data_owned(
+        &mut self,
+        header: &Header,
+        data: bytes::Bytes,
+    ) -> Result<(), DatamoverError> {
+        match self {
+            Sender::Tcp(s) => s.put_data(header, &data).await,
+            Sender::Iser(s) => s.put_data_owned(header, data).await,
         }
     }
 

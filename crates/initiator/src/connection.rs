@@ -833,7 +833,7 @@ impl Connection {
             }
             Plan::Scratch(own, start) => {
                 let mut scratch = self.buffers.take(length as usize, false);
-                let landed = receiver.receive_data_into(&mut scratch).await;
+                let landed = receiver.discard_data(&mut scratch).await;
                 self.buffers.give(scratch);
                 self.landed(itt, own, length, start + length as usize);
                 landed?;

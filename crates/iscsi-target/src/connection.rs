@@ -26,7 +26,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use iscsi_datamover::tap::Tap;
-use iscsi_datamover::{BufferPool, DatamoverError, PduReceiver, PduSender, Receiver, Sender};
+use iscsi_datamover::{
+    BufferPool, DatamoverError, PduReceiver, PduSender, PooledBuffer, Receiver, Sender,
+};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
     AsyncEvent, AsyncMessage, DataIn, DataOut, Header, LogoutReason, LogoutRequest, LogoutResponse,
@@ -130,6 +132,33 @@ impl WriterState {
         } else {
             self.sender.send_control(&header, data).await
         }
+    }
+}
+
+impl WriterState {
+    /// Stamps and sends a Data-In whose data the datamover may keep until
+    /// it is on the wire (`Put_Data` from an owned buffer: no copy over
+    /// iSER).
+    pub async fn send_data_in(
+        &mut self,
+        session: &Session,
+        mut pdu: Pdu,
+        data: bytes::Bytes,
+        stat: Stat,
+    ) -> Result<(), DatamoverError> {
+        let stat_sn = match stat {
+            Stat::Advance => {
+                let sn = self.stat_sn;
+                self.stat_sn = sn.next();
+                sn
+            }
+            Stat::Current => self.stat_sn,
+            Stat::Reserved => StatSn::new(0),
+        };
+        let (exp, max) = session.window_edges();
+        stamp(&mut pdu, stat_sn, exp, max);
+        let header = Header::new(pdu, data.len() as u32);
+        self.sender.put_data_owned(&header, data).await
     }
 }
 
@@ -925,7 +954,7 @@ impl Connection {
             let response = Response {
                 command: &command,
                 outcome,
-                data_in: &[],
+                data_in: bytes::Bytes::new(),
                 residual: Residual::NONE,
                 r2ts: 0,
                 tap: tap.as_ref(),
@@ -1010,10 +1039,14 @@ impl Connection {
             if outcome.status != GOOD {
                 SessionStats::add(&session.stats.errors, 1);
             }
+            // Handed to the datamover as shared bytes: over iSER the RDMA
+            // Writes go out from this buffer, which returns to the pool when
+            // the last of them is on the wire.
+            let data_in = PooledBuffer::new(data_in, Arc::clone(&buffers)).into_bytes();
             let response = Response {
                 command: &command,
                 outcome,
-                data_in: &data_in,
+                data_in: data_in.clone(),
                 residual,
                 r2ts,
                 tap: tap.as_ref(),
@@ -1022,7 +1055,6 @@ impl Connection {
                 debug!(%error, "response not sent");
             }
             buffers.give(data_out);
-            buffers.give(data_in);
         });
     }
 }
@@ -1158,7 +1190,7 @@ fn shorten_transfer(cdb: &[u8], blocks: u32) -> Option<Option<Vec<u8>>> {
 struct Response<'a> {
     command: &'a ScsiCommand,
     outcome: CommandOutcome,
-    data_in: &'a [u8],
+    data_in: bytes::Bytes,
     residual: Residual,
     r2ts: u32,
     /// Told how long the response waited for the connection's writer.
@@ -1230,7 +1262,7 @@ async fn respond(
         } else {
             Stat::Reserved
         };
-        out.send(session, Pdu::DataIn(pdu), &data_in[start..end], stat)
+        out.send_data_in(session, Pdu::DataIn(pdu), data_in.slice(start..end), stat)
             .await?;
         SessionStats::add(&session.stats.read_bytes, u64::from(segment.length));
     }

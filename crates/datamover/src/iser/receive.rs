@@ -359,6 +359,22 @@ impl PduReceiver for IserReceiver {
         Ok(())
     }
 
+    async fn discard_data(&mut self, scratch: &mut [u8]) -> Result<(), DatamoverError> {
+        match self.current.take() {
+            Some((header, Current::Placed(data)))
+                if header.data_segment_length as usize == scratch.len() =>
+            {
+                // Placed by RDMA already: nothing to copy.
+                self.shared.give_buffer(data);
+                Ok(())
+            }
+            current => {
+                self.current = current;
+                self.receive_data_into(scratch).await
+            }
+        }
+    }
+
     async fn receive_data(&mut self) -> Result<Vec<u8>, DatamoverError> {
         let len = self
             .current

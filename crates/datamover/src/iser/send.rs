@@ -15,6 +15,22 @@ use crate::tap::{Direction, PduSummary};
 use crate::tcp::PduBatch;
 use crate::{DatamoverError, PduSender};
 
+/// A Data-In's data: borrowed (copied into a payload buffer of the
+/// connection's) or a buffer the Write can go out from as it is.
+enum Payload<'a> {
+    Borrowed(&'a [u8]),
+    Owned(bytes::Bytes),
+}
+
+impl Payload<'_> {
+    fn is_empty(&self) -> bool {
+        match self {
+            Payload::Borrowed(data) => data.is_empty(),
+            Payload::Owned(data) => data.is_empty(),
+        }
+    }
+}
+
 /// The send direction: every PDU becomes a Send, a Write or a Read.
 #[derive(Debug)]
 pub struct IserSender {
@@ -203,7 +219,11 @@ impl IserSender {
     /// STag at its offset. A Data-In carrying status (phase collapse) is
     /// followed by the SCSI Response iSER requires instead (RFC 7145
     /// 7.3.5).
-    async fn write_data_in(&self, data_in: &DataIn, data: &[u8]) -> Result<(), DatamoverError> {
+    async fn write_data_in(
+        &self,
+        data_in: &DataIn,
+        data: Payload<'_>,
+    ) -> Result<(), DatamoverError> {
         let itt = data_in.initiator_task_tag;
         if !data.is_empty() {
             let advertised = lock(&self.shared.remote_tasks)
@@ -222,8 +242,12 @@ impl IserSender {
                 .shared
                 .next_wr_id
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let data = match data {
+                Payload::Borrowed(data) => self.shared.payload(wr_id, data),
+                Payload::Owned(data) => data,
+            };
             let op = SendOp::RdmaWrite {
-                data: Sge::Bytes(self.shared.payload(wr_id, data)),
+                data: Sge::Bytes(data),
                 remote,
             };
             if let Err(error) = self.shared.post_as(wr_id, op).await {
@@ -263,7 +287,9 @@ impl IserSender {
                 self.respond(header, data, response.initiator_task_tag)
                     .await?
             }
-            (Pdu::DataIn(data_in), IserRole::Target) => self.write_data_in(data_in, data).await?,
+            (Pdu::DataIn(data_in), IserRole::Target) => {
+                self.write_data_in(data_in, Payload::Borrowed(data)).await?
+            }
             (Pdu::ScsiCommand(command), IserRole::Initiator) => {
                 let iser = self.advertise(command, data.len());
                 self.send_message(iser, header, data, None).await?
@@ -309,6 +335,23 @@ impl PduSender for IserSender {
     /// requires instead (RFC 7145 7.3.5).
     async fn put_data(&mut self, header: &Header, data: &[u8]) -> Result<(), DatamoverError> {
         self.send_pdu(header, data).await
+    }
+
+    /// `Put_Data` from a buffer the Write can go out from as it is.
+    async fn put_data_owned(
+        &mut self,
+        header: &Header,
+        data: bytes::Bytes,
+    ) -> Result<(), DatamoverError> {
+        match (&header.pdu, self.shared.role) {
+            (Pdu::DataIn(data_in), IserRole::Target) => {
+                let start = Instant::now();
+                self.write_data_in(data_in, Payload::Owned(data)).await?;
+                self.tapped(header, start);
+                Ok(())
+            }
+            _ => self.send_pdu(header, &data).await,
+        }
     }
 
     async fn terminate(&mut self) -> Result<(), DatamoverError> {
