@@ -50,36 +50,6 @@ impl BufferPool {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn last_in_first_out_with_contents() {
-        let pool = BufferPool::new(4, 1024);
-        assert!(pool.take().is_empty(), "an empty pool makes a new buffer");
-        pool.give(vec![1; 8]);
-        pool.give(vec![2; 8]);
-        assert_eq!(pool.take(), [2; 8]);
-        assert_eq!(pool.take(), [1; 8]);
-    }
-
-    #[test]
-    fn keeps_a_bounded_number_of_bounded_buffers() {
-        let pool = BufferPool::new(3, 64);
-        pool.give(Vec::new());
-        pool.give(Vec::with_capacity(65));
-        assert!(pool.take().capacity() == 0, "neither was kept");
-        for _ in 0..5 {
-            pool.give(vec![1; 16]);
-        }
-        let kept = std::iter::from_fn(|| Some(pool.take()))
-            .take_while(|b| !b.is_empty())
-            .count();
-        assert_eq!(kept, 3);
-    }
-}
-
 /// A buffer of a [`BufferPool`] that goes back to the pool when the last
 /// `Bytes` made from it is dropped ([`PooledBuffer::into_bytes`]): data
 /// handed to a datamover that sends it later (iSER's RDMA Writes) comes
@@ -110,5 +80,35 @@ impl AsRef<[u8]> for PooledBuffer {
 impl Drop for PooledBuffer {
     fn drop(&mut self) {
         self.pool.give(std::mem::take(&mut self.buffer));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn last_in_first_out_with_contents() {
+        let pool = BufferPool::new(4, 1024);
+        assert!(pool.take().is_empty(), "an empty pool makes a new buffer");
+        pool.give(vec![1; 8]);
+        pool.give(vec![2; 8]);
+        assert_eq!(pool.take(), [2; 8]);
+        assert_eq!(pool.take(), [1; 8]);
+    }
+
+    #[test]
+    fn keeps_a_bounded_number_of_bounded_buffers() {
+        let pool = BufferPool::new(3, 64);
+        pool.give(Vec::new());
+        pool.give(Vec::with_capacity(65));
+        assert!(pool.take().capacity() == 0, "neither was kept");
+        for _ in 0..5 {
+            pool.give(vec![1; 16]);
+        }
+        let kept = std::iter::from_fn(|| Some(pool.take()))
+            .take_while(|b| !b.is_empty())
+            .count();
+        assert_eq!(kept, 3);
     }
 }
