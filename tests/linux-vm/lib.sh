@@ -5,6 +5,8 @@
 #   port=$(vm_free_port)              # a free TCP port on 127.0.0.1
 #   target_start t0 "$port" --lun ram:64M     # `iscsi target --listen 127.0.0.1:PORT ARGS...`
 #   target_start t1 "$port" --config f.toml   # with --config the file's `listen` is used instead
+#   target_start t2 "$port" --listen 127.0.0.1:"$tcp" --iser 127.0.0.1:"$port" --lun ram:64M
+#                                     # an iSER portal on PORT (waited for), TCP on another port
 #   vm_run --to-host "$port" guest.sh files...  # tests/linux-vm/run; console in $VM_WORK/console.log
 #   target_stop t0 / target_kill t0 / target_pid t0 / target_log t0
 #
@@ -95,8 +97,10 @@ _vm_wait_listening() {
 }
 
 # target_start NAME PORT [ARGS...]: starts `$ISCSI_BIN target` in the background (log appended to
-# $VM_WORK/target-NAME.log) and waits until it listens. Adds --listen 127.0.0.1:PORT unless ARGS
-# contain --config (the configuration file then names the portal; it must be 127.0.0.1:PORT).
+# $VM_WORK/target-NAME.log) and waits until it listens on PORT. Adds --listen 127.0.0.1:PORT unless
+# ARGS contain --config (the configuration file then names the portal; it must be 127.0.0.1:PORT)
+# or --listen (e.g. an iSER portal `--iser 127.0.0.1:PORT`: iWARP listens in the TCP port space, so
+# the TCP portal must be on another port; PORT is still the one waited for and captured).
 target_start() {
     local name=$1 port=$2
     shift 2
@@ -105,7 +109,7 @@ target_start() {
     VM_TARGET_ARGS[$name]=$(printf '%q ' "$@")
     VM_TARGET_PORT[$name]=$port
     case " ${args[*]} " in
-        *" --config "*) ;;
+        *" --config "* | *" --listen "*) ;;
         *) args=(--listen "127.0.0.1:$port" "${args[@]}") ;;
     esac
     if [ "${LINUX_VM_CAPTURE:-0}" = 1 ] && [ -z "${VM_CAPTURE_PID[$port]:-}" ]; then
