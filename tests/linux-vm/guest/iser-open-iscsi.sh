@@ -8,7 +8,8 @@
 # shellcheck source=open-iscsi-lib.sh
 . ./open-iscsi-lib.sh
 # shellcheck disable=SC1091 # written by the host job
-. ./params.sh # PORT (the target's iSER portal on the host), IQN
+. ./params.sh # PORT (the target's iSER portal on the host), IQN, LUN (default 0)
+LUN=${LUN:-0}
 P=10.0.2.100:$PORT
 sh ./siw-up.sh ./siw.ko >out/siw-up.txt 2>&1 || { cat out/siw-up.txt; fail "soft iWARP (siw) up"; }
 ok "$(tail -1 out/siw-up.txt)"
@@ -31,8 +32,8 @@ iser_login() {
     ok "$what: $(cat out/session.txt)"
 }
 iser_login "login over iSER"
-dev=$(disk "$IQN" 0)
-note "LUN 0 is $dev ($(blockdev --getsize64 "$dev") bytes)"
+dev=$(disk "$IQN" "$LUN")
+note "LUN $LUN is $dev ($(blockdev --getsize64 "$dev") bytes)"
 
 # A file system on the disk, a copied tree read back, fsck clean.
 check "mkfs.ext4 on $dev" mkfs.ext4 -q -F "$dev"
@@ -57,7 +58,7 @@ check "write a pattern at the LUN's end" dd if=out/pattern of="$dev" bs=64k seek
 check "logout" logout "$IQN" "$P"
 
 iser_login "login again over iSER"
-dev=$(disk "$IQN" 0)
+dev=$(disk "$IQN" "$LUN")
 dd if="$dev" of=out/pattern-back bs=64k skip=$(( $(blockdev --getsize64 "$dev") / 65536 - 16 )) count=16 iflag=direct status=none
 check "the pattern is there after logout and a new login" cmp out/pattern out/pattern-back
 check "final logout" logout "$IQN" "$P"

@@ -11,7 +11,7 @@ set -uo pipefail
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 mkdir -p out
 # shellcheck disable=SC1091 # written by the host job
-. ./params.sh # IQN, WAIT_S (how long to wait for the host)
+. ./params.sh # IQN, WAIT_S (how long to wait for the host), TGTD_DEBUG (tgtd -d: 0 or 1)
 say() { echo "iser-tgt guest: $*"; }
 fail() {
     say "FAIL: $*"
@@ -26,7 +26,7 @@ say "$(tail -1 out/siw-up.txt)"
 
 # tgtd pins its RDMA pool: no memlock limit.
 ulimit -l unlimited
-tgtd -f --iscsi portal=0.0.0.0:3262 --iser pool_sz_mb=64 >out/tgtd.log 2>&1 &
+tgtd -f -d "${TGTD_DEBUG:-0}" --iscsi portal=0.0.0.0:3262 --iser pool_sz_mb=64 >out/tgtd.log 2>&1 &
 tgtd_pid=$!
 i=0
 until tgtadm --op show --mode sys >/dev/null 2>&1; do

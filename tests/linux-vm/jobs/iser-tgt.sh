@@ -23,6 +23,7 @@ host_port=$(vm_free_port)
 cat >params.sh <<PARAMS
 IQN=$iqn
 WAIT_S=${ISER_TGT_WAIT_S:-600}
+TGTD_DEBUG=${ISER_TGT_DEBUG:-0}
 PARAMS
 capture_pid=""
 if [ "${LINUX_VM_CAPTURE:-0}" = 1 ]; then
@@ -31,12 +32,26 @@ if [ "${LINUX_VM_CAPTURE:-0}" = 1 ]; then
     capture_pid=$!
     sleep 2
 fi
-# On a failure: the guest is told to stop (abort), and the capture ends.
+# On a failure: the guest is told to stop (abort) and given 30 s to save tgtd's view and its kernel
+# log to out/ (the share: $VM_SHARE/out, also ./vm-out once run ends), whose tails are shown; the
+# capture ends.
 finish() {
-    [ -n "${VM_SHARE:-}" ] && [ -d "$VM_SHARE" ] && [ ! -e "$VM_SHARE/done" ] && : >"$VM_SHARE/abort"
+    local rc=$1 _
+    if [ "$rc" != 0 ] && [ -n "${VM_SHARE:-}" ] && [ -d "$VM_SHARE" ]; then
+        [ -e "$VM_SHARE/done" ] || : >"$VM_SHARE/abort"
+        for _ in $(seq 1 150); do
+            kill -0 "${VM_RUN_PID:-0}" 2>/dev/null || break
+            sleep 0.2
+        done
+        for f in tgtd.log dmesg.txt; do
+            [ -f "$VM_SHARE/out/$f" ] || continue
+            echo "===== last 25 lines of the guest's $f ====="
+            tail -n 25 "$VM_SHARE/out/$f"
+        done
+    fi
     if [ -n "$capture_pid" ]; then kill "$capture_pid" 2>/dev/null || true; wait "$capture_pid" 2>/dev/null || true; fi
 }
-trap 'rc=$?; finish; _vm_exit $rc' EXIT
+trap 'rc=$?; finish $rc; _vm_exit $rc' EXIT
 guest=$LINUX_VM_DIR/guest
 vm_run_bg --from-host "$host_port:3260" --timeout 1200 "$guest/iser-tgt.sh" "$guest/siw-up.sh" "$siw" params.sh
 vm_log "VM booting (PID $VM_RUN_PID); waiting for tgtd's iSER target"
@@ -58,10 +73,19 @@ host_step() {
     fi
 }
 
-# 1. MPA: tgt answers the kernel initiator's MPA Request with an MPA Reply.
-host_step mpa python3 "$LINUX_VM_DIR/mpa-probe.py" 127.0.0.1 "$host_port" 60 ||
+# 1. MPA: tgt answers the kernel initiator's MPA Request with an MPA Reply, and tgtd logs the RDMA
+# connection established (its log is live in the share). Seen: flags 0x10, rev 2, private data
+# 00 01 00 80 (IRD 1, ORD 128) and no iSER CM header after it: tgt sends none.
+host_step mpa python3 "$LINUX_VM_DIR/mpa-probe.py" 127.0.0.1 "$host_port" 60 3 ||
     vm_fail "tgt's iSER target did not answer MPA (host-mpa.log); the harness or tgt, not our initiator"
 sed 's/^/  /' host-mpa.log
+for _ in $(seq 1 50); do
+    tgtd_log=$(cat "$VM_SHARE/out/tgtd.log" 2>/dev/null) || tgtd_log=""
+    [[ $tgtd_log == *"iser_cm_conn_established"* ]] && break
+    sleep 0.2
+done
+[[ $tgtd_log == *"iser_cm_conn_established"* ]] || vm_fail "tgtd did not log the MPA probe's RDMA connection as established"
+vm_log "ok - tgt's iSER target answers MPA; tgtd: $(grep -m1 iser_cm_conn_established <<<"$tgtd_log")"
 
 url=iser://127.0.0.1:$host_port/$iqn/1
 export NO_COLOR=1
