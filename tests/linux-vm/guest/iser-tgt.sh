@@ -4,14 +4,14 @@
 # siw up (siw-up.sh); tgtd with its TCP portal moved to 3262 (iSER listens on 3260 in the same TCP
 # port space) and a 64 MiB RDMA pool (its default 1 GiB does not register in a 2 GiB guest); one
 # target on the iser LLD, LUN 1 a 1 GiB sparse file on the root disk (qemu -snapshot: not guest RAM),
-# bound to ALL. Then writes ./ready (the share: the host sees it at once) and waits for the host's
+# bound to ALL addresses and to the initiator names in INITIATORS (see the ACL note below). Then writes ./ready (the share: the host sees it at once) and waits for the host's
 # ./done (or ./abort), keeping tgtd's log; at the end tgtd's view and the kernel log go to out/.
 [ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 set -uo pipefail
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 mkdir -p out
 # shellcheck disable=SC1091 # written by the host job
-. ./params.sh # IQN, WAIT_S (how long to wait for the host), TGTD_DEBUG (tgtd -d: 0 or 1)
+. ./params.sh # IQN, INITIATORS (names allowed in), WAIT_S (how long to wait for the host), TGTD_DEBUG (tgtd -d: 0 or 1)
 say() { echo "iser-tgt guest: $*"; }
 fail() {
     say "FAIL: $*"
@@ -41,6 +41,12 @@ truncate -s 1G /var/tmp/tgt-lun.img
 tgtadm --lld iser --op new --mode target --tid 1 -T "$IQN" || fail "tgtadm: new target"
 tgtadm --lld iser --op new --mode logicalunit --tid 1 --lun 1 -b /var/tmp/tgt-lun.img || fail "tgtadm: new LUN"
 tgtadm --lld iser --op bind --mode target --tid 1 -I ALL || fail "tgtadm: bind ALL"
+# tgt 1.0.85's iSER login (and SendTargets) wants the initiator's address AND its name on the ACLs:
+# without an initiator-name ACL every iSER login fails "target not found" (status 02/03), discovery
+# lists nothing. Fixed upstream in 1.0.95 (b73c64d, "allow undefined initiator name ACL").
+for name in $INITIATORS; do
+    tgtadm --lld iser --op bind --mode target --tid 1 -Q "$name" || fail "tgtadm: bind initiator name $name"
+done
 # siw listens in the kernel's TCP port space: the iSER portal shows as a TCP listener on 3260.
 i=0
 until [ -n "$(ss -Htln 'sport = :3260' 2>/dev/null)" ]; do

@@ -19,9 +19,13 @@ source "$(dirname "$0")/../lib.sh"
 vm_setup
 siw=$("$LINUX_VM_DIR/build-siw") || vm_fail "build-siw could not build siw.ko for the VM's kernel"
 iqn=iqn.2026-11.rs.iscsi.test:tgt-iser
+# tgt 1.0.85 admits an iSER login only with the initiator's name on its ACL (guest/iser-tgt.sh):
+# every host command names itself explicitly.
+initiator=iqn.2026-11.rs.iscsi.test:host-iser
 host_port=$(vm_free_port)
 cat >params.sh <<PARAMS
 IQN=$iqn
+INITIATORS=$initiator
 WAIT_S=${ISER_TGT_WAIT_S:-600}
 TGTD_DEBUG=${ISER_TGT_DEBUG:-0}
 PARAMS
@@ -91,26 +95,26 @@ url=iser://127.0.0.1:$host_port/$iqn/1
 export NO_COLOR=1
 # 2. Data: 64 MiB written, read back, compared.
 head -c 64M /dev/urandom >data.bin
-host_step write "$ISCSI_BIN" write "$url" --input data.bin || vm_fail "iscsi write $url"
-host_step read "$ISCSI_BIN" read "$url" --length 64M --output back.bin || vm_fail "iscsi read $url"
+host_step write "$ISCSI_BIN" write "$url" --initiator-name "$initiator" --input data.bin || vm_fail "iscsi write $url"
+host_step read "$ISCSI_BIN" read "$url" --initiator-name "$initiator" --length 64M --output back.bin || vm_fail "iscsi read $url"
 cmp data.bin back.bin || vm_fail "the 64 MiB read back over iSER differ from those written"
 vm_log "ok - 64 MiB written, read back and compared over iSER"
 rm -f data.bin back.bin
 
 # 3. SCSI inquiry, the target's LUNs, SendTargets discovery over an iSER session.
-host_step inquiry "$ISCSI_BIN" inquiry "$url" || vm_fail "iscsi inquiry $url"
+host_step inquiry "$ISCSI_BIN" inquiry "$url" --initiator-name "$initiator" || vm_fail "iscsi inquiry $url"
 grep -qi 'IET\|tgt\|VIRTUAL-DISK' host-inquiry.log || vm_fail "INQUIRY does not look like tgt's disk (host-inquiry.log)"
 vm_log "ok - inquiry: $(grep -i 'vendor\|product' host-inquiry.log | tr -s ' \n' ' ')"
-host_step ls "$ISCSI_BIN" ls "iser://127.0.0.1:$host_port/$iqn" || vm_fail "iscsi ls (REPORT LUNS over iSER)"
+host_step ls "$ISCSI_BIN" ls "iser://127.0.0.1:$host_port/$iqn" --initiator-name "$initiator" || vm_fail "iscsi ls (REPORT LUNS over iSER)"
 grep -qE '^ +1 +disk' host-ls.log || vm_fail "iscsi ls does not list LUN 1 as a disk (host-ls.log)"
 vm_log "ok - ls lists LUN 1"
-host_step discover "$ISCSI_BIN" discover "iser://127.0.0.1:$host_port" || vm_fail "iscsi discover over iSER"
+host_step discover "$ISCSI_BIN" discover "iser://127.0.0.1:$host_port" --initiator-name "$initiator" || vm_fail "iscsi discover over iSER"
 grep -qxF "$iqn" host-discover.log || vm_fail "discovery over iSER does not list $iqn (host-discover.log)"
 vm_log "ok - discovery over iSER lists $iqn"
 
 # 4. bench, 1 MiB at QD16: figures for the log only (software emulation is no performance source).
 for rw in write read; do
-    host_step "bench-$rw" "$ISCSI_BIN" bench "$url" --rw "$rw" --bs 1m --qd 16 --time "${ISER_TGT_BENCH_S:-5}" ||
+    host_step "bench-$rw" "$ISCSI_BIN" bench "$url" --initiator-name "$initiator" --rw "$rw" --bs 1m --qd 16 --time "${ISER_TGT_BENCH_S:-5}" ||
         vm_fail "iscsi bench --rw $rw over iSER"
     vm_log "ok - bench $rw 1m QD16 (emulated VM, not a figure): $(tail -n 3 "host-bench-$rw.log" | tr -s ' \n' ' ')"
 done
