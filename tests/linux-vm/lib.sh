@@ -16,7 +16,7 @@
 # LINUX_VM_TAIL (lines of console/log shown on failure, default 80), LINUX_VM_CAPTURE=1 (tshark
 # records each target port's traffic in $VM_WORK/capture-PORT.pcapng).
 # On a non-zero exit the tail of the guest console and of every target's log is printed, and every
-# target still running is stopped.
+# target still running is stopped. vm_skip REASON exits 77 ("skip" in scripts/linux-vm-tests).
 
 LINUX_VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LINUX_VM_REPO=$(cd "$LINUX_VM_DIR/../.." && pwd)
@@ -25,6 +25,32 @@ declare -A VM_TARGET_PID=() VM_TARGET_ARGS=() VM_TARGET_PORT=() VM_CAPTURE_PID=(
 
 vm_log() { echo "[$(date +%T)] ${VM_JOB:-job}: $*"; }
 vm_fail() { echo "[$(date +%T)] ${VM_JOB:-job}: FAIL: $*" >&2; exit 1; }
+# vm_skip REASON: the job cannot run with this binary (e.g. a feature not built in yet): exit 77,
+# which scripts/linux-vm-tests reports as "skip", not as a failure.
+VM_SKIP_STATUS=77
+vm_skip() { echo "[$(date +%T)] ${VM_JOB:-job}: SKIP: $*"; exit "$VM_SKIP_STATUS"; }
+
+# The URL the iSER probes open: port 1 on loopback refuses at once (no traffic leaves the machine).
+VM_ISER_PROBE_URL=iser://127.0.0.1:1/iqn.2026-11.rs.iscsi:probe/0
+
+# vm_iscsi_has_iser_urls: $ISCSI_BIN's initiator subcommands take iser:// URLs. The probe asks it to
+# open one on a port that refuses: a binary without iSER rejects the URL itself ("invalid iSCSI URL
+# ... must start with iscsi://"); any other failure (connection refused...) means it tried.
+vm_iscsi_has_iser_urls() {
+    local said
+    said=$(timeout 20 "$ISCSI_BIN" inquiry "$VM_ISER_PROBE_URL" 2>&1 </dev/null) || true
+    case $said in
+        *'invalid iSCSI URL'* | *'must start with iscsi://'*) return 1 ;;
+        *) return 0 ;;
+    esac
+}
+
+# vm_iscsi_has_iser_target: `$ISCSI_BIN target` has the --iser option.
+vm_iscsi_has_iser_target() {
+    local said
+    said=$("$ISCSI_BIN" target --help 2>&1 </dev/null) || true
+    [[ $said == *--iser* ]]
+}
 
 # Creates the job's work directory and makes it the current directory (./vm-out lands there).
 vm_setup() {
@@ -51,7 +77,7 @@ _vm_exit() {
         kill "${VM_CAPTURE_PID[$name]}" 2>/dev/null || true
         wait "${VM_CAPTURE_PID[$name]}" 2>/dev/null || true
     done
-    if [ "$rc" -ne 0 ]; then
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne "$VM_SKIP_STATUS" ]; then
         echo "===== $VM_JOB failed (exit $rc): last $n lines of the guest console ====="
         tail -n "$n" "$VM_WORK/console.log" 2>/dev/null || true
         for f in "$VM_WORK"/target-*.log; do

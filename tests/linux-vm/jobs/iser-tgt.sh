@@ -41,7 +41,7 @@ fi
 # capture ends.
 finish() {
     local rc=$1 _
-    if [ "$rc" != 0 ] && [ -n "${VM_SHARE:-}" ] && [ -d "$VM_SHARE" ]; then
+    if [ "$rc" != 0 ] && [ "$rc" != "$VM_SKIP_STATUS" ] && [ -n "${VM_SHARE:-}" ] && [ -d "$VM_SHARE" ]; then
         [ -e "$VM_SHARE/done" ] || : >"$VM_SHARE/abort"
         for _ in $(seq 1 150); do
             kill -0 "${VM_RUN_PID:-0}" 2>/dev/null || break
@@ -89,8 +89,17 @@ for _ in $(seq 1 50); do
     sleep 0.2
 done
 [[ $tgtd_log == *"iser_cm_conn_established"* ]] || vm_fail "tgtd did not log the MPA probe's RDMA connection as established"
-vm_log "ok - tgt's iSER target answers MPA; tgtd: $(grep -m1 iser_cm_conn_established <<<"$tgtd_log")"
+established=$(grep -m1 iser_cm_conn_established <<<"$tgtd_log")
+vm_log "ok - tgt's iSER target answers MPA; ${established}"
 
+# A binary without iser:// URLs ends the job here as a skip (exit 77: tgt's side was checked above);
+# with LINUX_VM_ISER_REQUIRED=1 it is a failure.
+if ! vm_iscsi_has_iser_urls; then
+    [ "${LINUX_VM_ISER_REQUIRED:-0}" = 1 ] && vm_fail "$ISCSI_BIN does not take iser:// URLs"
+    : >"$VM_SHARE/done"
+    wait "$VM_RUN_PID" || true
+    vm_skip "$ISCSI_BIN does not take iser:// URLs (iSER not built in yet); tgt's iSER target over siw answered MPA"
+fi
 url=iser://127.0.0.1:$host_port/$iqn/1
 export NO_COLOR=1
 # 2. Data: 64 MiB written, read back, compared.
