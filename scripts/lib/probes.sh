@@ -95,3 +95,27 @@ probe_iscsi_iser() {
         *) return 1 ;;
     esac
 }
+
+# probe_deb_installed PACKAGE [VERSION]: dpkg has PACKAGE installed ("install ok installed"; a
+# package removed with its configuration files left is "deinstall ok config-files" and does not
+# count), at exactly VERSION when given. dpkg-query prints one line per architecture of a
+# Multi-Arch package: any line will do.
+probe_deb_installed() {
+    local said
+    said=$(dpkg-query -W -f='${Status}|${Version}\n' "$1" 2>/dev/null) || return 1
+    if [ $# -ge 2 ]; then
+        grep -qxF -- "install ok installed|$2" <<<"$said"
+    else
+        grep -q '^install ok installed|' <<<"$said"
+    fi
+}
+
+# probe_deb_available PACKAGE VERSION: this machine's apt sources offer PACKAGE at exactly VERSION
+# (e.g. the linux-source of a kernel that is no longer the newest).
+probe_deb_available() {
+    local said listed
+    # apt-cache's own status, not the one of a pipeline's last command (pipefail may be off).
+    said=$(apt-cache madison "$1" 2>/dev/null) || return 1
+    listed=$(awk -F'|' '{gsub(/ /, "", $2); print $2}' <<<"$said")
+    grep -qxF -- "$2" <<<"$listed"
+}

@@ -5,6 +5,8 @@
 #   port=$(vm_free_port)              # a free TCP port on 127.0.0.1
 #   target_start t0 "$port" --lun ram:64M     # `iscsi target --listen 127.0.0.1:PORT ARGS...`
 #   target_start t1 "$port" --config f.toml   # with --config the file's `listen` is used instead
+#   target_start t2 "$port" --listen 127.0.0.1:"$tcp" --iser 127.0.0.1:"$port" --lun ram:64M
+#                                     # an iSER portal on PORT (waited for), TCP on another port
 #   vm_run --to-host "$port" guest.sh files...  # tests/linux-vm/run; console in $VM_WORK/console.log
 #   target_stop t0 / target_kill t0 / target_pid t0 / target_log t0
 #
@@ -14,7 +16,7 @@
 # LINUX_VM_TAIL (lines of console/log shown on failure, default 80), LINUX_VM_CAPTURE=1 (tshark
 # records each target port's traffic in $VM_WORK/capture-PORT.pcapng).
 # On a non-zero exit the tail of the guest console and of every target's log is printed, and every
-# target still running is stopped.
+# target still running is stopped. vm_skip REASON exits 77 ("skip" in scripts/linux-vm-tests).
 
 LINUX_VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LINUX_VM_REPO=$(cd "$LINUX_VM_DIR/../.." && pwd)
@@ -23,6 +25,32 @@ declare -A VM_TARGET_PID=() VM_TARGET_ARGS=() VM_TARGET_PORT=() VM_CAPTURE_PID=(
 
 vm_log() { echo "[$(date +%T)] ${VM_JOB:-job}: $*"; }
 vm_fail() { echo "[$(date +%T)] ${VM_JOB:-job}: FAIL: $*" >&2; exit 1; }
+# vm_skip REASON: the job cannot run with this binary (e.g. a feature not built in yet): exit 77,
+# which scripts/linux-vm-tests reports as "skip", not as a failure.
+VM_SKIP_STATUS=77
+vm_skip() { echo "[$(date +%T)] ${VM_JOB:-job}: SKIP: $*"; exit "$VM_SKIP_STATUS"; }
+
+# The URL the iSER probes open: port 1 on loopback refuses at once (no traffic leaves the machine).
+VM_ISER_PROBE_URL=iser://127.0.0.1:1/iqn.2026-11.rs.iscsi:probe/0
+
+# vm_iscsi_has_iser_urls: $ISCSI_BIN's initiator subcommands take iser:// URLs. The probe asks it to
+# open one on a port that refuses: a binary without iSER rejects the URL itself ("invalid iSCSI URL
+# ... must start with iscsi://"); any other failure (connection refused...) means it tried.
+vm_iscsi_has_iser_urls() {
+    local said
+    said=$(timeout 20 "$ISCSI_BIN" inquiry "$VM_ISER_PROBE_URL" 2>&1 </dev/null) || true
+    case $said in
+        *'invalid iSCSI URL'* | *'must start with iscsi://'*) return 1 ;;
+        *) return 0 ;;
+    esac
+}
+
+# vm_iscsi_has_iser_target: `$ISCSI_BIN target` has the --iser option.
+vm_iscsi_has_iser_target() {
+    local said
+    said=$("$ISCSI_BIN" target --help 2>&1 </dev/null) || true
+    [[ $said == *--iser* ]]
+}
 
 # Creates the job's work directory and makes it the current directory (./vm-out lands there).
 vm_setup() {
@@ -49,7 +77,7 @@ _vm_exit() {
         kill "${VM_CAPTURE_PID[$name]}" 2>/dev/null || true
         wait "${VM_CAPTURE_PID[$name]}" 2>/dev/null || true
     done
-    if [ "$rc" -ne 0 ]; then
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne "$VM_SKIP_STATUS" ]; then
         echo "===== $VM_JOB failed (exit $rc): last $n lines of the guest console ====="
         tail -n "$n" "$VM_WORK/console.log" 2>/dev/null || true
         for f in "$VM_WORK"/target-*.log; do
@@ -95,8 +123,10 @@ _vm_wait_listening() {
 }
 
 # target_start NAME PORT [ARGS...]: starts `$ISCSI_BIN target` in the background (log appended to
-# $VM_WORK/target-NAME.log) and waits until it listens. Adds --listen 127.0.0.1:PORT unless ARGS
-# contain --config (the configuration file then names the portal; it must be 127.0.0.1:PORT).
+# $VM_WORK/target-NAME.log) and waits until it listens on PORT. Adds --listen 127.0.0.1:PORT unless
+# ARGS contain --config (the configuration file then names the portal; it must be 127.0.0.1:PORT)
+# or --listen (e.g. an iSER portal `--iser 127.0.0.1:PORT`: iWARP listens in the TCP port space, so
+# the TCP portal must be on another port; PORT is still the one waited for and captured).
 target_start() {
     local name=$1 port=$2
     shift 2
@@ -105,7 +135,7 @@ target_start() {
     VM_TARGET_ARGS[$name]=$(printf '%q ' "$@")
     VM_TARGET_PORT[$name]=$port
     case " ${args[*]} " in
-        *" --config "*) ;;
+        *" --config "* | *" --listen "*) ;;
         *) args=(--listen "127.0.0.1:$port" "${args[@]}") ;;
     esac
     if [ "${LINUX_VM_CAPTURE:-0}" = 1 ] && [ -z "${VM_CAPTURE_PID[$port]:-}" ]; then
