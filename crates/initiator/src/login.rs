@@ -88,7 +88,9 @@ async fn iser_connect(stream: TcpStream, config: &SessionConfig) -> Result<Datam
     let params = iscsi_iwarp::ConnectParams {
         private_data: CmHeader::ours(true).emit().to_vec(),
         ird: ISER_IRD,
-        ord: 0,
+        // The initiator never issues RDMA Reads, but siw (and so tgt over it)
+        // answers nothing at all on a stream whose requester said ORD 0.
+        ord: 1,
         crc: config.iser_crc,
         caps: iscsi_iwarp::QpCaps {
             max_send_wr: iser.send_queue,

@@ -858,7 +858,7 @@ impl Attempt<'_> {
             && connection.descriptors.wanted()
         {
             // The target will fetch the rest itself (iSER: RDMA Read).
-            connection.descriptors.data_out(self.itt, data);
+            connection.descriptors.data_out(self.itt, data, unsolicited);
         }
         if unsolicited <= POSTED_DATA_LIMIT {
             while connection

@@ -749,9 +749,16 @@ impl Connection {
             }
         };
         let mut buffer = self.buffers.take();
-        // Zeroed: the Data-Out lands in it piece by piece.
-        buffer.clear();
-        buffer.resize(expected as usize, 0);
+        // Not zeroed: the write runs only once its tracker has seen every
+        // byte of the Expected Data Transfer Length arrive exactly once
+        // (no gaps, no overlaps: `DataOutTracker::is_complete`), so no old
+        // contents of a reused buffer can reach the backstore. A write that
+        // fails before then gives the buffer back unused.
+        if buffer.len() >= expected as usize {
+            buffer.truncate(expected as usize);
+        } else {
+            buffer.resize(expected as usize, 0);
+        }
         let immediate = &mut buffer[..immediate_len as usize];
         match receiver.receive_data_into(immediate).await {
             Ok(()) => {}

@@ -348,6 +348,83 @@ impl Shared {
         self.ended.send_replace(true);
     }
 
+    /// Checks that a Read Response of `len` bytes at `to` of `stag`
+    /// continues the oldest outstanding Read (RFC 5040 §4.4: responses
+    /// come in order, into the requester's sink).
+    fn check_read_response(&self, stag: u32, to: u64, len: usize) -> Result<(), Error> {
+        let local = |r: TerminateReason| Error::LocalTerminate(r);
+        {
+            let st = self.lock();
+            let Some(front) = st.reads_out.front() else {
+                return Err(local(TerminateReason::rdmap(
+                    rdmap_etype::REMOTE_OPERATION,
+                    rdmap_code::OPCODE,
+                    "RDMA Read Response with no Read Request outstanding",
+                )));
+            };
+            if front.sink_stag != stag {
+                return Err(local(TerminateReason::rdmap(
+                    rdmap_etype::REMOTE_PROTECTION,
+                    rdmap_code::STAG_NOT_ASSOCIATED,
+                    format!(
+                        "Read Response to STag {stag:#x}, the oldest Read's sink is {:#x}",
+                        front.sink_stag
+                    ),
+                )));
+            }
+            let off = to.wrapping_sub(front.sink_to);
+            if to < front.sink_to || off as usize != front.placed || front.placed + len > front.len
+            {
+                return Err(local(TerminateReason::rdmap(
+                    rdmap_etype::REMOTE_PROTECTION,
+                    rdmap_code::BASE_BOUNDS,
+                    format!(
+                        "Read Response of {len} bytes at TO {to:#x}: the Read has {} of {} bytes from {:#x}",
+                        front.placed, front.len, front.sink_to
+                    ),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Accounts `len` bytes placed for the oldest Read; its last segment
+    /// completes it.
+    fn read_response_placed(&self, len: usize, last: bool) -> Result<(), Error> {
+        let local = |r: TerminateReason| Error::LocalTerminate(r);
+        let mut st = self.lock();
+        let Some(front) = st.reads_out.front_mut() else {
+            return Ok(());
+        };
+        front.placed += len;
+        if last {
+            if front.placed != front.len {
+                let m = format!(
+                    "Read Response ended after {} of {} bytes",
+                    front.placed, front.len
+                );
+                return Err(local(TerminateReason::rdmap(
+                    rdmap_etype::REMOTE_OPERATION,
+                    rdmap_code::UNSPECIFIED,
+                    m,
+                )));
+            }
+            let r = st.reads_out.pop_front().expect("front exists");
+            st.sq_outstanding = st.sq_outstanding.saturating_sub(1);
+            drop(st);
+            if r.signaled {
+                self.send_cq.push(Completion::new(
+                    r.wr_id,
+                    WcOpcode::RdmaRead,
+                    WcStatus::Success,
+                    r.placed,
+                ));
+            }
+            self.tx_wake.notify_one();
+        }
+        Ok(())
+    }
+
     /// Handles one received segment, in stream order.
     fn handle(&self, seg: Segment<'_>) -> Result<(), Error> {
         let local = |r: TerminateReason| Error::LocalTerminate(r);
@@ -367,74 +444,11 @@ impl Shared {
                     return Err(model_mismatch());
                 };
                 let len = seg.payload.len();
-                {
-                    let st = self.lock();
-                    let Some(front) = st.reads_out.front() else {
-                        return Err(local(TerminateReason::rdmap(
-                            rdmap_etype::REMOTE_OPERATION,
-                            rdmap_code::OPCODE,
-                            "RDMA Read Response with no Read Request outstanding",
-                        )));
-                    };
-                    if front.sink_stag != stag {
-                        return Err(local(TerminateReason::rdmap(
-                            rdmap_etype::REMOTE_PROTECTION,
-                            rdmap_code::STAG_NOT_ASSOCIATED,
-                            format!(
-                                "Read Response to STag {stag:#x}, the oldest Read's sink is {:#x}",
-                                front.sink_stag
-                            ),
-                        )));
-                    }
-                    let off = to.wrapping_sub(front.sink_to);
-                    if to < front.sink_to
-                        || off as usize != front.placed
-                        || front.placed + len > front.len
-                    {
-                        return Err(local(TerminateReason::rdmap(
-                            rdmap_etype::REMOTE_PROTECTION,
-                            rdmap_code::BASE_BOUNDS,
-                            format!(
-                                "Read Response of {len} bytes at TO {to:#x}: the Read has {} of {} bytes from {:#x}",
-                                front.placed, front.len, front.sink_to
-                            ),
-                        )));
-                    }
-                }
+                self.check_read_response(stag, to, len)?;
                 self.pd
                     .place(stag, to, seg.payload, Access::LOCAL_WRITE)
                     .map_err(|r| local(tagged_refusal(r, "RDMA Read Response", stag, to, len)))?;
-                let mut st = self.lock();
-                let Some(front) = st.reads_out.front_mut() else {
-                    return Ok(());
-                };
-                front.placed += len;
-                if seg.last {
-                    if front.placed != front.len {
-                        let m = format!(
-                            "Read Response ended after {} of {} bytes",
-                            front.placed, front.len
-                        );
-                        return Err(local(TerminateReason::rdmap(
-                            rdmap_etype::REMOTE_OPERATION,
-                            rdmap_code::UNSPECIFIED,
-                            m,
-                        )));
-                    }
-                    let r = st.reads_out.pop_front().expect("front exists");
-                    st.sq_outstanding = st.sq_outstanding.saturating_sub(1);
-                    drop(st);
-                    if r.signaled {
-                        self.send_cq.push(Completion::new(
-                            r.wr_id,
-                            WcOpcode::RdmaRead,
-                            WcStatus::Success,
-                            r.placed,
-                        ));
-                    }
-                    self.tx_wake.notify_one();
-                }
-                Ok(())
+                self.read_response_placed(len, seg.last)
             }
             Opcode::Send | Opcode::SendSe | Opcode::SendInvalidate | Opcode::SendSeInvalidate => {
                 let Buffer::Untagged { ulp, .. } = seg.buffer else {
@@ -961,9 +975,8 @@ impl Shared {
     /// Encodes the plan: headers, pads, CRCs and region payloads into
     /// `out`; `chunks` says what goes on the wire in order, so that large
     /// `Bytes` payloads are written from where they are, without a copy.
-    /// Each FPDU's CRC is computed as its pieces are laid down (fused with
-    /// the copy for region payloads). False if a region went away
-    /// meanwhile.
+    /// Each FPDU's CRC is computed as its pieces are laid down. False if
+    /// a region went away meanwhile.
     fn encode(&self, plan: &Plan, out: &mut Vec<u8>, chunks: &mut Vec<Chunk>) -> bool {
         let enc = Encoder { crc: self.crc };
         let mut pending = out.len();
@@ -996,16 +1009,17 @@ impl Shared {
                     Src::Region { stag, offset, len } => {
                         let at = out.len();
                         out.resize(at + len, 0);
-                        let with_crc = self.crc;
                         let placed = self.pd.with_bytes(*stag, *offset, *len, |bytes| {
-                            if with_crc {
-                                crc.update_copy(&mut out[at..], bytes);
-                            } else {
-                                out[at..].copy_from_slice(bytes);
-                            }
+                            out[at..].copy_from_slice(bytes);
                         });
                         if !placed {
                             return false;
+                        }
+                        // CRC over the copy while it is in cache: faster
+                        // here than the fused copy+CRC (crc-bench, 64 KiB:
+                        // copy then CRC 32.8 GiB/s, fused 16.3).
+                        if self.crc {
+                            crc.update(&out[at..]);
                         }
                         ulpdu_len += len;
                     }

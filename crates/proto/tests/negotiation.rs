@@ -504,6 +504,51 @@ fn iser_replaces_the_data_segment_length_keys() {
     assert_eq!(params.max_recv_data_segment_length, 262_144);
 }
 
+/// tgt 1.0.85's iSER target answers our `InitiatorRecvDataSegmentLength`
+/// declaration with `NotUnderstood`: nothing was negotiated, the login goes
+/// on with the RFC's default for the target's receive length. A
+/// NotUnderstood for a declaration we never made is still an error.
+#[test]
+fn a_declaration_the_peer_does_not_understand_keeps_the_default() {
+    let config = NegotiationConfig {
+        rdma_extensions: true,
+        declarations: vec![TextPair::new("InitiatorRecvDataSegmentLength", "8192")],
+        ..NegotiationConfig::default()
+    };
+    let mut initiator = Negotiator::new(Role::Initiator, config.clone(), true);
+    let offers = initiator.offers(Stage::Operational);
+    assert!(
+        offers
+            .iter()
+            .any(|p| p.key == "InitiatorRecvDataSegmentLength")
+    );
+    initiator
+        .receive(
+            &[
+                TextPair::new("RDMAExtensions", "Yes"),
+                TextPair::new("InitiatorRecvDataSegmentLength", "NotUnderstood"),
+            ],
+            Stage::Operational,
+        )
+        .expect("a NotUnderstood declaration is not fatal");
+    let params = initiator.finish().unwrap();
+    assert!(params.rdma_extensions);
+    assert_eq!(params.max_send_data_segment_length, 8192);
+
+    let mut fresh = Negotiator::new(Role::Initiator, NegotiationConfig::default(), true);
+    assert!(
+        fresh
+            .receive(
+                &[TextPair::new(
+                    "TargetRecvDataSegmentLength",
+                    "NotUnderstood"
+                )],
+                Stage::Operational,
+            )
+            .is_err()
+    );
+}
+
 /// Runs a whole operational negotiation between two engines, in memory, the
 /// way login PDUs carry it: each side answers what it received and adds
 /// its own offers, until nothing is left to say.

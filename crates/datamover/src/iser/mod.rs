@@ -113,6 +113,10 @@ impl Default for IserConfig {
 struct RemoteTask {
     write: Option<Advertised>,
     read: Option<Advertised>,
+    /// Bytes of the write sent unsolicited (immediate data): the Write
+    /// Base Offset names the first byte after them (RFC 7145 9.1; Linux
+    /// ib_iser advertises `MR base + unsolicited size`).
+    unsolicited: u32,
 }
 
 /// The buffers this initiator registered for one task.
@@ -338,14 +342,18 @@ impl DataDescriptors {
         self.shared.is_some()
     }
 
-    /// Registers `data` (the whole write, Expected Data Transfer Length
-    /// bytes) for the task `itt`; the SCSI Command that follows advertises
-    /// it. A task still registered under the same tag (a command that
-    /// ended without a response) is released first.
-    pub fn data_out(&self, itt: u32, data: &[u8]) {
+    /// Registers the solicited part of a write for the task `itt`: `data`
+    /// from byte `solicited_from` (what is not sent unsolicited) to the end
+    /// of the Expected Data Transfer Length. The SCSI Command that follows
+    /// advertises it, its Write Base Offset naming byte `solicited_from`
+    /// (RFC 7145 9.1, as Linux ib_iser does). A task still registered under
+    /// the same tag (a command that ended without a response) is released
+    /// first.
+    pub fn data_out(&self, itt: u32, data: &[u8], solicited_from: usize) {
         let Some(shared) = &self.shared else {
             return;
         };
+        let data = data.get(solicited_from..).unwrap_or_default();
         let mut buffer = shared.take_buffer(data.len());
         buffer.copy_from_slice(data);
         let region = shared.register(buffer, Access::REMOTE_READ);

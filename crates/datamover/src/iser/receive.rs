@@ -175,7 +175,7 @@ impl IserReceiver {
         let start = HEADER_LEN + header_len;
         match (&header.pdu, self.shared.role) {
             (Pdu::ScsiCommand(command), IserRole::Target) => {
-                self.command_arrived(command, write, read);
+                self.command_arrived(command, write, read, header.data_segment_length);
             }
             (Pdu::ScsiResponse(response), IserRole::Initiator) => {
                 let response = response.clone();
@@ -206,10 +206,15 @@ impl IserReceiver {
         command: &ScsiCommand,
         write: Option<super::Advertised>,
         read: Option<super::Advertised>,
+        immediate: u32,
     ) {
         if write.is_some() || read.is_some() {
-            lock(&self.shared.remote_tasks)
-                .insert(command.initiator_task_tag, RemoteTask { write, read });
+            let task = RemoteTask {
+                write,
+                read,
+                unsolicited: immediate,
+            };
+            lock(&self.shared.remote_tasks).insert(command.initiator_task_tag, task);
         }
     }
 

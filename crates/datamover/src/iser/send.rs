@@ -102,8 +102,8 @@ impl IserSender {
         let itt = r2t.initiator_task_tag;
         let advertised = lock(&self.shared.remote_tasks)
             .get(&itt)
-            .and_then(|task| task.write);
-        let Some(Advertised { stag, base }) = advertised else {
+            .and_then(|task| task.write.map(|write| (write, task.unsolicited)));
+        let Some((Advertised { stag, base }, unsolicited)) = advertised else {
             // The initiator asked for a write it gave no buffer for: no
             // way to get the data (RFC 7145 7.3.1 requires WSV).
             return Err(transport(format!(
@@ -120,9 +120,17 @@ impl IserSender {
             offset: 0,
             len: length as usize,
         };
+        // The Write Base Offset names the first solicited byte (RFC 7145
+        // 9.1): the R2T's offset counts from the start of the data.
+        let Some(solicited) = r2t.buffer_offset.checked_sub(unsolicited) else {
+            return Err(transport(format!(
+                "R2T at offset {} inside the {unsolicited} unsolicited bytes of task {itt:#x}",
+                r2t.buffer_offset
+            )));
+        };
         let remote = RemoteBuffer {
             stag,
-            to: base.wrapping_add(u64::from(r2t.buffer_offset)),
+            to: base.wrapping_add(u64::from(solicited)),
         };
         let data_out = Header::new(
             Pdu::DataOut(DataOut {

@@ -664,6 +664,20 @@ impl Negotiator {
         if !self.peer_may_send(def) {
             return Err(NegotiationError::WrongSender(pair.key.clone()));
         }
+        // A peer that does not know one of our declarations says so: tgt
+        // 1.0.85's iSER target answers `InitiatorRecvDataSegmentLength=
+        // NotUnderstood` (it knows only MaxRecvDataSegmentLength). Nothing
+        // was negotiated; the default stands (RFC 7143 section 6.2).
+        if matches!(
+            pair.value.as_str(),
+            "NotUnderstood" | "Irrelevant" | "Reject"
+        ) && self
+            .keys
+            .get(&pair.key)
+            .is_some_and(|state| state.offered.is_some())
+        {
+            return Ok(());
+        }
         if let ValueKind::Declarative(Some((min, max))) = def.kind {
             parse_number(&pair.value)
                 .filter(|v| (min..=max).contains(v))
