@@ -389,6 +389,7 @@ impl Inner {
     /// Logs in the leading connection (TSIH 0: a new session, or the
     /// reinstatement of ours) and the others of an MC/S session.
     async fn establish(&self) -> Result<Vec<Arc<Connection>>, Error> {
+        let login_cmd_sn = self.window.current();
         let leading = login(
             &self.config,
             LoginRequestParams {
@@ -405,7 +406,17 @@ impl Inner {
         )
         .await?;
         let complete = &leading.complete;
-        self.window.reset(complete.exp_cmd_sn, complete.max_cmd_sn);
+        // The first command after a leading login carries the Login
+        // Request's CmdSN (RFC 7143 11.12.8, RFC 3720 10.12.8's example):
+        // taken from what we sent, not from the response's ExpCmdSN, which
+        // tgt 1.0.85's iSER target gives one too high (its NOP-In then says
+        // ExpCmdSN 1, and a command numbered 2 would wait there forever).
+        let exp = if complete.exp_cmd_sn == login_cmd_sn.next() {
+            login_cmd_sn
+        } else {
+            complete.exp_cmd_sn
+        };
+        self.window.reset(exp, complete.max_cmd_sn);
         self.tsih.store(complete.tsih, Ordering::Relaxed);
         let parameters = complete.parameters.clone();
         let wanted = self

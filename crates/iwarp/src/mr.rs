@@ -31,6 +31,15 @@ impl std::ops::BitOr for Access {
     }
 }
 
+/// A region's buffer out of the table while the reader places into it.
+pub(crate) struct Placement {
+    stag: u32,
+    /// The region's bytes.
+    pub(crate) buf: Vec<u8>,
+    /// Where the placement starts in `buf`.
+    pub(crate) start: usize,
+}
+
 /// Why a tagged access was refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Refusal {
@@ -252,6 +261,54 @@ impl ProtectionDomain {
         let dst = r.buf.get_mut(start..end).ok_or(Refusal::Bounds)?;
         dst.copy_from_slice(data);
         Ok(())
+    }
+
+    /// Takes a region's buffer out for direct placement: the reader then
+    /// receives `len` bytes from the socket straight into
+    /// `buf[start..start + len]` without holding the table's lock across
+    /// the wait, and puts it back with [`ProtectionDomain::checkin`]. The
+    /// same checks as [`ProtectionDomain::place`]. While it is out, the
+    /// region reads as empty (any other access fails its bounds check):
+    /// only the stream's single reader places, and a region is not used
+    /// locally before its placement completed (the Read's completion, the
+    /// response that follows the Writes).
+    pub(crate) fn checkout(
+        &self,
+        stag: u32,
+        to: u64,
+        len: usize,
+        need: Access,
+    ) -> Result<Placement, Refusal> {
+        let mut t = self.lock();
+        let r = t
+            .get(stag)
+            .filter(|r| r.valid)
+            .ok_or(Refusal::InvalidStag)?;
+        if !r.access.contains(need) {
+            return Err(Refusal::Access);
+        }
+        let start = to.checked_sub(r.base).ok_or(Refusal::Bounds)?;
+        let start = usize::try_from(start).map_err(|_| Refusal::Bounds)?;
+        let end = start.checked_add(len).ok_or(Refusal::Bounds)?;
+        if end > r.buf.len() {
+            return Err(Refusal::Bounds);
+        }
+        Ok(Placement {
+            stag,
+            buf: std::mem::take(&mut r.buf),
+            start,
+        })
+    }
+
+    /// Puts a checked-out buffer back (dropped if its region was
+    /// deregistered meanwhile).
+    pub(crate) fn checkin(&self, placement: Placement) {
+        let mut t = self.lock();
+        if let Some(r) = t.get(placement.stag)
+            && r.buf.is_empty()
+        {
+            r.buf = placement.buf;
+        }
     }
 
     /// Checks that `len` bytes at tagged offset `to` of `stag` may be read

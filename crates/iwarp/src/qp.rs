@@ -587,6 +587,130 @@ fn tagged_refusal(r: Refusal, what: &str, stag: u32, to: u64, len: usize) -> Ter
     }
 }
 
+/// Tagged payloads at least this long, not yet all received, are read
+/// from the socket straight into their region (one copy, the kernel's,
+/// instead of a second one out of the receive buffer).
+const DIRECT_MIN: usize = 16 * 1024;
+
+/// A tagged segment at the front of the receive buffer whose payload will
+/// be placed straight from the socket.
+struct Direct {
+    opcode: Opcode,
+    last: bool,
+    stag: u32,
+    to: u64,
+    /// MPA length field and DDP tagged header, as received (for the CRC).
+    header: [u8; 2 + ddp::TAGGED_LEN],
+    payload: usize,
+    pad: usize,
+}
+
+/// Whether `bytes` (from the start of an FPDU) begin a large RDMA Write or
+/// Read Response segment that is not all there yet. Anything else, and any
+/// header that does not parse, takes the ordinary path (which reports the
+/// error once the FPDU is whole).
+fn direct_candidate(bytes: &[u8]) -> Option<Direct> {
+    let header: [u8; 2 + ddp::TAGGED_LEN] = bytes.get(..2 + ddp::TAGGED_LEN)?.try_into().ok()?;
+    let ulpdu_len = usize::from(u16::from_be_bytes([header[0], header[1]]));
+    if bytes.len() >= crate::wire::mpa::fpdu_len(ulpdu_len) {
+        return None;
+    }
+    let payload = ulpdu_len.checked_sub(ddp::TAGGED_LEN)?;
+    if payload < DIRECT_MIN {
+        return None;
+    }
+    let seg = fpdu::parse_ulpdu(&header[2..]).ok()?;
+    let Buffer::Tagged { stag, to } = seg.buffer else {
+        return None;
+    };
+    if !matches!(seg.opcode, Opcode::Write | Opcode::ReadResponse) {
+        return None;
+    }
+    Some(Direct {
+        opcode: seg.opcode,
+        last: seg.last,
+        stag,
+        to,
+        header,
+        payload,
+        pad: crate::wire::mpa::pad_len(ulpdu_len),
+    })
+}
+
+impl Shared {
+    /// Places a large tagged segment straight from the socket: the same
+    /// checks as [`Shared::handle`] first, then the payload read into the
+    /// region, then the CRC over header, payload and pad (the stream is
+    /// terminated on a bad one, as for any FPDU; bytes placed by then are
+    /// the peer's to answer for).
+    async fn place_direct(
+        &self,
+        rd: &mut OwnedReadHalf,
+        buffered: &[u8],
+        d: Direct,
+    ) -> Result<(), Error> {
+        let local = |r: TerminateReason| Error::LocalTerminate(r);
+        let (need, what) = match d.opcode {
+            Opcode::Write => (Access::REMOTE_WRITE, "RDMA Write"),
+            _ => {
+                self.check_read_response(d.stag, d.to, d.payload)?;
+                (Access::LOCAL_WRITE, "RDMA Read Response")
+            }
+        };
+        let mut placement = self
+            .pd
+            .checkout(d.stag, d.to, d.payload, need)
+            .map_err(|r| local(tagged_refusal(r, what, d.stag, d.to, d.payload)))?;
+        let have = buffered.len() - d.header.len();
+        let start = placement.start;
+        let dst = &mut placement.buf[start..start + d.payload];
+        dst[..have].copy_from_slice(&buffered[d.header.len()..]);
+        let mut trailer = [0u8; 7];
+        let received = async {
+            let mut filled = have;
+            while filled < d.payload {
+                let n = rd.read(&mut dst[filled..]).await?;
+                if n == 0 {
+                    return Err(Error::Closed);
+                }
+                filled += n;
+            }
+            rd.read_exact(&mut trailer[..d.pad + 4]).await?;
+            Ok(())
+        }
+        .await;
+        let good = received.is_ok() && {
+            let sent = u32::from_le_bytes([
+                trailer[d.pad],
+                trailer[d.pad + 1],
+                trailer[d.pad + 2],
+                trailer[d.pad + 3],
+            ]);
+            if self.crc {
+                let mut crc = Crc32c::new();
+                crc.update(&d.header);
+                crc.update(dst);
+                crc.update(&trailer[..d.pad]);
+                crc.value() == sent
+            } else {
+                true
+            }
+        };
+        self.pd.checkin(placement);
+        received?;
+        if !good {
+            return Err(local(TerminateReason::llp(
+                crate::error::llp_code::CRC,
+                "FPDU CRC mismatch (placed directly)",
+            )));
+        }
+        if d.opcode == Opcode::ReadResponse {
+            self.read_response_placed(d.payload, d.last)?;
+        }
+        Ok(())
+    }
+}
+
 async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
     let mut ended = shared.ended.subscribe();
     let mut buf = vec![0u8; RX_BUF];
@@ -608,6 +732,25 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
                 Ok(None) => break,
                 Err(r) => {
                     shared.fail(Error::LocalTerminate(r.clone()), Some(r));
+                    return;
+                }
+            }
+        }
+        if let Some(direct) = direct_candidate(&buf[start..end]) {
+            // A large tagged payload that is not all here yet: the rest
+            // goes from the socket straight into its region.
+            match shared.place_direct(&mut rd, &buf[start..end], direct).await {
+                Ok(()) => {
+                    start = 0;
+                    end = 0;
+                    continue;
+                }
+                Err(e) => {
+                    let term = match &e {
+                        Error::LocalTerminate(r) => Some(r.clone()),
+                        _ => None,
+                    };
+                    shared.fail(e, term);
                     return;
                 }
             }

@@ -8,7 +8,7 @@
 #   1. an MPA Request (the kernel initiator's bytes, tests/linux-vm/mpa-probe.py) gets an MPA Reply:
 #      tgt's iSER target is up over siw and reachable (a failure here is the harness or tgt, not us);
 #   2. 64 MiB of random data written to LUN 1, read back, compared;
-#   3. inquiry, ls (REPORT LUNS), discover (SendTargets over iSER);
+#   3. inquiry, ls (REPORT LUNS), discover (SendTargets over iSER: logged, tgt does not answer it);
 #   4. bench: 1 MiB writes and reads at QD16 for a few seconds (the figures are printed, never
 #      checked: emulated VM).
 # Handshake: the guest writes ready to the share when tgtd is configured and waits for done (abort
@@ -102,10 +102,14 @@ if ! vm_iscsi_has_iser_urls; then
 fi
 url=iser://127.0.0.1:$host_port/$iqn/1
 export NO_COLOR=1
+# tgt 1.0.85's iSER target refuses a task whose RDMA buffer exceeds 512 KiB ("rdma-rd size:1048576
+# too big" in its log, and the connection closes), and its Block Limits page does not say so. Commands
+# are kept to 256 KiB, as the Linux initiator's default max_sectors keeps them to 512 KiB.
+chunk=256k
 # 2. Data: 64 MiB written, read back, compared.
 head -c 64M /dev/urandom >data.bin
-host_step write "$ISCSI_BIN" write "$url" --initiator-name "$initiator" --input data.bin || vm_fail "iscsi write $url"
-host_step read "$ISCSI_BIN" read "$url" --initiator-name "$initiator" --length 64M --output back.bin || vm_fail "iscsi read $url"
+host_step write "$ISCSI_BIN" write "$url" --initiator-name "$initiator" --chunk $chunk --input data.bin || vm_fail "iscsi write $url"
+host_step read "$ISCSI_BIN" read "$url" --initiator-name "$initiator" --chunk $chunk --length 64M --output back.bin || vm_fail "iscsi read $url"
 cmp data.bin back.bin || vm_fail "the 64 MiB read back over iSER differ from those written"
 vm_log "ok - 64 MiB written, read back and compared over iSER"
 rm -f data.bin back.bin
@@ -117,15 +121,23 @@ vm_log "ok - inquiry: $(grep -i 'vendor\|product' host-inquiry.log | tr -s ' \n'
 host_step ls "$ISCSI_BIN" ls "iser://127.0.0.1:$host_port/$iqn" --initiator-name "$initiator" || vm_fail "iscsi ls (REPORT LUNS over iSER)"
 grep -qE '^ +1 +disk' host-ls.log || vm_fail "iscsi ls does not list LUN 1 as a disk (host-ls.log)"
 vm_log "ok - ls lists LUN 1"
-host_step discover "$ISCSI_BIN" discover "iser://127.0.0.1:$host_port" --initiator-name "$initiator" || vm_fail "iscsi discover over iSER"
-grep -qxF "$iqn" host-discover.log || vm_fail "discovery over iSER does not list $iqn (host-discover.log)"
-vm_log "ok - discovery over iSER lists $iqn"
+# tgt 1.0.85's iSER target takes a discovery session's first Login Request and never answers it
+# (seen in a capture: the PDU arrives with a good CRC; no response, no Terminate). Discovery over
+# iSER is proven against our own target (crates/initiator/tests/iser.rs); here the attempt is
+# logged, not required.
+if host_step discover "$ISCSI_BIN" discover "iser://127.0.0.1:$host_port" --initiator-name "$initiator" --set LoginTimeout=5 &&
+    grep -qxF "$iqn" host-discover.log; then
+    vm_log "ok - discovery over iSER lists $iqn"
+else
+    vm_log "note - tgt's iSER target did not answer a discovery session (known tgt 1.0.85 behaviour)"
+fi"
 
-# 4. bench, 1 MiB at QD16: figures for the log only (software emulation is no performance source).
+# 4. bench, 256 KiB (tgt's limit above) at QD16: figures for the log only (software emulation is
+# no performance source).
 for rw in write read; do
-    host_step "bench-$rw" "$ISCSI_BIN" bench "$url" --initiator-name "$initiator" --rw "$rw" --bs 1m --qd 16 --time "${ISER_TGT_BENCH_S:-5}" ||
+    host_step "bench-$rw" "$ISCSI_BIN" bench "$url" --initiator-name "$initiator" --rw "$rw" --bs $chunk --qd 16 --time "${ISER_TGT_BENCH_S:-5}" ||
         vm_fail "iscsi bench --rw $rw over iSER"
-    vm_log "ok - bench $rw 1m QD16 (emulated VM, not a figure): $(tail -n 3 "host-bench-$rw.log" | tr -s ' \n' ' ')"
+    vm_log "ok - bench $rw $chunk QD16 (emulated VM, not a figure): $(tail -n 3 "host-bench-$rw.log" | tr -s ' \n' ' ')"
 done
 
 : >"$VM_SHARE/done"

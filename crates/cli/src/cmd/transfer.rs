@@ -11,8 +11,6 @@ use tokio::task::JoinSet;
 
 use super::initiator_args::{SessionArgs, block_on, connect, parse_size, target_url};
 
-/// Bytes moved per command by read, write and copy.
-const CHUNK: u64 = 1 << 20;
 /// Commands in flight during a copy.
 const COPY_DEPTH: usize = 8;
 
@@ -30,6 +28,10 @@ pub struct ReadArgs {
     /// Output file (default: stdout).
     #[arg(long, short)]
     output: Option<String>,
+    /// Bytes per command (K/M suffixes): at most this, and never more
+    /// than the LUN's Block Limits MAXIMUM TRANSFER LENGTH.
+    #[arg(long, default_value = "1M")]
+    chunk: String,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -45,6 +47,10 @@ pub struct WriteArgs {
     /// Byte offset on the LUN (K/M/G suffixes allowed).
     #[arg(long, default_value = "0")]
     offset: String,
+    /// Bytes per command (K/M suffixes): at most this, and never more
+    /// than the LUN's Block Limits MAXIMUM TRANSFER LENGTH.
+    #[arg(long, default_value = "1M")]
+    chunk: String,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -59,6 +65,10 @@ pub struct CopyArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Bytes per command (K/M suffixes): at most this, and never more
+    /// than the LUN's Block Limits MAXIMUM TRANSFER LENGTH.
+    #[arg(long, default_value = "1M")]
+    chunk: String,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -68,6 +78,9 @@ struct Lun {
     session: Session,
     lun: u64,
     capacity: Capacity,
+    /// The Block Limits VPD page's MAXIMUM TRANSFER LENGTH in bytes (SBC-3
+    /// 6.6.4), when the LUN reports one.
+    max_transfer: Option<u64>,
 }
 
 impl Lun {
@@ -78,11 +91,28 @@ impl Lun {
             .read_capacity(url.lun)
             .await
             .context("READ CAPACITY")?;
+        // SBC-3 6.6.4: bytes 8..12 of page B0h, in blocks; 0 = no limit.
+        let max_transfer = match session.inquiry_vpd(url.lun, 0xB0).await {
+            Ok(page) if page.len() >= 12 => {
+                let blocks = u32::from_be_bytes([page[8], page[9], page[10], page[11]]);
+                (blocks > 0).then(|| u64::from(blocks) * u64::from(capacity.block_size))
+            }
+            _ => None,
+        };
         Ok(Lun {
             session,
             lun: url.lun,
             capacity,
+            max_transfer,
         })
+    }
+
+    /// Bytes per command: `wanted`, within the LUN's maximum transfer
+    /// length, in whole blocks, at least one block.
+    fn chunk(&self, wanted: u64) -> u64 {
+        let bs = u64::from(self.capacity.block_size).max(1);
+        let limit = self.max_transfer.map_or(wanted, |m| wanted.min(m));
+        (limit / bs).max(1) * bs
     }
 
     fn check_range(&self, offset: u64, length: u64) -> anyhow::Result<()> {
@@ -150,9 +180,10 @@ pub fn run_read(args: &ReadArgs) -> anyhow::Result<()> {
                 Box::new(std::fs::File::create(path).with_context(|| format!("creating {path}"))?)
             }
         };
+        let chunk = lun.chunk(parse_size(&args.chunk)?);
         let mut done = 0;
         while done < length {
-            let n = CHUNK.min(length - done);
+            let n = chunk.min(length - done);
             let data = lun.read_bytes(offset + done, n).await?;
             out.write_all(&data).context("writing the output")?;
             done += n;
@@ -176,7 +207,7 @@ pub fn run_write(args: &WriteArgs) -> anyhow::Result<()> {
     block_on(async {
         let lun = Lun::open(&args.url, &args.session).await?;
         let mut at = offset;
-        let mut buffer = vec![0u8; CHUNK as usize];
+        let mut buffer = vec![0u8; lun.chunk(parse_size(&args.chunk)?) as usize];
         loop {
             let n = read_full(&mut input, &mut buffer)?;
             if n == 0 {
@@ -218,7 +249,7 @@ enum Endpoint {
 
 impl Endpoint {
     async fn open(spec: &str, args: &SessionArgs, create: bool) -> anyhow::Result<Endpoint> {
-        if spec.starts_with("iscsi://") {
+        if spec.starts_with("iscsi://") || spec.starts_with("iser://") {
             return Ok(Endpoint::Iscsi(std::sync::Arc::new(
                 Lun::open(spec, args).await?,
             )));
@@ -285,12 +316,18 @@ pub fn run_copy(args: &CopyArgs) -> anyhow::Result<()> {
             )
             .context("progress bar template")?,
         );
+        let mut chunk = parse_size(&args.chunk)?;
+        for end in [&source, &destination] {
+            if let Endpoint::Iscsi(lun) = end {
+                chunk = lun.chunk(chunk);
+            }
+        }
         let mut jobs: JoinSet<anyhow::Result<u64>> = JoinSet::new();
         let mut offset = 0u64;
         let start = std::time::Instant::now();
         while offset < size || !jobs.is_empty() {
             while offset < size && jobs.len() < COPY_DEPTH {
-                let n = CHUNK.min(size - offset);
+                let n = chunk.min(size - offset);
                 let at = offset;
                 let src = match &source {
                     Endpoint::File(f, _) => Endpoint::File(f.try_clone()?, 0),
