@@ -1,5 +1,5 @@
 //! Every initiator subcommand of `iscsi` against tgtd (Debian package
-//! `tgt`) and against `iscsi target`, plus a cross-check with QEMU's
+//! `tgt`) and against `iscsi target` (over TCP and over iSER), plus a cross-check with QEMU's
 //! libiscsi client: data written with our CLI is read back by `qemu-img
 //! convert` from the same iscsi:// URL and compared. A missing peer is a
 //! failure that names the package (scripts/test installs them all).
@@ -16,6 +16,12 @@ const OUR_NAME: &str = "iqn.2026-11.rs.iscsi:cli-test";
 enum Peer {
     Tgtd(Tgtd),
     Ours(iscsi_test_peers::Peer),
+    /// `iscsi target` with an iSER portal: the subcommands use iser://.
+    /// (The process is held to be stopped on drop.)
+    OursIser {
+        _target: iscsi_test_peers::Peer,
+        iser: u16,
+    },
 }
 
 impl Peer {
@@ -40,17 +46,51 @@ impl Peer {
         Peer::Ours(iscsi_test_peers::Peer::spawn(command, port))
     }
 
+    /// Ours with an iSER portal beside its TCP one (waited for on the TCP
+    /// port: a probe connection to the iSER port would be an MPA error).
+    fn ours_iser() -> Peer {
+        let port = free_port();
+        let iser = free_port();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+        command
+            .args([
+                "target",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--iser",
+                &format!("127.0.0.1:{iser}"),
+                "--name",
+                OUR_NAME,
+                "--lun",
+                "ram:64M",
+            ])
+            .env("RUST_LOG", "warn");
+        Peer::OursIser {
+            _target: iscsi_test_peers::Peer::spawn(command, port),
+            iser,
+        }
+    }
+
+    /// What `iscsi discover` is given.
+    fn portal(&self) -> String {
+        match self {
+            Peer::OursIser { iser, .. } => format!("iser://127.0.0.1:{iser}"),
+            _ => format!("127.0.0.1:{}", self.port()),
+        }
+    }
+
     fn port(&self) -> u16 {
         match self {
             Peer::Tgtd(tgtd) => tgtd.port(),
             Peer::Ours(ours) => ours.port,
+            Peer::OursIser { iser, .. } => *iser,
         }
     }
 
     fn name(&self) -> &'static str {
         match self {
             Peer::Tgtd(_) => TGT_NAME,
-            Peer::Ours(_) => OUR_NAME,
+            Peer::Ours(_) | Peer::OursIser { .. } => OUR_NAME,
         }
     }
 
@@ -58,6 +98,7 @@ impl Peer {
         match self {
             Peer::Tgtd(tgtd) => tgtd.url(),
             Peer::Ours(ours) => format!("iscsi://127.0.0.1:{}/{OUR_NAME}/0", ours.port),
+            Peer::OursIser { iser, .. } => format!("iser://127.0.0.1:{iser}/{OUR_NAME}/0"),
         }
     }
 }
@@ -96,7 +137,7 @@ fn temp_dir(tag: &str) -> std::path::PathBuf {
 fn every_subcommand(peer: &Peer, tag: &str) {
     let dir = temp_dir(tag);
     let url = peer.url();
-    let portal = format!("127.0.0.1:{}", peer.port());
+    let portal = peer.portal();
 
     let out = iscsi(&["discover", &portal]);
     assert!(String::from_utf8_lossy(&out.stdout).contains(peer.name()));
@@ -127,6 +168,11 @@ fn every_subcommand(peer: &Peer, tag: &str) {
     );
     let out = iscsi(&["read", &url, "--offset", "1000", "--length", "4096"]);
     assert!(out.stdout == data[..4096]);
+    // Smaller commands (--chunk), the same bytes.
+    let out = iscsi(&[
+        "read", &url, "--offset", "1000", "--length", "300000", "--chunk", "64k",
+    ]);
+    assert!(out.stdout == data[..300_000]);
 
     // copy file -> LUN -> file.
     let (source, data) = random_file(&dir, "copy-src.bin", 5 << 20);
@@ -187,6 +233,13 @@ fn cli_against_tgtd() {
 fn cli_against_our_target() {
     let peer = Peer::ours();
     every_subcommand(&peer, "ours");
+}
+
+/// Every subcommand over iSER (iser:// URLs, discovery over iSER).
+#[test]
+fn cli_against_our_target_over_iser() {
+    let peer = Peer::ours_iser();
+    every_subcommand(&peer, "ours-iser");
 }
 
 /// Written with our CLI, read with QEMU's libiscsi client.

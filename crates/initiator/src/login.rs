@@ -71,6 +71,18 @@ const ISER_RECV_DATA_SEGMENT_LENGTH: u32 = 8192;
 /// messages. A Send with no receive posted ends the RDMA stream.
 const ISER_RECEIVES: usize = 512;
 
+/// How long an iSER login waits for each Login Response before it starts
+/// the login again on a new connection. tgt 1.0.85's iSER target over
+/// Linux siw now and then leaves a Login Request unanswered (its log shows
+/// it delaying a login PDU that came before its connection was
+/// established): the RDMA stream stays up, silent. open-iscsi's iscsid
+/// retries its logins the same way. A target that answers at all answers a
+/// Login Request in milliseconds.
+const ISER_LOGIN_RESPONSE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// What [`ISER_LOGIN_RESPONSE`] ran out waiting for (the retry test).
+const LOGIN_RESPONSE: &str = "a Login Response over iSER";
+
 /// RDMA Read Requests the target may have outstanding against this
 /// initiator's buffers (our IRD; the target's ORD is at most this).
 const ISER_IRD: u16 = 128;
@@ -128,15 +140,28 @@ pub(crate) async fn login(
     params: LoginRequestParams<'_>,
 ) -> Result<LoggedIn, Error> {
     let mut portal = params.portal.clone();
-    for _ in 0..=MAX_REDIRECTS {
-        let attempt =
-            tokio::time::timeout(config.timeouts.login, login_once(config, &params, &portal))
-                .await
-                .map_err(|_| Error::Timeout {
-                    timeout: config.timeouts.login,
-                    waiting_for: "the login to complete",
-                })?;
+    let deadline = tokio::time::Instant::now() + config.timeouts.login;
+    let mut redirects = 0;
+    loop {
+        let attempt = tokio::time::timeout_at(deadline, login_once(config, &params, &portal))
+            .await
+            .map_err(|_| Error::Timeout {
+                timeout: config.timeouts.login,
+                waiting_for: "the login to complete",
+            })?;
         match attempt {
+            Err(Error::Timeout { waiting_for, .. })
+                if waiting_for == LOGIN_RESPONSE
+                    && tokio::time::Instant::now() + ISER_LOGIN_RESPONSE < deadline =>
+            {
+                tracing::info!(%portal, "no answer to an iSER Login Request: logging in again on a new connection");
+            }
+            Err(Error::Login(InitiatorLoginError::Redirected {
+                target_address: Some(_),
+                ..
+            })) if redirects == MAX_REDIRECTS => {
+                return Err(Error::Protocol("too many login redirections".to_owned()));
+            }
             Err(Error::Login(InitiatorLoginError::Redirected {
                 target_address: Some(address),
                 ..
@@ -147,11 +172,11 @@ pub(crate) async fn login(
                     .ok_or_else(|| Error::Protocol(format!("bad redirection {address:?}")))?;
                 tracing::debug!(from = %portal, to = %address, "login redirected");
                 portal = format_portal(&host, port);
+                redirects += 1;
             }
             other => return other,
         }
     }
-    Err(Error::Protocol("too many login redirections".to_owned()))
 }
 
 async fn connect(config: &SessionConfig, portal: &str) -> Result<TcpStream, Error> {
@@ -279,11 +304,18 @@ async fn negotiate(
             InitiatorStep::Send { request, data } => {
                 let header = Header::new(Pdu::LoginRequest(request), data.len() as u32);
                 datamover.sender.send_control(&header, &data).await?;
-                let received = datamover
-                    .receiver
-                    .receive()
-                    .await?
-                    .ok_or(Error::ConnectionLost)?;
+                let receive = datamover.receiver.receive();
+                let received = if params.iser {
+                    tokio::time::timeout(ISER_LOGIN_RESPONSE, receive)
+                        .await
+                        .map_err(|_| Error::Timeout {
+                            timeout: ISER_LOGIN_RESPONSE,
+                            waiting_for: LOGIN_RESPONSE,
+                        })??
+                } else {
+                    receive.await?
+                }
+                .ok_or(Error::ConnectionLost)?;
                 let Pdu::LoginResponse(response) = &received.header.pdu else {
                     return Err(Error::Protocol(format!(
                         "{:?} during login",
@@ -294,7 +326,13 @@ async fn negotiate(
             }
             InitiatorStep::Complete(complete) => {
                 let p = &complete.parameters;
-                if params.iser && !p.rdma_extensions {
+                // A discovery session needs no RDMA data movement: a target may
+                // answer RDMAExtensions=No there (tgt's iSER target does) and the
+                // session still runs over iSER Sends.
+                if params.iser
+                    && !p.rdma_extensions
+                    && p.session_type != iscsi_proto::text::SessionType::Discovery
+                {
                     return Err(Error::Protocol(
                         "the target answered RDMAExtensions=No on an iSER connection".into(),
                     ));

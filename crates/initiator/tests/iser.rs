@@ -202,3 +202,53 @@ async fn zero_based_addressing_is_refused() {
     let refused = iscsi_iwarp::connect(stream, params, Vec::new()).await;
     assert!(refused.is_err(), "the MPA Reply must carry the Reject bit");
 }
+
+/// A target whose RDMA stream comes up but which never answers the first
+/// Login Request (what tgt's iSER target over siw now and then does): the
+/// initiator gives up on that connection after a few seconds and logs in
+/// on a new one, within its login timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_first_connection_is_retried() {
+    logging();
+    let (_, iser, _stop) = start().await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let front = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        // First connection: MPA accepted, then silence.
+        let (stream, _) = listener.accept().await.unwrap();
+        let request = iscsi_iwarp::accept_request(stream, std::time::Duration::from_secs(5))
+            .await
+            .unwrap();
+        let params = iscsi_iwarp::ConnectParams {
+            private_data: CmHeader::ours(true).emit().to_vec(),
+            ..iscsi_iwarp::ConnectParams::default()
+        };
+        let silent = request
+            .accept(
+                params,
+                vec![iscsi_iwarp::RecvRequest {
+                    wr_id: 0,
+                    buffer: vec![0; 16384],
+                }],
+            )
+            .await
+            .unwrap();
+        // The rest: relayed byte for byte to the real iSER portal.
+        loop {
+            let (mut from, _) = listener.accept().await.unwrap();
+            let mut to = tokio::net::TcpStream::connect(&iser).await.unwrap();
+            tokio::spawn(async move {
+                let _ = tokio::io::copy_bidirectional(&mut from, &mut to).await;
+            });
+            let _ = &silent;
+        }
+    });
+    let url: IscsiUrl = format!("iser://{front}/{TARGET}/0").parse().unwrap();
+    let started = std::time::Instant::now();
+    let session = Session::connect(&url, SessionConfig::default())
+        .await
+        .expect("the login succeeds on a second connection");
+    assert!(started.elapsed() >= std::time::Duration::from_secs(3));
+    session.inquiry(0).await.expect("INQUIRY");
+    session.logout().await.unwrap();
+}
