@@ -163,6 +163,80 @@ const POOLED: usize = 32;
 /// The largest buffer a pool keeps.
 const POOLED_MAX: usize = 16 << 20;
 
+/// One received iSER message (the payload of an RDMA Send), parsed.
+#[derive(Debug)]
+pub enum Message {
+    /// An iSCSI control-type PDU.
+    Control {
+        /// Its BHS and AHS, checked as the streaming decoder checks them.
+        header: Header,
+        /// WSV: the initiator's buffer for Data-Out.
+        write: Option<Advertised>,
+        /// RSV: the initiator's buffer for Data-In.
+        read: Option<Advertised>,
+        /// Where its data segment lies in the message.
+        data: std::ops::Range<usize>,
+    },
+    /// Hello (RFC 7145 9.3).
+    Hello {
+        /// MaxVer and MinVer.
+        version: u8,
+        /// iSER-IRD.
+        ird: u16,
+    },
+    /// HelloReply (RFC 7145 9.4).
+    HelloReply {
+        /// REJ.
+        reject: bool,
+        /// MaxVer and CurVer.
+        version: u8,
+        /// iSER-ORD.
+        ord: u16,
+    },
+}
+
+/// Parses one iSER message: the iSER header, then (for a control-type
+/// PDU) the BHS and AHS with `config`'s limits, and the data segment, which
+/// may or may not carry its padding (the Send's length delimits the PDU;
+/// RFC 7143 framing pads it). Never panics; anything else is an error.
+pub fn parse_message(
+    message: &[u8],
+    config: iscsi_proto::pdu::decoder::DecoderConfig,
+) -> Result<Message, DatamoverError> {
+    let (write, read) = match IserHeader::parse(message).map_err(transport)? {
+        IserHeader::Control { write, read } => (write, read),
+        IserHeader::Hello { version, ird } => return Ok(Message::Hello { version, ird }),
+        IserHeader::HelloReply {
+            reject,
+            version,
+            ord,
+        } => {
+            return Ok(Message::HelloReply {
+                reject,
+                version,
+                ord,
+            });
+        }
+    };
+    let pdu = &message[header::HEADER_LEN..];
+    let (header, header_len) = crate::decode_header(pdu, config)?;
+    let data_len = header.data_segment_length as usize;
+    let end = header_len + data_len;
+    if pdu.len() < end || pdu.len() > end + 3 {
+        return Err(transport(format!(
+            "iSER message of {} bytes does not hold a PDU of {header_len} header and {data_len} data bytes",
+            pdu.len()
+        )));
+    }
+    let start = header::HEADER_LEN + header_len;
+    Ok(Message::Control {
+        header,
+        write,
+        read,
+        data: start..start + data_len,
+    })
+}
+
 /// Locks a mutex, ignoring poisoning (no code here panics holding one).
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)

@@ -11,10 +11,11 @@ use iscsi_proto::pdu::{DataIn, Digests, Header, Pdu, ScsiCommand, ScsiResponse};
 use iscsi_proto::serial::{DataSn, StatSn};
 use tokio::sync::mpsc;
 
-use super::header::{HEADER_LEN, ISER_VERSION, IserHeader};
+use super::header::{ISER_VERSION, IserHeader};
 use super::{IserRole, RemoteTask, Shared, lock, transport};
+use super::{Message, parse_message};
 use crate::tap::{Direction, PduSummary};
-use crate::{DatamoverError, PduReceiver, decode_header};
+use crate::{DatamoverError, PduReceiver};
 
 /// Where the data segment of the PDU being received is.
 #[derive(Debug)]
@@ -131,10 +132,14 @@ impl IserReceiver {
         wr_id: u64,
     ) -> Result<Option<(Header, Current)>, DatamoverError> {
         let message = &buffer[..len];
-        let iser = IserHeader::parse(message).map_err(transport)?;
-        let (write, read) = match iser {
-            IserHeader::Control { write, read } => (write, read),
-            IserHeader::Hello { version, .. } => {
+        let (header, write, read, data) = match parse_message(message, self.decoder)? {
+            Message::Control {
+                header,
+                write,
+                read,
+                data,
+            } => (header, write, read, data),
+            Message::Hello { version, .. } => {
                 // RFC 5046-style peers open with Hello; Linux does not
                 // (its CM private data says the same). Accept and answer.
                 self.repost(wr_id, buffer)?;
@@ -149,7 +154,7 @@ impl IserReceiver {
                 }
                 return Ok(None);
             }
-            IserHeader::HelloReply { reject, .. } => {
+            Message::HelloReply { reject, .. } => {
                 self.repost(wr_id, buffer)?;
                 if reject {
                     return Err(transport(
@@ -159,20 +164,8 @@ impl IserReceiver {
                 return Ok(None);
             }
         };
-        let pdu = &message[HEADER_LEN..];
-        let (header, header_len) = decode_header(pdu, self.decoder)?;
-        let data_len = header.data_segment_length as usize;
-        // The PDU may carry its padding (RFC 7143 framing) or not (the
-        // Send's length delimits it): both are accepted.
-        if pdu.len() < header_len + data_len || pdu.len() > header_len + data_len + 3 {
-            return Err(transport(format!(
-                "iSER message of {} bytes does not hold a PDU of {} header and {} data bytes",
-                pdu.len(),
-                header_len,
-                data_len
-            )));
-        }
-        let start = HEADER_LEN + header_len;
+        let data_len = data.len();
+        let start = data.start;
         match (&header.pdu, self.shared.role) {
             (Pdu::ScsiCommand(command), IserRole::Target) => {
                 self.command_arrived(command, write, read, header.data_segment_length);
