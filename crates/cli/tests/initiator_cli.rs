@@ -30,45 +30,36 @@ impl Peer {
     }
 
     fn ours() -> Peer {
-        let port = free_port();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-        command
-            .args([
-                "target",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-                "--name",
-                OUR_NAME,
-                "--lun",
-                "ram:64M",
-            ])
-            .env("RUST_LOG", "warn");
-        Peer::Ours(iscsi_test_peers::Peer::spawn(command, port))
+        Peer::Ours(Self::spawn_ours(&[]))
     }
 
     /// Ours with an iSER portal beside its TCP one (waited for on the TCP
     /// port: a probe connection to the iSER port would be an MPA error).
     fn ours_iser() -> Peer {
-        let port = free_port();
         let iser = free_port();
+        Peer::OursIser {
+            _target: Self::spawn_ours(&["--iser", &format!("127.0.0.1:{iser}")]),
+            iser,
+        }
+    }
+
+    /// `iscsi target` on a free TCP port with a 64 MiB RAM LUN and `extra`.
+    fn spawn_ours(extra: &[&str]) -> iscsi_test_peers::Peer {
+        let port = free_port();
         let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
         command
             .args([
                 "target",
                 "--listen",
                 &format!("127.0.0.1:{port}"),
-                "--iser",
-                &format!("127.0.0.1:{iser}"),
                 "--name",
                 OUR_NAME,
                 "--lun",
                 "ram:64M",
             ])
+            .args(extra)
             .env("RUST_LOG", "warn");
-        Peer::OursIser {
-            _target: iscsi_test_peers::Peer::spawn(command, port),
-            iser,
-        }
+        iscsi_test_peers::Peer::spawn(command, port)
     }
 
     /// What `iscsi discover` is given.

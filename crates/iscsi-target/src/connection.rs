@@ -111,41 +111,35 @@ impl WriterState {
     pub async fn send(
         &mut self,
         session: &Session,
-        mut pdu: Pdu,
+        pdu: Pdu,
         data: &[u8],
         stat: Stat,
     ) -> Result<(), DatamoverError> {
-        let stat_sn = match stat {
-            Stat::Advance => {
-                let sn = self.stat_sn;
-                self.stat_sn = sn.next();
-                sn
-            }
-            Stat::Current => self.stat_sn,
-            Stat::Reserved => StatSn::new(0),
-        };
-        let (exp, max) = session.window_edges();
-        stamp(&mut pdu, stat_sn, exp, max);
-        let header = Header::new(pdu, data.len() as u32);
+        let header = self.stamped(session, pdu, data.len(), stat);
         if matches!(header.pdu, Pdu::DataIn(_)) {
             self.sender.put_data(&header, data).await
         } else {
             self.sender.send_control(&header, data).await
         }
     }
-}
 
-impl WriterState {
     /// Stamps and sends a Data-In whose data the datamover may keep until
     /// it is on the wire (`Put_Data` from an owned buffer: no copy over
     /// iSER).
     pub async fn send_data_in(
         &mut self,
         session: &Session,
-        mut pdu: Pdu,
+        pdu: Pdu,
         data: bytes::Bytes,
         stat: Stat,
     ) -> Result<(), DatamoverError> {
+        let header = self.stamped(session, pdu, data.len(), stat);
+        self.sender.put_data_owned(&header, data).await
+    }
+
+    /// `pdu` with StatSN (advanced or not, per `stat`), ExpCmdSN and
+    /// MaxCmdSN as of now, as a header for `data_len` bytes.
+    fn stamped(&mut self, session: &Session, mut pdu: Pdu, data_len: usize, stat: Stat) -> Header {
         let stat_sn = match stat {
             Stat::Advance => {
                 let sn = self.stat_sn;
@@ -157,8 +151,7 @@ impl WriterState {
         };
         let (exp, max) = session.window_edges();
         stamp(&mut pdu, stat_sn, exp, max);
-        let header = Header::new(pdu, data.len() as u32);
-        self.sender.put_data_owned(&header, data).await
+        Header::new(pdu, data_len as u32)
     }
 }
 

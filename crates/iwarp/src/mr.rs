@@ -31,6 +31,32 @@ impl std::ops::BitOr for Access {
     }
 }
 
+/// The region `stag` names, if `len` bytes at tagged offset `to` lie in
+/// it and it grants `need`; with the region-relative start (RFC 5041 §7:
+/// the STag, base and bounds, and access checks of tagged placement).
+fn locate(
+    t: &mut Table,
+    stag: u32,
+    to: u64,
+    len: usize,
+    need: Access,
+) -> Result<(&mut Region, usize), Refusal> {
+    let r = t
+        .get(stag)
+        .filter(|r| r.valid)
+        .ok_or(Refusal::InvalidStag)?;
+    if !r.access.contains(need) {
+        return Err(Refusal::Access);
+    }
+    let start = to.checked_sub(r.base).ok_or(Refusal::Bounds)?;
+    let start = usize::try_from(start).map_err(|_| Refusal::Bounds)?;
+    let end = start.checked_add(len).ok_or(Refusal::Bounds)?;
+    if end > r.buf.len() {
+        return Err(Refusal::Bounds);
+    }
+    Ok((r, start))
+}
+
 /// A region's buffer out of the table while the reader places into it.
 pub(crate) struct Placement {
     stag: u32,
@@ -248,18 +274,8 @@ impl ProtectionDomain {
         need: Access,
     ) -> Result<(), Refusal> {
         let mut t = self.lock();
-        let r = t
-            .get(stag)
-            .filter(|r| r.valid)
-            .ok_or(Refusal::InvalidStag)?;
-        if !r.access.contains(need) {
-            return Err(Refusal::Access);
-        }
-        let start = to.checked_sub(r.base).ok_or(Refusal::Bounds)?;
-        let start = usize::try_from(start).map_err(|_| Refusal::Bounds)?;
-        let end = start.checked_add(data.len()).ok_or(Refusal::Bounds)?;
-        let dst = r.buf.get_mut(start..end).ok_or(Refusal::Bounds)?;
-        dst.copy_from_slice(data);
+        let (r, start) = locate(&mut t, stag, to, data.len(), need)?;
+        r.buf[start..start + data.len()].copy_from_slice(data);
         Ok(())
     }
 
@@ -280,19 +296,7 @@ impl ProtectionDomain {
         need: Access,
     ) -> Result<Placement, Refusal> {
         let mut t = self.lock();
-        let r = t
-            .get(stag)
-            .filter(|r| r.valid)
-            .ok_or(Refusal::InvalidStag)?;
-        if !r.access.contains(need) {
-            return Err(Refusal::Access);
-        }
-        let start = to.checked_sub(r.base).ok_or(Refusal::Bounds)?;
-        let start = usize::try_from(start).map_err(|_| Refusal::Bounds)?;
-        let end = start.checked_add(len).ok_or(Refusal::Bounds)?;
-        if end > r.buf.len() {
-            return Err(Refusal::Bounds);
-        }
+        let (r, start) = locate(&mut t, stag, to, len, need)?;
         Ok(Placement {
             stag,
             buf: std::mem::take(&mut r.buf),

@@ -638,6 +638,16 @@ fn direct_candidate(bytes: &[u8]) -> Option<Direct> {
 }
 
 impl Shared {
+    /// Ends the stream for `e`, sending the Terminate it carries when we
+    /// are the ones terminating.
+    fn fail_terminating(&self, e: Error) {
+        let term = match &e {
+            Error::LocalTerminate(r) => Some(r.clone()),
+            _ => None,
+        };
+        self.fail(e, term);
+    }
+
     /// Places a large tagged segment straight from the socket: the same
     /// checks as [`Shared::handle`] first, then the payload read into the
     /// region, then the CRC over header, payload and pad (the stream is
@@ -720,11 +730,7 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
             match fpdu::decode(&buf[start..end], shared.crc) {
                 Ok(Some((seg, n))) => {
                     if let Err(e) = shared.handle(seg) {
-                        let term = match &e {
-                            Error::LocalTerminate(r) => Some(r.clone()),
-                            _ => None,
-                        };
-                        shared.fail(e, term);
+                        shared.fail_terminating(e);
                         return;
                     }
                     start += n;
@@ -746,11 +752,7 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
                     continue;
                 }
                 Err(e) => {
-                    let term = match &e {
-                        Error::LocalTerminate(r) => Some(r.clone()),
-                        _ => None,
-                    };
-                    shared.fail(e, term);
+                    shared.fail_terminating(e);
                     return;
                 }
             }
