@@ -252,3 +252,55 @@ async fn a_silent_first_connection_is_retried() {
     session.inquiry(0).await.expect("INQUIRY");
     session.logout().await.unwrap();
 }
+
+/// A peer that opens with an iSER Hello (RFC 7145 9.3, the RFC 5046 style)
+/// gets a HelloReply (9.4) naming version 10, and can then log in over the
+/// same stream; a Hello that offers no version 10 is refused with REJ.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hello_is_answered_with_hello_reply() {
+    use iscsi_datamover::iser::IserHeader;
+    use iscsi_iwarp::{RecvRequest, SendOp, SendRequest, Sge};
+    logging();
+    let (_, iser, _stop) = start().await;
+    for (version, reject) in [(0xAA, false), (0x22, true)] {
+        let stream = tokio::net::TcpStream::connect(&iser).await.unwrap();
+        let params = iscsi_iwarp::ConnectParams {
+            private_data: CmHeader::ours(true).emit().to_vec(),
+            ..iscsi_iwarp::ConnectParams::default()
+        };
+        let receive = RecvRequest {
+            wr_id: 1,
+            buffer: vec![0; 16384],
+        };
+        let qp = iscsi_iwarp::connect(stream, params, vec![receive])
+            .await
+            .unwrap();
+        let hello = IserHeader::Hello { version, ird: 4 }.emit();
+        qp.post_send(SendRequest {
+            wr_id: 7,
+            signaled: false,
+            op: SendOp::Send {
+                data: vec![Sge::Bytes(bytes::Bytes::copy_from_slice(&hello))],
+                solicited: false,
+                invalidate: None,
+            },
+        })
+        .unwrap();
+        let reply = tokio::time::timeout(std::time::Duration::from_secs(5), qp.recv_cq().next())
+            .await
+            .expect("a HelloReply in time")
+            .expect("a completion");
+        let buffer = reply.buffer.expect("the receive buffer");
+        match IserHeader::parse(&buffer[..reply.byte_len]).unwrap() {
+            IserHeader::HelloReply {
+                reject: rejected,
+                version,
+                ..
+            } => {
+                assert_eq!(rejected, reject, "Hello {version:#x}");
+                assert_eq!(version, 0xAA);
+            }
+            other => panic!("expected a HelloReply, got {other:?}"),
+        }
+    }
+}
