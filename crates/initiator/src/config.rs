@@ -117,6 +117,12 @@ pub struct SessionConfig {
     /// default; used if either side asks). Setting `MpaCrc=No` leaves the
     /// choice to the target.
     pub iser_crc: bool,
+    /// Over iSER: the largest ULPDU (DDP segment) this side sends, when the
+    /// path's segments are smaller than the local socket's MSS says (a
+    /// proxy or NAT in between; RFC 5044 section 8 wants each FPDU in one
+    /// segment). `MpaMaxUlpdu=1446` fits Ethernet's 1460-byte MSS. `None`:
+    /// from the socket's MSS.
+    pub iser_max_ulpdu: Option<usize>,
     /// The largest data segment we send (immediate data, Data-Out), below
     /// the target's MaxRecvDataSegmentLength: RFC 7143 section 13.12 lets
     /// a sender use any size up to the receiver's declaration. `None`: the
@@ -195,6 +201,7 @@ impl Default for SessionConfig {
             coalescing: Coalescing::default(),
             tcp_nodelay: true,
             iser_crc: true,
+            iser_max_ulpdu: None,
             max_xmit_data_segment_length: None,
             tap: None,
         }
@@ -290,6 +297,15 @@ impl SessionConfig {
             "CoalesceMinInFlight" => self.coalescing.min_in_flight = parse_number(key, value)?,
             "TcpNoDelay" => self.tcp_nodelay = parse_bool(key, value)?,
             "MpaCrc" => self.iser_crc = parse_bool(key, value)?,
+            "MpaMaxUlpdu" => {
+                let ulpdu: usize = parse_number(key, value)?;
+                if !(128..=65534).contains(&ulpdu) {
+                    return Err(Error::Config(format!(
+                        "{key}: {ulpdu} is outside 128..65534"
+                    )));
+                }
+                self.iser_max_ulpdu = Some(ulpdu);
+            }
             "MaxXmitDataSegmentLength" => {
                 let length: u32 = parse_number(key, value)?;
                 // The range of MaxRecvDataSegmentLength (section 13.12).
@@ -359,6 +375,11 @@ mod tests {
         config.set("MaxXmitDataSegmentLength", "8192").unwrap();
         assert_eq!(config.max_xmit_data_segment_length, Some(8192));
         assert!(config.set("MaxXmitDataSegmentLength", "100").is_err());
+        config.set("MpaCrc", "No").unwrap();
+        assert!(!config.iser_crc);
+        config.set("MpaMaxUlpdu", "1446").unwrap();
+        assert_eq!(config.iser_max_ulpdu, Some(1446));
+        assert!(config.set("MpaMaxUlpdu", "70000").is_err());
         assert_eq!(config.negotiation.max_burst_length, 65536);
         assert_eq!(
             config.negotiation.header_digest,

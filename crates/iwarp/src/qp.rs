@@ -272,7 +272,9 @@ impl QueuePair {
         self.shared.mulpdu.load(Ordering::Relaxed)
     }
     /// Sets the largest ULPDU this side sends (clamped to 64..=65534, made
-    /// 4-aligned): a test hook that forces many small segments.
+    /// 4-aligned): for a path whose MSS the local socket does not see (a
+    /// NAT or proxy in between: RFC 5044 8 wants FPDUs that fit the path's
+    /// segments), and for tests that force many small segments.
     pub fn set_max_ulpdu(&self, n: usize) {
         let n = n.clamp(64, crate::wire::mpa::MAX_ULPDU);
         self.shared

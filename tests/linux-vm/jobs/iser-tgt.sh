@@ -123,11 +123,12 @@ grep -qxF "$iqn" host-discover.log || vm_fail "discovery over iSER does not list
 vm_log "ok - discovery over iSER lists $iqn"
 
 # 4. bench, 256 KiB (tgt's limit above): figures for the log only (software emulation is no
-# performance source). At QD 1: with several writes in flight (QD 4 and 16 tried), tgt's side of the
-# stream soon ends with a Terminate (RDMAP, remote operation error, access rights) while it has
-# several RDMA Reads outstanding at our initiator; captures drop segments at that rate, and the cause
-# is not found yet (the kernel initiator's fio at QD 32 against tgt passes: see iser-harness-check).
-# Open item in the closing note of issue 15.
+# performance source). At QD 1: with several writes in flight, siw in the guest soon logs
+# "siw: crc error ... op 2" on one of our Read Response FPDUs and tgt's side terminates the stream
+# (RDMAP, remote operation error), while tshark on the host finds every CRC of that stream good.
+# Seen at QD 2 to 16, with 32 KiB FPDUs and with 1446-byte ones (MpaMaxUlpdu=1446, which passed
+# once at QD 8); our FPDUs are batched into large writes, so they do not start at TCP segment
+# boundaries the way siw's own do. Open item in the closing note of issue 15.
 for rw in write read; do
     host_step "bench-$rw" "$ISCSI_BIN" bench "$url" --initiator-name "$initiator" --rw "$rw" --bs $chunk --qd "${ISER_TGT_BENCH_QD:-1}" --time "${ISER_TGT_BENCH_S:-5}" ||
         vm_fail "iscsi bench --rw $rw over iSER"
