@@ -93,6 +93,10 @@ pub(crate) struct Shared {
     /// Outbound Read Requests we issue outstanding.
     ord: usize,
     mulpdu: AtomicUsize,
+    /// Each FPDU written on its own (set with an explicit MULPDU): so that,
+    /// with Nagle off, every FPDU starts a TCP segment, as siw's own do
+    /// (RFC 5044 section 8's alignment), at the cost of a system call each.
+    aligned: std::sync::atomic::AtomicBool,
 }
 
 /// One established RDMA stream (Clone: handles to the same QP). When the
@@ -162,6 +166,7 @@ impl QueuePair {
             ird: usize::from(agreed.ird),
             ord: usize::from(agreed.ord),
             mulpdu: AtomicUsize::new(agreed.mulpdu),
+            aligned: std::sync::atomic::AtomicBool::new(false),
         });
         tokio::spawn(rx_task(shared.clone(), rd));
         tokio::spawn(tx_task(shared.clone(), wr));
@@ -280,6 +285,7 @@ impl QueuePair {
         self.shared
             .mulpdu
             .store(((n + 2) & !3) - 2, Ordering::Relaxed);
+        self.shared.aligned.store(true, Ordering::Relaxed);
     }
     /// Why the stream ended, once it has.
     pub fn error(&self) -> Option<Error> {
@@ -794,6 +800,8 @@ enum Chunk {
     Out(std::ops::Range<usize>),
     /// A payload written from where it is.
     Bytes(Bytes),
+    /// The end of an FPDU that must be written on its own (aligned mode).
+    End,
 }
 
 /// Writes every chunk, in order, with as few vectored writes as the
@@ -803,11 +811,22 @@ async fn write_chunks(
     out: &[u8],
     chunks: &[Chunk],
 ) -> std::io::Result<()> {
+    // Aligned mode: one vectored write per FPDU (the chunks up to each End).
+    for group in chunks.split(|c| matches!(c, Chunk::End)) {
+        write_group(wr, out, group).await?;
+    }
+    Ok(())
+}
+
+/// Writes one run of chunks with as few vectored writes as the socket
+/// takes.
+async fn write_group(wr: &mut OwnedWriteHalf, out: &[u8], chunks: &[Chunk]) -> std::io::Result<()> {
     let slices: Vec<&[u8]> = chunks
         .iter()
-        .map(|c| match c {
-            Chunk::Out(range) => &out[range.clone()],
-            Chunk::Bytes(b) => &b[..],
+        .filter_map(|c| match c {
+            Chunk::Out(range) => Some(&out[range.clone()]),
+            Chunk::Bytes(b) => Some(&b[..]),
+            Chunk::End => None,
         })
         .filter(|s| !s.is_empty())
         .collect();
@@ -1181,6 +1200,11 @@ impl Shared {
                 0
             };
             out.extend_from_slice(&value.to_le_bytes());
+            if self.aligned.load(Ordering::Relaxed) {
+                chunks.push(Chunk::Out(pending..out.len()));
+                chunks.push(Chunk::End);
+                pending = out.len();
+            }
         }
         chunks.push(Chunk::Out(pending..out.len()));
         true
