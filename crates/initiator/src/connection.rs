@@ -363,6 +363,9 @@ pub(crate) struct Connection {
     /// Where a write's data is described before its command, for a
     /// transport that fetches it (iSER); a no-op over TCP.
     pub(crate) descriptors: DataDescriptors,
+    /// Over iSER: one permit per command awaiting its response, as many as
+    /// the connection has receive buffers for its responses.
+    pub(crate) response_slots: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 /// Applies `event` to a section 8 state machine and traces the RFC's
@@ -492,6 +495,9 @@ impl Connection {
         lifecycle: ConnectionStateMachine,
     ) -> Arc<Connection> {
         let descriptors = datamover.descriptors();
+        let response_slots = descriptors
+            .commands_in_flight()
+            .map(|n| Arc::new(tokio::sync::Semaphore::new(n)));
         let (receiver, sender) = datamover.split();
         let SessionShared {
             window,
@@ -527,6 +533,7 @@ impl Connection {
             finished: AtomicBool::new(false),
             lifecycle: Mutex::new(lifecycle),
             descriptors,
+            response_slots,
         });
         tokio::spawn(run_reader(connection.clone(), receiver));
         tokio::spawn(run_writer(connection.clone()));

@@ -758,6 +758,13 @@ impl Attempt<'_> {
     async fn run(self, read: Option<ReadInto>) -> Result<Response, AttemptError> {
         let connection = self.connection;
         let reads = read.is_some();
+        // Over iSER, a slot among the receives that will take responses
+        // (held until this attempt ends).
+        // The semaphore is never closed, so acquiring cannot fail.
+        let _slot = match &connection.response_slots {
+            Some(slots) => Arc::clone(slots).acquire_owned().await.ok(),
+            None => None,
+        };
         let mut events = connection
             .register(self.itt, read)
             .map_err(|(_, buffer)| AttemptError::Lost(buffer))?;

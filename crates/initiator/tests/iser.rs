@@ -304,3 +304,52 @@ async fn hello_is_answered_with_hello_reply() {
         }
     }
 }
+
+/// A target that grants a command window far above the initiator's
+/// receive buffers (1024 against 512): 700 reads at once all complete, the
+/// initiator holding its commands in flight below its receives (so that no
+/// response can find none posted, which would end the RDMA stream). On
+/// loopback the reader keeps up even without that bound, so this checks
+/// that the bound lets a wide window run, not the overrun itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_window_wider_than_the_receives_does_not_overrun_them() {
+    logging();
+    let lun: Arc<dyn Backstore> = Arc::new(RamBackstore::new(8 << 20, BLOCK, 9).unwrap());
+    let config = TargetConfig {
+        listen: Vec::new(),
+        iser: vec!["127.0.0.1:0".parse().unwrap()],
+        targets: vec![TargetEntry {
+            name: TARGET.to_owned(),
+            alias: None,
+            luns: vec![lun],
+            chap: None,
+            allowed_initiators: Vec::new(),
+        }],
+        portal_group_tag: 1,
+        negotiation: TargetConfig::default_negotiation(),
+        command_window: 1024,
+        nop_in_interval: None,
+        tap: None,
+    };
+    let server = Server::bind(config).await.unwrap();
+    let iser = server.iser_addrs()[0];
+    let (_stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(server.run_until(async {
+        let _ = stopped.await;
+    }));
+    let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
+    let session = Arc::new(
+        Session::connect(&url, SessionConfig::default())
+            .await
+            .unwrap(),
+    );
+    let mut reads = tokio::task::JoinSet::new();
+    for i in 0..700u64 {
+        let session = Arc::clone(&session);
+        reads.spawn(async move { session.read(0, i % 1024, BLOCK, vec![0; 4096]).await });
+    }
+    while let Some(done) = reads.join_next().await {
+        done.unwrap().expect("read");
+    }
+    session.logout().await.unwrap();
+}

@@ -48,6 +48,10 @@ pub use send::IserSender;
 use crate::DatamoverError;
 use crate::tap::Tap;
 
+/// Receives an initiator keeps beyond its commands' responses (see
+/// [`DataDescriptors::commands_in_flight`]).
+const RECEIVE_RESERVE: usize = 32;
+
 /// The largest AHS a receive buffer makes room for (TotalAHSLength is a
 /// byte count of words: 255 words at most).
 const MAX_AHS: usize = 1020;
@@ -414,6 +418,23 @@ impl DataDescriptors {
     /// Whether write data must be described before its command is sent.
     pub fn wanted(&self) -> bool {
         self.shared.is_some()
+    }
+
+    /// How many commands may await their responses at once: every response
+    /// is a Send that needs a posted receive (a Send with none ends the RDMA
+    /// stream), so an iSER initiator keeps its commands in flight below its
+    /// receives, whatever command window the target grants. A reserve is
+    /// kept for the PDUs a target sends on its own (NOP-In, Asynchronous
+    /// Message, Reject) and for task management and text answers. `None`
+    /// over TCP.
+    pub fn commands_in_flight(&self) -> Option<usize> {
+        self.shared.as_ref().map(|shared| {
+            shared
+                .config
+                .receives
+                .saturating_sub(RECEIVE_RESERVE)
+                .max(1)
+        })
     }
 
     /// Registers the solicited part of a write for the task `itt`: `data`
