@@ -960,6 +960,30 @@ fn tagged(opcode: Opcode, last: bool, stag: u32, to: u64) -> DdpRepr {
     }
 }
 
+/// Cuts bytes `*done..total` of one DDP message into segments of at most
+/// `chunk` bytes, calling `each(offset, length, last)` for each, while
+/// `budget` lasts (every segment costs its length, an empty one 1). An
+/// empty message is one empty last segment. `*done` says where the next
+/// batch goes on.
+fn segment(
+    total: usize,
+    chunk: usize,
+    done: &mut usize,
+    budget: &mut usize,
+    mut each: impl FnMut(usize, usize, bool),
+) {
+    loop {
+        let n = (total - *done).min(chunk);
+        let last = *done + n == total;
+        each(*done, n, last);
+        *done += n;
+        *budget = budget.saturating_sub(n.max(1));
+        if last || *budget == 0 {
+            break;
+        }
+    }
+}
+
 impl Shared {
     /// Moves what may go now from the queues into `plan` (under the state lock).
     fn plan(&self, st: &mut State, plan: &mut Plan) {
@@ -970,33 +994,31 @@ impl Shared {
             let Some(r) = st.responses.front_mut() else {
                 break;
             };
-            let chunk = mulpdu - ddp::TAGGED_LEN;
-            loop {
-                let n = (r.len - r.done).min(chunk);
-                let last = r.done + n == r.len;
-                let (stag, offset) = (r.src_stag, r.src_offset + r.done);
-                plan.push(
-                    tagged(
+            let (len, mut done) = (r.len, r.done);
+            segment(
+                len,
+                mulpdu - ddp::TAGGED_LEN,
+                &mut done,
+                &mut budget,
+                |at, n, last| {
+                    let offset = r.src_offset + at;
+                    let stag = r.src_stag;
+                    let hdr = tagged(
                         Opcode::ReadResponse,
                         last,
                         r.sink_stag,
-                        r.sink_to.wrapping_add(r.done as u64),
-                    ),
-                    &[],
-                    |s| {
+                        r.sink_to.wrapping_add(at as u64),
+                    );
+                    plan.push(hdr, &[], |s| {
                         s.push(Src::Region {
                             stag,
                             offset,
                             len: n,
                         })
-                    },
-                );
-                r.done += n;
-                budget = budget.saturating_sub(n.max(1));
-                if last || budget == 0 {
-                    break;
-                }
-            }
+                    });
+                },
+            );
+            r.done = done;
             if r.done == r.len {
                 st.responses.pop_front();
             }
@@ -1077,20 +1099,13 @@ impl Shared {
                             m
                         }
                     };
-                    let chunk = mulpdu - ddp::UNTAGGED_LEN;
                     let mut done = st.head_done;
-                    loop {
-                        let n = (total - done).min(chunk);
-                        let last = done + n == total;
-                        plan.push(untagged(opcode, last, ulp, 0, msn, done as u32), &[], |s| {
-                            gather(data, done, n, s)
+                    let chunk = mulpdu - ddp::UNTAGGED_LEN;
+                    segment(total, chunk, &mut done, &mut budget, |at, n, last| {
+                        plan.push(untagged(opcode, last, ulp, 0, msn, at as u32), &[], |s| {
+                            gather(data, at, n, s)
                         });
-                        done += n;
-                        budget = budget.saturating_sub(n.max(1));
-                        if last || budget == 0 {
-                            break;
-                        }
-                    }
+                    });
                     if done == total {
                         plan.done.push((
                             Completion::new(wr_id, WcOpcode::Send, WcStatus::Success, total),
@@ -1105,24 +1120,17 @@ impl Shared {
                 }
                 SendOp::RdmaWrite { data, remote } => {
                     let total = data.len();
-                    let chunk = mulpdu - ddp::TAGGED_LEN;
                     let mut done = st.head_done;
-                    loop {
-                        let n = (total - done).min(chunk);
-                        let last = done + n == total;
+                    let chunk = mulpdu - ddp::TAGGED_LEN;
+                    segment(total, chunk, &mut done, &mut budget, |at, n, last| {
                         let hdr = tagged(
                             Opcode::Write,
                             last,
                             remote.stag,
-                            remote.to.wrapping_add(done as u64),
+                            remote.to.wrapping_add(at as u64),
                         );
-                        plan.push(hdr, &[], |s| gather(std::slice::from_ref(data), done, n, s));
-                        done += n;
-                        budget = budget.saturating_sub(n.max(1));
-                        if last || budget == 0 {
-                            break;
-                        }
-                    }
+                        plan.push(hdr, &[], |s| gather(std::slice::from_ref(data), at, n, s));
+                    });
                     if done == total {
                         plan.done.push((
                             Completion::new(wr_id, WcOpcode::RdmaWrite, WcStatus::Success, total),
