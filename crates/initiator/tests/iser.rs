@@ -19,6 +19,11 @@ const BLOCK: u32 = 512;
 
 /// A target with one iSER portal and one TCP portal; returns both.
 async fn start() -> (String, String, oneshot::Sender<()>) {
+    start_with_window(64).await
+}
+
+/// The same, granting initiators a command window of `command_window`.
+async fn start_with_window(command_window: u32) -> (String, String, oneshot::Sender<()>) {
     let lun: Arc<dyn Backstore> = Arc::new(RamBackstore::new(64 << 20, BLOCK, 7).unwrap());
     let config = TargetConfig {
         listen: vec!["127.0.0.1:0".parse().unwrap()],
@@ -32,7 +37,7 @@ async fn start() -> (String, String, oneshot::Sender<()>) {
         }],
         portal_group_tag: 1,
         negotiation: TargetConfig::default_negotiation(),
-        command_window: 64,
+        command_window,
         nop_in_interval: None,
         tap: None,
     };
@@ -314,29 +319,7 @@ async fn hello_is_answered_with_hello_reply() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_window_wider_than_the_receives_does_not_overrun_them() {
     logging();
-    let lun: Arc<dyn Backstore> = Arc::new(RamBackstore::new(8 << 20, BLOCK, 9).unwrap());
-    let config = TargetConfig {
-        listen: Vec::new(),
-        iser: vec!["127.0.0.1:0".parse().unwrap()],
-        targets: vec![TargetEntry {
-            name: TARGET.to_owned(),
-            alias: None,
-            luns: vec![lun],
-            chap: None,
-            allowed_initiators: Vec::new(),
-        }],
-        portal_group_tag: 1,
-        negotiation: TargetConfig::default_negotiation(),
-        command_window: 1024,
-        nop_in_interval: None,
-        tap: None,
-    };
-    let server = Server::bind(config).await.unwrap();
-    let iser = server.iser_addrs()[0];
-    let (_stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(server.run_until(async {
-        let _ = stopped.await;
-    }));
+    let (_, iser, _stop) = start_with_window(1024).await;
     let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
     let session = Arc::new(
         Session::connect(&url, SessionConfig::default())
