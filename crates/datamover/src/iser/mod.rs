@@ -37,7 +37,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::{Bytes, BytesMut};
-use iscsi_iwarp::{Access, MemoryRegion, QueuePair, RecvRequest, SendOp, SendRequest, WcOpcode};
+use iscsi_iwarp::{Access, MemoryRegion, QueuePair, RecvRequest, SendOp, SendRequest};
 use iscsi_proto::pdu::{BHS_LEN, Header};
 use tokio::sync::{Semaphore, mpsc};
 
@@ -379,12 +379,8 @@ async fn run_send_completions(
         shared.send_slots.add_permits(1);
         shared.payload_done(completion.wr_id);
         let failed = completion.status != iscsi_iwarp::WcStatus::Success;
-        if completion.opcode == WcOpcode::RdmaRead
-            || lock(&shared.reads).contains_key(&completion.wr_id)
-        {
-            let Some(read) = lock(&shared.reads).remove(&completion.wr_id) else {
-                continue;
-            };
+        let read = lock(&shared.reads).remove(&completion.wr_id);
+        if let Some(read) = read {
             let data = shared.qp.pd().deregister(read.region);
             let outcome = if failed {
                 Err(transport(format!(
