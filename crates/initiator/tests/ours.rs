@@ -318,10 +318,22 @@ async fn connect_with(url: &IscsiUrl, keys: &[(&str, &str)]) -> Session {
 }
 
 /// What went over the wire while `data` was written to LUN 0 from LBA 0.
+/// The tap hears of a batch once its write has returned, in the writer
+/// task, which can be after the target's response has already completed
+/// the command: the counts are read once they have stopped changing.
 async fn counted_write(session: &Session, data: &[u8]) -> WireCounts {
     let before = session.wire_counts();
     session.write(0, 0, BLOCK, data).await.expect("write");
-    session.wire_counts().since(&before)
+    let mut counts = session.wire_counts().since(&before);
+    for _ in 0..100 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        let now = session.wire_counts().since(&before);
+        if now == counts {
+            break;
+        }
+        counts = now;
+    }
+    counts
 }
 
 /// The session's wire counts are what went over the wire, PDU by PDU: a
