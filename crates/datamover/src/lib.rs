@@ -134,6 +134,26 @@ pub trait PduReceiver: Send {
         self.receive_data_into(scratch)
     }
 
+    /// Lands the current PDU's data segment at `buffer[range]` (`range`
+    /// exactly `data_segment_length` long; for a Data-Out, its place in
+    /// the task's buffer), keeping every byte of `buffer` outside `range`.
+    /// A transport that has already placed the data in a buffer of the
+    /// same length at the same offset (iSER: the RDMA Read's sink) may
+    /// exchange the buffers instead of copying; `buffer` may therefore come
+    /// back as a different allocation of the same length.
+    fn receive_data_in_place(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        range: std::ops::Range<usize>,
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
+        async move {
+            let destination = buffer.get_mut(range).ok_or(DatamoverError::Misuse(
+                "the data segment's range is outside the buffer",
+            ))?;
+            self.receive_data_into(destination).await
+        }
+    }
+
     /// The current PDU's data segment in a new buffer, digest verified.
     fn receive_data(&mut self) -> impl Future<Output = Result<Vec<u8>, DatamoverError>> + Send;
 

@@ -55,6 +55,17 @@ impl PduReceiver for Receiver {
         }
     }
 
+    async fn receive_data_in_place(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DatamoverError> {
+        match self {
+            Receiver::Tcp(r) => r.receive_data_in_place(buffer, range).await,
+            Receiver::Iser(r) => r.receive_data_in_place(buffer, range).await,
+        }
+    }
+
     async fn receive_data(&mut self) -> Result<Vec<u8>, DatamoverError> {
         match self {
             Receiver::Tcp(r) => r.receive_data().await,

@@ -555,6 +555,10 @@ impl Inner {
         );
         let discarded = matches!(command.data, DataTransfer::DiscardedRead(_));
         let pooled = matches!(command.data, DataTransfer::PooledRead(_));
+        let write_owner = match &command.data {
+            DataTransfer::SharedWrite(bytes) => Some(bytes.clone()),
+            _ => None,
+        };
         let (mut read_into, write_data, expected_length) = match command.data {
             DataTransfer::None => (None, None, 0),
             DataTransfer::Read(buffer) => {
@@ -567,6 +571,12 @@ impl Inner {
                 (Some(ReadInto::Discarded(length)), None, length)
             }
             DataTransfer::Write(data) => {
+                let length = u32::try_from(data.len())
+                    .map_err(|_| Error::InvalidCommand("transfer over 4 GiB"))?;
+                (None, Some(data), length)
+            }
+            DataTransfer::SharedWrite(_) => {
+                let data = write_owner.as_deref().unwrap_or_default();
                 let length = u32::try_from(data.len())
                     .map_err(|_| Error::InvalidCommand("transfer over 4 GiB"))?;
                 (None, Some(data), length)
@@ -596,6 +606,7 @@ impl Inner {
                 attribute: command.attribute,
                 expected_length,
                 write_data,
+                write_owner: write_owner.as_ref(),
                 sent_cmd_sn: &sent_cmd_sn,
             };
             let outcome = tokio::time::timeout_at(deadline, attempt.run(read_into.take())).await;
@@ -751,6 +762,8 @@ struct Attempt<'a> {
     attribute: iscsi_proto::pdu::TaskAttribute,
     expected_length: u32,
     write_data: Option<&'a [u8]>,
+    /// The shared buffer `write_data` lies in, when the caller gave one.
+    write_owner: Option<&'a bytes::Bytes>,
     sent_cmd_sn: &'a AtomicU64,
 }
 
@@ -876,7 +889,9 @@ impl Attempt<'_> {
             && connection.descriptors.wanted()
         {
             // The target will fetch the rest itself (iSER: RDMA Read).
-            connection.descriptors.data_out(self.itt, data, unsolicited);
+            connection
+                .descriptors
+                .data_out(self.itt, data, self.write_owner, unsolicited);
         }
         if unsolicited <= POSTED_DATA_LIMIT {
             while connection

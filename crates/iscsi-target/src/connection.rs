@@ -878,7 +878,7 @@ impl Connection {
         let start = data_out.buffer_offset as usize;
         let end = start + length as usize;
         match receiver
-            .receive_data_into(&mut pending.buffer[start..end])
+            .receive_data_in_place(&mut pending.buffer, start..end)
             .await
         {
             Ok(()) => {}

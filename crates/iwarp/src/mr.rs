@@ -4,6 +4,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use bytes::Bytes;
+
 /// Rights a region is registered with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Access(u8);
@@ -54,6 +56,9 @@ fn locate(
     if end > r.buf.len() {
         return Err(Refusal::Bounds);
     }
+    if matches!(r.buf, Memory::Frozen(_)) && need != Access::REMOTE_READ {
+        return Err(Refusal::Access);
+    }
     Ok((r, start))
 }
 
@@ -77,8 +82,54 @@ pub(crate) enum Refusal {
     Access,
 }
 
+/// A region's bytes: a buffer the PD owns, or frozen bytes shared with
+/// the caller (registered for the peer to read: they go on the wire as
+/// they are, with no copy).
+enum Memory {
+    Owned(Vec<u8>),
+    Frozen(Bytes),
+}
+
+impl Memory {
+    fn len(&self) -> usize {
+        match self {
+            Memory::Owned(v) => v.len(),
+            Memory::Frozen(b) => b.len(),
+        }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Memory::Owned(v) => v,
+            Memory::Frozen(b) => b,
+        }
+    }
+
+    /// The bytes, writable: frozen bytes are copied into a buffer of the
+    /// region's own first (only local access can ask: the peer never has
+    /// write rights to a frozen region).
+    fn bytes_mut(&mut self) -> &mut Vec<u8> {
+        if let Memory::Frozen(b) = self {
+            *self = Memory::Owned(b.to_vec());
+        }
+        match self {
+            Memory::Owned(v) => v,
+            Memory::Frozen(_) => unreachable!("made owned just above"),
+        }
+    }
+
+    /// The buffer back: frozen bytes nobody else holds become a `Vec`
+    /// without a copy; otherwise an empty one.
+    fn into_vec(self) -> Vec<u8> {
+        match self {
+            Memory::Owned(v) => v,
+            Memory::Frozen(b) => b.try_into_mut().map(Vec::from).unwrap_or_default(),
+        }
+    }
+}
+
 struct Region {
-    buf: Vec<u8>,
+    buf: Memory,
     access: Access,
     base: u64,
     valid: bool,
@@ -158,6 +209,22 @@ impl ProtectionDomain {
     /// # Panics
     /// When 2^24 regions are registered at once.
     pub fn register(&self, buffer: Vec<u8>, access: Access) -> MemoryRegion {
+        self.insert(Memory::Owned(buffer), access)
+    }
+
+    /// Registers `bytes` for the peer to read (and for local reading): an
+    /// RDMA Read Response goes on the wire straight from them, with no
+    /// copy. Rights to write are not granted, whatever `access` says: the
+    /// bytes are shared and stay as they are.
+    ///
+    /// # Panics
+    /// When 2^24 regions are registered at once.
+    pub fn register_frozen(&self, bytes: Bytes, access: Access) -> MemoryRegion {
+        let access = Access(access.0 & Access::REMOTE_READ.0);
+        self.insert(Memory::Frozen(bytes), access)
+    }
+
+    fn insert(&self, buffer: Memory, access: Access) -> MemoryRegion {
         let mut t = self.lock();
         let index = match t.free.pop() {
             Some(i) => i,
@@ -200,7 +267,7 @@ impl ProtectionDomain {
             return Vec::new();
         };
         t.free.push(index);
-        region.buf
+        region.buf.into_vec()
     }
 
     /// Runs `f` over the registered bytes. Must not be called from inside
@@ -213,7 +280,7 @@ impl ProtectionDomain {
         let region = t
             .get(mr.stag)
             .expect("with_region: the region is not in this PD");
-        f(&mut region.buf)
+        f(region.buf.bytes_mut())
     }
 
     /// Whether `stag` names a valid region of this PD (not invalidated).
@@ -275,7 +342,7 @@ impl ProtectionDomain {
     ) -> Result<(), Refusal> {
         let mut t = self.lock();
         let (r, start) = locate(&mut t, stag, to, data.len(), need)?;
-        r.buf[start..start + data.len()].copy_from_slice(data);
+        r.buf.bytes_mut()[start..start + data.len()].copy_from_slice(data);
         Ok(())
     }
 
@@ -299,7 +366,7 @@ impl ProtectionDomain {
         let (r, start) = locate(&mut t, stag, to, len, need)?;
         Ok(Placement {
             stag,
-            buf: std::mem::take(&mut r.buf),
+            buf: std::mem::take(r.buf.bytes_mut()),
             start,
         })
     }
@@ -309,9 +376,9 @@ impl ProtectionDomain {
     pub(crate) fn checkin(&self, placement: Placement) {
         let mut t = self.lock();
         if let Some(r) = t.get(placement.stag)
-            && r.buf.is_empty()
+            && r.buf.len() == 0
         {
-            r.buf = placement.buf;
+            r.buf = Memory::Owned(placement.buf);
         }
     }
 
@@ -339,8 +406,19 @@ impl ProtectionDomain {
         Ok(start)
     }
 
-    /// Appends `len` bytes at region offset `offset` of `stag` to `out`
-    /// (the sender's copy). False if the region went away meanwhile.
+    /// Bytes `offset..offset + len` of region `stag` when it was
+    /// registered frozen ([`ProtectionDomain::register_frozen`]): they go
+    /// on the wire without a copy. `None` for any other region.
+    pub(crate) fn frozen(&self, stag: u32, offset: usize, len: usize) -> Option<Bytes> {
+        let mut t = self.lock();
+        match &t.get(stag)?.buf {
+            Memory::Frozen(b) if offset.checked_add(len)? <= b.len() => {
+                Some(b.slice(offset..offset + len))
+            }
+            _ => None,
+        }
+    }
+
     /// Runs `f` over bytes `offset..offset + len` of region `stag`, under
     /// the table's lock; false if the region or the range is gone.
     pub(crate) fn with_bytes(
@@ -351,7 +429,10 @@ impl ProtectionDomain {
         f: impl FnOnce(&[u8]),
     ) -> bool {
         let mut t = self.lock();
-        match t.get(stag).and_then(|r| r.buf.get(offset..offset + len)) {
+        match t
+            .get(stag)
+            .and_then(|r| r.buf.bytes().get(offset..offset + len))
+        {
             Some(bytes) => {
                 f(bytes);
                 true
@@ -402,5 +483,36 @@ mod tests {
         let again = pd.register(vec![0; 4], Access::REMOTE_READ);
         assert_ne!(again.stag(), old, "a re-used slot gets a new key");
         assert_eq!(pd.check_remote_read(again.stag(), again.addr(), 4), Ok(0));
+    }
+
+    #[test]
+    fn frozen_regions_are_read_only_and_shared() {
+        let pd = ProtectionDomain::new();
+        let bytes = Bytes::from(b"frozen bytes".to_vec());
+        let mr = pd.register_frozen(bytes.clone(), Access::REMOTE_READ | Access::REMOTE_WRITE);
+        assert_eq!(
+            pd.place(mr.stag(), mr.addr(), b"x", Access::REMOTE_WRITE),
+            Err(Refusal::Access)
+        );
+        assert!(
+            pd.checkout(mr.stag(), mr.addr(), 1, Access::REMOTE_WRITE)
+                .is_err()
+        );
+        assert_eq!(pd.check_remote_read(mr.stag(), mr.addr() + 7, 5), Ok(7));
+        let slice = pd.frozen(mr.stag(), 7, 5).expect("frozen");
+        assert_eq!(&slice[..], b"bytes");
+        assert_eq!(slice.as_ptr(), bytes[7..].as_ptr(), "shared, not copied");
+        assert!(pd.frozen(mr.stag(), 7, 6).is_none(), "out of bounds");
+        // Local mutable access copies the bytes into a buffer of the
+        // region's own: the caller's stay as they were.
+        pd.with_region(&mr, |b| b[0] = b'F');
+        assert!(pd.frozen(mr.stag(), 0, 1).is_none());
+        assert_eq!(&bytes[..], b"frozen bytes");
+        assert_eq!(pd.deregister(mr), b"Frozen bytes");
+        // Deregistered while another holder keeps the bytes: nothing to
+        // give back without a copy.
+        let mr = pd.register_frozen(bytes.clone(), Access::REMOTE_READ);
+        assert!(pd.deregister(mr).is_empty());
+        drop(bytes);
     }
 }

@@ -660,13 +660,20 @@ impl Shared {
     /// checks as [`Shared::handle`] first, then the payload read into the
     /// region, then the CRC over header, payload and pad (the stream is
     /// terminated on a bad one, as for any FPDU; bytes placed by then are
-    /// the peer's to answer for).
+    /// the peer's to answer for). `buf[buffered]` holds the segment's start
+    /// (its header and perhaps some payload). The payload and the trailer
+    /// are read with vectored reads whose second part is `buf`: the pad and
+    /// CRC, then up to a tagged header's worth of the next FPDU, so that a
+    /// run of large segments costs about one system call each and none of
+    /// their payload is copied out of `buf`. Returns how many bytes `buf`
+    /// then holds, of which the first `pad + 4` were the trailer.
     async fn place_direct(
         &self,
         rd: &mut OwnedReadHalf,
-        buffered: &[u8],
+        buf: &mut [u8],
+        buffered: std::ops::Range<usize>,
         d: Direct,
-    ) -> Result<(), Error> {
+    ) -> Result<(usize, usize), Error> {
         let local = |r: TerminateReason| Error::LocalTerminate(r);
         let (need, what) = match d.opcode {
             Opcode::Write => (Access::REMOTE_WRITE, "RDMA Write"),
@@ -682,40 +689,42 @@ impl Shared {
         let have = buffered.len() - d.header.len();
         let start = placement.start;
         let dst = &mut placement.buf[start..start + d.payload];
-        dst[..have].copy_from_slice(&buffered[d.header.len()..]);
-        let mut trailer = [0u8; 7];
+        dst[..have].copy_from_slice(&buf[buffered.start + d.header.len()..buffered.end]);
+        let trailer_len = d.pad + 4;
+        let room = trailer_len + DIRECT_HEADER;
         let received = async {
-            let mut filled = have;
-            while filled < d.payload {
-                let n = rd.read(&mut dst[filled..]).await?;
+            let (mut filled, mut tail) = (have, 0);
+            while tail < trailer_len {
+                let n = if filled < d.payload {
+                    read_two(rd, &mut dst[filled..], &mut buf[..room]).await?
+                } else {
+                    read_two(rd, &mut [], &mut buf[tail..room]).await?
+                };
                 if n == 0 {
                     return Err(Error::Closed);
                 }
-                filled += n;
+                let into_payload = n.min(d.payload - filled);
+                filled += into_payload;
+                tail += n - into_payload;
             }
-            rd.read_exact(&mut trailer[..d.pad + 4]).await?;
-            Ok(())
+            Ok(tail)
         }
         .await;
         let good = received.is_ok() && {
-            let sent = u32::from_le_bytes([
-                trailer[d.pad],
-                trailer[d.pad + 1],
-                trailer[d.pad + 2],
-                trailer[d.pad + 3],
-            ]);
+            let sent =
+                u32::from_le_bytes([buf[d.pad], buf[d.pad + 1], buf[d.pad + 2], buf[d.pad + 3]]);
             if self.crc {
                 let mut crc = Crc32c::new();
                 crc.update(&d.header);
                 crc.update(dst);
-                crc.update(&trailer[..d.pad]);
+                crc.update(&buf[..d.pad]);
                 crc.value() == sent
             } else {
                 true
             }
         };
         self.pd.checkin(placement);
-        received?;
+        let tail = received?;
         if !good {
             return Err(local(TerminateReason::llp(
                 crate::error::llp_code::CRC,
@@ -725,7 +734,31 @@ impl Shared {
         if d.opcode == Opcode::ReadResponse {
             self.read_response_placed(d.payload, d.last)?;
         }
-        Ok(())
+        Ok((trailer_len, tail))
+    }
+}
+
+/// A tagged FPDU's MPA length and DDP header: what the reader must see to
+/// decide on direct placement.
+const DIRECT_HEADER: usize = 2 + ddp::TAGGED_LEN;
+
+/// One read into `first`, then `second`, with a single system call where
+/// the bytes are there (tokio's read halves have no async vectored read).
+async fn read_two(
+    rd: &OwnedReadHalf,
+    first: &mut [u8],
+    second: &mut [u8],
+) -> std::io::Result<usize> {
+    loop {
+        rd.readable().await?;
+        let mut slices = [
+            std::io::IoSliceMut::new(first),
+            std::io::IoSliceMut::new(second),
+        ];
+        match rd.try_read_vectored(&mut slices) {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            result => return result,
+        }
     }
 }
 
@@ -733,10 +766,18 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
     let mut ended = shared.ended.subscribe();
     let mut buf = vec![0u8; RX_BUF];
     let (mut start, mut end) = (0usize, 0usize);
+    // In a run of large tagged segments: read no further than the next
+    // FPDU's header, so that its payload can go straight into its region.
+    let mut bulk = false;
     loop {
         loop {
             match fpdu::decode(&buf[start..end], shared.crc) {
                 Ok(Some((seg, n))) => {
+                    if matches!(seg.buffer, Buffer::Tagged { .. })
+                        && seg.payload.len() >= DIRECT_MIN
+                    {
+                        bulk = true;
+                    }
                     if let Err(e) = shared.handle(seg) {
                         shared.fail_terminating(e);
                         return;
@@ -753,10 +794,14 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
         if let Some(direct) = direct_candidate(&buf[start..end]) {
             // A large tagged payload that is not all here yet: the rest
             // goes from the socket straight into its region.
-            match shared.place_direct(&mut rd, &buf[start..end], direct).await {
-                Ok(()) => {
-                    start = 0;
-                    end = 0;
+            match shared
+                .place_direct(&mut rd, &mut buf, start..end, direct)
+                .await
+            {
+                Ok((trailer, filled)) => {
+                    start = trailer;
+                    end = filled;
+                    bulk = true;
                     continue;
                 }
                 Err(e) => {
@@ -764,6 +809,10 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
                     return;
                 }
             }
+        }
+        if end - start >= DIRECT_HEADER {
+            // Whatever comes next is not placed directly.
+            bulk = false;
         }
         if start == end {
             start = 0;
@@ -773,8 +822,9 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
             end -= start;
             start = 0;
         }
+        let limit = if bulk { start + DIRECT_HEADER } else { RX_BUF };
         tokio::select! {
-            r = rd.read(&mut buf[end..]) => match r {
+            r = rd.read(&mut buf[end..limit]) => match r {
                 Ok(0) => {
                     shared.fail(Error::Closed, None);
                     return;
@@ -1162,16 +1212,27 @@ impl Shared {
             }
             let mut ulpdu_len = out.len() - start - 2;
             for s in &plan.srcs[p.srcs.clone()] {
-                match s {
-                    Src::Bytes(b) if b.len() >= ZERO_COPY_MIN => {
-                        if self.crc {
-                            crc.update(b);
-                        }
-                        chunks.push(Chunk::Out(pending..out.len()));
-                        chunks.push(Chunk::Bytes(b.clone()));
-                        pending = out.len();
-                        ulpdu_len += b.len();
+                // Large payloads and frozen regions go out as they are.
+                let frozen = match *s {
+                    Src::Region { stag, offset, len } => self.pd.frozen(stag, offset, len),
+                    Src::Bytes(_) => None,
+                };
+                let zero_copy = match (s, &frozen) {
+                    (_, Some(b)) => Some(b),
+                    (Src::Bytes(b), None) if b.len() >= ZERO_COPY_MIN => Some(b),
+                    _ => None,
+                };
+                if let Some(b) = zero_copy {
+                    if self.crc {
+                        crc.update(b);
                     }
+                    chunks.push(Chunk::Out(pending..out.len()));
+                    chunks.push(Chunk::Bytes(b.clone()));
+                    pending = out.len();
+                    ulpdu_len += b.len();
+                    continue;
+                }
+                match s {
                     Src::Bytes(b) => {
                         let at = out.len();
                         out.extend_from_slice(b);

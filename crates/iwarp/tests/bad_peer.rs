@@ -18,13 +18,30 @@ async fn expect_terminate(
     etype: u8,
     code: u8,
 ) {
+    let pieces = |qp: &QueuePair| vec![setup(qp)];
+    expect_terminate_in_pieces(server_recvs, pieces, layer, etype, code).await;
+}
+
+/// [`expect_terminate`] with the bytes written in pieces, a pause between
+/// them (so that the reader sees a segment begin before its end arrives).
+async fn expect_terminate_in_pieces(
+    server_recvs: usize,
+    setup: impl FnOnce(&QueuePair) -> Vec<Vec<u8>>,
+    layer: u8,
+    etype: u8,
+    code: u8,
+) {
     let params = ConnectParams {
         ird: 1,
         ..Default::default()
     };
     let (mut raw, qp) = raw_peer(params, recvs(server_recvs, 64)).await;
-    let bytes = setup(&qp);
-    raw.write_all(&bytes).await.unwrap();
+    for (i, piece) in setup(&qp).iter().enumerate() {
+        if i > 0 {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        raw.write_all(piece).await.unwrap();
+    }
     let t = read_terminate(&mut raw).await;
     assert_eq!((t.layer, t.etype, t.code), (layer, etype, code));
     let Some(Error::LocalTerminate(r)) = qp.error() else {
@@ -57,6 +74,38 @@ async fn bad_crc() {
         llp_code::CRC,
     )
     .await;
+}
+
+/// A bad CRC on large RDMA Writes read from the socket straight into
+/// their region (the first begun before its end arrived, the next ones in
+/// the run that follows it).
+#[tokio::test]
+async fn bad_crc_in_directly_placed_writes() {
+    for bad in [0usize, 2] {
+        expect_terminate_in_pieces(
+            1,
+            |qp| {
+                let mr = qp.pd().register(vec![0; 3 << 15], Access::REMOTE_WRITE);
+                let mut run = Vec::new();
+                for i in 0..3u64 {
+                    let payload = vec![i as u8 + 1; 1 << 15];
+                    let to = mr.addr() + (i << 15);
+                    let mut b = fpdu(&tagged(Opcode::Write, mr.stag(), to), &[], &payload);
+                    if i as usize == bad {
+                        let n = b.len();
+                        b[n - 1] ^= 0xff;
+                    }
+                    run.extend_from_slice(&b);
+                }
+                let rest = run.split_off(100);
+                vec![run, rest]
+            },
+            Layer::Llp as u8,
+            0,
+            llp_code::CRC,
+        )
+        .await;
+    }
 }
 
 #[tokio::test]

@@ -157,6 +157,97 @@ async fn rdma_read_one_mib() {
     assert_eq!(c.pd().deregister(sink), src);
 }
 
+/// The source of a Read registered frozen (shared `Bytes`, answered
+/// without a copy): the same bytes arrive, the peer cannot write it, and
+/// the buffer comes back on deregistration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_read_from_frozen_bytes() {
+    let (c, s) = pair(0, 0).await;
+    let src: Vec<u8> = (0..(1u32 << 20) + 3).map(|i| (i % 251) as u8).collect();
+    let source = s.pd().register_frozen(
+        bytes::Bytes::from(src.clone()),
+        Access::REMOTE_READ | Access::REMOTE_WRITE,
+    );
+    let sink = c.pd().register(vec![0; src.len()], Access::LOCAL_WRITE);
+    c.post_send(SendRequest {
+        wr_id: 9,
+        signaled: true,
+        op: SendOp::RdmaRead {
+            local: LocalBuffer {
+                stag: sink.stag(),
+                offset: 0,
+                len: src.len(),
+            },
+            remote: RemoteBuffer {
+                stag: source.stag(),
+                to: source.addr(),
+            },
+        },
+    })
+    .unwrap();
+    let done = next(c.send_cq()).await;
+    assert_eq!((done.status, done.byte_len), (WcStatus::Success, src.len()));
+    assert_eq!(c.pd().deregister(sink), src);
+    // Write rights are not granted to frozen bytes, whatever was asked.
+    c.post_send(SendRequest {
+        wr_id: 10,
+        signaled: true,
+        op: SendOp::RdmaWrite {
+            data: Sge::Bytes(bytes::Bytes::from_static(b"overwrite")),
+            remote: RemoteBuffer {
+                stag: source.stag(),
+                to: source.addr(),
+            },
+        },
+    })
+    .unwrap();
+    let _ = next(c.send_cq()).await;
+    tokio::time::timeout(T, async {
+        while s.error().is_none() {
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    })
+    .await
+    .expect("the Write to frozen bytes ends the stream");
+    assert_eq!(s.pd().deregister(source), src, "the bytes are unchanged");
+}
+
+/// A run of large RDMA Writes, the first begun before its end arrived,
+/// then a Send: each payload goes from the socket into its region, and the
+/// Send completes after all of them were placed.
+#[tokio::test]
+async fn a_run_of_large_writes_is_placed_from_the_socket() {
+    use iscsi_iwarp::wire::rdmap::Opcode;
+    use tokio::io::AsyncWriteExt;
+    let (mut raw, qp) = raw_peer(ConnectParams::default(), recvs(1, 64)).await;
+    let mr = qp.pd().register(vec![0; 5 << 15], Access::REMOTE_WRITE);
+    let mut stream = Vec::new();
+    let mut expected = Vec::new();
+    for i in 0..5u64 {
+        // Odd lengths: pads of 1 to 3 bytes in the trailers.
+        let payload: Vec<u8> = (0..(1 << 15) - i as usize)
+            .map(|b| (b as u64 * 7 + i) as u8)
+            .collect();
+        let to = mr.addr() + (i << 15);
+        stream.extend_from_slice(&fpdu(&tagged(Opcode::Write, mr.stag(), to), &[], &payload));
+        expected.extend_from_slice(&payload);
+        expected.resize(((i + 1) << 15) as usize, 0);
+    }
+    stream.extend_from_slice(&fpdu(
+        &untagged(Opcode::Send, true, 0, 0, 1, 0),
+        &[],
+        b"done",
+    ));
+    let rest = stream.split_off(100);
+    raw.write_all(&stream).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    raw.write_all(&rest).await.unwrap();
+    let done = next(qp.recv_cq()).await;
+    assert_eq!((done.status, done.byte_len), (WcStatus::Success, 4));
+    assert!(qp.error().is_none(), "{:?}", qp.error());
+    assert!(qp.pd().deregister(mr) == expected, "placed bytes differ");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_reads_beyond_ord_wait_in_order() {
     let params = ConnectParams {

@@ -223,10 +223,10 @@ pub async fn run_load(
             // Writes send one buffer of their own; reads drop their data
             // or, with --keep-data, take the session's pooled buffers
             // (attached as data arrives and recycled at once).
-            let data: Vec<u8> = if write {
+            let data: bytes::Bytes = if write {
                 (0..bs as usize).map(|i| (i + worker) as u8).collect()
             } else {
-                Vec::new()
+                bytes::Bytes::new()
             };
             while Instant::now() < deadline {
                 let slot = if random {
@@ -251,7 +251,7 @@ pub async fn run_load(
                 };
                 let issued = Instant::now();
                 let command = if write {
-                    Command::write(lun, cdb, &data)
+                    Command::write_shared(lun, cdb, data.clone())
                 } else if keep_data {
                     Command::read_pooled(lun, cdb, transfer_length)
                 } else {

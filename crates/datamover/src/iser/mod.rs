@@ -137,8 +137,26 @@ struct LocalTask {
 /// on completion says.
 struct PendingRead {
     region: MemoryRegion,
+    /// Where in the region the Read places its bytes.
+    start: usize,
     header: Header,
 }
+
+/// Data RDMA placed in a buffer of its own: bytes `start..` of `buffer`
+/// (those before `start` are not the PDU's; they let a Data-Out's buffer
+/// be laid out like the task's, so the two can be exchanged instead of
+/// copied).
+#[derive(Debug)]
+struct Placed {
+    buffer: Vec<u8>,
+    start: usize,
+}
+
+/// An RDMA Read for an R2T at most this far into its task's data gets a
+/// sink laid out like the task's buffer (room for the bytes before it), so
+/// that the target can take the sink as its buffer: a write's one burst
+/// after its immediate data costs no copy.
+const SINK_PREFIX_MAX: usize = 64 * 1024;
 
 /// State both directions of a connection share.
 struct Shared {
@@ -373,7 +391,7 @@ impl Shared {
 /// finished RDMA Read up to the receiver as the Data-Out its R2T asked for.
 async fn run_send_completions(
     shared: Arc<Shared>,
-    completed_reads: mpsc::UnboundedSender<Result<(Header, Vec<u8>), DatamoverError>>,
+    completed_reads: mpsc::UnboundedSender<Result<(Header, Placed), DatamoverError>>,
 ) {
     while let Some(completion) = shared.qp.send_cq().next().await {
         shared.send_slots.add_permits(1);
@@ -381,14 +399,21 @@ async fn run_send_completions(
         let failed = completion.status != iscsi_iwarp::WcStatus::Success;
         let read = lock(&shared.reads).remove(&completion.wr_id);
         if let Some(read) = read {
-            let data = shared.qp.pd().deregister(read.region);
+            let buffer = shared.qp.pd().deregister(read.region);
             let outcome = if failed {
+                shared.give_buffer(buffer);
                 Err(transport(format!(
                     "RDMA Read for a Data-Out failed: {:?}",
                     completion.status
                 )))
             } else {
-                Ok((read.header, data))
+                Ok((
+                    read.header,
+                    Placed {
+                        buffer,
+                        start: read.start,
+                    },
+                ))
             };
             if completed_reads.send(outcome).is_err() {
                 break;
@@ -439,15 +464,28 @@ impl DataDescriptors {
     /// advertises it, its Write Base Offset naming byte `solicited_from`
     /// (RFC 7145 9.1, as Linux ib_iser does). A task still registered under
     /// the same tag (a command that ended without a response) is released
-    /// first.
-    pub fn data_out(&self, itt: u32, data: &[u8], solicited_from: usize) {
+    /// first. When `owner` is given, `data` is all of it: the region
+    /// shares it, with no copy. Either way the region is frozen, so the
+    /// target's RDMA Reads are answered straight from it.
+    pub fn data_out(&self, itt: u32, data: &[u8], owner: Option<&Bytes>, solicited_from: usize) {
         let Some(shared) = &self.shared else {
             return;
         };
-        let data = data.get(solicited_from..).unwrap_or_default();
-        let mut buffer = shared.take_buffer(data.len());
-        buffer.copy_from_slice(data);
-        let region = shared.register(buffer, Access::REMOTE_READ);
+        let solicited = match owner {
+            Some(owner) if owner.len() == data.len() && solicited_from <= owner.len() => {
+                owner.slice(solicited_from..)
+            }
+            _ => {
+                let data = data.get(solicited_from..).unwrap_or_default();
+                let mut buffer = shared.take_buffer(data.len());
+                buffer.copy_from_slice(data);
+                Bytes::from(buffer)
+            }
+        };
+        let region = shared
+            .qp
+            .pd()
+            .register_frozen(solicited, Access::REMOTE_READ);
         let old = lock(&shared.local_tasks).insert(
             itt,
             LocalTask {

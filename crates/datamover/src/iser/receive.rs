@@ -12,7 +12,7 @@ use iscsi_proto::serial::{DataSn, StatSn};
 use tokio::sync::mpsc;
 
 use super::header::{ISER_VERSION, IserHeader};
-use super::{IserRole, RemoteTask, Shared, lock, transport};
+use super::{IserRole, Placed, RemoteTask, Shared, lock, transport};
 use super::{Message, parse_message};
 use crate::tap::{Direction, PduSummary};
 use crate::{DatamoverError, PduReceiver};
@@ -30,7 +30,7 @@ enum Current {
     },
     /// In a buffer of its own (data placed by RDMA: a Data-Out from an
     /// RDMA Read, a Data-In from the initiator's read buffer).
-    Placed(Vec<u8>),
+    Placed(Placed),
 }
 
 /// The receive direction: Sends from the peer, plus the data RDMA placed,
@@ -38,7 +38,7 @@ enum Current {
 #[derive(Debug)]
 pub struct IserReceiver {
     shared: Arc<Shared>,
-    completed_reads: mpsc::UnboundedReceiver<Result<(Header, Vec<u8>), DatamoverError>>,
+    completed_reads: mpsc::UnboundedReceiver<Result<(Header, Placed), DatamoverError>>,
     /// PDUs made ready ahead (a read's response behind its Data-In).
     queued: VecDeque<(Header, Current)>,
     current: Option<(Header, Current)>,
@@ -48,7 +48,7 @@ pub struct IserReceiver {
 impl IserReceiver {
     pub(super) fn new(
         shared: Arc<Shared>,
-        completed_reads: mpsc::UnboundedReceiver<Result<(Header, Vec<u8>), DatamoverError>>,
+        completed_reads: mpsc::UnboundedReceiver<Result<(Header, Placed), DatamoverError>>,
     ) -> Self {
         IserReceiver {
             shared,
@@ -259,7 +259,13 @@ impl IserReceiver {
             transferred,
         );
         self.queued.push_back((header, current));
-        (data_in, Current::Placed(data))
+        (
+            data_in,
+            Current::Placed(Placed {
+                buffer: data,
+                start: 0,
+            }),
+        )
     }
 
     /// Target: answers a Hello (RFC 7145 9.4).
@@ -349,9 +355,10 @@ impl PduReceiver for IserReceiver {
                 destination.copy_from_slice(&buffer[start..start + len]);
                 self.repost(wr_id, buffer)?;
             }
-            Current::Placed(data) => {
-                destination.copy_from_slice(&data[..destination.len()]);
-                self.shared.give_buffer(data);
+            Current::Placed(placed) => {
+                let Placed { buffer, start } = placed;
+                destination.copy_from_slice(&buffer[start..start + destination.len()]);
+                self.shared.give_buffer(buffer);
             }
         }
         Ok(())
@@ -359,11 +366,11 @@ impl PduReceiver for IserReceiver {
 
     async fn discard_data(&mut self, scratch: &mut [u8]) -> Result<(), DatamoverError> {
         match self.current.take() {
-            Some((header, Current::Placed(data)))
+            Some((header, Current::Placed(placed)))
                 if header.data_segment_length as usize == scratch.len() =>
             {
                 // Placed by RDMA already: nothing to copy.
-                self.shared.give_buffer(data);
+                self.shared.give_buffer(placed.buffer);
                 Ok(())
             }
             current => {
@@ -373,16 +380,50 @@ impl PduReceiver for IserReceiver {
         }
     }
 
+    async fn receive_data_in_place(
+        &mut self,
+        buffer: &mut Vec<u8>,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DatamoverError> {
+        // The sink is taken when it is laid out like `buffer` and the bytes
+        // around the range (copied over from `buffer`) are fewer than those
+        // in it.
+        let fits = |header: &Header, placed: &Placed| {
+            placed.start == range.start
+                && placed.buffer.len() == buffer.len()
+                && range.len() == header.data_segment_length as usize
+                && range.end <= buffer.len()
+                && buffer.len() - range.len() < range.len()
+        };
+        let mut placed = match self.current.take() {
+            Some((header, Current::Placed(placed))) if fits(&header, &placed) => placed.buffer,
+            current => {
+                self.current = current;
+                let destination = buffer.get_mut(range).ok_or(DatamoverError::Misuse(
+                    "the data segment's range is outside the buffer",
+                ))?;
+                return self.receive_data_into(destination).await;
+            }
+        };
+        // Keep what the caller's buffer holds around the range (immediate
+        // data before it, other bursts after it), then take the sink.
+        placed[..range.start].copy_from_slice(&buffer[..range.start]);
+        placed[range.end..].copy_from_slice(&buffer[range.end..]);
+        std::mem::swap(buffer, &mut placed);
+        self.shared.give_buffer(placed);
+        Ok(())
+    }
+
     async fn receive_data(&mut self) -> Result<Vec<u8>, DatamoverError> {
         let len = self
             .current
             .as_ref()
             .map_or(0, |(header, _)| header.data_segment_length as usize);
-        if let Some((_, Current::Placed(_))) = &self.current {
+        if let Some((_, Current::Placed(Placed { start: 0, .. }))) = &self.current {
             // Placed data is already a buffer of its own: no copy.
-            if let Some((_, Current::Placed(mut data))) = self.current.take() {
-                data.truncate(len);
-                return Ok(data);
+            if let Some((_, Current::Placed(Placed { mut buffer, .. }))) = self.current.take() {
+                buffer.truncate(len);
+                return Ok(buffer);
             }
         }
         let mut data = vec![0; len];

@@ -10,7 +10,7 @@ use iscsi_proto::pdu::{DataIn, DataOut, Header, Pdu, ScsiCommand, ScsiResponse, 
 use iscsi_proto::serial::DataSn;
 
 use super::header::{Advertised, HEADER_LEN, IserHeader};
-use super::{IserRole, LocalTask, PendingRead, Shared, lock, transport};
+use super::{IserRole, LocalTask, PendingRead, SINK_PREFIX_MAX, Shared, lock, transport};
 use crate::tap::{Direction, PduSummary};
 use crate::tcp::PduBatch;
 use crate::{DatamoverError, PduSender};
@@ -111,13 +111,19 @@ impl IserSender {
             )));
         };
         let length = r2t.desired_data_transfer_length;
+        // A burst near the start of the data lands where it will lie in the
+        // task's buffer (see `SINK_PREFIX_MAX`); a later one at offset 0.
+        let start = match r2t.buffer_offset as usize {
+            offset if offset <= SINK_PREFIX_MAX => offset,
+            _ => 0,
+        };
         let region = self.shared.register(
-            self.shared.take_buffer(length as usize),
+            self.shared.take_buffer(start + length as usize),
             Access::LOCAL_WRITE,
         );
         let local = LocalBuffer {
             stag: region.stag(),
-            offset: 0,
+            offset: start,
             len: length as usize,
         };
         // The Write Base Offset names the first solicited byte (RFC 7145
@@ -152,6 +158,7 @@ impl IserSender {
             wr_id,
             PendingRead {
                 region,
+                start,
                 header: data_out,
             },
         );
