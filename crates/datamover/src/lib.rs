@@ -30,12 +30,14 @@
 //! | [`tcp`] | the TCP datamover (RFC 7143 framing over a byte stream): streaming receive into caller buffers with the data digest computed per chunk while hot, vectored sends with no copy of the data segment |
 
 mod buffers;
+mod gather;
 pub mod iser;
 pub mod tap;
 pub mod tcp;
 mod transport;
 
 pub use buffers::{BufferPool, PooledBuffer};
+pub use gather::Gather;
 pub use transport::{Datamover, Receiver, Sender};
 
 use std::future::Future;
@@ -202,6 +204,18 @@ pub trait PduSender: Send {
         data: bytes::Bytes,
     ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
         async move { self.put_data(header, &data).await }
+    }
+
+    /// `Put_Data` from data in shared pieces (a backstore's lent memory),
+    /// none of them copied where the transport can help it: over TCP one
+    /// vectored write of the header, the pieces and the digest; over iSER
+    /// an RDMA Write per piece. The default joins them (one copy).
+    fn put_data_gather(
+        &mut self,
+        header: &Header,
+        data: Gather,
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
+        async move { self.put_data_owned(header, data.joined()).await }
     }
 
     /// `Connection_Terminate`: flushes and closes the send direction.

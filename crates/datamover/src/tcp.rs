@@ -19,7 +19,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use iscsi_proto::pdu::decoder::{Decoder, DecoderConfig, Event, Stage};
-use iscsi_proto::pdu::encode::MAX_HEADER_LEN;
+use iscsi_proto::pdu::encode::{DataTrailer, MAX_HEADER_LEN, encode_header};
 use iscsi_proto::pdu::{Digests, Header, encode_pdu};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -458,6 +458,41 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
         let pdu = encode_pdu(header, data, self.digests, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;
         write_all_vectored(&mut self.writer, &pdu.slices()).await?;
+        self.tap_sent(&[], Some(header), start);
+        Ok(())
+    }
+
+    /// One vectored write: the header, every piece where it lies, the
+    /// padding and the data digest (computed over the pieces in turn).
+    async fn put_data_gather(
+        &mut self,
+        header: &Header,
+        data: crate::Gather,
+    ) -> Result<(), DatamoverError> {
+        if usize::try_from(header.data_segment_length).ok() != Some(data.len()) {
+            return Err(DatamoverError::Encode(format!(
+                "data segment length {} but {} bytes of data",
+                header.data_segment_length,
+                data.len()
+            )));
+        }
+        let start = self.tap_clock();
+        let len = encode_header(header, self.digests.header, &mut self.header_buf)
+            .map_err(|e| DatamoverError::Encode(e.to_string()))?;
+        let crc = if self.digests.data {
+            data.pieces()
+                .iter()
+                .fold(0, |crc, piece| iscsi_crc32c::crc32c_append(crc, piece))
+        } else {
+            0
+        };
+        let trailer = DataTrailer::from_data_crc(data.len(), crc, self.digests.data);
+        let mut slices: Vec<&[u8]> = Vec::with_capacity(data.pieces().len() + 3);
+        slices.push(&self.header_buf[..len]);
+        slices.extend(data.pieces().iter().map(|piece| &piece[..]));
+        slices.push(trailer.padding());
+        slices.push(trailer.digest());
+        write_all_vectored(&mut self.writer, &slices).await?;
         self.tap_sent(&[], Some(header), start);
         Ok(())
     }

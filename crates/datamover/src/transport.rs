@@ -100,6 +100,17 @@ impl PduSender for Sender {
         }
     }
 
+    async fn put_data_gather(
+        &mut self,
+        header: &Header,
+        data: crate::Gather,
+    ) -> Result<(), DatamoverError> {
+        match self {
+            Sender::Tcp(s) => s.put_data_gather(header, data).await,
+            Sender::Iser(s) => s.put_data_gather(header, data).await,
+        }
+    }
+
     async fn terminate(&mut self) -> Result<(), DatamoverError> {
         match self {
             Sender::Tcp(s) => s.terminate().await,

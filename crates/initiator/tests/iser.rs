@@ -5,12 +5,13 @@
 //! Writes, many commands at once, discovery, a read the target cuts short
 //! (residual), and a refused zero-based-addressing peer.
 
+mod common;
+
 use std::sync::Arc;
 
 use iscsi_datamover::iser::CmHeader;
 use iscsi_initiator::{Command, IscsiUrl, Residual, Session, SessionConfig, discover_url};
 use iscsi_scsi::{Backstore, RamBackstore};
-use iscsi_target::{Server, TargetConfig, TargetEntry};
 use rand::RngCore;
 use tokio::sync::oneshot;
 
@@ -25,30 +26,7 @@ async fn start() -> (String, String, oneshot::Sender<()>) {
 /// The same, granting initiators a command window of `command_window`.
 async fn start_with_window(command_window: u32) -> (String, String, oneshot::Sender<()>) {
     let lun: Arc<dyn Backstore> = Arc::new(RamBackstore::new(64 << 20, BLOCK, 7).unwrap());
-    let config = TargetConfig {
-        listen: vec!["127.0.0.1:0".parse().unwrap()],
-        iser: vec!["127.0.0.1:0".parse().unwrap()],
-        targets: vec![TargetEntry {
-            name: TARGET.to_owned(),
-            alias: None,
-            luns: vec![lun],
-            chap: None,
-            allowed_initiators: Vec::new(),
-        }],
-        portal_group_tag: 1,
-        negotiation: TargetConfig::default_negotiation(),
-        command_window,
-        nop_in_interval: None,
-        tap: None,
-    };
-    let server = Server::bind(config).await.unwrap();
-    let tcp = server.local_addrs()[0];
-    let iser = server.iser_addrs()[0];
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(server.run_until(async {
-        let _ = stopped.await;
-    }));
-    (tcp.to_string(), iser.to_string(), stop)
+    common::our_target(TARGET, vec![lun], command_window).await
 }
 
 fn random(len: usize) -> Vec<u8> {

@@ -27,7 +27,7 @@ use std::time::Duration;
 
 use iscsi_datamover::tap::Tap;
 use iscsi_datamover::{
-    BufferPool, DatamoverError, PduReceiver, PduSender, PooledBuffer, Receiver, Sender,
+    BufferPool, DatamoverError, Gather, PduReceiver, PduSender, PooledBuffer, Receiver, Sender,
 };
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
@@ -130,11 +130,11 @@ impl WriterState {
         &mut self,
         session: &Session,
         pdu: Pdu,
-        data: bytes::Bytes,
+        data: Gather,
         stat: Stat,
     ) -> Result<(), DatamoverError> {
         let header = self.stamped(session, pdu, data.len(), stat);
-        self.sender.put_data_owned(&header, data).await
+        self.sender.put_data_gather(&header, data).await
     }
 
     /// `pdu` with StatSN (advanced or not, per `stat`), ExpCmdSN and
@@ -954,7 +954,7 @@ impl Connection {
             let response = Response {
                 command: &command,
                 outcome,
-                data_in: bytes::Bytes::new(),
+                data_in: Gather::default(),
                 residual: Residual::NONE,
                 r2ts: 0,
                 tap: tap.as_ref(),
@@ -1007,6 +1007,7 @@ impl Connection {
                         now
                     });
                     let mut data_in = data_in;
+                    let mut lent = Vec::new();
                     let (outcome, residual) = run_command(
                         &scsi,
                         &session.nexus,
@@ -1014,11 +1015,12 @@ impl Connection {
                         &cdb,
                         &data_out,
                         &mut data_in,
+                        &mut lent,
                     );
                     if let (Some(tap), Some(started)) = (&tap, started) {
                         tap.step("execute", itt, started, std::time::Instant::now());
                     }
-                    (outcome, residual, data_out, data_in)
+                    (outcome, residual, data_out, data_in, lent)
                 };
                 if inline {
                     // Memory only: no thread hand-off (a 4 KiB command costs
@@ -1028,7 +1030,7 @@ impl Connection {
                     tokio::task::spawn_blocking(work).await
                 }
             };
-            let Ok((outcome, residual, data_out, data_in)) = run else {
+            let Ok((outcome, residual, data_out, data_in, lent)) = run else {
                 // The blocking task panicked: a bug, reported; the
                 // command ends without status (the initiator times out).
                 warn!("command execution failed");
@@ -1039,10 +1041,17 @@ impl Connection {
             if outcome.status != GOOD {
                 SessionStats::add(&session.stats.errors, 1);
             }
-            // Handed to the datamover as shared bytes: over iSER the RDMA
-            // Writes go out from this buffer, which returns to the pool when
-            // the last of them is on the wire.
-            let data_in = PooledBuffer::new(data_in, Arc::clone(&buffers)).into_bytes();
+            // Handed to the datamover as shared bytes: the backstore's own
+            // memory when it lent it (sent with no copy; a write meanwhile
+            // copies the chunks instead of changing them), else the
+            // buffer, which returns to the pool when the last byte sent
+            // from it (iSER's RDMA Writes) is on the wire.
+            let data_in = if lent.is_empty() {
+                Gather::from(PooledBuffer::new(data_in, Arc::clone(&buffers)).into_bytes())
+            } else {
+                buffers.give(data_in);
+                Gather::from_pieces(lent)
+            };
             let response = Response {
                 command: &command,
                 outcome,
@@ -1106,6 +1115,7 @@ fn run_command(
     cdb: &[u8],
     data_out: &[u8],
     data_in: &mut Vec<u8>,
+    lent: &mut Vec<bytes::Bytes>,
 ) -> (CommandOutcome, Residual) {
     let expected = command.expected_data_transfer_length;
     if command.write {
@@ -1152,9 +1162,10 @@ fn run_command(
         let outcome = scsi.execute(nexus, command.lun.0, cdb, used, data_in);
         return (outcome, residual);
     }
-    let outcome = scsi.execute(nexus, command.lun.0, cdb, &[], data_in);
+    let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, &[], data_in, lent);
     let residual = if command.read {
-        Residual::of(data_in.len() as u64, expected)
+        let lent_len: usize = lent.iter().map(bytes::Bytes::len).sum();
+        Residual::of((data_in.len() + lent_len) as u64, expected)
     } else if expected > 0 {
         Residual::of(0, expected)
     } else {
@@ -1190,7 +1201,7 @@ fn shorten_transfer(cdb: &[u8], blocks: u32) -> Option<Option<Vec<u8>>> {
 struct Response<'a> {
     command: &'a ScsiCommand,
     outcome: CommandOutcome,
-    data_in: bytes::Bytes,
+    data_in: Gather,
     residual: Residual,
     r2ts: u32,
     /// Told how long the response waited for the connection's writer.

@@ -356,6 +356,40 @@ impl ScsiTarget {
         data_out: &[u8],
         data_in: &mut Vec<u8>,
     ) -> CommandOutcome {
+        self.run(nexus, lun, cdb, data_out, data_in, None)
+    }
+
+    /// [`ScsiTarget::execute`], except that a READ from a store that lends
+    /// its memory ([`Backstore::lend`]) returns its data as shared pieces
+    /// in `lent`, in order, leaving `data_in` empty: the transport sends
+    /// them with no copy. Anything else fills `data_in` as `execute` does
+    /// and leaves `lent` empty.
+    pub fn execute_lending(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cdb: &[u8],
+        data_out: &[u8],
+        data_in: &mut Vec<u8>,
+        lent: &mut Vec<bytes::Bytes>,
+    ) -> CommandOutcome {
+        lent.clear();
+        let outcome = self.run(nexus, lun, cdb, data_out, data_in, Some(&mut *lent));
+        if outcome.status != status::GOOD {
+            lent.clear();
+        }
+        outcome
+    }
+
+    fn run(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cdb: &[u8],
+        data_out: &[u8],
+        data_in: &mut Vec<u8>,
+        lent: Option<&mut Vec<bytes::Bytes>>,
+    ) -> CommandOutcome {
         // A READ takes the buffer whole (sbc::read_write); every other
         // command builds its response from empty.
         if !cdb::is_read(cdb) {
@@ -376,7 +410,7 @@ impl ScsiTarget {
         let lu = number.and_then(|n| self.luns.get(usize::from(n)).map(|lu| (n, lu)));
         let (result, descriptor) = match lu {
             Some((n, lu)) => {
-                let r = self.dispatch(n, lu, nexus, &key, cdb, data_out, data_in);
+                let r = self.dispatch(n, lu, nexus, &key, cdb, data_out, data_in, lent);
                 (r, lu.mode().d_sense)
             }
             None => (
@@ -410,6 +444,7 @@ impl ScsiTarget {
         cdb: &[u8],
         data_out: &[u8],
         data_in: &mut Vec<u8>,
+        lent: Option<&mut Vec<bytes::Bytes>>,
     ) -> Result<(), Fail> {
         use cdb::opcode::*;
         let op = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
@@ -503,9 +538,9 @@ impl ScsiTarget {
             }
             WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => {
                 let _w = lu.write_shared();
-                Ok(sbc::read_write(bs, mode, cdb, data_out, data_in)?)
+                Ok(sbc::read_write(bs, mode, cdb, data_out, data_in, None)?)
             }
-            _ => Ok(sbc::read_write(bs, mode, cdb, data_out, data_in)?),
+            _ => Ok(sbc::read_write(bs, mode, cdb, data_out, data_in, lent)?),
         }
     }
 

@@ -184,6 +184,7 @@ pub(crate) fn read_write(
     cdb: &[u8],
     data_out: &[u8],
     data_in: &mut Vec<u8>,
+    lent: Option<&mut Vec<bytes::Bytes>>,
 ) -> Result<(), Sense> {
     let rw = cdb::parse_rw(cdb).ok_or(Sense::INVALID_OPCODE)??;
     // For a READ, `data_in` arrives holding scratch bytes (see
@@ -215,6 +216,12 @@ pub(crate) fn read_write(
         check_writable(mode)?;
         let src = data_out.get(..len).ok_or(Sense::INVALID_FIELD_IN_CDB)?;
         write_data(lu, mode, offset, src, rw.fua)?;
+    } else if let Some((loan, lent)) = lent.and_then(|lent| Some((lu.lend(offset, len)?, lent))) {
+        // The store lent its memory: nothing copied; the scratch buffer
+        // goes back to the caller, empty.
+        *lent = loan.map_err(|_| Sense::READ_ERROR)?;
+        scratch.clear();
+        *data_in = scratch;
     } else {
         // Only growth is zeroed: a reused buffer is overwritten, not
         // cleared (a 1 MiB memset per READ was 9% of the target's CPU time).

@@ -20,6 +20,8 @@ use crate::{DatamoverError, PduSender};
 enum Payload<'a> {
     Borrowed(&'a [u8]),
     Owned(bytes::Bytes),
+    /// Shared pieces: one RDMA Write each, none copied.
+    Gather(crate::Gather),
 }
 
 impl Payload<'_> {
@@ -27,6 +29,7 @@ impl Payload<'_> {
         match self {
             Payload::Borrowed(data) => data.is_empty(),
             Payload::Owned(data) => data.is_empty(),
+            Payload::Gather(data) => data.is_empty(),
         }
     }
 }
@@ -249,25 +252,36 @@ impl IserSender {
                     "read task {itt:#x} has data but its command advertised no Read STag"
                 )));
             };
-            let remote = RemoteBuffer {
-                stag,
-                to: base.wrapping_add(u64::from(data_in.buffer_offset)),
+            let mut to = base.wrapping_add(u64::from(data_in.buffer_offset));
+            let wr_id = || {
+                self.shared
+                    .next_wr_id
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             };
-            let wr_id = self
-                .shared
-                .next_wr_id
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let data = match data {
-                Payload::Borrowed(data) => self.shared.payload(wr_id, data),
-                Payload::Owned(data) => data,
+            // One Write per piece of a gather; one for anything else.
+            let writes: Vec<(u64, Bytes)> = match data {
+                Payload::Borrowed(data) => {
+                    let id = wr_id();
+                    vec![(id, self.shared.payload(id, data))]
+                }
+                Payload::Owned(data) => vec![(wr_id(), data)],
+                Payload::Gather(data) => data
+                    .pieces()
+                    .iter()
+                    .map(|piece| (wr_id(), piece.clone()))
+                    .collect(),
             };
-            let op = SendOp::RdmaWrite {
-                data: Sge::Bytes(data),
-                remote,
-            };
-            if let Err(error) = self.shared.post_as(wr_id, op).await {
-                self.shared.payload_done(wr_id);
-                return Err(error);
+            for (wr_id, bytes) in writes {
+                let len = bytes.len() as u64;
+                let op = SendOp::RdmaWrite {
+                    data: Sge::Bytes(bytes),
+                    remote: RemoteBuffer { stag, to },
+                };
+                if let Err(error) = self.shared.post_as(wr_id, op).await {
+                    self.shared.payload_done(wr_id);
+                    return Err(error);
+                }
+                to = to.wrapping_add(len);
             }
         }
         if let Some(status) = data_in.status {
@@ -366,6 +380,23 @@ impl PduSender for IserSender {
                 Ok(())
             }
             _ => self.send_pdu(header, &data).await,
+        }
+    }
+
+    /// `Put_Data` from shared pieces: an RDMA Write from each, as it is.
+    async fn put_data_gather(
+        &mut self,
+        header: &Header,
+        data: crate::Gather,
+    ) -> Result<(), DatamoverError> {
+        match (&header.pdu, self.shared.role) {
+            (Pdu::DataIn(data_in), IserRole::Target) => {
+                let start = Instant::now();
+                self.write_data_in(data_in, Payload::Gather(data)).await?;
+                self.tapped(header, start);
+                Ok(())
+            }
+            _ => self.send_pdu(header, &data.joined()).await,
         }
     }
 

@@ -1,5 +1,13 @@
-//! Test support shared by the fake targets of this crate's tests: a login
-//! that accepts whatever the initiator offers.
+//! Test support shared by this crate's tests: a login that accepts
+//! whatever the initiator offers (for the fake targets), and `iscsi target`
+//! itself on loopback.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use iscsi_scsi::Backstore;
+use iscsi_target::{Server, TargetConfig, TargetEntry};
+use tokio::sync::oneshot;
 
 use iscsi_datamover::tcp::TcpDatamover;
 use iscsi_datamover::{DatamoverError, PduSender};
@@ -61,4 +69,38 @@ pub async fn answer_login(
     *stat_sn = stat_sn.next();
     let header = Header::new(Pdu::LoginResponse(response), text.len() as u32);
     dm.sender.send_control(&header, &text).await
+}
+
+/// `iscsi target` serving `luns` as `name` on a TCP and an iSER portal of
+/// 127.0.0.1, granting a command window of `command_window`: returns both
+/// addresses and the sender that stops it.
+pub async fn our_target(
+    name: &str,
+    luns: Vec<Arc<dyn Backstore>>,
+    command_window: u32,
+) -> (String, String, oneshot::Sender<()>) {
+    let config = TargetConfig {
+        listen: vec!["127.0.0.1:0".parse().unwrap()],
+        iser: vec!["127.0.0.1:0".parse().unwrap()],
+        targets: vec![TargetEntry {
+            name: name.to_owned(),
+            alias: None,
+            luns,
+            chap: None,
+            allowed_initiators: Vec::new(),
+        }],
+        portal_group_tag: 1,
+        negotiation: TargetConfig::default_negotiation(),
+        command_window,
+        nop_in_interval: None,
+        tap: None,
+    };
+    let server = Server::bind(config).await.unwrap();
+    let tcp = server.local_addrs()[0];
+    let iser = server.iser_addrs()[0];
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(server.run_until(async {
+        let _ = stopped.await;
+    }));
+    (tcp.to_string(), iser.to_string(), stop)
 }

@@ -45,6 +45,15 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `buf` at byte `offset`.
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()>;
+    /// `len` bytes from `offset` as shared pieces of the store's own
+    /// memory, in order, instead of a copy (`None`: this store does not
+    /// lend; use [`Backstore::read_at`]). Lent bytes never change: a write
+    /// after the loan leaves them as they were (the store copies what is
+    /// still lent), so data sent from them is the data as of the read.
+    fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<bytes::Bytes>>> {
+        let _ = (offset, len);
+        None
+    }
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Deallocates `len` bytes from `offset` (thin provisioning); the range

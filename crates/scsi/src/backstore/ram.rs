@@ -3,7 +3,9 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, PoisonError, RwLock};
+
+use bytes::Bytes;
 
 use super::{Allocation, Backstore};
 
@@ -43,13 +45,33 @@ const CHUNK: u64 = RAM_CHUNK_SIZE as u64;
 
 /// A sparse in-memory backstore: 64 KiB chunks allocated on first non-zero
 /// write, unwritten blocks read as zeros, UNMAP frees whole chunks.
+///
+/// Reads can borrow the chunks themselves ([`Backstore::lend`]): a chunk is
+/// shared (`Arc`) with every read that lent it, and a write to a chunk that
+/// is still lent copies it first (copy-on-write), so lent bytes never
+/// change: a read sent from them shows the data as of the moment it ran.
 #[derive(Debug)]
 pub struct RamBackstore {
     size: u64,
     block_size: u32,
     unique_id: u64,
-    chunks: RwLock<HashMap<u64, Box<[u8]>>>,
+    chunks: RwLock<HashMap<u64, Chunk>>,
 }
+
+/// One allocated chunk, shared with the reads that lent it.
+type Chunk = Arc<Vec<u8>>;
+
+/// A lent chunk as the owner of `Bytes` (no copy).
+struct LentChunk(Chunk);
+
+impl AsRef<[u8]> for LentChunk {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+/// What an unallocated chunk lends: zeros, never written.
+static ZERO_CHUNK: [u8; RAM_CHUNK_SIZE] = [0; RAM_CHUNK_SIZE];
 
 /// The part of one chunk a byte range touches.
 struct Piece {
@@ -165,13 +187,34 @@ impl Backstore for RamBackstore {
                 None if src.iter().all(|&b| b == 0) => continue,
                 None => chunks
                     .entry(p.chunk)
-                    .or_insert_with(|| vec![0u8; RAM_CHUNK_SIZE].into_boxed_slice()),
+                    .or_insert_with(|| Arc::new(vec![0u8; RAM_CHUNK_SIZE])),
             };
-            if let Some(dst) = chunk.get_mut(p.start..p.start + p.len) {
+            // A chunk a read still holds is copied first: the read keeps
+            // the bytes it saw.
+            if let Some(dst) = Arc::make_mut(chunk).get_mut(p.start..p.start + p.len) {
                 dst.copy_from_slice(src);
             }
         }
         Ok(())
+    }
+
+    /// The chunks themselves, each piece a `Bytes` sharing its chunk
+    /// (unallocated ones lend zeros): no byte is copied, and writes that
+    /// follow copy the chunks still lent instead of changing them.
+    fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<Bytes>>> {
+        if let Err(e) = self.check_range(offset, len as u64) {
+            return Some(Err(e));
+        }
+        let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
+        let lent = pieces(offset, len)
+            .map(|p| match chunks.get(&p.chunk) {
+                Some(c) => {
+                    Bytes::from_owner(LentChunk(Arc::clone(c))).slice(p.start..p.start + p.len)
+                }
+                None => Bytes::from_static(&ZERO_CHUNK[p.start..p.start + p.len]),
+            })
+            .collect();
+        Some(Ok(lent))
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -191,7 +234,7 @@ impl Backstore for RamBackstore {
                 chunks.remove(&chunk);
             } else if let Some(c) = chunks.get_mut(&chunk) {
                 let (s, e) = (start as usize, (start + n) as usize);
-                if let Some(dst) = c.get_mut(s..e) {
+                if let Some(dst) = Arc::make_mut(c).get_mut(s..e) {
                     dst.fill(0);
                 }
                 if c.iter().all(|&b| b == 0) {
@@ -286,6 +329,39 @@ mod tests {
         assert_eq!(r.allocated_bytes(), CHUNK);
         r.unmap(512, 512).unwrap();
         assert_eq!(r.allocated_bytes(), 0);
+    }
+
+    /// Lent pieces are the chunks themselves, and keep the bytes they had
+    /// when lent whatever is written or unmapped afterwards.
+    #[test]
+    fn lent_bytes_never_change() {
+        let r = RamBackstore::new(1 << 20, 512, 7).unwrap();
+        let old: Vec<u8> = (0..2 * RAM_CHUNK_SIZE)
+            .map(|i| (i % 249) as u8 + 1)
+            .collect();
+        r.write_at(CHUNK / 2, &old[..CHUNK as usize]).unwrap();
+        // Half a chunk of zeros (unallocated), then written data.
+        let lent = r.lend(0, RAM_CHUNK_SIZE + 4096).unwrap().unwrap();
+        let joined: Vec<u8> = lent.iter().flat_map(|b| b.iter().copied()).collect();
+        assert_eq!(lent.len(), 2, "one piece per chunk");
+        assert!(joined[..RAM_CHUNK_SIZE / 2].iter().all(|&b| b == 0));
+        assert_eq!(
+            &joined[RAM_CHUNK_SIZE / 2..],
+            &old[..RAM_CHUNK_SIZE / 2 + 4096]
+        );
+        // Overwritten and unmapped while lent: the loan is unchanged, a
+        // new read sees the new bytes.
+        r.write_at(0, &vec![0xEE; RAM_CHUNK_SIZE + 4096]).unwrap();
+        r.unmap(CHUNK, CHUNK).unwrap();
+        let after: Vec<u8> = lent.iter().flat_map(|b| b.iter().copied()).collect();
+        assert_eq!(after, joined);
+        let mut now = vec![0u8; RAM_CHUNK_SIZE];
+        r.read_at(0, &mut now).unwrap();
+        assert!(now.iter().all(|&b| b == 0xEE));
+        // Once the loan is dropped, writes go in place again.
+        drop(lent);
+        r.write_at(0, &[1u8; 512]).unwrap();
+        assert!(r.lend(1 << 20, 1).unwrap().is_err(), "beyond the end");
     }
 
     #[test]
