@@ -29,6 +29,16 @@ async fn start_with_window(command_window: u32) -> (String, String, oneshot::Sen
     common::our_target(TARGET, vec![lun], command_window).await
 }
 
+/// Our target on loopback and a session logged in to it over iSER.
+async fn iser_session() -> (Session, oneshot::Sender<()>) {
+    let (_, iser, stop) = start().await;
+    let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
+    let session = Session::connect(&url, SessionConfig::default())
+        .await
+        .expect("login over iSER");
+    (session, stop)
+}
+
 fn random(len: usize) -> Vec<u8> {
     let mut data = vec![0u8; len];
     rand::rng().fill_bytes(&mut data);
@@ -45,11 +55,7 @@ fn logging() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writes_and_reads_of_every_size_round_trip() {
     logging();
-    let (_, iser, _stop) = start().await;
-    let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
-    let session = Session::connect(&url, SessionConfig::default())
-        .await
-        .expect("login over iSER");
+    let (session, _stop) = iser_session().await;
     let parameters = session.parameters().unwrap();
     assert!(parameters.rdma_extensions, "RDMAExtensions=Yes");
     assert!(
@@ -81,11 +87,7 @@ async fn writes_and_reads_of_every_size_round_trip() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shared_writes_round_trip() {
     logging();
-    let (_, iser, _stop) = start().await;
-    let url: IscsiUrl = format!("iser://{iser}/{TARGET}/0").parse().unwrap();
-    let session = Session::connect(&url, SessionConfig::default())
-        .await
-        .expect("login over iSER");
+    let (session, _stop) = iser_session().await;
     let mut lba = 0u32;
     for len in [4096usize, 65536, (1 << 20) - 8192, 1 << 20, 3 << 20] {
         let data = bytes::Bytes::from(random(len));

@@ -127,12 +127,9 @@ async fn write_then_send_arrives_after_placement() {
     assert_eq!(next(c.send_cq()).await.wr_id, 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rdma_read_one_mib() {
-    let (c, s) = pair(0, 0).await;
-    let src: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
-    let source = s.pd().register(src.clone(), Access::REMOTE_READ);
-    let sink = c.pd().register(vec![0; 1 << 20], Access::LOCAL_WRITE);
+/// Posts a signaled RDMA Read (`wr_id` 9) of all of `sink` from the start
+/// of `source`, and returns its completion.
+async fn read_whole(c: &QueuePair, sink: &MemoryRegion, source: &MemoryRegion) -> Completion {
     c.post_send(SendRequest {
         wr_id: 9,
         signaled: true,
@@ -140,7 +137,7 @@ async fn rdma_read_one_mib() {
             local: LocalBuffer {
                 stag: sink.stag(),
                 offset: 0,
-                len: 1 << 20,
+                len: sink.len(),
             },
             remote: RemoteBuffer {
                 stag: source.stag(),
@@ -149,7 +146,16 @@ async fn rdma_read_one_mib() {
         },
     })
     .unwrap();
-    let done = next(c.send_cq()).await;
+    next(c.send_cq()).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rdma_read_one_mib() {
+    let (c, s) = pair(0, 0).await;
+    let src: Vec<u8> = (0..1u32 << 20).map(|i| (i % 253) as u8).collect();
+    let source = s.pd().register(src.clone(), Access::REMOTE_READ);
+    let sink = c.pd().register(vec![0; 1 << 20], Access::LOCAL_WRITE);
+    let done = read_whole(&c, &sink, &source).await;
     assert_eq!(
         (done.wr_id, done.opcode, done.status, done.byte_len),
         (9, WcOpcode::RdmaRead, WcStatus::Success, 1 << 20)
@@ -169,23 +175,7 @@ async fn rdma_read_from_frozen_bytes() {
         Access::REMOTE_READ | Access::REMOTE_WRITE,
     );
     let sink = c.pd().register(vec![0; src.len()], Access::LOCAL_WRITE);
-    c.post_send(SendRequest {
-        wr_id: 9,
-        signaled: true,
-        op: SendOp::RdmaRead {
-            local: LocalBuffer {
-                stag: sink.stag(),
-                offset: 0,
-                len: src.len(),
-            },
-            remote: RemoteBuffer {
-                stag: source.stag(),
-                to: source.addr(),
-            },
-        },
-    })
-    .unwrap();
-    let done = next(c.send_cq()).await;
+    let done = read_whole(&c, &sink, &source).await;
     assert_eq!((done.status, done.byte_len), (WcStatus::Success, src.len()));
     assert_eq!(c.pd().deregister(sink), src);
     // Write rights are not granted to frozen bytes, whatever was asked.

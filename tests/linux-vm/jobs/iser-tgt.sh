@@ -125,10 +125,11 @@ vm_log "ok - discovery over iSER lists $iqn"
 # 4. bench, 256 KiB (tgt's limit above): figures for the log only (software emulation is no
 # performance source). At QD 1: with several writes in flight, siw in the guest soon logs
 # "siw: crc error ... op 2" on one of our Read Response FPDUs and tgt's side terminates the stream
-# (RDMAP, remote operation error), while tshark on the host finds every CRC of that stream good.
-# Seen at QD 2 to 16, with 32 KiB FPDUs and with 1446-byte ones (MpaMaxUlpdu=1446, which passed
-# once at QD 8); our FPDUs are batched into large writes, so they do not start at TCP segment
-# boundaries the way siw's own do. Open item in the closing note of issue 15.
+# (and tgtd 1.0.85 may then segfault), while tshark on the host finds every CRC good. The cause is
+# in Linux 6.1's siw: siw_get_trailer (drivers/infiniband/sw/siw/siw_qp_rx.c) copies each part of
+# an FPDU trailer split across two skbs to the trailer's start, so the second part overwrites the
+# first. siw's own sender never splits a trailer; ours batches FPDUs into large writes, and under
+# load the kernel can cut a trailer between segments. ISER_TGT_BENCH_QD=16 reproduces it.
 for rw in write read; do
     host_step "bench-$rw" "$ISCSI_BIN" bench "$url" --initiator-name "$initiator" --rw "$rw" --bs $chunk --qd "${ISER_TGT_BENCH_QD:-1}" --time "${ISER_TGT_BENCH_S:-5}" ||
         vm_fail "iscsi bench --rw $rw over iSER"
