@@ -476,6 +476,9 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
                 data.len()
             )));
         }
+        if let [one] = data.pieces() {
+            return self.send_control(header, one).await;
+        }
         let start = self.tap_clock();
         let len = encode_header(header, self.digests.header, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;

@@ -667,3 +667,39 @@ fn reused_data_in_buffer_never_leaks_stale_bytes() {
     assert!(buffer.len() <= 96);
     assert!(!buffer.contains(&0xDD));
 }
+
+/// `execute_lending`: a READ of at least `sbc::LEND_MIN` bytes from the RAM
+/// store comes back as the store's own pieces (one per 64 KiB chunk) and
+/// `data_in` empty; a shorter one, a failed one and `execute` copy as ever.
+#[test]
+fn large_reads_are_lent_small_ones_copied() {
+    let (t, _) = target(&[(1 << 20, 512)]);
+    let mut seed = 7;
+    let data = random_bytes(&mut seed, 256 * 1024);
+    let write = [0x2a, 0, 0, 0, 0, 0, 0, 0x02, 0x00, 0]; // WRITE(10) 512 blocks at 0
+    good(&t, 0, &write, &data);
+    let read = |blocks: u16| {
+        let mut cdb = [0x28, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        cdb
+    };
+    let (mut data_in, mut lent) = (vec![0xEE; 3], Vec::new());
+    let cdb = read((iscsi_scsi::sbc::LEND_MIN / 512) as u16 * 2);
+    let o = t.execute_lending(&nexus(), encode_lun(0), &cdb, &[], &mut data_in, &mut lent);
+    assert_eq!(o, CommandOutcome::GOOD);
+    assert!(data_in.is_empty());
+    assert_eq!(lent.len(), 2, "one piece per chunk");
+    let joined: Vec<u8> = lent.iter().flat_map(|b| b.iter().copied()).collect();
+    assert_eq!(joined, data[..2 * iscsi_scsi::sbc::LEND_MIN]);
+    let cdb = read(8);
+    let o = t.execute_lending(&nexus(), encode_lun(0), &cdb, &[], &mut data_in, &mut lent);
+    assert_eq!(o, CommandOutcome::GOOD);
+    assert!(lent.is_empty(), "4 KiB is copied");
+    assert_eq!(data_in, data[..4096]);
+    // Beyond the end: CHECK CONDITION, nothing lent or copied.
+    let mut cdb = read(256);
+    cdb[2..6].copy_from_slice(&2000u32.to_be_bytes());
+    let o = t.execute_lending(&nexus(), encode_lun(0), &cdb, &[], &mut data_in, &mut lent);
+    assert_eq!(o.status, status::CHECK_CONDITION);
+    assert!(lent.is_empty() && data_in.is_empty());
+}
