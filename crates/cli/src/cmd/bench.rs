@@ -466,9 +466,19 @@ fn run_sessions(
                 }
                 let url = url.clone();
                 logins.spawn(async move {
-                    let session = Session::connect(&url, config)
-                        .await
-                        .with_context(|| format!("logging in session {i} to {url}"));
+                    let session = async {
+                        let session = Session::connect(&url, config)
+                            .await
+                            .with_context(|| format!("logging in session {i} to {url}"))?;
+                        // A new I_T nexus may hold a unit attention (tgtd
+                        // reports POWER ON to each): READ CAPACITY takes it
+                        // before the load's first command would.
+                        geometry(&session, url.lun)
+                            .await
+                            .with_context(|| format!("session {i}"))?;
+                        Ok::<_, anyhow::Error>(session)
+                    }
+                    .await;
                     (i, session)
                 });
             }
