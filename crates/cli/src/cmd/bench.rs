@@ -44,6 +44,21 @@ pub struct Args {
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
+    /// Separate sessions, each logged in as its own initiator (the
+    /// initiator name with a `:s<i>` suffix when there are several), each
+    /// with its own --qd workers; logged in 16 at a time. With more than
+    /// one session (or --mix) the report has a `kinds` list: per kind of
+    /// session, aggregate MiB/s, IOPS, latency percentiles and the
+    /// fewest / median / most commands any one session completed.
+    #[arg(long, default_value_t = 1)]
+    sessions: usize,
+    /// Mixed load (ignores --rw and --bs): even sessions do 4 KiB random
+    /// reads at --qd, odd sessions 1 MiB sequential reads at --mix-large-qd.
+    #[arg(long)]
+    mix: bool,
+    /// Commands in flight per 1 MiB session of --mix.
+    #[arg(long, default_value_t = 2)]
+    mix_large_qd: usize,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -67,6 +82,50 @@ struct Report {
     max_us: f64,
     /// PDUs sent per write: how many commands left together.
     pdus_per_write: f64,
+}
+
+/// One kind of session in a multi-session run (`--sessions`, `--mix`).
+#[derive(Debug, serde::Serialize)]
+struct KindReport {
+    rw: String,
+    bs: u64,
+    qd: usize,
+    /// Sessions of this kind.
+    sessions: usize,
+    commands: u64,
+    mib_per_s: f64,
+    iops: f64,
+    mean_us: f64,
+    p50_us: f64,
+    p99_us: f64,
+    p999_us: f64,
+    max_us: f64,
+    /// Commands completed by the session that completed fewest (0 or far
+    /// below the median: a starved session).
+    min_session_commands: u64,
+    median_session_commands: u64,
+    max_session_commands: u64,
+    /// Every session's completed commands, in session order.
+    session_commands: Vec<u64>,
+}
+
+/// The outcome of a multi-session run.
+#[derive(Debug, serde::Serialize)]
+struct MultiReport {
+    /// The --rw of every session, or "mix".
+    rw: String,
+    sessions: usize,
+    /// Connections per session.
+    connections: usize,
+    /// Wall time from the first command to the last completion of any
+    /// session.
+    seconds: f64,
+    /// Seconds the logins took (16 at a time).
+    login_seconds: f64,
+    commands: u64,
+    mib_per_s: f64,
+    iops: f64,
+    kinds: Vec<KindReport>,
 }
 
 fn percentile(sorted: &[u32], p: f64) -> f64 {
@@ -283,6 +342,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     u32::try_from(bs).context("--bs must be below 4 GiB")?;
     let url = target_url(&args.url)?;
+    if args.sessions == 0 || args.mix_large_qd == 0 {
+        bail!("--sessions and --mix-large-qd must be positive");
+    }
+    if args.sessions > 1 || args.mix {
+        return run_sessions(args, &url, write, random, bs);
+    }
     let load = Load {
         write,
         random,
@@ -339,6 +404,221 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.seconds,
             report.pdus_per_write
         );
+    }
+    Ok(())
+}
+
+/// The load of session `index` of a multi-session run.
+fn session_load(args: &Args, index: usize, write: bool, random: bool, bs: u64) -> Load {
+    let (write, random, bs, qd) = if !args.mix {
+        (write, random, bs, args.qd)
+    } else if index.is_multiple_of(2) {
+        (false, true, 4096, args.qd)
+    } else {
+        (false, false, 1 << 20, args.mix_large_qd)
+    };
+    Load {
+        write,
+        random,
+        bs,
+        qd,
+        time: args.time,
+        keep_data: args.keep_data,
+    }
+}
+
+/// `--rw` of a load.
+fn rw_name(load: &Load) -> &'static str {
+    match (load.write, load.random) {
+        (false, false) => "read",
+        (true, false) => "write",
+        (false, true) => "randread",
+        (true, true) => "randwrite",
+    }
+}
+
+/// Logins of a multi-session run in flight at once.
+const LOGIN_CONCURRENCY: usize = 16;
+
+/// `--sessions N` / `--mix`: N sessions, each its own initiator, logged in
+/// 16 at a time, then all loads started together.
+fn run_sessions(
+    args: &Args,
+    url: &iscsi_initiator::IscsiUrl,
+    write: bool,
+    random: bool,
+    bs: u64,
+) -> anyhow::Result<()> {
+    let base = args.session.config()?;
+    let loads: Vec<Load> = (0..args.sessions)
+        .map(|i| session_load(args, i, write, random, bs))
+        .collect();
+    let report = runtime(args.threads)?.block_on(async {
+        let login_start = Instant::now();
+        let mut sessions: Vec<Option<Session>> = vec![None; args.sessions];
+        let indexes: Vec<usize> = (0..args.sessions).collect();
+        for chunk in indexes.chunks(LOGIN_CONCURRENCY) {
+            let mut logins = tokio::task::JoinSet::new();
+            for &i in chunk {
+                let mut config = base.clone();
+                if args.sessions > 1 {
+                    config.initiator_name = format!("{}:s{i}", base.initiator_name);
+                }
+                let url = url.clone();
+                logins.spawn(async move {
+                    let session = async {
+                        let session = Session::connect(&url, config)
+                            .await
+                            .with_context(|| format!("logging in session {i} to {url}"))?;
+                        // A new I_T nexus may hold a unit attention (tgtd
+                        // reports POWER ON to each): READ CAPACITY takes it
+                        // before the load's first command would.
+                        geometry(&session, url.lun)
+                            .await
+                            .with_context(|| format!("session {i}"))?;
+                        Ok::<_, anyhow::Error>(session)
+                    }
+                    .await;
+                    (i, session)
+                });
+            }
+            while let Some(done) = logins.join_next().await {
+                let (i, session) = done.context("login task")?;
+                sessions[i] = Some(session?);
+            }
+        }
+        let login_seconds = login_start.elapsed().as_secs_f64();
+        let sessions: Vec<Session> = sessions.into_iter().flatten().collect();
+        let geometry = geometry(&sessions[0], url.lun).await?;
+        for load in &loads {
+            check_load(load, &geometry)?;
+        }
+        let start = Instant::now();
+        let mut runs = tokio::task::JoinSet::new();
+        for (i, (session, load)) in sessions.iter().zip(&loads).enumerate() {
+            let session = session.clone();
+            let load = load.clone();
+            let lun = url.lun;
+            runs.spawn(async move { (i, run_load(&session, lun, &geometry, &load).await) });
+        }
+        let mut measured: Vec<Option<Measured>> = vec![None; args.sessions];
+        while let Some(done) = runs.join_next().await {
+            let (i, result) = done.context("session task")?;
+            measured[i] = Some(result.with_context(|| format!("session {i}"))?);
+        }
+        let seconds = start.elapsed().as_secs_f64();
+        let measured: Vec<Measured> = measured.into_iter().flatten().collect();
+        let connections = sessions[0].connection_count();
+        let mut logouts = tokio::task::JoinSet::new();
+        for session in sessions {
+            logouts.spawn(async move {
+                let _ = session.logout().await;
+            });
+        }
+        while logouts.join_next().await.is_some() {}
+
+        // Group the sessions by kind (rw and bs), in order of first use.
+        let mut kinds: Vec<KindReport> = Vec::new();
+        let mut kind_latencies: Vec<Vec<u32>> = Vec::new();
+        for (load, measured) in loads.iter().zip(&measured) {
+            let rw = rw_name(load);
+            let at = match kinds.iter().position(|k| k.rw == rw && k.bs == load.bs) {
+                Some(at) => at,
+                None => {
+                    kinds.push(KindReport {
+                        rw: rw.to_owned(),
+                        bs: load.bs,
+                        qd: load.qd,
+                        sessions: 0,
+                        commands: 0,
+                        mib_per_s: 0.0,
+                        iops: 0.0,
+                        mean_us: 0.0,
+                        p50_us: 0.0,
+                        p99_us: 0.0,
+                        p999_us: 0.0,
+                        max_us: 0.0,
+                        min_session_commands: 0,
+                        median_session_commands: 0,
+                        max_session_commands: 0,
+                        session_commands: Vec::new(),
+                    });
+                    kind_latencies.push(Vec::new());
+                    kinds.len() - 1
+                }
+            };
+            kinds[at].sessions += 1;
+            kinds[at].session_commands.push(measured.commands());
+            kind_latencies[at].extend_from_slice(&measured.latencies);
+        }
+        for (kind, mut latencies) in kinds.iter_mut().zip(kind_latencies) {
+            latencies.sort_unstable();
+            let commands = latencies.len() as u64;
+            kind.commands = commands;
+            kind.mib_per_s = (commands * kind.bs) as f64 / (1 << 20) as f64 / seconds;
+            kind.iops = commands as f64 / seconds;
+            kind.mean_us =
+                latencies.iter().map(|&l| f64::from(l)).sum::<f64>() / commands.max(1) as f64;
+            kind.p50_us = percentile(&latencies, 50.0);
+            kind.p99_us = percentile(&latencies, 99.0);
+            kind.p999_us = percentile(&latencies, 99.9);
+            kind.max_us = latencies.last().copied().map(f64::from).unwrap_or(0.0);
+            let mut counts = kind.session_commands.clone();
+            counts.sort_unstable();
+            kind.min_session_commands = counts.first().copied().unwrap_or(0);
+            kind.median_session_commands = counts[counts.len() / 2];
+            kind.max_session_commands = counts.last().copied().unwrap_or(0);
+        }
+        let commands = kinds.iter().map(|k| k.commands).sum::<u64>();
+        Ok::<_, anyhow::Error>(MultiReport {
+            rw: if args.mix {
+                "mix".to_owned()
+            } else {
+                args.rw.clone()
+            },
+            sessions: args.sessions,
+            connections,
+            seconds,
+            login_seconds,
+            commands,
+            mib_per_s: kinds.iter().map(|k| k.mib_per_s).sum(),
+            iops: commands as f64 / seconds,
+            kinds,
+        })
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!(
+            "{} sessions ({}), {} connection(s) each: {:.1} MiB/s, {:.0} IOPS ({} commands in {:.1} s; logins took {:.2} s)",
+            report.sessions,
+            report.rw,
+            report.connections,
+            report.mib_per_s,
+            report.iops,
+            report.commands,
+            report.seconds,
+            report.login_seconds
+        );
+        for kind in &report.kinds {
+            println!(
+                "  {} bs={} qd={} x {} sessions: {:.1} MiB/s, {:.0} IOPS, latency mean {:.0} us, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us; commands per session min {} median {} max {}",
+                kind.rw,
+                kind.bs,
+                kind.qd,
+                kind.sessions,
+                kind.mib_per_s,
+                kind.iops,
+                kind.mean_us,
+                kind.p50_us,
+                kind.p99_us,
+                kind.p999_us,
+                kind.max_us,
+                kind.min_session_commands,
+                kind.median_session_commands,
+                kind.max_session_commands
+            );
+        }
     }
     Ok(())
 }
