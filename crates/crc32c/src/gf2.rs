@@ -60,9 +60,35 @@ pub const fn x_pow_mod_p(mut n: u64) -> u32 {
 ///
 /// This is what makes CRCs of separate pieces combinable: the register of
 /// `A || B` is `shift(register(A), len(B)) ^ register_from_zero(B)`.
+///
+/// `x^(8 len)` is the product of [`ZERO_BYTES_POWERS`] entries for the bits
+/// set in `len`: one multiplication per set bit, so shifting by a
+/// power-of-two length (a 64 KiB chunk's CRC combined into a data digest)
+/// costs two multiplications instead of square-and-multiply's forty.
 pub const fn shift_by_zero_bytes(state: u32, len: u64) -> u32 {
-    multiply_mod_p(x_pow_mod_p(8 * len), state)
+    let mut result = state;
+    let mut bit = 0;
+    while bit < 64 {
+        if len & (1 << bit) != 0 {
+            result = multiply_mod_p(ZERO_BYTES_POWERS[bit], result);
+        }
+        bit += 1;
+    }
+    result
 }
+
+/// `x^(8 * 2^k) mod P(x)` for k = 0..64: the shift over `2^k` zero bytes.
+const ZERO_BYTES_POWERS: [u32; 64] = {
+    let mut table = [0u32; 64];
+    let mut power = x_pow_mod_p(8);
+    let mut k = 0;
+    while k < 64 {
+        table[k] = power;
+        power = multiply_mod_p(power, power);
+        k += 1;
+    }
+    table
+};
 
 /// The constant that carry-less multiplication needs to shift a 32-bit CRC
 /// register (or a 64-bit half of a 128-bit block) forward by `bits` bit
@@ -94,6 +120,26 @@ mod tests {
         for n in 0..200u64 {
             assert_eq!(x_pow_mod_p(n), expected, "x^{n}");
             expected = multiply_by_x(expected);
+        }
+    }
+
+    #[test]
+    fn shifting_by_zero_bytes_is_multiplying_by_x_to_8_len() {
+        for len in [
+            0u64,
+            1,
+            3,
+            4096,
+            65536,
+            65535,
+            1 << 20,
+            (1 << 20) + 8191,
+            u64::MAX >> 4,
+        ] {
+            for state in [0u32, 1, 0xDEAD_BEEF, u32::MAX] {
+                let expected = multiply_mod_p(x_pow_mod_p(8 * len), state);
+                assert_eq!(shift_by_zero_bytes(state, len), expected, "len {len}");
+            }
         }
     }
 

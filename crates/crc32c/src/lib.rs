@@ -336,6 +336,19 @@ pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
     gf2::shift_by_zero_bytes(crc_a, len_b) ^ crc_b
 }
 
+/// Bytes that never change and know their CRC32C, computing it at most once
+/// (a RAM store's chunk, lent to READs until a write replaces it).
+///
+/// Why: once a target sends READ data straight from its store, no copy
+/// touches the bytes, so the FAST '05 trick of digesting during the copy
+/// has nothing to hide in; a data digest over such bytes is instead
+/// combined from the remembered CRC ([`crc32c_combine`]) and costs two
+/// GF(2) multiplications rather than a pass over the data.
+pub trait KnownCrc32c: Send + Sync + std::fmt::Debug {
+    /// The CRC32C of all the bytes (computed on first call, then remembered).
+    fn crc32c(&self) -> u32;
+}
+
 /// An incremental CRC32C, for data that arrives in pieces (a data segment
 /// received chunk by chunk).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

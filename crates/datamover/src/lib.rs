@@ -37,7 +37,7 @@ pub mod tcp;
 mod transport;
 
 pub use buffers::{BufferPool, PooledBuffer};
-pub use gather::Gather;
+pub use gather::{Gather, PieceCrc};
 pub use transport::{Datamover, Receiver, Sender};
 
 use std::future::Future;

@@ -463,7 +463,8 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
     }
 
     /// One vectored write: the header, every piece where it lies, the
-    /// padding and the data digest (computed over the pieces in turn).
+    /// padding and the data digest (over the pieces in turn, a piece whose
+    /// CRC32C is known combined from it: `Gather::crc32c`).
     async fn put_data_gather(
         &mut self,
         header: &Header,
@@ -476,19 +477,17 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
                 data.len()
             )));
         }
-        if let [one] = data.pieces() {
+        // One piece whose CRC is not known already: the ordinary path
+        // (digest computed while encoding) without the slice list.
+        if let [one] = data.pieces()
+            && !(self.digests.data && data.has_known_crcs())
+        {
             return self.send_control(header, one).await;
         }
         let start = self.tap_clock();
         let len = encode_header(header, self.digests.header, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;
-        let crc = if self.digests.data {
-            data.pieces()
-                .iter()
-                .fold(0, |crc, piece| iscsi_crc32c::crc32c_append(crc, piece))
-        } else {
-            0
-        };
+        let crc = if self.digests.data { data.crc32c() } else { 0 };
         let trailer = DataTrailer::from_data_crc(data.len(), crc, self.digests.data);
         let mut slices: Vec<&[u8]> = Vec::with_capacity(data.pieces().len() + 3);
         slices.push(&self.header_buf[..len]);

@@ -5,6 +5,10 @@
 //! write (the store lends a read a snapshot of its chunks, and a write
 //! copies a chunk that is still lent instead of changing it), and a read
 //! issued after a write was acknowledged sees that write or a later one.
+//! With CRC32C data digests on, the digest of a whole chunk is the CRC the
+//! chunk remembers: a write must make it forget, or the initiator sees a
+//! digest error (and, at ErrorRecoveryLevel 0, reinstates the session,
+//! which the test counts).
 
 mod common;
 
@@ -44,12 +48,13 @@ fn generation_of(data: &[u8]) -> u64 {
     generation
 }
 
-async fn race(url: IscsiUrl) {
-    let session = Arc::new(
-        Session::connect(&url, SessionConfig::default())
-            .await
-            .unwrap(),
-    );
+async fn race(url: IscsiUrl, digests: bool) {
+    let mut config = SessionConfig::default();
+    if digests {
+        config.set("HeaderDigest", "CRC32C").unwrap();
+        config.set("DataDigest", "CRC32C").unwrap();
+    }
+    let session = Arc::new(Session::connect(&url, config).await.unwrap());
     session
         .write(0, 0, BLOCK, &generation_data(1))
         .await
@@ -87,6 +92,11 @@ async fn race(url: IscsiUrl) {
     while let Some(done) = tasks.join_next().await {
         done.unwrap();
     }
+    assert_eq!(
+        session.reinstatements(),
+        0,
+        "a digest error (or a lost connection) made the session start again"
+    );
     session.logout().await.unwrap();
 }
 
@@ -94,6 +104,7 @@ async fn race(url: IscsiUrl) {
 async fn reads_racing_writes_never_show_later_data() {
     let lun: Arc<dyn Backstore> = Arc::new(RamBackstore::new(16 << 20, BLOCK, 7).unwrap());
     let (tcp, iser, _stop) = common::our_target(TARGET, vec![lun], 64).await;
-    race(format!("iscsi://{tcp}/{TARGET}/0").parse().unwrap()).await;
-    race(format!("iser://{iser}/{TARGET}/0").parse().unwrap()).await;
+    race(format!("iscsi://{tcp}/{TARGET}/0").parse().unwrap(), false).await;
+    race(format!("iscsi://{tcp}/{TARGET}/0").parse().unwrap(), true).await;
+    race(format!("iser://{iser}/{TARGET}/0").parse().unwrap(), false).await;
 }

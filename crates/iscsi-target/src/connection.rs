@@ -1045,12 +1045,14 @@ impl Connection {
             // memory when it lent it (sent with no copy; a write meanwhile
             // copies the chunks instead of changing them), else the
             // buffer, which returns to the pool when the last byte sent
-            // from it (iSER's RDMA Writes) is on the wire.
+            // from it (iSER's RDMA Writes) is on the wire. Lent whole
+            // chunks carry their CRC32C, so a data digest over them is
+            // combined, not computed (`Gather::crc32c`).
             let data_in = if lent.is_empty() {
                 Gather::from(PooledBuffer::new(data_in, Arc::clone(&buffers)).into_bytes())
             } else {
                 buffers.give(data_in);
-                Gather::from_pieces(lent)
+                Gather::from_pieces_with_crcs(lent.into_iter().map(|l| (l.bytes, l.crc)))
             };
             let response = Response {
                 command: &command,
@@ -1115,7 +1117,7 @@ fn run_command(
     cdb: &[u8],
     data_out: &[u8],
     data_in: &mut Vec<u8>,
-    lent: &mut Vec<bytes::Bytes>,
+    lent: &mut Vec<iscsi_scsi::Lent>,
 ) -> (CommandOutcome, Residual) {
     let expected = command.expected_data_transfer_length;
     if command.write {
@@ -1164,7 +1166,7 @@ fn run_command(
     }
     let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, &[], data_in, lent);
     let residual = if command.read {
-        let lent_len: usize = lent.iter().map(bytes::Bytes::len).sum();
+        let lent_len: usize = lent.iter().map(|l| l.bytes.len()).sum();
         Residual::of((data_in.len() + lent_len) as u64, expected)
     } else if expected > 0 {
         Residual::of(0, expected)

@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
-    Allocation, Backstore, BackstoreOpenError, BlockBackstore, FileBackstore, RamBackstore,
+    Allocation, Backstore, BackstoreOpenError, BlockBackstore, FileBackstore, Lent, RamBackstore,
     RamBackstoreError,
 };
 pub use nexus::{Nexus, NexusKey};
@@ -371,7 +371,7 @@ impl ScsiTarget {
         cdb: &[u8],
         data_out: &[u8],
         data_in: &mut Vec<u8>,
-        lent: &mut Vec<bytes::Bytes>,
+        lent: &mut Vec<Lent>,
     ) -> CommandOutcome {
         lent.clear();
         let outcome = self.run(nexus, lun, cdb, data_out, data_in, Some(&mut *lent));
@@ -388,7 +388,7 @@ impl ScsiTarget {
         cdb: &[u8],
         data_out: &[u8],
         data_in: &mut Vec<u8>,
-        lent: Option<&mut Vec<bytes::Bytes>>,
+        lent: Option<&mut Vec<Lent>>,
     ) -> CommandOutcome {
         // A READ takes the buffer whole (sbc::read_write); every other
         // command builds its response from empty.
@@ -444,7 +444,7 @@ impl ScsiTarget {
         cdb: &[u8],
         data_out: &[u8],
         data_in: &mut Vec<u8>,
-        lent: Option<&mut Vec<bytes::Bytes>>,
+        lent: Option<&mut Vec<Lent>>,
     ) -> Result<(), Fail> {
         use cdb::opcode::*;
         let op = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;

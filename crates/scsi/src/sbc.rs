@@ -184,7 +184,7 @@ pub(crate) fn read_write(
     cdb: &[u8],
     data_out: &[u8],
     data_in: &mut Vec<u8>,
-    lent: Option<&mut Vec<bytes::Bytes>>,
+    lent: Option<&mut Vec<crate::Lent>>,
 ) -> Result<(), Sense> {
     let rw = cdb::parse_rw(cdb).ok_or(Sense::INVALID_OPCODE)??;
     // For a READ, `data_in` arrives holding scratch bytes (see

@@ -689,7 +689,7 @@ fn large_reads_are_lent_small_ones_copied() {
     assert_eq!(o, CommandOutcome::GOOD);
     assert!(data_in.is_empty());
     assert_eq!(lent.len(), 2, "one piece per chunk");
-    let joined: Vec<u8> = lent.iter().flat_map(|b| b.iter().copied()).collect();
+    let joined: Vec<u8> = lent.iter().flat_map(|b| b.bytes.iter().copied()).collect();
     assert_eq!(joined, data[..2 * iscsi_scsi::sbc::LEND_MIN]);
     let cdb = read(8);
     let o = t.execute_lending(&nexus(), encode_lun(0), &cdb, &[], &mut data_in, &mut lent);

@@ -23,6 +23,18 @@ pub use block::{BlockBackstore, MEM_ALIGN};
 pub use file::FileBackstore;
 pub use ram::{RAM_CHUNK_SIZE, RamBackstore, RamBackstoreError};
 
+/// A piece of a store's own memory lent to a READ ([`Backstore::lend`]),
+/// with the CRC32C of the whole piece when the store can tell it without
+/// reading the bytes again (a whole RAM chunk: computed once, kept until a
+/// write replaces the chunk), so a data digest over it costs nothing.
+#[derive(Clone, Debug)]
+pub struct Lent {
+    /// The bytes; they never change.
+    pub bytes: bytes::Bytes,
+    /// What knows the CRC32C of exactly `bytes`, if anything does.
+    pub crc: Option<std::sync::Arc<dyn iscsi_crc32c::KnownCrc32c>>,
+}
+
 /// The provisioning status of a run of bytes (for GET LBA STATUS, SBC-3
 /// §5.6).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +62,7 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// lend; use [`Backstore::read_at`]). Lent bytes never change: a write
     /// after the loan leaves them as they were (the store copies what is
     /// still lent), so data sent from them is the data as of the read.
-    fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<bytes::Bytes>>> {
+    fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<Lent>>> {
         let _ = (offset, len);
         None
     }

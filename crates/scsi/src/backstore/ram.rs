@@ -3,11 +3,12 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::io;
-use std::sync::{Arc, PoisonError, RwLock};
+use std::sync::{Arc, LazyLock, OnceLock, PoisonError, RwLock};
 
 use bytes::Bytes;
+use iscsi_crc32c::KnownCrc32c;
 
-use super::{Allocation, Backstore};
+use super::{Allocation, Backstore, Lent};
 
 /// Why a [`RamBackstore`] could not be created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,19 +60,63 @@ pub struct RamBackstore {
 }
 
 /// One allocated chunk, shared with the reads that lent it.
-type Chunk = Arc<Vec<u8>>;
+type Chunk = Arc<ChunkData>;
+
+/// A chunk's bytes and, once a READ's data digest asked for it, their
+/// CRC32C. Every change goes through [`ChunkData::bytes_mut`], which
+/// forgets the CRC, so a remembered CRC is always that of the bytes.
+#[derive(Debug, Clone)]
+struct ChunkData {
+    bytes: Vec<u8>,
+    crc: OnceLock<u32>,
+}
+
+impl ChunkData {
+    fn zeroed() -> Self {
+        ChunkData {
+            bytes: vec![0u8; RAM_CHUNK_SIZE],
+            crc: OnceLock::new(),
+        }
+    }
+
+    /// The bytes, to change: the remembered CRC is dropped first.
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        self.crc.take();
+        &mut self.bytes
+    }
+}
+
+impl KnownCrc32c for ChunkData {
+    fn crc32c(&self) -> u32 {
+        *self.crc.get_or_init(|| iscsi_crc32c::crc32c(&self.bytes))
+    }
+}
 
 /// A lent chunk as the owner of `Bytes` (no copy).
 struct LentChunk(Chunk);
 
 impl AsRef<[u8]> for LentChunk {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        &self.0.bytes
     }
 }
 
 /// What an unallocated chunk lends: zeros, never written.
 static ZERO_CHUNK: [u8; RAM_CHUNK_SIZE] = [0; RAM_CHUNK_SIZE];
+
+/// The CRC32C of [`ZERO_CHUNK`], for whole unallocated chunks lent.
+#[derive(Debug)]
+struct ZeroChunkCrc;
+
+impl KnownCrc32c for ZeroChunkCrc {
+    fn crc32c(&self) -> u32 {
+        static CRC: LazyLock<u32> = LazyLock::new(|| iscsi_crc32c::crc32c(&ZERO_CHUNK));
+        *CRC
+    }
+}
+
+/// One shared [`ZeroChunkCrc`], so lending zeros allocates nothing.
+static ZERO_CHUNK_CRC: LazyLock<Arc<dyn KnownCrc32c>> = LazyLock::new(|| Arc::new(ZeroChunkCrc));
 
 /// The part of one chunk a byte range touches.
 struct Piece {
@@ -165,7 +210,7 @@ impl Backstore for RamBackstore {
             };
             match chunks
                 .get(&p.chunk)
-                .and_then(|c| c.get(p.start..p.start + p.len))
+                .and_then(|c| c.bytes.get(p.start..p.start + p.len))
             {
                 Some(src) => dst.copy_from_slice(src),
                 None => dst.fill(0),
@@ -187,11 +232,14 @@ impl Backstore for RamBackstore {
                 None if src.iter().all(|&b| b == 0) => continue,
                 None => chunks
                     .entry(p.chunk)
-                    .or_insert_with(|| Arc::new(vec![0u8; RAM_CHUNK_SIZE])),
+                    .or_insert_with(|| Arc::new(ChunkData::zeroed())),
             };
             // A chunk a read still holds is copied first: the read keeps
-            // the bytes it saw.
-            if let Some(dst) = Arc::make_mut(chunk).get_mut(p.start..p.start + p.len) {
+            // the bytes it saw (and the CRC remembered for them).
+            if let Some(dst) = Arc::make_mut(chunk)
+                .bytes_mut()
+                .get_mut(p.start..p.start + p.len)
+            {
                 dst.copy_from_slice(src);
             }
         }
@@ -200,18 +248,28 @@ impl Backstore for RamBackstore {
 
     /// The chunks themselves, each piece a `Bytes` sharing its chunk
     /// (unallocated ones lend zeros): no byte is copied, and writes that
-    /// follow copy the chunks still lent instead of changing them.
-    fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<Bytes>>> {
+    /// follow copy the chunks still lent instead of changing them. A whole
+    /// chunk comes with its CRC32C, computed on the first digest that asks
+    /// and remembered until a write changes the chunk.
+    fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<Lent>>> {
         if let Err(e) = self.check_range(offset, len as u64) {
             return Some(Err(e));
         }
         let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
         let lent = pieces(offset, len)
-            .map(|p| match chunks.get(&p.chunk) {
-                Some(c) => {
-                    Bytes::from_owner(LentChunk(Arc::clone(c))).slice(p.start..p.start + p.len)
+            .map(|p| {
+                let whole = p.len == RAM_CHUNK_SIZE;
+                match chunks.get(&p.chunk) {
+                    Some(c) => Lent {
+                        bytes: Bytes::from_owner(LentChunk(Arc::clone(c)))
+                            .slice(p.start..p.start + p.len),
+                        crc: whole.then(|| Arc::clone(c) as Arc<dyn KnownCrc32c>),
+                    },
+                    None => Lent {
+                        bytes: Bytes::from_static(&ZERO_CHUNK[p.start..p.start + p.len]),
+                        crc: whole.then(|| Arc::clone(&ZERO_CHUNK_CRC)),
+                    },
                 }
-                None => Bytes::from_static(&ZERO_CHUNK[p.start..p.start + p.len]),
             })
             .collect();
         Some(Ok(lent))
@@ -234,10 +292,10 @@ impl Backstore for RamBackstore {
                 chunks.remove(&chunk);
             } else if let Some(c) = chunks.get_mut(&chunk) {
                 let (s, e) = (start as usize, (start + n) as usize);
-                if let Some(dst) = Arc::make_mut(c).get_mut(s..e) {
+                if let Some(dst) = Arc::make_mut(c).bytes_mut().get_mut(s..e) {
                     dst.fill(0);
                 }
-                if c.iter().all(|&b| b == 0) {
+                if c.bytes.iter().all(|&b| b == 0) {
                     chunks.remove(&chunk);
                 }
             }
@@ -342,7 +400,7 @@ mod tests {
         r.write_at(CHUNK / 2, &old[..CHUNK as usize]).unwrap();
         // Half a chunk of zeros (unallocated), then written data.
         let lent = r.lend(0, RAM_CHUNK_SIZE + 4096).unwrap().unwrap();
-        let joined: Vec<u8> = lent.iter().flat_map(|b| b.iter().copied()).collect();
+        let joined: Vec<u8> = lent.iter().flat_map(|b| b.bytes.iter().copied()).collect();
         assert_eq!(lent.len(), 2, "one piece per chunk");
         assert!(joined[..RAM_CHUNK_SIZE / 2].iter().all(|&b| b == 0));
         assert_eq!(
@@ -353,7 +411,7 @@ mod tests {
         // new read sees the new bytes.
         r.write_at(0, &vec![0xEE; RAM_CHUNK_SIZE + 4096]).unwrap();
         r.unmap(CHUNK, CHUNK).unwrap();
-        let after: Vec<u8> = lent.iter().flat_map(|b| b.iter().copied()).collect();
+        let after: Vec<u8> = lent.iter().flat_map(|b| b.bytes.iter().copied()).collect();
         assert_eq!(after, joined);
         let mut now = vec![0u8; RAM_CHUNK_SIZE];
         r.read_at(0, &mut now).unwrap();
@@ -362,6 +420,47 @@ mod tests {
         drop(lent);
         r.write_at(0, &[1u8; 512]).unwrap();
         assert!(r.lend(1 << 20, 1).unwrap().is_err(), "beyond the end");
+    }
+
+    /// A whole chunk is lent with its CRC32C: that of the bytes lent, for
+    /// allocated and unallocated chunks, and a write in between (with or
+    /// without a loan outstanding) is never answered with the old CRC.
+    #[test]
+    fn whole_chunks_are_lent_with_their_crc() {
+        let r = RamBackstore::new(1 << 20, 512, 7).unwrap();
+        let crc_of = |lent: &Lent| lent.crc.as_ref().map(|c| c.crc32c());
+        let data: Vec<u8> = (0..RAM_CHUNK_SIZE).map(|i| (i % 253) as u8).collect();
+        r.write_at(CHUNK, &data).unwrap();
+        // Chunk 0 unallocated, chunk 1 written, then half of chunk 2.
+        let lent = r.lend(0, 2 * RAM_CHUNK_SIZE + 512).unwrap().unwrap();
+        assert_eq!(lent.len(), 3);
+        for piece in &lent[..2] {
+            assert_eq!(crc_of(piece), Some(iscsi_crc32c::crc32c(&piece.bytes)));
+        }
+        assert_eq!(crc_of(&lent[1]), Some(iscsi_crc32c::crc32c(&data)));
+        assert!(lent[2].crc.is_none(), "part of a chunk has no known CRC");
+        let part = r.lend(CHUNK + 512, 4096).unwrap().unwrap();
+        assert!(part[0].crc.is_none());
+        // Written while lent (copy-on-write): the loan keeps its CRC, a new
+        // loan has the new bytes' CRC.
+        r.write_at(CHUNK + 100, &[0xAB; 7]).unwrap();
+        assert_eq!(crc_of(&lent[1]), Some(iscsi_crc32c::crc32c(&data)));
+        let again = r.lend(CHUNK, RAM_CHUNK_SIZE).unwrap().unwrap();
+        let mut expected = data.clone();
+        expected[100..107].fill(0xAB);
+        assert_eq!(crc_of(&again[0]), Some(iscsi_crc32c::crc32c(&expected)));
+        // Written with no loan outstanding (in place): the remembered CRC
+        // goes with the change.
+        drop((lent, part, again));
+        r.write_at(CHUNK, &[0x11; 512]).unwrap();
+        expected[..512].fill(0x11);
+        let last = r.lend(CHUNK, RAM_CHUNK_SIZE).unwrap().unwrap();
+        assert_eq!(crc_of(&last[0]), Some(iscsi_crc32c::crc32c(&expected)));
+        drop(last);
+        r.unmap(CHUNK, 512).unwrap();
+        expected[..512].fill(0);
+        let unmapped = r.lend(CHUNK, RAM_CHUNK_SIZE).unwrap().unwrap();
+        assert_eq!(crc_of(&unmapped[0]), Some(iscsi_crc32c::crc32c(&expected)));
     }
 
     #[test]
