@@ -37,6 +37,28 @@ impl BufferPool {
             .unwrap_or_default()
     }
 
+    /// A buffer holding at least `len` initialised bytes if one is kept (the
+    /// one holding fewest, the latest given among equals), else
+    /// [`BufferPool::take`]'s. Why: a `Vec` cannot grow its length without
+    /// writing the new bytes, so a 1 MiB write given a buffer a 4 KiB
+    /// command shortened (or a command cleared) zeroes 1 MiB first; picked
+    /// by length, a write reuses a buffer a write gave back (the memset
+    /// was 13% of the target's CPU on 1 MiB writes).
+    pub fn take_filled(&self, len: usize) -> Vec<u8> {
+        let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
+        let best = free
+            .iter()
+            .enumerate()
+            .rev()
+            .filter(|(_, b)| b.len() >= len)
+            .min_by_key(|(_, b)| b.len())
+            .map(|(i, _)| i);
+        match best {
+            Some(i) => free.remove(i),
+            None => free.pop().unwrap_or_default(),
+        }
+    }
+
     /// Keeps `buffer` for a later [`BufferPool::take`]. An empty allocation
     /// is not kept: it would only displace a real buffer.
     pub fn give(&self, buffer: Vec<u8>) {
@@ -95,6 +117,36 @@ mod tests {
         pool.give(vec![2; 8]);
         assert_eq!(pool.take(), [2; 8]);
         assert_eq!(pool.take(), [1; 8]);
+    }
+
+    #[test]
+    fn take_filled_prefers_the_shortest_buffer_long_enough() {
+        let pool = BufferPool::new(8, 1 << 20);
+        pool.give(vec![1; 4096]);
+        pool.give(vec![2; 65536]);
+        pool.give(vec![3; 8192]);
+        pool.give(Vec::with_capacity(65536).into_iter().chain([4u8]).collect());
+        assert_eq!(
+            pool.take_filled(5000),
+            [3; 8192],
+            "the shortest long enough"
+        );
+        assert_eq!(pool.take_filled(65536), [2; 65536]);
+        assert_eq!(
+            pool.take_filled(100_000),
+            [4],
+            "none long enough: the latest"
+        );
+        assert_eq!(pool.take_filled(1), [1; 4096]);
+        assert!(
+            pool.take_filled(1).is_empty(),
+            "an empty pool makes a new buffer"
+        );
+        // Among equals, the latest given (still warm in cache).
+        let (a, b) = (vec![7; 16], vec![8; 16]);
+        pool.give(a);
+        pool.give(b);
+        assert_eq!(pool.take_filled(16), [8; 16]);
     }
 
     #[test]

@@ -741,7 +741,7 @@ impl Connection {
                 return self.reject(header, e.reject_reason()).await;
             }
         };
-        let mut buffer = self.buffers.take();
+        let mut buffer = self.buffers.take_filled(expected as usize);
         // Not zeroed: the write runs only once its tracker has seen every
         // byte of the Expected Data Transfer Length arrive exactly once
         // (no gaps, no overlaps: `DataOutTracker::is_complete`), so no old
@@ -986,7 +986,13 @@ impl Connection {
         let tap = self.tap.clone();
         tokio::spawn(async move {
             let _guard = guard;
-            let data_in = buffers.take();
+            // Scratch for a READ's data (a lent READ gives it back as it
+            // was); other commands build short answers from empty.
+            let data_in = if command.read {
+                buffers.take_filled(command.expected_data_transfer_length as usize)
+            } else {
+                Vec::new()
+            };
             let inline = iscsi_scsi::decode_lun(command.lun.0)
                 .and_then(|lun| scsi.backstore(lun))
                 .is_none_or(|store| !store.may_block());
@@ -1166,8 +1172,12 @@ fn run_command(
     }
     let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, &[], data_in, lent);
     let residual = if command.read {
-        let lent_len: usize = lent.iter().map(|l| l.bytes.len()).sum();
-        Residual::of((data_in.len() + lent_len) as u64, expected)
+        let sent = if lent.is_empty() {
+            data_in.len()
+        } else {
+            lent.iter().map(|l| l.bytes.len()).sum()
+        };
+        Residual::of(sent as u64, expected)
     } else if expected > 0 {
         Residual::of(0, expected)
     } else {

@@ -361,9 +361,13 @@ impl ScsiTarget {
 
     /// [`ScsiTarget::execute`], except that a READ from a store that lends
     /// its memory ([`Backstore::lend`]) returns its data as shared pieces
-    /// in `lent`, in order, leaving `data_in` empty: the transport sends
-    /// them with no copy. Anything else fills `data_in` as `execute` does
-    /// and leaves `lent` empty.
+    /// in `lent`, in order: the transport sends them with no copy. Anything
+    /// else fills `data_in` as `execute` does and leaves `lent` empty.
+    ///
+    /// When `lent` is not empty, `data_in` comes back as it went in:
+    /// scratch whose bytes are NOT the data (old contents of a pooled
+    /// buffer), returned whole so that its pool can hand it to a write
+    /// without zeroing it again. Look at `lent` first.
     pub fn execute_lending(
         &self,
         nexus: &Nexus,

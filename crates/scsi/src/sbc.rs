@@ -221,9 +221,9 @@ pub(crate) fn read_write(
         .and_then(|lent| Some((lu.lend(offset, len)?, lent)))
     {
         // The store lent its memory: nothing copied; the scratch buffer
-        // goes back to the caller, empty.
+        // goes back to the caller as it came (its length is what a
+        // buffer pool needs to reuse it without zeroing it again).
         *lent = loan.map_err(|_| Sense::READ_ERROR)?;
-        scratch.clear();
         *data_in = scratch;
     } else {
         // Only growth is zeroed: a reused buffer is overwritten, not
