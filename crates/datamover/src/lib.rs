@@ -209,7 +209,7 @@ pub trait PduSender: Send {
     /// `Put_Data` from data in shared pieces (a backstore's lent memory),
     /// none of them copied where the transport can help it: over TCP one
     /// vectored write of the header, the pieces and the digest; over iSER
-    /// an RDMA Write per piece. The default joins them (one copy).
+    /// one RDMA Write with the pieces as its gather list. The default joins them (one copy).
     fn put_data_gather(
         &mut self,
         header: &Header,

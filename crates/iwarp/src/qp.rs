@@ -195,7 +195,11 @@ impl QueuePair {
                     return Err(Error::Misuse("a Send beyond 4 GiB".into()));
                 }
             }
-            SendOp::RdmaWrite { data, .. } => check_sge(&s.pd, data)?,
+            SendOp::RdmaWrite { data, .. } => {
+                for sge in data {
+                    check_sge(&s.pd, sge)?;
+                }
+            }
             SendOp::RdmaRead { local, .. } => {
                 s.pd.check_local(local.stag, local.offset, local.len, Access::LOCAL_WRITE)
                     .map_err(Error::Misuse)?;
@@ -1169,7 +1173,7 @@ impl Shared {
                     }
                 }
                 SendOp::RdmaWrite { data, remote } => {
-                    let total = data.len();
+                    let total: usize = data.iter().map(Sge::len).sum();
                     let mut done = st.head_done;
                     let chunk = mulpdu - ddp::TAGGED_LEN;
                     segment(total, chunk, &mut done, &mut budget, |at, n, last| {
@@ -1179,7 +1183,7 @@ impl Shared {
                             remote.stag,
                             remote.to.wrapping_add(at as u64),
                         );
-                        plan.push(hdr, &[], |s| gather(std::slice::from_ref(data), at, n, s));
+                        plan.push(hdr, &[], |s| gather(data, at, n, s));
                     });
                     if done == total {
                         plan.done.push((

@@ -72,10 +72,12 @@ pub enum SendOp {
         /// Invalidate this STag of the peer's when the Send arrives.
         invalidate: Option<u32>,
     },
-    /// RDMAP RDMA Write of `data` to `remote`.
+    /// RDMAP RDMA Write of `data` to `remote`: one message, however many
+    /// pieces (a verbs work request's gather list), so the FPDUs are cut
+    /// across the pieces rather than once per piece.
     RdmaWrite {
-        /// The source.
-        data: Sge,
+        /// The source, in order.
+        data: Vec<Sge>,
         /// The peer's sink.
         remote: RemoteBuffer,
     },

@@ -75,7 +75,7 @@ async fn send_with_se_and_invalidate() {
         wr_id: 4,
         signaled: true,
         op: SendOp::RdmaWrite {
-            data: bytes(&[1; 100]),
+            data: vec![bytes(&[1; 100])],
             remote: RemoteBuffer {
                 stag: mr.stag(),
                 to: mr.addr(),
@@ -110,11 +110,11 @@ async fn write_then_send_arrives_after_placement() {
         wr_id: 1,
         signaled: false,
         op: SendOp::RdmaWrite {
-            data: Sge::Region(LocalBuffer {
+            data: vec![Sge::Region(LocalBuffer {
                 stag: mr.stag(),
                 offset: 0,
                 len: 1 << 20,
-            }),
+            })],
             remote,
         },
     })
@@ -125,6 +125,55 @@ async fn write_then_send_arrives_after_placement() {
     assert!(s.pd().with_region(&sink, |b| b == &src[..]));
     // Unsignaled Write: the first send completion is the Send's.
     assert_eq!(next(c.send_cq()).await.wr_id, 2);
+}
+
+/// One RDMA Write from a gather list (shared bytes, a region, odd-sized
+/// bytes): its FPDUs are cut across the pieces and the sink holds their
+/// concatenation at the advertised offset, nothing around it touched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_from_a_gather_list_is_placed_whole() {
+    let (c, s) = pair(0, 4).await;
+    let sink = s.pd().register(
+        vec![0xEE; 300_000],
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+    );
+    let a: Vec<u8> = (0..65_536u32).map(|i| (i % 253) as u8).collect();
+    let b: Vec<u8> = (0..100_000u32).map(|i| (i % 241) as u8).collect();
+    let tail = b"a sliver".to_vec();
+    let mr = c.pd().register(b.clone(), Access::LOCAL_WRITE);
+    c.post_send(SendRequest {
+        wr_id: 1,
+        signaled: true,
+        op: SendOp::RdmaWrite {
+            data: vec![
+                Sge::Bytes(bytes::Bytes::from(a.clone())),
+                Sge::Region(LocalBuffer {
+                    stag: mr.stag(),
+                    offset: 0,
+                    len: b.len(),
+                }),
+                Sge::Bytes(bytes::Bytes::from(tail.clone())),
+            ],
+            remote: RemoteBuffer {
+                stag: sink.stag(),
+                to: sink.addr() + 1000,
+            },
+        },
+    })
+    .unwrap();
+    c.post_send(send(2, vec![bytes(b"done")])).unwrap();
+    let done = next(c.send_cq()).await;
+    assert_eq!(
+        (done.wr_id, done.byte_len),
+        (1, a.len() + b.len() + tail.len())
+    );
+    assert_eq!(next(s.recv_cq()).await.buffer.unwrap(), b"done");
+    let expected: Vec<u8> = [&a[..], &b[..], &tail[..]].concat();
+    assert!(s.pd().with_region(&sink, |sunk| {
+        sunk[..1000].iter().all(|&x| x == 0xEE)
+            && sunk[1000..1000 + expected.len()] == expected[..]
+            && sunk[1000 + expected.len()..].iter().all(|&x| x == 0xEE)
+    }));
 }
 
 /// Posts a signaled RDMA Read (`wr_id` 9) of all of `sink` from the start
@@ -183,7 +232,7 @@ async fn rdma_read_from_frozen_bytes() {
         wr_id: 10,
         signaled: true,
         op: SendOp::RdmaWrite {
-            data: Sge::Bytes(bytes::Bytes::from_static(b"overwrite")),
+            data: vec![Sge::Bytes(bytes::Bytes::from_static(b"overwrite"))],
             remote: RemoteBuffer {
                 stag: source.stag(),
                 to: source.addr(),
@@ -440,7 +489,7 @@ async fn throughput_writes_and_reads() {
                     }
                 } else {
                     SendOp::RdmaWrite {
-                        data: Sge::Region(local_buf),
+                        data: vec![Sge::Region(local_buf)],
                         remote,
                     }
                 };

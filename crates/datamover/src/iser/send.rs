@@ -20,7 +20,8 @@ use crate::{DatamoverError, PduSender};
 enum Payload<'a> {
     Borrowed(&'a [u8]),
     Owned(bytes::Bytes),
-    /// Shared pieces: one RDMA Write each, none copied.
+    /// Shared pieces: one RDMA Write with the pieces as its gather list,
+    /// none copied.
     Gather(crate::Gather),
 }
 
@@ -252,36 +253,27 @@ impl IserSender {
                     "read task {itt:#x} has data but its command advertised no Read STag"
                 )));
             };
-            let mut to = base.wrapping_add(u64::from(data_in.buffer_offset));
-            let wr_id = || {
-                self.shared
-                    .next_wr_id
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            let to = base.wrapping_add(u64::from(data_in.buffer_offset));
+            let wr_id = self
+                .shared
+                .next_wr_id
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // One Write whatever the pieces: FPDUs cut across a gather's
+            // pieces stay MULPDU-sized (one Write per 64 KiB chunk made
+            // every other FPDU a sliver and cost the initiator a copy of
+            // each out of its receive buffer).
+            let sges: Vec<Sge> = match data {
+                Payload::Borrowed(data) => vec![Sge::Bytes(self.shared.payload(wr_id, data))],
+                Payload::Owned(data) => vec![Sge::Bytes(data)],
+                Payload::Gather(data) => data.pieces().iter().cloned().map(Sge::Bytes).collect(),
             };
-            // One Write per piece of a gather; one for anything else.
-            let writes: Vec<(u64, Bytes)> = match data {
-                Payload::Borrowed(data) => {
-                    let id = wr_id();
-                    vec![(id, self.shared.payload(id, data))]
-                }
-                Payload::Owned(data) => vec![(wr_id(), data)],
-                Payload::Gather(data) => data
-                    .pieces()
-                    .iter()
-                    .map(|piece| (wr_id(), piece.clone()))
-                    .collect(),
+            let op = SendOp::RdmaWrite {
+                data: sges,
+                remote: RemoteBuffer { stag, to },
             };
-            for (wr_id, bytes) in writes {
-                let len = bytes.len() as u64;
-                let op = SendOp::RdmaWrite {
-                    data: Sge::Bytes(bytes),
-                    remote: RemoteBuffer { stag, to },
-                };
-                if let Err(error) = self.shared.post_as(wr_id, op).await {
-                    self.shared.payload_done(wr_id);
-                    return Err(error);
-                }
-                to = to.wrapping_add(len);
+            if let Err(error) = self.shared.post_as(wr_id, op).await {
+                self.shared.payload_done(wr_id);
+                return Err(error);
             }
         }
         if let Some(status) = data_in.status {
