@@ -141,6 +141,11 @@ pub struct Sense {
 impl Sense {
     /// Sense key UNIT ATTENTION.
     pub const UNIT_ATTENTION: u8 = 0x06;
+    /// Sense key ABORTED COMMAND.
+    pub const ABORTED_COMMAND: u8 = 0x0B;
+    /// ASC 47h: the transport saw a parity or CRC error (47h/03h
+    /// INFORMATION UNIT iuCRC ERROR, 47h/05h PROTOCOL SERVICE CRC ERROR).
+    pub const ASC_TRANSPORT_CRC: u8 = 0x47;
 
     /// Decodes fixed (0x70/0x71) or descriptor (0x72/0x73) sense data;
     /// `None` if too short or of another format.

@@ -9,7 +9,8 @@
 //!   section 11.7.1).
 //! - SCSI Response (11.4), R2T (11.8), Text (11.11), Task Management
 //!   (11.6), Logout (11.15) and NOP-In replies (11.19) go to the waiting
-//!   task through its channel; a Reject (11.17) fails the rejected task.
+//!   task through its channel; a Reject (11.17) fails the rejected task,
+//!   but for a data digest error, after which the target ends the task.
 //! - An unsolicited NOP-In with a Target Transfer Tag is answered with a
 //!   NOP-Out echoing its tag and data (section 11.18.3).
 //! - ExpStatSN (section 4.2.2.2) and the session's command window
@@ -44,8 +45,8 @@ use iscsi_datamover::iser::DataDescriptors;
 use iscsi_datamover::tcp::PduBatch;
 use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender, Receiver, Sender};
 use iscsi_proto::pdu::{
-    AsyncEvent, DataIn, Header, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer, ScsiResponse,
-    ServiceResponse,
+    AsyncEvent, DataIn, Header, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer, RejectReason,
+    ScsiResponse, ServiceResponse,
 };
 use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::state::{
@@ -1195,7 +1196,14 @@ async fn read_loop(connection: &Arc<Connection>, receiver: &mut Receiver) -> Res
                     .get(16..20)
                     .map(|b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
                 tracing::warn!(reason = ?reject.reason, ?itt, "target rejected a PDU");
-                if let Some(itt) = itt {
+                // Data lost to a data digest error (a Data-Out, or a
+                // command's immediate data) does not end its task: the
+                // target processes the rest, asks for the data again with a
+                // recovery R2T or ends the task with a status (RFC 7143
+                // 7.8, 11.17.1 note 1), which the task waits for.
+                let carries_data = matches!(data.first().map(|b| b & 0x3f), Some(0x01 | 0x05));
+                let awaits_target = carries_data && reject.reason == RejectReason::DataDigestError;
+                if let (Some(itt), false) = (itt, awaits_target) {
                     connection.route(itt, TaskEvent::Rejected(reject.reason), true);
                 }
             }

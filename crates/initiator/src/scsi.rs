@@ -7,7 +7,8 @@ use crate::command::{Command, Response, STATUS_CHECK_CONDITION, Sense, decode_lu
 use crate::error::Error;
 use crate::session::Session;
 
-/// How often a command is repeated while it keeps reporting UNIT ATTENTION.
+/// How often a command is repeated while it keeps ending in UNIT ATTENTION
+/// or a transport CRC error.
 const UNIT_ATTENTION_RETRIES: usize = 4;
 
 /// Standard INQUIRY data (SPC-5 6.7.2), the parts worth showing.
@@ -121,11 +122,18 @@ impl Session {
     ) -> Result<Response, Error> {
         for _ in 0..UNIT_ATTENTION_RETRIES {
             let response = self.execute(make(buffer)).await?;
-            let unit_attention = response.status == STATUS_CHECK_CONDITION
-                && response
-                    .sense()
-                    .is_some_and(|s| s.key == Sense::UNIT_ATTENTION);
-            if !unit_attention {
+            let sense = (response.status == STATUS_CHECK_CONDITION)
+                .then(|| response.sense())
+                .flatten();
+            // A unit attention is reported once and the command can be
+            // sent again; so can one ended by a CRC error on the way (the
+            // target's answer to a data digest error at ERL 0, RFC 7143
+            // 7.8: ABORTED COMMAND, 47h/05h PROTOCOL SERVICE CRC ERROR).
+            let retry = sense.is_some_and(|s| {
+                s.key == Sense::UNIT_ATTENTION
+                    || (s.key == Sense::ABORTED_COMMAND && s.asc == Sense::ASC_TRANSPORT_CRC)
+            });
+            if !retry {
                 return response.check();
             }
             buffer = response.data;

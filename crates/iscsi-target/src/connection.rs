@@ -19,7 +19,7 @@
 //! - On target shutdown, an Asynchronous Message asks the initiator to log
 //!   out; the connection is dropped if it has not done so in time.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -220,6 +220,38 @@ impl Drop for InFlightGuard {
 /// than zeroing it again.
 const BUFFERS_KEPT: usize = 64;
 
+/// SPC-4's PROTOCOL SERVICE CRC ERROR (ABORTED COMMAND, 47h/05h): the
+/// status of a task whose data failed its digest at ErrorRecoveryLevel 0
+/// (RFC 7143 7.8, 11.4.7.2).
+const PROTOCOL_SERVICE_CRC_ERROR: iscsi_scsi::Sense = iscsi_scsi::Sense::new(
+    iscsi_scsi::SenseKey::AbortedCommand,
+    iscsi_scsi::Asc::new(0x47, 0x05),
+);
+
+/// A failed write waiting for the Data-Out the initiator still owes.
+struct Drain {
+    task: Arc<Task>,
+    command: ScsiCommand,
+    outcome: CommandOutcome,
+    /// R2Ts whose Data-Out sequence has not ended.
+    transfer_tags: Vec<u32>,
+    /// Whether the unsolicited burst has not ended.
+    unsolicited: bool,
+}
+
+impl Drain {
+    /// Notes the end (F bit) of the sequence with `transfer_tag`: true
+    /// when nothing more is due.
+    fn sequence_ended(&mut self, transfer_tag: u32) -> bool {
+        if transfer_tag == UNSOLICITED_TRANSFER_TAG {
+            self.unsolicited = false;
+        } else {
+            self.transfer_tags.retain(|&tag| tag != transfer_tag);
+        }
+        !self.unsolicited && self.transfer_tags.is_empty()
+    }
+}
+
 /// A write collecting its data.
 struct PendingWrite {
     task: Arc<Task>,
@@ -253,9 +285,10 @@ pub(crate) struct Connection {
     in_flight: Arc<InFlight>,
     buffers: Arc<BufferPool>,
     pending_writes: HashMap<u32, PendingWrite>,
-    /// Tasks whose remaining Data-Out is dropped silently (their command
-    /// was answered before all its data arrived).
-    discarding: HashSet<u32>,
+    /// Writes that failed before all their data arrived, by Initiator Task
+    /// Tag: their remaining Data-Out is dropped, and their status waits
+    /// until the last of it is in.
+    draining: HashMap<u32, Drain>,
     next_transfer_tag: u32,
     /// A Text Response too long for one PDU: (Initiator Task Tag, Target
     /// Transfer Tag, the rest of the text), sent a segment per empty Text
@@ -305,7 +338,7 @@ impl Connection {
             in_flight: Arc::default(),
             buffers: Arc::new(BufferPool::new(BUFFERS_KEPT, MAX_WRITE_BUFFER as usize)),
             pending_writes: HashMap::new(),
-            discarding: HashSet::new(),
+            draining: HashMap::new(),
             next_transfer_tag: 1,
             text_continuation: None,
             state,
@@ -725,11 +758,9 @@ impl Connection {
         let expected = command.expected_data_transfer_length;
         if expected > MAX_WRITE_BUFFER {
             receiver.receive_data().await?;
-            if !self.limits.initial_r2t {
-                self.discarding.insert(itt);
-            }
             let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
-            self.answer_now(task, command, outcome);
+            let unsolicited = self.unsolicited_follows(expected, immediate_len);
+            self.answer_when_drained(task, command, outcome, Vec::new(), unsolicited);
             return Ok(());
         }
         let tracker = match DataOutTracker::new(self.limits, expected, immediate_len) {
@@ -756,15 +787,17 @@ impl Connection {
         match receiver.receive_data_into(immediate).await {
             Ok(()) => {}
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
-                // The command is rejected as if never received (RFC 7143
-                // 7.8); the initiator retries it or times it out.
-                warn!("data digest error in immediate data: command rejected");
+                // The data is rejected and the rest of the command processed
+                // (RFC 7143 7.8): at ErrorRecoveryLevel 0 the task ends in
+                // CHECK CONDITION, PROTOCOL SERVICE CRC ERROR, once the
+                // unsolicited data still due is in.
+                warn!("data digest error in immediate data: PDU rejected, write failed");
                 self.buffers.give(buffer);
-                self.session.finish(&task);
-                if !self.limits.initial_r2t {
-                    self.discarding.insert(itt);
-                }
-                return self.reject(header, RejectReason::DataDigestError).await;
+                self.reject(header, RejectReason::DataDigestError).await?;
+                let outcome = CommandOutcome::check_condition(PROTOCOL_SERVICE_CRC_ERROR);
+                let unsolicited = self.unsolicited_follows(expected, immediate_len);
+                self.answer_when_drained(task, command, outcome, Vec::new(), unsolicited);
+                return Ok(());
             }
             Err(e) => return Err(e),
         }
@@ -833,9 +866,12 @@ impl Connection {
         let length = header.data_segment_length;
         let Some(pending) = self.pending_writes.get_mut(&itt) else {
             receiver.receive_data().await?;
-            if self.discarding.contains(&itt) {
-                if data_out.final_flag && data_out.target_transfer_tag == UNSOLICITED_TRANSFER_TAG {
-                    self.discarding.remove(&itt);
+            if let Some(drain) = self.draining.get_mut(&itt) {
+                if data_out.final_flag
+                    && drain.sequence_ended(data_out.target_transfer_tag)
+                    && let Some(drain) = self.draining.remove(&itt)
+                {
+                    self.answer_now(drain.task, drain.command, drain.outcome);
                 }
                 return Ok(());
             }
@@ -869,7 +905,10 @@ impl Connection {
                     itt,
                     iscsi_scsi::Sense::new(
                         iscsi_scsi::SenseKey::AbortedCommand,
-                        iscsi_scsi::Asc::new(0x0C, 0x0D), // DATA OFFSET ERROR? see SPC-4 table
+                        // 0Ch/0Dh, NOT ENOUGH UNSOLICITED DATA: of RFC 7143
+                        // 11.4.7.2's iSCSI conditions, the one for data that
+                        // does not add up to the transfer.
+                        iscsi_scsi::Asc::new(0x0C, 0x0D),
                     ),
                 );
                 return Ok(());
@@ -885,14 +924,7 @@ impl Connection {
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
                 warn!("data digest error in Data-Out: PDU rejected, write failed");
                 self.reject(header, RejectReason::DataDigestError).await?;
-                // SPC-4: PROTOCOL SERVICE CRC ERROR (0x47/0x05).
-                self.fail_write(
-                    itt,
-                    iscsi_scsi::Sense::new(
-                        iscsi_scsi::SenseKey::AbortedCommand,
-                        iscsi_scsi::Asc::new(0x47, 0x05),
-                    ),
-                );
+                self.fail_write(itt, PROTOCOL_SERVICE_CRC_ERROR);
                 return Ok(());
             }
             Err(e) => return Err(e),
@@ -920,14 +952,54 @@ impl Connection {
     /// Data-Out is dropped.
     fn fail_write(&mut self, itt: u32, sense: iscsi_scsi::Sense) {
         if let Some(pending) = self.pending_writes.remove(&itt) {
-            self.discarding.insert(itt);
             self.buffers.give(pending.buffer);
-            self.answer_now(
+            let transfer_tags = pending.tracker.outstanding_transfer_tags();
+            let unsolicited = pending.tracker.awaiting_unsolicited();
+            self.answer_when_drained(
                 pending.task,
                 pending.command,
                 CommandOutcome::check_condition(sense),
+                transfer_tags,
+                unsolicited,
             );
         }
+    }
+
+    /// Whether a WRITE of `expected` bytes with `immediate` bytes in its
+    /// command PDU is followed by unsolicited Data-Out (InitialR2T=No: up
+    /// to FirstBurstLength in all, RFC 7143 13.10-13.11).
+    fn unsolicited_follows(&self, expected: u32, immediate: u32) -> bool {
+        !self.limits.initial_r2t && immediate < self.limits.first_burst_length.min(expected)
+    }
+
+    /// Answers a write that failed before all its data arrived once the
+    /// Data-Out still due is in: the unsolicited burst if `unsolicited`,
+    /// and the sequences answering `transfer_tags`' R2Ts. RFC 7143 7.8: the
+    /// target "MUST wait to receive all the data ... before sending the
+    /// SCSI Response PDU", so the initiator never sees the status of a task
+    /// it is still sending data for. An ABORT TASK meanwhile ends the task
+    /// at once; the status then never goes out.
+    fn answer_when_drained(
+        &mut self,
+        task: Arc<Task>,
+        command: ScsiCommand,
+        outcome: CommandOutcome,
+        transfer_tags: Vec<u32>,
+        unsolicited: bool,
+    ) {
+        if transfer_tags.is_empty() && !unsolicited {
+            self.answer_now(task, command, outcome);
+            return;
+        }
+        let itt = command.initiator_task_tag;
+        let drain = Drain {
+            task,
+            command,
+            outcome,
+            transfer_tags,
+            unsolicited,
+        };
+        self.draining.insert(itt, drain);
     }
 
     fn start_write(&mut self, scsi: Arc<ScsiTarget>, pending: PendingWrite) {

@@ -603,28 +603,9 @@ async fn a_corrupted_data_digest_fails_the_write_and_nothing_is_written() {
     let Pdu::ReadyToTransfer(r2t) = client.receive().await.header.pdu else {
         panic!("expected an R2T");
     };
-    // Encode a good Data-Out, flip a data byte, send the raw bytes.
+    // A good Data-Out with a data byte flipped, as raw bytes.
     let data = pattern(2 * BLOCK, 5);
-    let pdu = DataOut {
-        final_flag: true,
-        initiator_task_tag: itt,
-        target_transfer_tag: r2t.target_transfer_tag,
-        ..DataOut::default()
-    };
-    let header = Header::new(Pdu::DataOut(pdu), data.len() as u32);
-    let mut buf = vec![0; 64];
-    let encoded = iscsi_proto::pdu::encode_pdu(
-        &header,
-        &data,
-        Digests {
-            header: true,
-            data: true,
-        },
-        &mut buf,
-    )
-    .unwrap();
-    let mut bytes: Vec<u8> = encoded.slices().concat();
-    bytes[52 + 100] ^= 0xFF;
+    let bytes = corrupted_data_out(itt, r2t.target_transfer_tag, 0, &data);
     raw_write(&mut client.tx, &bytes).await;
     let mut saw_reject = false;
     let mut status = None;
@@ -644,6 +625,88 @@ async fn a_corrupted_data_digest_fails_the_write_and_nothing_is_written() {
     // The connection goes on.
     assert_eq!(client.write_blocks(30, &data).await, 0);
     assert_eq!(target.lun_bytes(30 * BLOCK as u64, 2 * BLOCK), data);
+    target.stop().await;
+}
+
+/// The bytes of a Data-Out (header and data digests on) answering R2T
+/// `ttt` at `offset`, with a data byte flipped so its digest fails.
+fn corrupted_data_out(itt: u32, ttt: u32, offset: u32, data: &[u8]) -> Vec<u8> {
+    let pdu = DataOut {
+        final_flag: true,
+        initiator_task_tag: itt,
+        target_transfer_tag: ttt,
+        buffer_offset: offset,
+        ..DataOut::default()
+    };
+    let header = Header::new(Pdu::DataOut(pdu), data.len() as u32);
+    let mut buf = vec![0; 64];
+    let digests = Digests {
+        header: true,
+        data: true,
+    };
+    let encoded = iscsi_proto::pdu::encode_pdu(&header, data, digests, &mut buf).unwrap();
+    let mut bytes: Vec<u8> = encoded.slices().concat();
+    bytes[52 + data.len() / 2] ^= 0xFF;
+    bytes
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_answers_only_after_the_data_still_due() {
+    // RFC 7143 7.8: after a data digest error at ERL 0 the target "MUST
+    // wait to receive all the data ... before sending the SCSI Response".
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    let data = pattern(64 * 1024, 3);
+    let before = target.lun_bytes(200 * BLOCK as u64, data.len());
+    let itt = client.itt();
+    client.write10(itt, 200, 128, &[]).await;
+    let mut r2ts = Vec::new();
+    for _ in 0..4 {
+        match client.receive().await.header.pdu {
+            Pdu::ReadyToTransfer(r2t) => r2ts.push(r2t),
+            other => panic!("expected an R2T, got {other:?}"),
+        }
+    }
+    let first = &r2ts[0];
+    let length = first.desired_data_transfer_length as usize;
+    assert!(length <= client.params.max_send_data_segment_length as usize);
+    let bytes = corrupted_data_out(itt, first.target_transfer_tag, 0, &data[..length]);
+    raw_write(&mut client.tx, &bytes).await;
+    match client.receive().await.header.pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::DataDigestError),
+        other => panic!("expected the Reject, got {other:?}"),
+    }
+    // Three R2Ts are still owed their data: no status yet.
+    let early = timeout(Duration::from_millis(300), client.rx.receive()).await;
+    assert!(
+        early.is_err(),
+        "a status before the data still due: {early:?}"
+    );
+    for r2t in &r2ts[1..] {
+        client
+            .answer_r2t(
+                itt,
+                r2t.target_transfer_tag,
+                r2t.buffer_offset,
+                r2t.desired_data_transfer_length,
+                &data,
+            )
+            .await;
+    }
+    let status = client.receive().await;
+    let Pdu::ScsiResponse(response) = status.header.pdu else {
+        panic!("expected the status, got {:?}", status.header.pdu);
+    };
+    assert_eq!(response.status, 2, "CHECK CONDITION");
+    let sense = &status.data[2..];
+    assert_eq!(
+        (sense[2] & 0x0F, sense[12], sense[13]),
+        (0x0B, 0x47, 0x05),
+        "ABORTED COMMAND, PROTOCOL SERVICE CRC ERROR"
+    );
+    assert_eq!(target.lun_bytes(200 * BLOCK as u64, data.len()), before);
+    // The connection goes on.
+    assert_eq!(client.write_blocks(200, &data[..4 * BLOCK]).await, 0);
     target.stop().await;
 }
 

@@ -530,6 +530,16 @@ impl DataOutTracker {
         Ok(progress)
     }
 
+    /// The Target Transfer Tags of the R2Ts still awaiting data.
+    pub fn outstanding_transfer_tags(&self) -> Vec<u32> {
+        self.outstanding.iter().map(|r| r.transfer_tag).collect()
+    }
+
+    /// Whether unsolicited data (past any immediate data) is still due.
+    pub fn awaiting_unsolicited(&self) -> bool {
+        self.received.covered(0, self.unsolicited_window) < self.unsolicited_window
+    }
+
     /// Whether every byte of the WRITE has arrived.
     pub fn is_complete(&self) -> bool {
         self.received.covered(0, self.expected_length) == self.expected_length
