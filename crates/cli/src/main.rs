@@ -52,6 +52,9 @@ enum Command {
     /// Relay TCP connections with a fixed delay each way (a link with a
     /// real round-trip time, for parameter studies).
     DelayRelay(cmd::relay::Args),
+    /// Relay iSCSI connections and inject faults into chosen PDUs
+    /// (corrupt, drop, delay, stall, cut), logging what was done.
+    FaultProxy(cmd::fault_proxy::Args),
     /// Measure every combination of key values, block sizes and queue
     /// depths (one login per run); write results.csv, models.json, plots.
     Sweep(cmd::sweep::Args),
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Script(args) => cmd::script::run(&args),
         Command::DelayRelay(args) => cmd::relay::run(&args),
+        Command::FaultProxy(args) => cmd::fault_proxy::run(&args),
         Command::Sweep(args) => cmd::sweep::run(&args),
         Command::Model(args) => cmd::model::run(&args),
         Command::TraceReport(args) => cmd::trace_report::run(&args),

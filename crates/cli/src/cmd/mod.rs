@@ -3,6 +3,7 @@
 pub mod bench;
 pub mod crc_bench;
 pub mod discover;
+pub mod fault_proxy;
 pub mod initiator_args;
 pub mod inspect;
 pub mod measure;

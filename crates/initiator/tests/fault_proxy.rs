@@ -1,0 +1,198 @@
+//! Our initiator and our target with the fault proxy between them: each
+//! fault a network makes (a flipped bit that only a digest sees, a cut
+//! connection, a cut in the middle of a PDU, a stalled link) at a chosen
+//! PDU, and the data checked afterwards. At ErrorRecoveryLevel 0 the
+//! answer to each is the same (RFC 7143 section 7.1.4.1): the connection
+//! is dropped, the session reinstated, and the commands that never
+//! completed are sent again; nothing acknowledged may be lost and no read
+//! may return wrong data.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use iscsi_fault::{Direction, Fault, FaultProxy};
+use iscsi_initiator::{Session, SessionConfig};
+use iscsi_scsi::{Backstore, RamBackstore};
+
+const TARGET: &str = "iqn.2026-11.rs.iscsi:fault-proxy-tests";
+const BLOCK: u32 = 512;
+const LUN_BYTES: usize = 16 << 20;
+/// Each I/O: 256 KiB, several Data-In / Data-Out PDUs and R2Ts each.
+const IO: usize = 256 << 10;
+
+/// The bytes of `round` at slot `slot`: different for every write.
+fn pattern(round: u64, slot: usize) -> Vec<u8> {
+    let seed = round.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ slot as u64;
+    (0..IO)
+        .map(|i| (seed.rotate_left((i % 61) as u32) as u8) ^ (i as u8))
+        .collect()
+}
+
+/// Starts our target and a proxy in front of it with `faults`; returns the
+/// session (through the proxy) and the proxy.
+async fn through_proxy(
+    faults: &[&str],
+    digests: bool,
+) -> (Arc<Session>, FaultProxy, tokio::sync::oneshot::Sender<()>) {
+    let lun: Arc<dyn Backstore> = Arc::new(RamBackstore::new(LUN_BYTES as u64, BLOCK, 3).unwrap());
+    let (tcp, _iser, stop) = common::our_target(TARGET, vec![lun], 64).await;
+    let faults: Vec<Fault> = faults.iter().map(|f| f.parse().unwrap()).collect();
+    let proxy = FaultProxy::start("127.0.0.1:0", tcp.as_str(), faults, None).unwrap();
+    let mut config = SessionConfig::default();
+    if digests {
+        config.set("HeaderDigest", "CRC32C").unwrap();
+        config.set("DataDigest", "CRC32C").unwrap();
+    }
+    // Small bursts: many R2Ts and Data PDUs per command to aim at.
+    config.set("MaxBurstLength", "65536").unwrap();
+    config.set("FirstBurstLength", "16384").unwrap();
+    config.set("MaxRecvDataSegmentLength", "32768").unwrap();
+    let url = format!("iscsi://{}/{TARGET}/0", proxy.local_addr())
+        .parse()
+        .unwrap();
+    let session = Session::connect(&url, config).await.unwrap();
+    (Arc::new(session), proxy, stop)
+}
+
+/// Writes every slot of the LUN, then reads them all back and rewrites
+/// half of them, 8 commands at a time, and checks every read against the
+/// last acknowledged write of its slot.
+async fn write_read_verify(session: &Arc<Session>) {
+    let slots = LUN_BYTES / IO;
+    let mut round = 1u64;
+    let mut tasks: tokio::task::JoinSet<Result<(), iscsi_initiator::Error>> =
+        tokio::task::JoinSet::new();
+    for slot in 0..slots {
+        let session = session.clone();
+        tasks.spawn(async move {
+            let lba = (slot * IO / BLOCK as usize) as u64;
+            session.write(0, lba, BLOCK, &pattern(1, slot)).await
+        });
+        if tasks.len() == 8 {
+            tasks.join_next().await.unwrap().unwrap().expect("write");
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap().expect("write");
+    }
+    round += 1;
+    let mut tasks = tokio::task::JoinSet::new();
+    for slot in 0..slots {
+        let session = session.clone();
+        tasks.spawn(async move {
+            let lba = (slot * IO / BLOCK as usize) as u64;
+            let data = session
+                .read(0, lba, BLOCK, vec![0; IO])
+                .await
+                .expect("read");
+            assert!(data == pattern(1, slot), "slot {slot} read back wrong");
+            if slot % 2 == 0 {
+                session
+                    .write(0, lba, BLOCK, &pattern(round, slot))
+                    .await
+                    .expect("rewrite");
+            }
+        });
+        if tasks.len() == 8 {
+            tasks.join_next().await.unwrap().unwrap();
+        }
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.unwrap();
+    }
+    for slot in 0..slots {
+        let lba = (slot * IO / BLOCK as usize) as u64;
+        let data = session
+            .read(0, lba, BLOCK, vec![0; IO])
+            .await
+            .expect("read");
+        let want = if slot % 2 == 0 {
+            pattern(round, slot)
+        } else {
+            pattern(1, slot)
+        };
+        assert!(data == want, "slot {slot} lost its last acknowledged write");
+    }
+}
+
+/// Runs the workload through `fault` and checks that it fired once, cost
+/// the session exactly `reinstatements` reinstatements and lost nothing.
+async fn recovers(fault: &str, digests: bool, reinstatements: u64) -> Vec<iscsi_fault::FaultEvent> {
+    let (session, proxy, _stop) = through_proxy(&[fault], digests).await;
+    write_read_verify(&session).await;
+    assert_eq!(proxy.fired(), [1], "{fault} did not fire once");
+    assert_eq!(
+        session.reinstatements(),
+        reinstatements,
+        "{fault}: reinstatements"
+    );
+    session.logout().await.unwrap();
+    proxy.events()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transparent_proxy_changes_nothing() {
+    let (session, proxy, _stop) = through_proxy(&[], true).await;
+    write_read_verify(&session).await;
+    assert_eq!(session.reinstatements(), 0);
+    assert_eq!(proxy.connections(), 1);
+    session.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_data_in_is_caught_by_its_digest() {
+    let events = recovers("corrupt-data@data-in#5", true, 1).await;
+    let fault = events.iter().find(|e| e.fault.is_some()).unwrap();
+    assert_eq!(fault.direction, Some(Direction::ToInitiator));
+    assert!(
+        fault.pdu.as_deref().unwrap().starts_with("data-in"),
+        "{fault}"
+    );
+    assert!(fault.what.starts_with("flipped data byte"), "{fault}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_data_out_is_caught_by_its_digest() {
+    recovers("corrupt-data@data-out#7", true, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_command_header_is_caught_by_its_digest() {
+    recovers("corrupt-header@scsi-command#12", true, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupted_r2t_header_is_caught_by_its_digest() {
+    recovers("corrupt-header@r2t#9", true, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_before_a_response_is_recovered() {
+    recovers("cut@scsi-response#20", false, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_cut_inside_a_data_out_is_recovered() {
+    // 3 MiB into the stream: inside some Data-Out's data segment.
+    let events = recovers("cut-after=3000001@to-target", false, 1).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.what.contains("then cut the connection")),
+        "{events:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stall_shorter_than_the_timeouts_is_only_a_pause() {
+    let started = std::time::Instant::now();
+    recovers("stall=300ms@data-in#40", true, 0).await;
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_immediate_data_is_caught_by_its_digest() {
+    recovers("corrupt-data@scsi-command#6", true, 0).await;
+}
