@@ -219,6 +219,19 @@ impl Response {
         Sense::parse(&self.sense)
     }
 
+    /// Whether the same command may simply be sent again: a unit attention
+    /// is reported once (after a reset, or to a new I_T nexus such as a
+    /// reinstated session, SAM-5 5.14), and a command ended by a CRC error
+    /// on the way (ABORTED COMMAND, 47h: the target's answer to a data
+    /// digest error at ERL 0, RFC 7143 7.8) never reached the medium.
+    pub fn may_retry(&self) -> bool {
+        self.status == STATUS_CHECK_CONDITION
+            && self.sense().is_some_and(|s| {
+                s.key == Sense::UNIT_ATTENTION
+                    || (s.key == Sense::ABORTED_COMMAND && s.asc == Sense::ASC_TRANSPORT_CRC)
+            })
+    }
+
     /// `Ok(self)` for GOOD, else [`crate::Error::Status`].
     pub fn check(self) -> Result<Self, crate::Error> {
         if self.status == STATUS_GOOD {

@@ -3,7 +3,7 @@
 //! [`Error::Status`] on a status other than GOOD, after retrying a UNIT
 //! ATTENTION (which a target reports once after a reset or reinstatement).
 
-use crate::command::{Command, Response, STATUS_CHECK_CONDITION, Sense, decode_lun};
+use crate::command::{Command, Response, decode_lun};
 use crate::error::Error;
 use crate::session::Session;
 
@@ -122,18 +122,7 @@ impl Session {
     ) -> Result<Response, Error> {
         for _ in 0..UNIT_ATTENTION_RETRIES {
             let response = self.execute(make(buffer)).await?;
-            let sense = (response.status == STATUS_CHECK_CONDITION)
-                .then(|| response.sense())
-                .flatten();
-            // A unit attention is reported once and the command can be
-            // sent again; so can one ended by a CRC error on the way (the
-            // target's answer to a data digest error at ERL 0, RFC 7143
-            // 7.8: ABORTED COMMAND, 47h/05h PROTOCOL SERVICE CRC ERROR).
-            let retry = sense.is_some_and(|s| {
-                s.key == Sense::UNIT_ATTENTION
-                    || (s.key == Sense::ABORTED_COMMAND && s.asc == Sense::ASC_TRANSPORT_CRC)
-            });
-            if !retry {
+            if !response.may_retry() {
                 return response.check();
             }
             buffer = response.data;

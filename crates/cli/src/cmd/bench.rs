@@ -309,14 +309,25 @@ pub async fn run_load(
                     }
                 };
                 let issued = Instant::now();
-                let command = if write {
-                    Command::write_shared(lun, cdb, data.clone())
-                } else if keep_data {
-                    Command::read_pooled(lun, cdb, transfer_length)
-                } else {
-                    Command::read_discarded(lun, cdb, transfer_length)
+                let command = || {
+                    if write {
+                        Command::write_shared(lun, cdb, data.clone())
+                    } else if keep_data {
+                        Command::read_pooled(lun, cdb, transfer_length)
+                    } else {
+                        Command::read_discarded(lun, cdb, transfer_length)
+                    }
                 };
-                let response = session.execute(command).await?;
+                let mut response = session.execute(command()).await?;
+                // As the library's own helpers do: a unit attention (a
+                // reinstated session is a new I_T nexus) or a transport CRC
+                // failure ends this attempt, not the run.
+                for _ in 0..RETRIES {
+                    if !response.may_retry() {
+                        break;
+                    }
+                    response = session.execute(command()).await?;
+                }
                 let elapsed = issued.elapsed();
                 session.recycle(response.check()?.data);
                 latencies.push(u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX));
@@ -439,6 +450,10 @@ fn rw_name(load: &Load) -> &'static str {
 
 /// Logins of a multi-session run in flight at once.
 const LOGIN_CONCURRENCY: usize = 16;
+
+/// How often one I/O is sent again while its status says it may be
+/// (`Response::may_retry`).
+const RETRIES: usize = 4;
 
 /// `--sessions N` / `--mix`: N sessions, each its own initiator, logged in
 /// 16 at a time, then all loads started together.
