@@ -9,6 +9,7 @@
 //! off the target's login answers, which hold the outcome of a list
 //! negotiation (section 6.2.1).
 
+use crate::spec::Action;
 use iscsi_proto::pdu::login::{LoginStage, StatusClass};
 use iscsi_proto::pdu::{BHS_LEN, Digests, Pdu, SegmentLengths, padding_len};
 
@@ -51,6 +52,32 @@ impl Layout {
     pub fn wire_len(&self) -> usize {
         self.header_len + self.data_len + self.trailer_len
     }
+}
+
+/// Applies a corrupting action to `wire`, one whole PDU laid out as
+/// `layout`: flips every bit of the chosen byte and says which, or `None`
+/// if the action corrupts nothing here (another kind of action, or a
+/// data byte asked of a PDU without data).
+pub fn corrupt(wire: &mut [u8], layout: Layout, action: Action) -> Option<String> {
+    let (at, what) = match action {
+        Action::CorruptHeader { offset } => {
+            let at = offset.unwrap_or(44).min(BHS_LEN - 1);
+            (at, format!("BHS byte {at}"))
+        }
+        Action::CorruptData { offset } => {
+            let last = layout.data_len.checked_sub(1)?;
+            let at = offset.unwrap_or(layout.data_len / 2).min(last);
+            (
+                layout.header_len + at,
+                format!("data byte {at} of {}", layout.data_len),
+            )
+        }
+        _ => return None,
+    };
+    let byte = wire.get_mut(at)?;
+    let before = *byte;
+    *byte = !before;
+    Some(format!("flipped {what} ({before:#04x} -> {:#04x})", *byte))
 }
 
 /// The most login text kept while waiting for a key's terminating NUL: a
@@ -173,6 +200,31 @@ mod tests {
                 data: true
             }
         );
+    }
+
+    #[test]
+    fn corruption_flips_the_chosen_byte_and_no_other() {
+        let digests = Digests {
+            header: true,
+            data: true,
+        };
+        let layout = Layout::of(&bhs(0, 10), digests);
+        let clean = vec![0x5Au8; layout.wire_len()];
+        let mut wire = clean.clone();
+        let said = corrupt(&mut wire, layout, Action::CorruptData { offset: None }).unwrap();
+        assert_eq!(said, "flipped data byte 5 of 10 (0x5a -> 0xa5)");
+        let changed: Vec<usize> = (0..wire.len()).filter(|&i| wire[i] != clean[i]).collect();
+        assert_eq!(changed, [52 + 5]);
+        let mut wire = clean.clone();
+        corrupt(&mut wire, layout, Action::CorruptData { offset: Some(99) }).unwrap();
+        assert_ne!(wire[52 + 9], clean[52 + 9], "past the end: the last byte");
+        let mut wire = clean.clone();
+        corrupt(&mut wire, layout, Action::CorruptHeader { offset: None }).unwrap();
+        assert_ne!(wire[44], clean[44]);
+        let empty = Layout::of(&bhs(0, 0), digests);
+        let mut wire = vec![0u8; empty.wire_len()];
+        assert!(corrupt(&mut wire, empty, Action::CorruptData { offset: None }).is_none());
+        assert!(corrupt(&mut wire, empty, Action::Drop).is_none());
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::time::Instant;
 
 use iscsi_proto::pdu::{BHS_LEN, Pdu};
 
-use crate::framing::{Layout, LoginWatch};
+use crate::framing::{Layout, LoginWatch, corrupt};
 use crate::plan::Plan;
 use crate::spec::{Action, Direction, Fault, PduKind};
 
@@ -373,20 +373,6 @@ fn pump(shared: &Shared, connection: &Connection, direction: Direction) -> Resul
         let mut cut = false;
         for firing in shared.plan.on_pdu(direction, pdu.opcode(), layout.data_len) {
             let what = match firing.action {
-                Action::CorruptHeader { offset } => {
-                    let at = offset.unwrap_or(44);
-                    let before = wire[at];
-                    wire[at] = !before;
-                    format!("flipped BHS byte {at} ({before:#04x} -> {:#04x})", wire[at])
-                }
-                Action::CorruptData { offset } => {
-                    let at = offset
-                        .unwrap_or(layout.data_len / 2)
-                        .min(layout.data_len - 1);
-                    let byte = &mut wire[data.start + at];
-                    *byte = !*byte;
-                    format!("flipped data byte {at} of {}", layout.data_len)
-                }
                 Action::Drop => {
                     forward = false;
                     format!("dropped ({} bytes)", wire.len())
@@ -404,7 +390,8 @@ fn pump(shared: &Shared, connection: &Connection, direction: Direction) -> Resul
                     cut = true;
                     "cut the connection instead of forwarding it".to_owned()
                 }
-                Action::CutAfterBytes(_) => unreachable!("not a per-PDU fault"),
+                corrupting => corrupt(&mut wire, layout, corrupting)
+                    .unwrap_or_else(|| "nothing to corrupt".to_owned()),
             };
             shared.record(FaultEvent {
                 direction: Some(direction),
