@@ -44,9 +44,10 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use iscsi_datamover::iser::DataDescriptors;
 use iscsi_datamover::tcp::PduBatch;
 use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender, Receiver, Sender};
+use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
-    AsyncEvent, DataIn, Header, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer, RejectReason,
-    ScsiResponse, ServiceResponse,
+    AsyncEvent, DataIn, Header, Lun, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer,
+    RejectReason, ScsiResponse, ServiceResponse, SnackRequest, SnackType,
 };
 use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::state::{
@@ -114,6 +115,19 @@ struct ReadProgress {
     next_data_sn: u32,
     /// The offset expected next (DataPDUInOrder).
     next_offset: u32,
+    /// ERL 1: DataSNs whose data failed its digest, asked for again with a
+    /// Data SNACK (RFC 7143 7.3): the task ends only once they are in.
+    missing: Vec<u32>,
+    /// A status that arrived while data was missing, kept until it is in.
+    held: Option<HeldStatus>,
+}
+
+/// A status held back until a read's missing Data-In arrives.
+#[derive(Debug)]
+struct HeldStatus {
+    status: u8,
+    residual: Result<Residual, Error>,
+    sense: Vec<u8>,
 }
 
 #[derive(Debug)]
@@ -289,6 +303,8 @@ const BATCH_RETAIN: usize = 256 * 1024;
 pub(crate) struct SendCounters {
     pub(crate) pdus: AtomicU64,
     pub(crate) writes: AtomicU64,
+    /// Data SNACKs sent for Data-In lost to digest errors (ERL 1).
+    pub(crate) snacks: AtomicU64,
 }
 
 impl SendCounters {
@@ -341,8 +357,13 @@ pub(crate) struct Connection {
     pub(crate) cid: u16,
     /// The transfer limits negotiated on this connection.
     pub(crate) limits: Limits,
+    /// ErrorRecoveryLevel 1 or more: a Data-In whose data digest fails is
+    /// asked for again with a SNACK instead of ending the connection.
+    recovers_data: bool,
     /// The write lock: the stream, held by the writer task or a direct send.
     wire: tokio::sync::Mutex<Wire>,
+    /// Counts the SNACKs sent (the session's send counters).
+    snacks: Arc<SendCounters>,
     /// PDUs posted and not yet taken for writing, in wire order.
     outbox: Mutex<Outbox>,
     /// When new commands may wait for others.
@@ -483,6 +504,8 @@ pub(crate) struct SessionShared {
     pub(crate) sends: Arc<SendCounters>,
     /// When new commands may wait for others.
     pub(crate) coalescing: Coalescing,
+    /// The session's ErrorRecoveryLevel.
+    pub(crate) error_recovery_level: u8,
 }
 
 impl Connection {
@@ -505,11 +528,15 @@ impl Connection {
             buffers,
             sends,
             coalescing,
+            error_recovery_level,
         } = shared;
         let digests = sender.digests();
+        let snacks = Arc::clone(&sends);
         let connection = Arc::new(Connection {
             cid,
             limits,
+            recovers_data: error_recovery_level >= 1,
+            snacks,
             wire: tokio::sync::Mutex::new(Wire {
                 sender,
                 writing: PduBatch::new(digests),
@@ -612,6 +639,8 @@ impl Connection {
                 received: 0,
                 next_data_sn: 0,
                 next_offset: 0,
+                missing: Vec::new(),
+                held: None,
             }
         });
         state.tasks.insert(
@@ -804,6 +833,8 @@ impl Connection {
             Discard,
             Fail(Error),
         }
+        let data_sn = data_in.data_sn.get();
+        let mut again = false;
         let plan = {
             let mut state = self.lock();
             match state.tasks.get_mut(&itt) {
@@ -814,20 +845,31 @@ impl Connection {
                 Some(TaskEntry {
                     read: Some(read), ..
                 }) => check_data_in(read, &data_in, length, self.limits.data_pdu_in_order)
-                    .map_or_else(Plan::Fail, |start| match read.buffer.take() {
-                        Some(buffer) => {
-                            let expected = read.expected as usize;
-                            match read.mode {
-                                ReadMode::Discarded => Plan::Scratch(buffer, start),
-                                ReadMode::Pooled if buffer.len() != expected => {
-                                    Plan::Land(buffer, start, Some(expected))
+                    .map_or_else(Plan::Fail, |(start, resent)| {
+                        again = resent;
+                        match read.buffer.take() {
+                            Some(buffer) => {
+                                let expected = read.expected as usize;
+                                match read.mode {
+                                    ReadMode::Discarded => Plan::Scratch(buffer, start),
+                                    ReadMode::Pooled if buffer.len() != expected => {
+                                        Plan::Land(buffer, start, Some(expected))
+                                    }
+                                    ReadMode::Own | ReadMode::Pooled => {
+                                        Plan::Land(buffer, start, None)
+                                    }
                                 }
-                                ReadMode::Own | ReadMode::Pooled => Plan::Land(buffer, start, None),
                             }
+                            None => Plan::Discard,
                         }
-                        None => Plan::Discard,
                     }),
             }
+        };
+        let landing = Landing {
+            itt,
+            data_sn,
+            length,
+            again,
         };
         match plan {
             Plan::Land(mut buffer, start, attach) => {
@@ -836,15 +878,13 @@ impl Connection {
                 }
                 let end = start + length as usize;
                 let landed = receiver.receive_data_into(&mut buffer[start..end]).await;
-                self.landed(itt, buffer, length, end);
-                landed?;
+                self.landed(landing, buffer, end, landed)?;
             }
             Plan::Scratch(own, start) => {
                 let mut scratch = self.buffers.take(length as usize, false);
                 let landed = receiver.discard_data(&mut scratch).await;
                 self.buffers.give(scratch);
-                self.landed(itt, own, length, start + length as usize);
-                landed?;
+                self.landed(landing, own, start + length as usize, landed)?;
             }
             Plan::Discard => {
                 receiver.receive_data().await?;
@@ -877,18 +917,94 @@ impl Connection {
         Ok(())
     }
 
-    /// Gives a read its buffer back after `length` bytes ending at `end`
-    /// were received.
-    fn landed(&self, itt: u32, buffer: Vec<u8>, length: u32, end: usize) {
-        let mut state = self.lock();
-        if let Some(TaskEntry {
-            read: Some(read), ..
-        }) = state.tasks.get_mut(&itt)
+    /// Gives a read its buffer back once a Data-In's data has been taken
+    /// off the stream (`end` is where it ends in the buffer), and notes how
+    /// that went. At ERL 1 a data digest error only loses that PDU's data:
+    /// a Data SNACK asks for it again (RFC 7143 7.3, 11.16), and a task
+    /// whose status came meanwhile ends when the last missing PDU is in.
+    fn landed(
+        &self,
+        landing: Landing,
+        buffer: Vec<u8>,
+        end: usize,
+        outcome: Result<(), DatamoverError>,
+    ) -> Result<(), Error> {
+        let Landing {
+            itt,
+            data_sn,
+            length,
+            again,
+        } = landing;
+        let lost = match &outcome {
+            Ok(()) => false,
+            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. }))
+                if self.recovers_data =>
+            {
+                true
+            }
+            Err(_) => false,
+        };
+        let mut complete = None;
+        let mut ask_again = false;
         {
-            read.buffer = Some(buffer);
-            read.received += length;
-            read.next_data_sn = read.next_data_sn.wrapping_add(1);
-            read.next_offset = read.next_offset.max(end as u32);
+            let mut state = self.lock();
+            if let Some(TaskEntry {
+                read: Some(read), ..
+            }) = state.tasks.get_mut(&itt)
+            {
+                read.buffer = Some(buffer);
+                if !again {
+                    read.next_data_sn = read.next_data_sn.wrapping_add(1);
+                    read.next_offset = read.next_offset.max(end as u32);
+                }
+                if lost {
+                    if !read.missing.contains(&data_sn) {
+                        read.missing.push(data_sn);
+                    }
+                    ask_again = true;
+                } else if outcome.is_ok() {
+                    read.received += length;
+                    read.missing.retain(|&sn| sn != data_sn);
+                    if read.missing.is_empty() {
+                        complete = read.held.take();
+                    }
+                }
+            }
+        }
+        if ask_again {
+            tracing::warn!(
+                itt,
+                data_sn,
+                "Data-In data digest error: asking for it again"
+            );
+            self.snack_data(itt, data_sn);
+            return Ok(());
+        }
+        if let Some(held) = complete {
+            tracing::info!(
+                itt,
+                "missing Data-In arrived: the held status completes the task"
+            );
+            self.complete_scsi(itt, held.status, held.residual, held.sense);
+        }
+        outcome.map_err(Error::from)
+    }
+
+    /// Sends a Data SNACK for one Data-In PDU of task `itt` (RFC 7143
+    /// 11.16: type 0, BegRun the DataSN, RunLength 1).
+    fn snack_data(&self, itt: u32, data_sn: u32) {
+        let snack = SnackRequest {
+            snack_type: SnackType::DataR2t,
+            lun: Lun::default(),
+            initiator_task_tag: itt,
+            target_transfer_tag: RESERVED_TAG,
+            exp_stat_sn: self.exp_stat_sn(),
+            beg_run: data_sn,
+            run_length: 1,
+        };
+        self.snacks.snacks.fetch_add(1, Ordering::Relaxed);
+        if let Err(error) = self.post(&Header::new(Pdu::SnackRequest(snack), 0), &[]) {
+            tracing::debug!(%error, "sending a SNACK failed");
         }
     }
 
@@ -906,6 +1022,22 @@ impl Connection {
         residual: Result<Residual, Error>,
         sense: Vec<u8>,
     ) {
+        {
+            let mut state = self.lock();
+            if let Some(TaskEntry {
+                read: Some(read), ..
+            }) = state.tasks.get_mut(&itt)
+                && !read.missing.is_empty()
+            {
+                tracing::info!(itt, missing = ?read.missing, "status before missing Data-In: held");
+                read.held = Some(HeldStatus {
+                    status,
+                    residual,
+                    sense,
+                });
+                return;
+            }
+        }
         let Some(task) = self.end_task(itt) else {
             tracing::debug!(itt, "status for a task no longer waiting");
             return;
@@ -1001,21 +1133,23 @@ impl Connection {
     }
 }
 
-/// Checks one Data-In against its command; returns where its data goes.
+/// Checks one Data-In against its command; returns where its data goes,
+/// and whether it is one sent again for a SNACK.
 fn check_data_in(
     read: &ReadProgress,
     data_in: &DataIn,
     length: u32,
     in_order: bool,
-) -> Result<usize, Error> {
-    if data_in.data_sn.get() != read.next_data_sn {
+) -> Result<(usize, bool), Error> {
+    let data_sn = data_in.data_sn.get();
+    let again = read.missing.contains(&data_sn);
+    if data_sn != read.next_data_sn && !again {
         return Err(Error::Protocol(format!(
-            "Data-In DataSN {} where {} was expected",
-            data_in.data_sn.get(),
+            "Data-In DataSN {data_sn} where {} was expected",
             read.next_data_sn
         )));
     }
-    let end = data_in
+    data_in
         .buffer_offset
         .checked_add(length)
         .filter(|&end| end <= read.expected)
@@ -1025,14 +1159,22 @@ fn check_data_in(
                 data_in.buffer_offset, read.expected
             ))
         })?;
-    if in_order && data_in.buffer_offset != read.next_offset {
+    if in_order && !again && data_in.buffer_offset != read.next_offset {
         return Err(Error::Protocol(format!(
             "Data-In at offset {} where {} was expected",
             data_in.buffer_offset, read.next_offset
         )));
     }
-    let _ = end;
-    Ok(data_in.buffer_offset as usize)
+    Ok((data_in.buffer_offset as usize, again))
+}
+
+/// One Data-In's data being taken off the stream.
+struct Landing {
+    itt: u32,
+    data_sn: u32,
+    length: u32,
+    /// Sent again for a SNACK.
+    again: bool,
 }
 
 fn residual(overflow: bool, underflow: bool, count: u32) -> Result<Residual, Error> {

@@ -216,6 +216,13 @@ impl Session {
         self.inner.wire.counts()
     }
 
+    /// How many Data SNACKs the session sent: at ErrorRecoveryLevel 1, one
+    /// per Data-In whose data digest failed, recovered within the
+    /// connection (RFC 7143 7.3).
+    pub fn snacks_sent(&self) -> u64 {
+        self.inner.sends.snacks.load(Ordering::Relaxed)
+    }
+
     /// How many times the session was reinstated after a lost connection.
     pub fn reinstatements(&self) -> u64 {
         self.inner.reinstatements.load(Ordering::Relaxed)
@@ -475,6 +482,7 @@ impl Inner {
                 buffers: self.read_buffers.clone(),
                 sends: self.sends.clone(),
                 coalescing: self.config.coalescing,
+                error_recovery_level: logged_in.complete.parameters.error_recovery_level,
             },
             logged_in.state,
         )

@@ -35,6 +35,7 @@ fn pattern(round: u64, slot: usize) -> Vec<u8> {
 async fn through_proxy(
     faults: &[&str],
     digests: bool,
+    erl: u8,
 ) -> (Arc<Session>, FaultProxy, tokio::sync::oneshot::Sender<()>) {
     let lun: Arc<dyn Backstore> = Arc::new(RamBackstore::new(LUN_BYTES as u64, BLOCK, 3).unwrap());
     let (tcp, _iser, stop) = common::our_target(TARGET, vec![lun], 64).await;
@@ -45,6 +46,7 @@ async fn through_proxy(
         config.set("HeaderDigest", "CRC32C").unwrap();
         config.set("DataDigest", "CRC32C").unwrap();
     }
+    config.set("ErrorRecoveryLevel", &erl.to_string()).unwrap();
     // Small bursts: many R2Ts and Data PDUs per command to aim at.
     config.set("MaxBurstLength", "65536").unwrap();
     config.set("FirstBurstLength", "16384").unwrap();
@@ -120,7 +122,17 @@ async fn write_read_verify(session: &Arc<Session>) {
 /// Runs the workload through `fault` and checks that it fired once, cost
 /// the session exactly `reinstatements` reinstatements and lost nothing.
 async fn recovers(fault: &str, digests: bool, reinstatements: u64) -> Vec<iscsi_fault::FaultEvent> {
-    let (session, proxy, _stop) = through_proxy(&[fault], digests).await;
+    recovers_at(0, fault, digests, reinstatements).await
+}
+
+/// [`recovers`] at ErrorRecoveryLevel `erl`.
+async fn recovers_at(
+    erl: u8,
+    fault: &str,
+    digests: bool,
+    reinstatements: u64,
+) -> Vec<iscsi_fault::FaultEvent> {
+    let (session, proxy, _stop) = through_proxy(&[fault], digests, erl).await;
     write_read_verify(&session).await;
     assert_eq!(proxy.fired(), [1], "{fault} did not fire once");
     assert_eq!(
@@ -134,7 +146,7 @@ async fn recovers(fault: &str, digests: bool, reinstatements: u64) -> Vec<iscsi_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transparent_proxy_changes_nothing() {
-    let (session, proxy, _stop) = through_proxy(&[], true).await;
+    let (session, proxy, _stop) = through_proxy(&[], true, 0).await;
     write_read_verify(&session).await;
     assert_eq!(session.reinstatements(), 0);
     assert_eq!(proxy.connections(), 1);
@@ -195,4 +207,29 @@ async fn a_stall_shorter_than_the_timeouts_is_only_a_pause() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupted_immediate_data_is_caught_by_its_digest() {
     recovers("corrupt-data@scsi-command#6", true, 0).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl_1_a_corrupted_data_in_is_asked_for_again() {
+    let (session, proxy, _stop) = through_proxy(
+        &["corrupt-data@data-in#5", "corrupt-data@data-in%97"],
+        true,
+        1,
+    )
+    .await;
+    assert_eq!(session.parameters().unwrap().error_recovery_level, 1);
+    write_read_verify(&session).await;
+    let fired: u64 = proxy.fired().iter().sum();
+    assert!(fired >= 2, "{fired}");
+    assert_eq!(
+        session.reinstatements(),
+        0,
+        "recovered within the connection"
+    );
+    assert_eq!(
+        session.snacks_sent(),
+        fired,
+        "one Data SNACK per corrupted Data-In"
+    );
+    session.logout().await.unwrap();
 }

@@ -14,7 +14,8 @@
 //!   follows the order on the wire and MaxCmdSN reflects commands finished.
 //! - NOP-Out pings, Text (SendTargets, negotiation), Logout, task management
 //!   (in a task of its own, so that waiting for aborted commands does not
-//!   stop the reading), SNACK (Reject: ErrorRecoveryLevel 0) and Reject
+//!   stop the reading), SNACK (Reject at ErrorRecoveryLevel 0; at 1 the
+//!   Data-In or statuses asked for, sent again: `retention`) and Reject
 //!   for anything that breaks the rules.
 //! - On target shutdown, an Asynchronous Message asks the initiator to log
 //!   out; the connection is dropped if it has not done so in time.
@@ -33,7 +34,7 @@ use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
     AsyncEvent, AsyncMessage, DataIn, DataOut, Header, LogoutReason, LogoutRequest, LogoutResponse,
     LogoutResponseCode, Lun, NopIn, NopOut, Pdu, ReadyToTransfer, Reject, RejectReason,
-    ScsiCommand, ScsiResponse, SegmentLengths, ServiceResponse, TaskFunction,
+    ScsiCommand, ScsiResponse, SegmentLengths, ServiceResponse, SnackRequest, TaskFunction,
     TaskManagementRequest, TaskManagementResponse, TaskResponse, TextRequest, TextResponse,
 };
 use iscsi_proto::serial::{CmdSn, DataSn, R2tSn, StatSn};
@@ -45,6 +46,8 @@ use iscsi_scsi::{CommandOutcome, Nexus, ScsiTarget, TargetReset};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
+
+use crate::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
 
 use crate::session::{Admission, Session, Shared, Task, record};
 use crate::stats::SessionStats;
@@ -71,6 +74,8 @@ pub(crate) enum Stat {
     Current,
     /// None (Data-In without status).
     Reserved,
+    /// A status sent again in answer to a SNACK: the StatSN it first had.
+    Again(StatSn),
 }
 
 /// The send direction of a connection, shared by the tasks that answer on
@@ -79,6 +84,9 @@ pub(crate) enum Stat {
 pub(crate) struct Writer {
     state: tokio::sync::Mutex<WriterState>,
     session: Arc<Session>,
+    /// At ErrorRecoveryLevel 1 and above: the statuses (and Data-In) not
+    /// yet acknowledged, for SNACKs (`retention`).
+    retained: Option<std::sync::Mutex<Retained>>,
 }
 
 /// The sender and this connection's StatSN, under the writer's lock.
@@ -137,6 +145,11 @@ impl WriterState {
         self.sender.put_data_gather(&header, data).await
     }
 
+    /// The StatSN the next status will carry.
+    fn next_stat_sn(&self) -> StatSn {
+        self.stat_sn
+    }
+
     /// `pdu` with StatSN (advanced or not, per `stat`), ExpCmdSN and
     /// MaxCmdSN as of now, as a header for `data_len` bytes.
     fn stamped(&mut self, session: &Session, mut pdu: Pdu, data_len: usize, stat: Stat) -> Header {
@@ -148,6 +161,7 @@ impl WriterState {
             }
             Stat::Current => self.stat_sn,
             Stat::Reserved => StatSn::new(0),
+            Stat::Again(sn) => sn,
         };
         let (exp, max) = session.window_edges();
         stamp(&mut pdu, stat_sn, exp, max);
@@ -315,10 +329,12 @@ impl Connection {
         state: ConnectionStateMachine,
         tap: Option<Tap>,
         placed_data: bool,
+        error_recovery_level: u8,
     ) -> Self {
         let writer = Arc::new(Writer {
             state: tokio::sync::Mutex::new(WriterState { sender, stat_sn }),
             session: Arc::clone(&session),
+            retained: (error_recovery_level >= 1).then(Default::default),
         });
         Connection {
             shared,
@@ -480,6 +496,16 @@ impl Connection {
         receiver: &mut Receiver,
         header: Header,
     ) -> Result<Flow, DatamoverError> {
+        if let (Some(retained), Some(exp_stat_sn)) =
+            (&self.writer.retained, exp_stat_sn_of(&header.pdu))
+        {
+            // Statuses before ExpStatSN are acknowledged (RFC 7143
+            // 4.2.2.2): no SNACK may ask for them again.
+            retained
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .acknowledge(exp_stat_sn);
+        }
         match header.pdu.clone() {
             Pdu::ScsiCommand(command) => self.scsi_command(receiver, &header, command).await?,
             Pdu::DataOut(data_out) => self.data_out(receiver, &header, data_out).await?,
@@ -511,10 +537,9 @@ impl Connection {
                     }
                 });
             }
-            Pdu::SnackRequest(_) => {
-                // ErrorRecoveryLevel 0: no SNACK support (RFC 7143 11.16).
+            Pdu::SnackRequest(snack) => {
                 receiver.receive_data().await?;
-                self.reject(&header, RejectReason::SnackReject).await?;
+                self.snack(&header, &snack).await?;
             }
             _ => {
                 receiver.receive_data().await?;
@@ -571,6 +596,59 @@ impl Connection {
     /// Logout (RFC 7143 11.14): writes still collecting data are dropped,
     /// commands being executed finish, then the response goes out and the
     /// connection (or the whole session) closes.
+    /// Answers a SNACK (RFC 7143 11.16): at ErrorRecoveryLevel 0 with a
+    /// Reject, at 1 with the Data-In or statuses asked for, sent again from
+    /// what the connection kept (`retention`), or a Reject saying why not.
+    async fn snack(&mut self, header: &Header, snack: &SnackRequest) -> Result<(), DatamoverError> {
+        let Some(retained) = &self.writer.retained else {
+            return self.reject(header, RejectReason::SnackReject).await;
+        };
+        let answer = retained
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .answer(snack);
+        let resends = match answer {
+            Ok(resends) => resends,
+            Err((reason, why)) => {
+                warn!(
+                    itt = snack.initiator_task_tag,
+                    beg_run = snack.beg_run,
+                    run_length = snack.run_length,
+                    "SNACK refused: {why}"
+                );
+                return self.reject(header, reason).await;
+            }
+        };
+        SessionStats::add(&self.session.stats.snacks, 1);
+        SessionStats::add(&self.session.stats.resent, resends.len() as u64);
+        info!(
+            itt = snack.initiator_task_tag,
+            kind = ?snack.snack_type,
+            beg_run = snack.beg_run,
+            pdus = resends.len(),
+            "SNACK: sending again"
+        );
+        let mut out = self.writer.lock().await;
+        for resend in resends {
+            match resend {
+                Resend::DataIn(pdu, data) => {
+                    out.send_data_in(&self.session, Pdu::DataIn(pdu), data, Stat::Reserved)
+                        .await?;
+                }
+                Resend::Response(pdu, sense, stat_sn) => {
+                    out.send(
+                        &self.session,
+                        Pdu::ScsiResponse(pdu),
+                        &sense,
+                        Stat::Again(stat_sn),
+                    )
+                    .await?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     async fn logout(&mut self, request: LogoutRequest) -> Result<Flow, DatamoverError> {
         if !request.immediate {
             self.session.consume_cmd_sn(request.cmd_sn);
@@ -1319,7 +1397,10 @@ async fn respond(
     } else {
         0
     };
-    let collapse = outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
+    // At ERL 1 the status goes in a SCSI Response of its own, so that a
+    // Data-In sent again never carries a status (and its StatSN) again.
+    let collapse =
+        writer.retained.is_none() && outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
     let segments = limits.data_in_segments(sent);
     let count = segments.len();
     let waiting = tap.map(|_| std::time::Instant::now());
@@ -1393,8 +1474,29 @@ async fn respond(
         residual_count: residual.count,
         ..ScsiResponse::default()
     };
+    let stat_sn = out.next_stat_sn();
+    let kept = writer.retained.as_ref().map(|_| pdu.clone());
     out.send(session, Pdu::ScsiResponse(pdu), &sense_data, Stat::Advance)
-        .await
+        .await?;
+    if let (Some(retained), Some(response)) = (&writer.retained, kept) {
+        let status = SentStatus {
+            stat_sn,
+            response,
+            sense_data,
+            data_in: if command.read {
+                data_in.slice(0..sent as usize)
+            } else {
+                Gather::default()
+            },
+            lun: command.lun,
+            limits: *limits,
+        };
+        retained
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keep(status);
+    }
+    Ok(())
 }
 
 /// A Reject with the offending header as its data (RFC 7143 11.17).

@@ -634,6 +634,7 @@ pub(crate) async fn serve_connection(
         state,
         tap,
         placed_data,
+        params.error_recovery_level,
     );
     let (result, ended_by_logout) = connection.run(receiver).await;
     if session.connections.fetch_sub(1, Ordering::AcqRel) == 1 {

@@ -21,6 +21,10 @@ pub(crate) struct SessionStats {
     pub aborts: AtomicU64,
     /// PDUs answered with a Reject.
     pub rejects: AtomicU64,
+    /// SNACKs answered (ERL 1).
+    pub snacks: AtomicU64,
+    /// PDUs sent again in answer to SNACKs.
+    pub resent: AtomicU64,
 }
 
 impl SessionStats {
@@ -35,7 +39,7 @@ impl fmt::Display for SessionStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         write!(
             f,
-            "commands={} read_bytes={} write_bytes={} errors={} r2ts={} aborts={} rejects={}",
+            "commands={} read_bytes={} write_bytes={} errors={} r2ts={} aborts={} rejects={} snacks={} resent={}",
             get(&self.commands),
             get(&self.read_bytes),
             get(&self.write_bytes),
@@ -43,6 +47,8 @@ impl fmt::Display for SessionStats {
             get(&self.r2ts),
             get(&self.aborts),
             get(&self.rejects),
+            get(&self.snacks),
+            get(&self.resent),
         )
     }
 }

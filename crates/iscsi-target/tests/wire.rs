@@ -20,7 +20,8 @@ use iscsi_proto::login::initiator::{InitiatorLogin, InitiatorLoginConfig, Initia
 use iscsi_proto::pdu::login::Isid;
 use iscsi_proto::pdu::{
     AsyncEvent, DataOut, Digests, Header, LogoutReason, LogoutRequest, Lun, NopOut, Pdu,
-    RejectReason, ScsiCommand, TaskFunction, TaskManagementRequest, TaskResponse,
+    RESERVED_TAG, RejectReason, ScsiCommand, SnackRequest, SnackType, TaskFunction,
+    TaskManagementRequest, TaskResponse,
 };
 use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
 use iscsi_proto::text::{Digest, NegotiatedParameters, NegotiationConfig};
@@ -707,6 +708,97 @@ async fn a_failed_write_answers_only_after_the_data_still_due() {
     assert_eq!(target.lun_bytes(200 * BLOCK as u64, data.len()), before);
     // The connection goes on.
     assert_eq!(client.write_blocks(200, &data[..4 * BLOCK]).await, 0);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl_1_snacks_get_the_same_data_and_status_again() {
+    let target = Target::start(|_| {}).await;
+    let erl1 = NegotiationConfig {
+        error_recovery_level: 1,
+        ..offers()
+    };
+    let mut client = Client::login(target.address, erl1, 0).await;
+    assert_eq!(client.params.error_recovery_level, 1);
+    let data = pattern(32 * 1024, 9);
+    assert_eq!(client.write_blocks(300, &data).await, 0);
+    let itt = client.itt();
+    client.read10(itt, 300, 64).await;
+    // 32 KiB in 8 KiB Data-In (MaxRecvDataSegmentLength), DataSN 0-3, and
+    // at ERL 1 the status in a SCSI Response of its own.
+    let mut first = Vec::new();
+    let stat_sn = loop {
+        let pdu = client.receive().await;
+        match pdu.header.pdu {
+            Pdu::DataIn(d) => {
+                assert_eq!(d.status, None, "no phase collapse at ERL 1");
+                first.push((d.data_sn.get(), d.buffer_offset, d.final_flag, pdu.data));
+            }
+            Pdu::ScsiResponse(r) => {
+                assert_eq!(r.status, 0);
+                break r.stat_sn;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    };
+    assert_eq!(first.len(), 4);
+    let snack = |snack_type, itt, beg_run, run_length, exp_stat_sn: StatSn| {
+        Pdu::SnackRequest(SnackRequest {
+            snack_type,
+            initiator_task_tag: itt,
+            target_transfer_tag: RESERVED_TAG,
+            exp_stat_sn,
+            beg_run,
+            run_length,
+            ..SnackRequest::default()
+        })
+    };
+    // Data SNACK for DataSN 1 and 2: the same PDUs again.
+    client
+        .send(snack(SnackType::DataR2t, itt, 1, 2, stat_sn), &[])
+        .await;
+    for want in &first[1..3] {
+        let pdu = client.receive().await;
+        let Pdu::DataIn(d) = pdu.header.pdu else {
+            panic!("expected a Data-In, got {:?}", pdu.header.pdu);
+        };
+        assert_eq!(
+            (d.data_sn.get(), d.buffer_offset, d.final_flag, pdu.data),
+            want.clone()
+        );
+        assert_eq!(d.status, None);
+    }
+    // Status SNACK: the SCSI Response again, with its StatSN.
+    client
+        .send(
+            snack(SnackType::Status, RESERVED_TAG, stat_sn.get(), 1, stat_sn),
+            &[],
+        )
+        .await;
+    match client.receive().await.header.pdu {
+        Pdu::ScsiResponse(r) => {
+            assert_eq!((r.initiator_task_tag, r.stat_sn), (itt, stat_sn));
+        }
+        other => panic!("expected the status again, got {other:?}"),
+    }
+    // What was never sent, and what is acknowledged, gets a Reject.
+    let mut expect_reject = async |pdu: Pdu, reason: RejectReason| {
+        client.send(pdu, &[]).await;
+        match client.receive().await.header.pdu {
+            Pdu::Reject(r) => assert_eq!(r.reason, reason),
+            other => panic!("expected a Reject, got {other:?}"),
+        }
+    };
+    let never = snack(SnackType::DataR2t, itt, 4, 1, stat_sn);
+    expect_reject(never, RejectReason::ProtocolError).await;
+    let unknown = snack(SnackType::DataR2t, itt + 100, 0, 0, stat_sn);
+    expect_reject(unknown, RejectReason::ProtocolError).await;
+    let data_ack = snack(SnackType::DataAck, itt, 0, 0, stat_sn);
+    expect_reject(data_ack, RejectReason::InvalidDataAck).await;
+    let acknowledged = snack(SnackType::DataR2t, itt, 0, 0, stat_sn.next());
+    expect_reject(acknowledged, RejectReason::ProtocolError).await;
+    // The connection goes on.
+    assert_eq!(client.read_blocks(300, 64).await, data);
     target.stop().await;
 }
 
