@@ -31,6 +31,7 @@ ap.add_argument("--chap", help="USER:SECRET for one-way CHAP")
 ap.add_argument("--mutual", help="USER:SECRET the target proves (mutual CHAP; needs --chap)")
 ap.add_argument("--digest", action="store_true", help="require CRC32C header and data digests")
 ap.add_argument("--max-connections", type=int, default=1)
+ap.add_argument("--erl", type=int, default=0, help="the highest ErrorRecoveryLevel LIO accepts")
 ap.add_argument("--clear", action="store_true")
 a = ap.parse_args()
 if a.mutual and not a.chap:
@@ -86,6 +87,7 @@ if a.digest:
     tpg.set_parameter("HeaderDigest", "CRC32C")
     tpg.set_parameter("DataDigest", "CRC32C")
 tpg.set_parameter("MaxConnections", str(a.max_connections))
+tpg.set_parameter("ErrorRecoveryLevel", str(a.erl))
 tpg.enable = True
 
 features = [f"{a.luns} LUN(s) of {a.size} MiB", "ramdisk" if a.ramdisk else "fileio"]
@@ -94,4 +96,5 @@ if a.chap:
 if a.digest:
     features.append("CRC32C digests required")
 features.append(f"MaxConnections={tpg.get_parameter('MaxConnections')}")
+features.append(f"ErrorRecoveryLevel={tpg.get_parameter('ErrorRecoveryLevel')}")
 print(f"LIO serving iscsi://127.0.0.1:{a.port}/{a.iqn}/0 ({', '.join(features)})", flush=True)

@@ -898,6 +898,9 @@ impl Connection {
                 return Ok(());
             }
         }
+        if data_in.acknowledge && self.recovers_data {
+            self.acknowledge_data(itt, &data_in);
+        }
         if let Some(status) = data_in.status {
             self.advance_stat_sn(data_in.stat_sn);
             if !data_in.final_flag {
@@ -988,6 +991,32 @@ impl Connection {
             self.complete_scsi(itt, held.status, held.residual, held.sense);
         }
         outcome.map_err(Error::from)
+    }
+
+    /// Answers a Data-In with the A bit (RFC 7143 11.7.2): unless data
+    /// before it is missing, a DataACK SNACK whose BegRun is the next DataSN
+    /// expected, with the Data-In's LUN and Target Transfer Tag (11.16).
+    fn acknowledge_data(&self, itt: u32, data_in: &DataIn) {
+        let holes = self.lock().tasks.get(&itt).is_some_and(|task| {
+            task.read
+                .as_ref()
+                .is_some_and(|read| !read.missing.is_empty())
+        });
+        if holes {
+            return;
+        }
+        let ack = SnackRequest {
+            snack_type: SnackType::DataAck,
+            lun: data_in.lun,
+            initiator_task_tag: RESERVED_TAG,
+            target_transfer_tag: data_in.target_transfer_tag,
+            exp_stat_sn: self.exp_stat_sn(),
+            beg_run: data_in.data_sn.get().wrapping_add(1),
+            run_length: 0,
+        };
+        if let Err(error) = self.post(&Header::new(Pdu::SnackRequest(ack), 0), &[]) {
+            tracing::debug!(%error, "sending a DataACK failed");
+        }
     }
 
     /// Sends a Data SNACK for one Data-In PDU of task `itt` (RFC 7143

@@ -132,6 +132,36 @@ expect_grep "inquiry with CRC32C digests" "LIO-ORG" $ISCSI inquiry $URL --digest
 roundtrip $URL --digest crc32c
 echo "digest $(elapsed "$t0")" >> out/timings.txt
 
+# ERL 1 (RFC 7143 7.3): through `iscsi fault-proxy`, which corrupts the data of every 50th Data-In,
+# our initiator asks LIO for each corrupted PDU again with a Data SNACK; the data must come back
+# whole and the session must never be reinstated. LIO also sets the A bit at ERL 1, which our
+# initiator answers with DataACK SNACKs.
+phase=erl1; t0=$(now)
+lio --digest --erl 1
+$ISCSI fault-proxy --listen 127.0.0.1:3270 --to $HOST:3260 --fault 'corrupt-data@data-in%50' \
+    --log out/erl1-faults.jsonl > out/erl1-proxy.log 2>&1 &
+proxy=$!
+sleep 0.5
+PURL=iscsi://127.0.0.1:3270/$IQN/0
+roundtrip $PURL --digest crc32c --set ErrorRecoveryLevel=1
+if step "bench read 256k QD 8 at ERL 1" $ISCSI bench $PURL --digest crc32c --set ErrorRecoveryLevel=1 \
+    --rw read --bs 256k --qd 8 --time 3 --json &&
+    verdict=$(tail -1 /tmp/step.out | python3 -c 'import json, sys
+r = json.load(sys.stdin)
+ok = r["error_recovery_level"] == 1 and r["snacks"] > 0 and r["reinstatements"] == 0
+print(("ok" if ok else "bad") + " ERL %d, %d SNACKs, %d reinstatements, %.0f MiB/s" % (
+    r["error_recovery_level"], r["snacks"], r["reinstatements"], r["mib_per_s"]))') &&
+    [ "${verdict%% *}" = ok ]; then
+    pass "corrupted Data-In recovered in the connection: ${verdict#* }"
+else
+    fail "ERL 1 recovery: ${verdict:-$(tail -2 /tmp/step.out | tr '\n' ' ')}"
+fi
+kill "$proxy" 2>/dev/null; wait "$proxy" 2>/dev/null
+corrupted=$(grep -c '"fault":"corrupt-data' out/erl1-faults.jsonl || true)
+if [ "${corrupted:-0}" -gt 0 ]; then pass "the proxy corrupted $corrupted Data-In (out/erl1-faults.jsonl)"
+else fail "the proxy corrupted nothing"; fi
+echo "erl1 $(elapsed "$t0")" >> out/timings.txt
+
 CHAP_USER=rs-initiator; CHAP_SECRET=initiator-secret-1
 phase=chap; t0=$(now)
 lio --chap $CHAP_USER:$CHAP_SECRET

@@ -82,6 +82,13 @@ struct Report {
     max_us: f64,
     /// PDUs sent per write: how many commands left together.
     pdus_per_write: f64,
+    /// The negotiated ErrorRecoveryLevel.
+    error_recovery_level: u8,
+    /// Data SNACKs sent: Data-In lost to digest errors and recovered within
+    /// the connection (ERL 1).
+    snacks: u64,
+    /// Times the session was reinstated (ERL 0's answer to any error).
+    reinstatements: u64,
 }
 
 /// One kind of session in a multi-session run (`--sessions`, `--mix`).
@@ -373,6 +380,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let measured = run_load(&session, url.lun, &geometry, &load).await?;
         let connections = session.connection_count();
         let sends = session.send_statistics();
+        let error_recovery_level = session.parameters().map_or(0, |p| p.error_recovery_level);
+        let (snacks, reinstatements) = (session.snacks_sent(), session.reinstatements());
         let _ = session.logout().await;
         let latencies = &measured.latencies;
         let commands = measured.commands();
@@ -393,13 +402,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             p999_us: measured.percentile(99.9),
             max_us: latencies.last().copied().map(f64::from).unwrap_or(0.0),
             pdus_per_write: sends.pdus as f64 / sends.writes.max(1) as f64,
+            error_recovery_level,
+            snacks,
+            reinstatements,
         })
     })?;
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} bs={} qd={} connections={}: {:.1} MiB/s, {:.0} IOPS, latency mean {:.0} us, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us ({} commands in {:.1} s, {:.2} PDUs per write)",
+            "{} bs={} qd={} connections={}: {:.1} MiB/s, {:.0} IOPS, latency mean {:.0} us, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us ({} commands in {:.1} s, {:.2} PDUs per write; ERL {}, {} SNACKs, {} reinstatements)",
             report.rw,
             report.bs,
             report.qd,
@@ -413,7 +425,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.max_us,
             report.commands,
             report.seconds,
-            report.pdus_per_write
+            report.pdus_per_write,
+            report.error_recovery_level,
+            report.snacks,
+            report.reinstatements
         );
     }
     Ok(())
