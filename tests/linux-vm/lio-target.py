@@ -87,7 +87,10 @@ if a.digest:
     tpg.set_parameter("HeaderDigest", "CRC32C")
     tpg.set_parameter("DataDigest", "CRC32C")
 tpg.set_parameter("MaxConnections", str(a.max_connections))
+# LIO replaces the negotiated key's local value with the node ACL's default_erl, which a demo-mode
+# (generated) ACL takes from the TPG attribute: both must say it.
 tpg.set_parameter("ErrorRecoveryLevel", str(a.erl))
+tpg.set_attribute("default_erl", str(a.erl))
 tpg.enable = True
 
 features = [f"{a.luns} LUN(s) of {a.size} MiB", "ramdisk" if a.ramdisk else "fileio"]
@@ -97,4 +100,5 @@ if a.digest:
     features.append("CRC32C digests required")
 features.append(f"MaxConnections={tpg.get_parameter('MaxConnections')}")
 features.append(f"ErrorRecoveryLevel={tpg.get_parameter('ErrorRecoveryLevel')}")
+features.append(f"default_erl={tpg.get_attribute('default_erl')}")
 print(f"LIO serving iscsi://127.0.0.1:{a.port}/{a.iqn}/0 ({', '.join(features)})", flush=True)

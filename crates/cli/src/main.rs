@@ -47,6 +47,9 @@ enum Command {
     Copy(cmd::transfer::CopyArgs),
     /// Measure a LUN: throughput, IOPS and latency percentiles.
     Bench(cmd::bench::Args),
+    /// Write, read and check a LUN against a log of acknowledged writes
+    /// (wrong data and lost writes are errors).
+    Verify(cmd::verify::Args),
     /// Run an initiator script (login, read, write, repeat, set, ...).
     Script(cmd::script::Args),
     /// Relay TCP connections with a fixed delay each way (a link with a
@@ -88,6 +91,7 @@ fn main() -> ExitCode {
         Command::Write(args) => cmd::transfer::run_write(&args),
         Command::Copy(args) => cmd::transfer::run_copy(&args),
         Command::Bench(args) => cmd::bench::run(&args),
+        Command::Verify(args) => cmd::verify::run(&args),
         Command::Script(args) => cmd::script::run(&args),
         Command::DelayRelay(args) => cmd::relay::run(&args),
         Command::FaultProxy(args) => cmd::fault_proxy::run(&args),

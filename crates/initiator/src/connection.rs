@@ -49,7 +49,7 @@ use iscsi_proto::pdu::{
     AsyncEvent, DataIn, Header, Lun, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer,
     RejectReason, ScsiResponse, ServiceResponse, SnackRequest, SnackType,
 };
-use iscsi_proto::serial::{CmdSn, StatSn};
+use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
 use iscsi_proto::state::{
     ConnectionEvent, ConnectionState as RfcConnectionState, ConnectionStateMachine, Diagram,
     Machine,
@@ -61,6 +61,7 @@ use crate::buffers::ReadBuffers;
 use crate::command::{Residual, Response};
 use crate::config::Coalescing;
 use crate::error::Error;
+use crate::stat_sn::{Arrived, StatSns};
 
 /// What the reader task tells a waiting task.
 #[derive(Debug)]
@@ -143,7 +144,8 @@ struct ConnectionState {
     tasks: HashMap<u32, TaskEntry>,
     /// SCSI commands handed to the wire whose task has not ended.
     in_flight: usize,
-    exp_stat_sn: StatSn,
+    /// ExpStatSN, and the statuses received past a hole (ERL 1).
+    stat_sns: StatSns,
     alive: bool,
 }
 
@@ -552,7 +554,7 @@ impl Connection {
             state: Mutex::new(ConnectionState {
                 tasks: HashMap::new(),
                 in_flight: 0,
-                exp_stat_sn,
+                stat_sns: StatSns::new(exp_stat_sn),
                 alive: true,
             }),
             window,
@@ -600,7 +602,7 @@ impl Connection {
 
     /// The ExpStatSN our next PDU carries.
     pub(crate) fn exp_stat_sn(&self) -> StatSn {
-        self.lock().exp_stat_sn
+        self.lock().stat_sns.expected()
     }
 
     /// The session's command window.
@@ -791,10 +793,31 @@ impl Connection {
         self.close();
     }
 
+    /// Takes note of a status's StatSN. One past ExpStatSN means statuses
+    /// between were lost (a header digest error, RFC 7143 7.9): at ERL 1 a
+    /// Status SNACK asks for them again; at ERL 0 their commands would
+    /// wait forever, so the connection is closed and they are retried on a
+    /// reinstated session.
     fn advance_stat_sn(&self, stat_sn: StatSn) {
-        let mut state = self.lock();
-        if stat_sn.ge(state.exp_stat_sn) {
-            state.exp_stat_sn = stat_sn.next();
+        let arrived = self.lock().stat_sns.arrived(stat_sn);
+        match arrived {
+            Arrived::Fine => {}
+            Arrived::Gap { first, count } if self.recovers_data => {
+                tracing::warn!(first = first.get(), count, "statuses missing: Status SNACK");
+                self.snack(SnackType::Status, RESERVED_TAG, first.get(), count);
+            }
+            Arrived::Gap { first, count } => {
+                tracing::warn!(
+                    first = first.get(),
+                    count,
+                    "statuses missing at ERL 0: closing the connection"
+                );
+                self.close();
+            }
+            Arrived::Overflow => {
+                tracing::warn!("thousands of statuses past a hole: closing the connection");
+                self.close();
+            }
         }
     }
 
@@ -832,9 +855,13 @@ impl Connection {
             Scratch(Vec<u8>, usize),
             Discard,
             Fail(Error),
+            /// Lost PDUs that ERL 0 cannot ask for again: the connection
+            /// ends and its commands are retried.
+            Drop(Error),
         }
         let data_sn = data_in.data_sn.get();
         let mut again = false;
+        let mut gap = None;
         let plan = {
             let mut state = self.lock();
             match state.tasks.get_mut(&itt) {
@@ -845,8 +872,18 @@ impl Connection {
                 Some(TaskEntry {
                     read: Some(read), ..
                 }) => check_data_in(read, &data_in, length, self.limits.data_pdu_in_order)
-                    .map_or_else(Plan::Fail, |(start, resent)| {
-                        again = resent;
+                    .map_or_else(Plan::Fail, |(start, arrival)| {
+                        again = arrival == Arrival::Again;
+                        if let Arrival::AfterGap(first) = arrival {
+                            if !self.recovers_data {
+                                return Plan::Drop(Error::Protocol(format!(
+                                    "Data-In DataSN {first} to {} lost at ERL 0",
+                                    data_sn.wrapping_sub(1)
+                                )));
+                            }
+                            read.missing.extend(first..data_sn);
+                            gap = Some((first, data_sn - first));
+                        }
                         match read.buffer.take() {
                             Some(buffer) => {
                                 let expected = read.expected as usize;
@@ -897,6 +934,15 @@ impl Connection {
                 self.fail_scsi(itt, error);
                 return Ok(());
             }
+            Plan::Drop(error) => {
+                receiver.receive_data().await?;
+                tracing::warn!(itt, %error, "closing the connection");
+                return Err(error);
+            }
+        }
+        if let Some((first, count)) = gap {
+            tracing::warn!(itt, first, count, "Data-In missing: Data SNACK");
+            self.snack(SnackType::DataR2t, itt, first, count);
         }
         if data_in.acknowledge && self.recovers_data {
             self.acknowledge_data(itt, &data_in);
@@ -957,7 +1003,7 @@ impl Connection {
             {
                 read.buffer = Some(buffer);
                 if !again {
-                    read.next_data_sn = read.next_data_sn.wrapping_add(1);
+                    read.next_data_sn = data_sn.wrapping_add(1);
                     read.next_offset = read.next_offset.max(end as u32);
                 }
                 if lost {
@@ -980,7 +1026,7 @@ impl Connection {
                 data_sn,
                 "Data-In data digest error: asking for it again"
             );
-            self.snack_data(itt, data_sn);
+            self.snack(SnackType::DataR2t, itt, data_sn, 1);
             return Ok(());
         }
         if let Some(held) = complete {
@@ -1019,17 +1065,18 @@ impl Connection {
         }
     }
 
-    /// Sends a Data SNACK for one Data-In PDU of task `itt` (RFC 7143
-    /// 11.16: type 0, BegRun the DataSN, RunLength 1).
-    fn snack_data(&self, itt: u32, data_sn: u32) {
+    /// Sends a SNACK (RFC 7143 11.16) asking for `run_length` Data-In
+    /// (type Data/R2T, of task `itt`) or statuses (type Status) from
+    /// `beg_run` on.
+    fn snack(&self, snack_type: SnackType, itt: u32, beg_run: u32, run_length: u32) {
         let snack = SnackRequest {
-            snack_type: SnackType::DataR2t,
+            snack_type,
             lun: Lun::default(),
             initiator_task_tag: itt,
             target_transfer_tag: RESERVED_TAG,
             exp_stat_sn: self.exp_stat_sn(),
-            beg_run: data_sn,
-            run_length: 1,
+            beg_run,
+            run_length,
         };
         self.snacks.snacks.fetch_add(1, Ordering::Relaxed);
         if let Err(error) = self.post(&Header::new(Pdu::SnackRequest(snack), 0), &[]) {
@@ -1107,19 +1154,47 @@ impl Connection {
         let _ = task.events.send(TaskEvent::Scsi(outcome));
     }
 
-    fn scsi_response(&self, response: ScsiResponse, data: Vec<u8>) {
+    fn scsi_response(&self, response: ScsiResponse, data: Vec<u8>) -> Result<(), Error> {
         self.advance_stat_sn(response.stat_sn);
         self.window.update(response.exp_cmd_sn, response.max_cmd_sn);
         let itt = response.initiator_task_tag;
+        // ExpDataSN past the Data-In received: the last ones were lost
+        // (RFC 7143 7.9). ERL 1 asks for them (and the status waits for
+        // them); ERL 0 ends the connection and retries the command.
+        let tail = {
+            let mut state = self.lock();
+            match state.tasks.get_mut(&itt) {
+                Some(TaskEntry {
+                    read: Some(read), ..
+                }) if DataSn::new(read.next_data_sn).lt(response.exp_data_sn) => {
+                    let (first, end) = (read.next_data_sn, response.exp_data_sn.get());
+                    if self.recovers_data {
+                        read.missing.extend(first..end);
+                        read.next_data_sn = end;
+                    }
+                    Some((first, end - first))
+                }
+                _ => None,
+            }
+        };
+        if let Some((first, count)) = tail {
+            if !self.recovers_data {
+                return Err(Error::Protocol(format!(
+                    "{count} Data-In from DataSN {first} lost at ERL 0"
+                )));
+            }
+            tracing::warn!(itt, first, count, "last Data-In missing: Data SNACK");
+            self.snack(SnackType::DataR2t, itt, first, count);
+        }
         if response.response != ServiceResponse::CommandCompleted {
             self.fail_scsi(itt, Error::TargetFailure(response.response.to_u8()));
-            return;
+            return Ok(());
         }
         let sense = match data.len() {
             0 => Vec::new(),
             1 => {
                 self.fail_scsi(itt, Error::Protocol("truncated sense length".into()));
-                return;
+                return Ok(());
             }
             _ => {
                 let length = usize::from(u16::from_be_bytes([data[0], data[1]]));
@@ -1130,7 +1205,7 @@ impl Connection {
                             itt,
                             Error::Protocol("sense longer than its segment".into()),
                         );
-                        return;
+                        return Ok(());
                     }
                 }
             }
@@ -1141,6 +1216,7 @@ impl Connection {
             response.residual_count,
         );
         self.complete_scsi(itt, response.status, residual, sense);
+        Ok(())
     }
 
     /// Answers a target's ping (RFC 7143 section 11.18.3).
@@ -1162,22 +1238,39 @@ impl Connection {
     }
 }
 
+/// How a Data-In's DataSN stands to what came before.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrival {
+    /// The next one.
+    Next,
+    /// One missing before, sent again for a SNACK.
+    Again,
+    /// Past a gap: the DataSNs from this one up to it were lost (RFC 7143
+    /// 7.9: a header digest error, or a PDU dropped on the way).
+    AfterGap(u32),
+}
+
 /// Checks one Data-In against its command; returns where its data goes,
-/// and whether it is one sent again for a SNACK.
+/// and how its DataSN stands.
 fn check_data_in(
     read: &ReadProgress,
     data_in: &DataIn,
     length: u32,
     in_order: bool,
-) -> Result<(usize, bool), Error> {
+) -> Result<(usize, Arrival), Error> {
     let data_sn = data_in.data_sn.get();
-    let again = read.missing.contains(&data_sn);
-    if data_sn != read.next_data_sn && !again {
+    let arrival = if data_sn == read.next_data_sn {
+        Arrival::Next
+    } else if read.missing.contains(&data_sn) {
+        Arrival::Again
+    } else if DataSn::new(data_sn).gt(DataSn::new(read.next_data_sn)) {
+        Arrival::AfterGap(read.next_data_sn)
+    } else {
         return Err(Error::Protocol(format!(
             "Data-In DataSN {data_sn} where {} was expected",
             read.next_data_sn
         )));
-    }
+    };
     data_in
         .buffer_offset
         .checked_add(length)
@@ -1188,13 +1281,13 @@ fn check_data_in(
                 data_in.buffer_offset, read.expected
             ))
         })?;
-    if in_order && !again && data_in.buffer_offset != read.next_offset {
+    if in_order && arrival == Arrival::Next && data_in.buffer_offset != read.next_offset {
         return Err(Error::Protocol(format!(
             "Data-In at offset {} where {} was expected",
             data_in.buffer_offset, read.next_offset
         )));
     }
-    Ok((data_in.buffer_offset as usize, again))
+    Ok((data_in.buffer_offset as usize, arrival))
 }
 
 /// One Data-In's data being taken off the stream.
@@ -1289,7 +1382,7 @@ async fn read_loop(connection: &Arc<Connection>, receiver: &mut Receiver) -> Res
             Pdu::DataIn(data_in) => connection.data_in(data_in, length, receiver).await?,
             Pdu::ScsiResponse(response) => {
                 let data = receiver.receive_data().await?;
-                connection.scsi_response(response, data);
+                connection.scsi_response(response, data)?;
             }
             Pdu::ReadyToTransfer(r2t) => {
                 if length != 0 {

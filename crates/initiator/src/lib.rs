@@ -35,6 +35,7 @@ pub mod error;
 mod login;
 pub mod scsi;
 pub mod session;
+mod stat_sn;
 pub mod url;
 
 pub use command::{Command, DataTransfer, Residual, Response, Sense};

@@ -233,3 +233,18 @@ async fn at_erl_1_a_corrupted_data_in_is_asked_for_again() {
     );
     session.logout().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_data_in_is_asked_for_at_erl_1_and_retried_at_erl_0() {
+    // Not the last of its command: that one carries the status at ERL 0.
+    let fault = "drop@data-in#41";
+    recovers_at(1, fault, false, 0).await;
+    recovers_at(0, fault, false, 1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_status_is_asked_for_at_erl_1_and_retried_at_erl_0() {
+    let fault = "drop@scsi-response#30";
+    recovers_at(1, fault, false, 0).await;
+    recovers_at(0, fault, false, 1).await;
+}

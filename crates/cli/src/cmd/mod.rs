@@ -16,3 +16,4 @@ pub mod sweep;
 pub mod target;
 pub mod trace_report;
 pub mod transfer;
+pub mod verify;

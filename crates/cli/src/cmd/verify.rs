@@ -1,0 +1,402 @@
+//! `iscsi verify`: a load that checks every byte it reads against a log of
+//! every write the target acknowledged, for fault injection (the fault
+//! matrix) and for anyone who wants to know that a path loses nothing.
+//!
+//! The region is cut into slots of `--bs` bytes. Every block written holds
+//! its slot, a generation number and bytes derived from both, so a read
+//! says which write it saw. Per slot the log keeps the generations the slot
+//! may hold: after an acknowledged write, exactly that one; after a write
+//! that ended in an error, the one before or the new one (either may be on
+//! the medium). At most one command per slot is in flight, so a read is
+//! never racing a write of its own slot. After the timed load every slot is
+//! read back once more.
+//!
+//! A read that returns a generation the slot may not hold is *wrong data*;
+//! one that returns an older generation than an acknowledged write is a
+//! *lost write*. Either makes the command exit 1. Commands that fail (an
+//! error, not wrong data) are counted and reported, not fatal: whether a
+//! fault may fail a command is the matrix's business.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use iscsi_initiator::Session;
+
+use super::bench::{geometry, runtime};
+use super::initiator_args::{SessionArgs, connect, parse_size, target_url};
+
+/// Options of `iscsi verify`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun
+    url: String,
+    /// read (a filled region read at random), write (random rewrites) or
+    /// mixed (half each).
+    #[arg(long, default_value = "mixed")]
+    rw: String,
+    /// Bytes per command (a slot).
+    #[arg(long, default_value = "64k")]
+    bs: String,
+    /// Commands in flight.
+    #[arg(long, default_value_t = 32)]
+    qd: usize,
+    /// Seconds of random load after the fill.
+    #[arg(long, default_value_t = 5.0)]
+    time: f64,
+    /// Bytes of the LUN used, from its start (at most its capacity).
+    #[arg(long, default_value = "64M")]
+    region: String,
+    /// One JSON object instead of a sentence.
+    #[arg(long)]
+    json: bool,
+    /// Runtime worker threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    #[command(flatten)]
+    session: SessionArgs,
+}
+
+/// What a verify run saw.
+#[derive(Debug, Default, serde::Serialize)]
+struct Report {
+    rw: String,
+    bs: u64,
+    qd: usize,
+    slots: u64,
+    seconds: f64,
+    /// Commands completed (fill, load and final read-back).
+    commands: u64,
+    /// Commands that ended in an error.
+    failed_commands: u64,
+    /// The first such error.
+    first_error: Option<String>,
+    /// Reads returning a generation their slot could not hold.
+    wrong_reads: u64,
+    /// Reads returning a generation older than an acknowledged write.
+    lost_writes: u64,
+    /// The slowest command, failures included (ms).
+    max_latency_ms: f64,
+    error_recovery_level: u8,
+    snacks: u64,
+    reinstatements: u64,
+}
+
+/// The 16-byte header of every block: a magic, the slot and generation.
+const MAGIC: &[u8; 8] = b"ISCSIVFY";
+const HEADER: usize = 16;
+
+/// The bytes of `slot` at `generation`: each `block`-sized block starts
+/// with the header, then bytes from a xorshift seeded by slot, generation
+/// and block.
+fn pattern(slot: u64, generation: u32, bs: usize, block: usize) -> Vec<u8> {
+    let mut data = vec![0u8; bs];
+    for (index, chunk) in data.chunks_mut(block).enumerate() {
+        chunk[..8].copy_from_slice(MAGIC);
+        chunk[8..12].copy_from_slice(&(slot as u32).to_le_bytes());
+        chunk[12..16].copy_from_slice(&generation.to_le_bytes());
+        let mut x = (slot << 32 ^ u64::from(generation) << 8 ^ index as u64) | 1;
+        for word in chunk[HEADER..].chunks_mut(8) {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            word.copy_from_slice(&x.to_le_bytes()[..word.len()]);
+        }
+    }
+    data
+}
+
+/// The generation whose pattern `data` is, if it is one whole.
+fn generation_of(data: &[u8], slot: u64, bs: usize, block: usize) -> Option<u32> {
+    if data.len() < HEADER || &data[..8] != MAGIC {
+        return None;
+    }
+    let generation = u32::from_le_bytes(data[12..16].try_into().ok()?);
+    (data == pattern(slot, generation, bs, block)).then_some(generation)
+}
+
+/// Per slot: in flight, and the generations it may hold.
+#[derive(Clone, Debug, Default)]
+struct Slot {
+    busy: bool,
+    /// The generations the slot may hold; the last acknowledged write's is
+    /// the highest.
+    allowed: Vec<u32>,
+    /// The highest acknowledged generation.
+    acknowledged: u32,
+}
+
+struct Shared {
+    session: Session,
+    lun: u64,
+    bs: usize,
+    block: usize,
+    blocks_per_slot: u64,
+    slots: Mutex<Vec<Slot>>,
+    generation: AtomicU64,
+    report: Mutex<Report>,
+}
+
+impl Shared {
+    fn lock_report(&self) -> std::sync::MutexGuard<'_, Report> {
+        self.report.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn lock_slots(&self) -> std::sync::MutexGuard<'_, Vec<Slot>> {
+        self.slots.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn finished(&self, started: Instant, error: Option<String>) {
+        let mut report = self.lock_report();
+        report.commands += 1;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        report.max_latency_ms = report.max_latency_ms.max(ms);
+        if let Some(error) = error {
+            report.failed_commands += 1;
+            report.first_error.get_or_insert(error);
+        }
+    }
+
+    async fn write(&self, slot: u64) {
+        let generation = self.generation.fetch_add(1, Ordering::Relaxed) as u32;
+        let data = pattern(slot, generation, self.bs, self.block);
+        let started = Instant::now();
+        let result = self
+            .session
+            .write(
+                self.lun,
+                slot * self.blocks_per_slot,
+                self.block as u32,
+                &data,
+            )
+            .await;
+        let mut slots = self.lock_slots();
+        let state = &mut slots[slot as usize];
+        match &result {
+            Ok(()) => {
+                state.allowed = vec![generation];
+                state.acknowledged = generation;
+            }
+            // Not acknowledged: the old or the new data may be there.
+            Err(_) => state.allowed.push(generation),
+        }
+        state.busy = false;
+        drop(slots);
+        self.finished(started, result.err().map(|e| format!("write: {e}")));
+    }
+
+    async fn read(&self, slot: u64) {
+        let started = Instant::now();
+        let result = self
+            .session
+            .read(
+                self.lun,
+                slot * self.blocks_per_slot,
+                self.block as u32,
+                vec![0; self.bs],
+            )
+            .await;
+        let mut slots = self.lock_slots();
+        let state = &mut slots[slot as usize];
+        let verdict = result.as_ref().ok().map(|data| {
+            match generation_of(data, slot, self.bs, self.block) {
+                Some(generation) if state.allowed.contains(&generation) => {
+                    // What was read is on the medium now.
+                    state.allowed = vec![generation];
+                    Ok(())
+                }
+                Some(generation) if generation < state.acknowledged => Err(true),
+                _ => Err(false),
+            }
+        });
+        state.busy = false;
+        drop(slots);
+        if let Some(Err(lost)) = verdict {
+            let mut report = self.lock_report();
+            if lost {
+                report.lost_writes += 1;
+            } else {
+                report.wrong_reads += 1;
+            }
+            eprintln!(
+                "verify: slot {slot}: a read returned {}",
+                if lost {
+                    "an older write than one acknowledged"
+                } else {
+                    "data no write of the slot made"
+                }
+            );
+        }
+        self.finished(started, result.err().map(|e| format!("read: {e}")));
+    }
+
+    /// A free slot (random), marked busy; `None` if all are busy.
+    fn take_slot(&self) -> Option<u64> {
+        let mut slots = self.lock_slots();
+        let count = slots.len() as u64;
+        let start = rand::random_range(0..count);
+        (0..count)
+            .map(|i| (start + i) % count)
+            .find(|&s| !slots[s as usize].busy)
+            .inspect(|&s| slots[s as usize].busy = true)
+    }
+}
+
+/// Runs `op` on every slot in order, `qd` at a time.
+async fn sweep(shared: &Arc<Shared>, qd: usize, write: bool) {
+    let count = shared.lock_slots().len() as u64;
+    let next = Arc::new(AtomicU64::new(0));
+    let mut workers = tokio::task::JoinSet::new();
+    for _ in 0..qd {
+        let shared = shared.clone();
+        let next = next.clone();
+        workers.spawn(async move {
+            loop {
+                let slot = next.fetch_add(1, Ordering::Relaxed);
+                if slot >= count {
+                    return;
+                }
+                if write {
+                    shared.write(slot).await;
+                } else {
+                    shared.read(slot).await;
+                }
+            }
+        });
+    }
+    while workers.join_next().await.is_some() {}
+}
+
+/// Runs the verification.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    let (reads, writes) = match args.rw.as_str() {
+        "read" => (true, false),
+        "write" => (false, true),
+        "mixed" => (true, true),
+        other => bail!("--rw must be read, write or mixed, not {other:?}"),
+    };
+    let bs = parse_size(&args.bs)?;
+    let region = parse_size(&args.region)?;
+    if bs == 0 || args.qd == 0 || args.time < 0.0 {
+        bail!("--bs and --qd must be positive, --time not negative");
+    }
+    let url = target_url(&args.url)?;
+    let report = runtime(args.threads)?.block_on(async {
+        let session = connect(&url, &args.session).await?;
+        let geometry = geometry(&session, url.lun).await?;
+        if bs % geometry.block_size != 0 {
+            bail!(
+                "--bs must be a multiple of the LUN's {}-byte blocks",
+                geometry.block_size
+            );
+        }
+        let slots = region.min(geometry.blocks * geometry.block_size) / bs;
+        if slots < args.qd as u64 {
+            bail!("the region holds {slots} slots of {bs} bytes: fewer than --qd");
+        }
+        let shared = Arc::new(Shared {
+            session,
+            lun: url.lun,
+            bs: bs as usize,
+            block: geometry.block_size as usize,
+            blocks_per_slot: bs / geometry.block_size,
+            slots: Mutex::new(vec![Slot::default(); slots as usize]),
+            generation: AtomicU64::new(1),
+            report: Mutex::new(Report {
+                rw: args.rw.clone(),
+                bs,
+                qd: args.qd,
+                slots,
+                ..Report::default()
+            }),
+        });
+        let started = Instant::now();
+        sweep(&shared, args.qd, true).await;
+        let deadline = Instant::now() + Duration::from_secs_f64(args.time);
+        let mut workers = tokio::task::JoinSet::new();
+        for _ in 0..args.qd {
+            let shared = shared.clone();
+            workers.spawn(async move {
+                while Instant::now() < deadline {
+                    let Some(slot) = shared.take_slot() else {
+                        tokio::task::yield_now().await;
+                        continue;
+                    };
+                    let write = writes && (!reads || rand::random::<bool>());
+                    if write {
+                        shared.write(slot).await;
+                    } else {
+                        shared.read(slot).await;
+                    }
+                }
+            });
+        }
+        while workers.join_next().await.is_some() {}
+        sweep(&shared, args.qd, false).await;
+        let session = &shared.session;
+        let mut report = std::mem::take(&mut *shared.lock_report());
+        report.seconds = started.elapsed().as_secs_f64();
+        report.error_recovery_level = session.parameters().map_or(0, |p| p.error_recovery_level);
+        report.snacks = session.snacks_sent();
+        report.reinstatements = session.reinstatements();
+        let _ = session.logout().await;
+        Ok::<_, anyhow::Error>(report)
+    })?;
+    if args.json {
+        println!("{}", serde_json::to_string(&report).context("the report")?);
+    } else {
+        println!(
+            "verify {} bs={} qd={} slots={}: {} commands in {:.1} s, {} failed{}, {} wrong reads, {} lost writes, slowest {:.0} ms; ERL {}, {} SNACKs, {} reinstatements",
+            report.rw,
+            report.bs,
+            report.qd,
+            report.slots,
+            report.commands,
+            report.seconds,
+            report.failed_commands,
+            report
+                .first_error
+                .as_deref()
+                .map(|e| format!(" (first: {e})"))
+                .unwrap_or_default(),
+            report.wrong_reads,
+            report.lost_writes,
+            report.max_latency_ms,
+            report.error_recovery_level,
+            report.snacks,
+            report.reinstatements,
+        );
+    }
+    if report.wrong_reads + report.lost_writes > 0 {
+        bail!(
+            "{} wrong reads and {} lost writes",
+            report.wrong_reads,
+            report.lost_writes
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_pattern_names_its_generation_and_nothing_else_does() {
+        let data = pattern(5, 9, 8192, 512);
+        assert_eq!(generation_of(&data, 5, 8192, 512), Some(9));
+        assert_eq!(generation_of(&data, 6, 8192, 512), None, "another slot's");
+        let mut torn = data.clone();
+        torn[4096..].copy_from_slice(&pattern(5, 10, 8192, 512)[4096..]);
+        assert_eq!(
+            generation_of(&torn, 5, 8192, 512),
+            None,
+            "half of two writes"
+        );
+        let mut flipped = data;
+        flipped[1000] ^= 1;
+        assert_eq!(generation_of(&flipped, 5, 8192, 512), None);
+        assert_eq!(generation_of(&[0; 8192], 5, 8192, 512), None);
+    }
+}
