@@ -121,6 +121,8 @@ struct ReadProgress {
     missing: Vec<u32>,
     /// A status that arrived while data was missing, kept until it is in.
     held: Option<HeldStatus>,
+    /// That status's StatSN, not acknowledged until then.
+    held_stat_sn: Option<StatSn>,
 }
 
 /// A status held back until a read's missing Data-In arrives.
@@ -643,6 +645,7 @@ impl Connection {
                 next_offset: 0,
                 missing: Vec::new(),
                 held: None,
+                held_stat_sn: None,
             }
         });
         state.tasks.insert(
@@ -799,7 +802,30 @@ impl Connection {
     /// wait forever, so the connection is closed and they are retried on a
     /// reinstated session.
     fn advance_stat_sn(&self, stat_sn: StatSn) {
-        let arrived = self.lock().stat_sns.arrived(stat_sn);
+        self.note_stat_sn(stat_sn, false);
+    }
+
+    /// Takes note of the StatSN of task `itt`'s status: a read still
+    /// missing Data-In holds it unacknowledged (`StatSns`) until the data
+    /// is in, or the target would drop the data a SNACK asks for.
+    fn status_arrived(&self, itt: u32, stat_sn: StatSn) {
+        let hold = {
+            let mut state = self.lock();
+            match state.tasks.get_mut(&itt) {
+                Some(TaskEntry {
+                    read: Some(read), ..
+                }) if !read.missing.is_empty() => {
+                    read.held_stat_sn = Some(stat_sn);
+                    true
+                }
+                _ => false,
+            }
+        };
+        self.note_stat_sn(stat_sn, hold);
+    }
+
+    fn note_stat_sn(&self, stat_sn: StatSn, hold: bool) {
+        let arrived = self.lock().stat_sns.arrived(stat_sn, hold);
         match arrived {
             Arrived::Fine => {}
             Arrived::Gap { first, count } if self.recovers_data => {
@@ -871,35 +897,42 @@ impl Connection {
                 )),
                 Some(TaskEntry {
                     read: Some(read), ..
-                }) => check_data_in(read, &data_in, length, self.limits.data_pdu_in_order)
-                    .map_or_else(Plan::Fail, |(start, arrival)| {
-                        again = arrival == Arrival::Again;
-                        if let Arrival::AfterGap(first) = arrival {
-                            if !self.recovers_data {
-                                return Plan::Drop(Error::Protocol(format!(
-                                    "Data-In DataSN {first} to {} lost at ERL 0",
-                                    data_sn.wrapping_sub(1)
-                                )));
-                            }
-                            read.missing.extend(first..data_sn);
-                            gap = Some((first, data_sn - first));
+                }) => check_data_in(
+                    read,
+                    &data_in,
+                    length,
+                    self.limits.data_pdu_in_order,
+                    self.recovers_data,
+                )
+                .map_or_else(Plan::Fail, |(start, arrival)| {
+                    if arrival == Arrival::Duplicate {
+                        return Plan::Discard;
+                    }
+                    again = arrival == Arrival::Again;
+                    if let Arrival::AfterGap(first) = arrival {
+                        if !self.recovers_data {
+                            return Plan::Drop(Error::Protocol(format!(
+                                "Data-In DataSN {first} to {} lost at ERL 0",
+                                data_sn.wrapping_sub(1)
+                            )));
                         }
-                        match read.buffer.take() {
-                            Some(buffer) => {
-                                let expected = read.expected as usize;
-                                match read.mode {
-                                    ReadMode::Discarded => Plan::Scratch(buffer, start),
-                                    ReadMode::Pooled if buffer.len() != expected => {
-                                        Plan::Land(buffer, start, Some(expected))
-                                    }
-                                    ReadMode::Own | ReadMode::Pooled => {
-                                        Plan::Land(buffer, start, None)
-                                    }
+                        read.missing.extend(first..data_sn);
+                        gap = Some((first, data_sn - first));
+                    }
+                    match read.buffer.take() {
+                        Some(buffer) => {
+                            let expected = read.expected as usize;
+                            match read.mode {
+                                ReadMode::Discarded => Plan::Scratch(buffer, start),
+                                ReadMode::Pooled if buffer.len() != expected => {
+                                    Plan::Land(buffer, start, Some(expected))
                                 }
+                                ReadMode::Own | ReadMode::Pooled => Plan::Land(buffer, start, None),
                             }
-                            None => Plan::Discard,
                         }
-                    }),
+                        None => Plan::Discard,
+                    }
+                }),
             }
         };
         let landing = Landing {
@@ -948,7 +981,7 @@ impl Connection {
             self.acknowledge_data(itt, &data_in);
         }
         if let Some(status) = data_in.status {
-            self.advance_stat_sn(data_in.stat_sn);
+            self.status_arrived(itt, data_in.stat_sn);
             if !data_in.final_flag {
                 self.fail_scsi(
                     itt,
@@ -994,7 +1027,7 @@ impl Connection {
             Err(_) => false,
         };
         let mut complete = None;
-        let mut ask_again = false;
+        let mut ask_again = None;
         {
             let mut state = self.lock();
             if let Some(TaskEntry {
@@ -1010,23 +1043,31 @@ impl Connection {
                     if !read.missing.contains(&data_sn) {
                         read.missing.push(data_sn);
                     }
-                    ask_again = true;
+                    // The last PDU of the read is asked for as "all from
+                    // BegRun" (RunLength 0): LIO refuses a RunLength that
+                    // reaches its last DataSN (Linux 6.1,
+                    // iscsit_handle_recovery_datain counts one short).
+                    let last = end as u32 >= read.expected;
+                    ask_again = Some(if last { 0 } else { 1 });
                 } else if outcome.is_ok() {
                     read.received += length;
                     read.missing.retain(|&sn| sn != data_sn);
                     if read.missing.is_empty() {
                         complete = read.held.take();
+                        if let Some(stat_sn) = read.held_stat_sn.take() {
+                            state.stat_sns.release(stat_sn);
+                        }
                     }
                 }
             }
         }
-        if ask_again {
+        if let Some(run_length) = ask_again {
             tracing::warn!(
                 itt,
                 data_sn,
                 "Data-In data digest error: asking for it again"
             );
-            self.snack(SnackType::DataR2t, itt, data_sn, 1);
+            self.snack(SnackType::DataR2t, itt, data_sn, run_length);
             return Ok(());
         }
         if let Some(held) = complete {
@@ -1155,7 +1196,6 @@ impl Connection {
     }
 
     fn scsi_response(&self, response: ScsiResponse, data: Vec<u8>) -> Result<(), Error> {
-        self.advance_stat_sn(response.stat_sn);
         self.window.update(response.exp_cmd_sn, response.max_cmd_sn);
         let itt = response.initiator_task_tag;
         // ExpDataSN past the Data-In received: the last ones were lost
@@ -1184,7 +1224,11 @@ impl Connection {
                 )));
             }
             tracing::warn!(itt, first, count, "last Data-In missing: Data SNACK");
-            self.snack(SnackType::DataR2t, itt, first, count);
+        }
+        self.status_arrived(itt, response.stat_sn);
+        if let Some((first, _)) = tail {
+            // Everything from `first` on is missing: RunLength 0, "all".
+            self.snack(SnackType::DataR2t, itt, first, 0);
         }
         if response.response != ServiceResponse::CommandCompleted {
             self.fail_scsi(itt, Error::TargetFailure(response.response.to_u8()));
@@ -1248,6 +1292,8 @@ enum Arrival {
     /// Past a gap: the DataSNs from this one up to it were lost (RFC 7143
     /// 7.9: a header digest error, or a PDU dropped on the way).
     AfterGap(u32),
+    /// At ERL 1, one received already (a SNACK's answer can repeat some).
+    Duplicate,
 }
 
 /// Checks one Data-In against its command; returns where its data goes,
@@ -1257,6 +1303,7 @@ fn check_data_in(
     data_in: &DataIn,
     length: u32,
     in_order: bool,
+    recovering: bool,
 ) -> Result<(usize, Arrival), Error> {
     let data_sn = data_in.data_sn.get();
     let arrival = if data_sn == read.next_data_sn {
@@ -1265,6 +1312,10 @@ fn check_data_in(
         Arrival::Again
     } else if DataSn::new(data_sn).gt(DataSn::new(read.next_data_sn)) {
         Arrival::AfterGap(read.next_data_sn)
+    } else if recovering {
+        // Already here: sent again for a SNACK that asked for more than
+        // was missing.
+        Arrival::Duplicate
     } else {
         return Err(Error::Protocol(format!(
             "Data-In DataSN {data_sn} where {} was expected",

@@ -4,9 +4,12 @@
 //! digest error, a PDU dropped on the way) is noticed once, when a later
 //! one shows the gap. At ERL 1 the initiator asks for the missing ones
 //! with a Status SNACK; the target keeps every status ExpStatSN has not
-//! passed, so ExpStatSN must not pass a missing one.
+//! passed, so ExpStatSN must not pass a missing one. Nor may it pass the
+//! status of a read whose Data-In is still missing: the target would drop
+//! that data, and the Data SNACK asking for it would be refused. Such a
+//! status is *held*: seen (no gap), not acknowledged until released.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 
 use iscsi_proto::serial::StatSn;
 
@@ -19,8 +22,10 @@ const MAX_AHEAD: usize = 4096;
 #[derive(Debug)]
 pub(crate) struct StatSns {
     expected: StatSn,
-    /// Received after a hole, as offsets from `expected`.
+    /// Received after a hole (or held), as offsets from `expected`.
     ahead: BTreeSet<u32>,
+    /// Received but not to be acknowledged yet.
+    held: HashSet<u32>,
 }
 
 /// What one status's StatSN means.
@@ -46,6 +51,7 @@ impl StatSns {
         StatSns {
             expected,
             ahead: BTreeSet::new(),
+            held: HashSet::new(),
         }
     }
 
@@ -54,27 +60,16 @@ impl StatSns {
         self.expected
     }
 
-    /// Takes note of a status with `stat_sn`.
-    pub fn arrived(&mut self, stat_sn: StatSn) -> Arrived {
+    /// Takes note of a status with `stat_sn`; `hold` keeps ExpStatSN from
+    /// passing it until [`StatSns::release`].
+    pub fn arrived(&mut self, stat_sn: StatSn, hold: bool) -> Arrived {
         if stat_sn.lt(self.expected) {
             return Arrived::Fine;
         }
-        let offset = stat_sn.get().wrapping_sub(self.expected.get());
-        if offset == 0 {
-            self.expected = self.expected.next();
-            // Shift what was ahead down by one; the hole may close.
-            let mut ahead = BTreeSet::new();
-            for &later in &self.ahead {
-                ahead.insert(later - 1);
-            }
-            while ahead.first() == Some(&0) {
-                ahead.pop_first();
-                self.expected = self.expected.next();
-                ahead = ahead.into_iter().map(|o| o - 1).collect();
-            }
-            self.ahead = ahead;
-            return Arrived::Fine;
+        if hold {
+            self.held.insert(stat_sn.get());
         }
+        let offset = stat_sn.get().wrapping_sub(self.expected.get());
         let highest = self.ahead.last().copied();
         if !self.ahead.insert(offset) {
             return Arrived::Fine;
@@ -82,7 +77,7 @@ impl StatSns {
         if self.ahead.len() > MAX_AHEAD {
             return Arrived::Overflow;
         }
-        match highest {
+        let arrived = match highest {
             // Inside a hole already known: it fills part of it.
             Some(highest) if offset < highest => Arrived::Fine,
             // Past everything seen: the ones between are newly missing.
@@ -97,6 +92,28 @@ impl StatSns {
                     }
                 }
             }
+        };
+        self.advance();
+        arrived
+    }
+
+    /// Lets ExpStatSN pass a status held by [`StatSns::arrived`].
+    pub fn release(&mut self, stat_sn: StatSn) {
+        if self.held.remove(&stat_sn.get()) {
+            self.advance();
+        }
+    }
+
+    /// Moves ExpStatSN past every status received in order and not held.
+    fn advance(&mut self) {
+        let mut passed = 0;
+        while self.ahead.first() == Some(&passed) && !self.held.contains(&self.expected.get()) {
+            self.ahead.pop_first();
+            self.expected = self.expected.next();
+            passed += 1;
+        }
+        if passed > 0 {
+            self.ahead = self.ahead.iter().map(|offset| offset - passed).collect();
         }
     }
 }
@@ -112,10 +129,10 @@ mod tests {
     #[test]
     fn in_order_statuses_advance_expstatsn() {
         let mut sns = StatSns::new(sn(10));
-        assert_eq!(sns.arrived(sn(10)), Arrived::Fine);
-        assert_eq!(sns.arrived(sn(11)), Arrived::Fine);
+        assert_eq!(sns.arrived(sn(10), false), Arrived::Fine);
+        assert_eq!(sns.arrived(sn(11), false), Arrived::Fine);
         assert_eq!(sns.expected(), sn(12));
-        assert_eq!(sns.arrived(sn(5)), Arrived::Fine, "a repeat");
+        assert_eq!(sns.arrived(sn(5), false), Arrived::Fine, "a repeat");
         assert_eq!(sns.expected(), sn(12));
     }
 
@@ -123,42 +140,59 @@ mod tests {
     fn a_hole_is_reported_once_and_holds_expstatsn_until_filled() {
         let mut sns = StatSns::new(sn(10));
         assert_eq!(
-            sns.arrived(sn(12)),
+            sns.arrived(sn(12), false),
             Arrived::Gap {
                 first: sn(10),
                 count: 2
             }
         );
         assert_eq!(sns.expected(), sn(10), "not past the hole");
-        assert_eq!(sns.arrived(sn(13)), Arrived::Fine, "no new hole");
+        assert_eq!(sns.arrived(sn(13), false), Arrived::Fine, "no new hole");
         assert_eq!(
-            sns.arrived(sn(16)),
+            sns.arrived(sn(16), false),
             Arrived::Gap {
                 first: sn(14),
                 count: 2
             }
         );
-        assert_eq!(sns.arrived(sn(11)), Arrived::Fine);
+        assert_eq!(sns.arrived(sn(11), false), Arrived::Fine);
         assert_eq!(sns.expected(), sn(10));
-        assert_eq!(sns.arrived(sn(10)), Arrived::Fine);
+        assert_eq!(sns.arrived(sn(10), false), Arrived::Fine);
         assert_eq!(sns.expected(), sn(14), "10-13 all in");
-        assert_eq!(sns.arrived(sn(15)), Arrived::Fine);
-        assert_eq!(sns.arrived(sn(14)), Arrived::Fine);
+        assert_eq!(sns.arrived(sn(15), false), Arrived::Fine);
+        assert_eq!(sns.arrived(sn(14), false), Arrived::Fine);
         assert_eq!(sns.expected(), sn(17));
+    }
+
+    #[test]
+    fn a_held_status_is_seen_but_not_acknowledged_until_released() {
+        let mut sns = StatSns::new(sn(10));
+        assert_eq!(sns.arrived(sn(10), true), Arrived::Fine);
+        assert_eq!(sns.expected(), sn(10), "held");
+        assert_eq!(
+            sns.arrived(sn(11), false),
+            Arrived::Fine,
+            "no gap: 10 was seen"
+        );
+        assert_eq!(sns.expected(), sn(10));
+        sns.release(sn(10));
+        assert_eq!(sns.expected(), sn(12));
+        sns.release(sn(10));
+        assert_eq!(sns.expected(), sn(12), "releasing twice changes nothing");
     }
 
     #[test]
     fn holes_across_the_wrap() {
         let mut sns = StatSns::new(sn(u32::MAX));
         assert_eq!(
-            sns.arrived(sn(1)),
+            sns.arrived(sn(1), false),
             Arrived::Gap {
                 first: sn(u32::MAX),
                 count: 2
             }
         );
-        sns.arrived(sn(u32::MAX));
-        sns.arrived(sn(0));
+        sns.arrived(sn(u32::MAX), false);
+        sns.arrived(sn(0), false);
         assert_eq!(sns.expected(), sn(2));
     }
 }
