@@ -364,6 +364,10 @@ pub(crate) struct Connection {
     /// ErrorRecoveryLevel 1 or more: a Data-In whose data digest fails is
     /// asked for again with a SNACK instead of ending the connection.
     recovers_data: bool,
+    /// Data-In PDUs arrive one by one, so a status's ExpDataSN can be
+    /// checked against them: over TCP. Over iSER the data is placed by RDMA
+    /// Writes the initiator does not see one by one (RFC 7145 7.3.5).
+    sees_data_ins: bool,
     /// The write lock: the stream, held by the writer task or a direct send.
     wire: tokio::sync::Mutex<Wire>,
     /// Counts the SNACKs sent (the session's send counters).
@@ -540,6 +544,7 @@ impl Connection {
             cid,
             limits,
             recovers_data: error_recovery_level >= 1,
+            sees_data_ins: !descriptors.wanted(),
             snacks,
             wire: tokio::sync::Mutex::new(Wire {
                 sender,
@@ -1206,7 +1211,9 @@ impl Connection {
             match state.tasks.get_mut(&itt) {
                 Some(TaskEntry {
                     read: Some(read), ..
-                }) if DataSn::new(read.next_data_sn).lt(response.exp_data_sn) => {
+                }) if self.sees_data_ins
+                    && DataSn::new(read.next_data_sn).lt(response.exp_data_sn) =>
+                {
                     let (first, end) = (read.next_data_sn, response.exp_data_sn.get());
                     if self.recovers_data {
                         read.missing.extend(first..end);
