@@ -325,6 +325,48 @@ fn overlapping_commands_take_separate_lanes_that_are_reused() {
     assert_eq!(names.len(), 4, "received, sent and two lanes: {names:?}");
 }
 
+/// A target's reader may time a command's PDU a moment before its writer
+/// times another command's status, and then report it after: the freed
+/// lane must not take a span that began before the lane's last one ended.
+#[test]
+fn a_lane_freed_after_a_command_began_is_not_given_to_it() {
+    let out = Shared::default();
+    let writer = TraceWriter::new(out.clone(), "iscsi target").unwrap();
+    let t0 = Instant::now();
+    writer.pdu(&event(t0, Direction::Received, command(1, 0x28), (0, 1)));
+    writer.pdu(&event(t0, Direction::Received, command(2, 0x28), (2, 3)));
+    // Command 3 arrives at 10 us, but its event comes after command 1's
+    // status, which ended at 11 us.
+    writer.pdu(&event(t0, Direction::Sent, data_in(1, 512, true), (8, 11)));
+    writer.pdu(&event(t0, Direction::Received, command(3, 0x28), (10, 10)));
+    writer.pdu(&event(t0, Direction::Sent, data_in(2, 512, true), (12, 13)));
+    writer.pdu(&event(t0, Direction::Received, command(4, 0x28), (14, 14)));
+    writer.pdu(&event(t0, Direction::Sent, data_in(3, 512, true), (15, 16)));
+    writer.pdu(&event(t0, Direction::Sent, data_in(4, 512, true), (17, 18)));
+    writer.finish().unwrap();
+    let trace = out.json();
+    let spans = named(&complete_events(&trace), "READ(10)");
+    let lane_of = |itt: u32| {
+        spans
+            .iter()
+            .find(|e| e["args"]["itt"] == itt)
+            .map(|e| e["tid"].as_u64().unwrap())
+            .unwrap()
+    };
+    assert_eq!(lane_of(1), tid(FIRST_LANE_TRACK));
+    assert_eq!(lane_of(2), tid(FIRST_LANE_TRACK + 1));
+    assert_eq!(
+        lane_of(3),
+        tid(FIRST_LANE_TRACK + 2),
+        "command 1's lane was busy when command 3 began"
+    );
+    assert_eq!(
+        lane_of(4),
+        tid(FIRST_LANE_TRACK),
+        "a lane free since before a command began is reused"
+    );
+}
+
 #[test]
 fn the_report_sums_each_step_and_shares_the_connection_time() {
     let out = Shared::default();

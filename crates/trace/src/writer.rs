@@ -47,21 +47,32 @@ struct Pending {
 /// The lanes of one connection: command spans overlap (many commands in
 /// flight), and a timeline shows only properly nested slices on one
 /// track, so each command in flight takes the lowest free lane.
+///
+/// A lane is free for a command only if its last span ended before that
+/// command began: events are reported in the order their threads take the
+/// lock, not in the order they were timed, so a command whose PDU was
+/// timed a moment before another's status may be reported after it.
 #[derive(Debug, Default)]
 struct Lanes {
-    busy: Vec<bool>,
+    /// Per lane: `None` while a command holds it, else when its last span
+    /// ended.
+    free_since: Vec<Option<Instant>>,
 }
 
 impl Lanes {
-    fn take(&mut self) -> u32 {
-        match self.busy.iter().position(|busy| !busy) {
+    fn take(&mut self, start: Instant) -> u32 {
+        let free = self
+            .free_since
+            .iter()
+            .position(|since| since.is_some_and(|since| since <= start));
+        match free {
             Some(free) => {
-                self.busy[free] = true;
+                self.free_since[free] = None;
                 free as u32
             }
-            None if self.busy.len() < COMMAND_LANES as usize => {
-                self.busy.push(true);
-                self.busy.len() as u32 - 1
+            None if self.free_since.len() < COMMAND_LANES as usize => {
+                self.free_since.push(None);
+                self.free_since.len() as u32 - 1
             }
             // More in flight than lanes: the last lane is shared (its
             // slices may overlap on the timeline; the table is unaffected).
@@ -69,9 +80,10 @@ impl Lanes {
         }
     }
 
-    fn free(&mut self, lane: u32) {
-        if let Some(busy) = self.busy.get_mut(lane as usize) {
-            *busy = false;
+    /// Frees `lane`, whose last slice ended at `end`.
+    fn free(&mut self, lane: u32, end: Instant) {
+        if let Some(since) = self.free_since.get_mut(lane as usize) {
+            *since = Some(since.map_or(end, |since| since.max(end)));
         }
     }
 }
@@ -340,7 +352,7 @@ impl TraceWriter {
         line.extend_from_slice(b"}}");
         state.emit();
         if let Some(lanes) = state.lanes.get_mut(&connection) {
-            lanes.free(p.lane);
+            lanes.free(p.lane, end);
         }
     }
 
@@ -359,14 +371,15 @@ impl TraceWriter {
         }
         let lanes = state.lanes.entry(event.connection).or_default();
         if let Some(old) = old {
-            lanes.free(old.lane);
+            // Its steps may have ended up to now.
+            lanes.free(old.lane, Instant::now());
         }
         let pending = Pending {
             start: event.start,
             cdb: event.pdu.cdb_opcode,
             read: event.pdu.read,
             write: event.pdu.write,
-            lane: lanes.take(),
+            lane: lanes.take(event.start),
         };
         match early {
             Some(end) => self.command_span(state, event.connection, event.pdu.itt, pending, end),
