@@ -69,7 +69,7 @@ pub enum Error {
     #[error("task management function failed: {0:?}")]
     TaskManagement(TaskResponse),
     /// The SCSI command completed with a status other than GOOD.
-    #[error("SCSI status {status:#04x}{}", sense.as_ref().map(|s| format!(" ({s})")).unwrap_or_default())]
+    #[error("SCSI status {}{status:#04x}{}", status_name(*status), sense.as_ref().map(|s| format!(" ({s})")).unwrap_or_default())]
     Status {
         /// The SCSI status byte.
         status: u8,
@@ -128,6 +128,22 @@ fn describe_login_error(error: &InitiatorLoginError) -> String {
     )
 }
 
+/// The name of a SCSI status byte (SAM-5 5.3.1) and a space, or nothing
+/// for a value SAM does not define.
+fn status_name(status: u8) -> &'static str {
+    match status {
+        0x00 => "GOOD ",
+        0x02 => "CHECK CONDITION ",
+        0x04 => "CONDITION MET ",
+        0x08 => "BUSY ",
+        0x18 => "RESERVATION CONFLICT ",
+        0x28 => "TASK SET FULL ",
+        0x30 => "ACA ACTIVE ",
+        0x40 => "TASK ABORTED ",
+        _ => "",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -142,6 +158,23 @@ mod tests {
             anyhow_like(&error),
             "login: refused by the target: authentication failure (status 0x0201)"
         );
+    }
+
+    #[test]
+    fn a_status_is_named_where_sam_names_it() {
+        let conflict = Error::Status {
+            status: 0x18,
+            sense: None,
+        };
+        assert_eq!(
+            conflict.to_string(),
+            "SCSI status RESERVATION CONFLICT 0x18"
+        );
+        let odd = Error::Status {
+            status: 0x3f,
+            sense: None,
+        };
+        assert_eq!(odd.to_string(), "SCSI status 0x3f");
     }
 
     /// The message with its source chain, as `anyhow`'s `{:#}` prints it.

@@ -243,17 +243,48 @@ impl Session {
         block_size: u32,
         data: &[u8],
     ) -> Result<(), Error> {
+        self.write_with(lun, lba, block_size, data, false).await
+    }
+
+    /// Writes `data` as [`Session::write`] does, with FUA (SBC-4 5.40): the
+    /// target answers only once the data is on stable storage, so a write
+    /// acknowledged this way survives a crash of the target.
+    pub async fn write_fua(
+        &self,
+        lun: u64,
+        lba: u64,
+        block_size: u32,
+        data: &[u8],
+    ) -> Result<(), Error> {
+        self.write_with(lun, lba, block_size, data, true).await
+    }
+
+    async fn write_with(
+        &self,
+        lun: u64,
+        lba: u64,
+        block_size: u32,
+        data: &[u8],
+        fua: bool,
+    ) -> Result<(), Error> {
+        const FUA: u8 = 0x08;
         let blocks = blocks_of(data.len(), block_size)?;
         match (u32::try_from(lba), u16::try_from(blocks)) {
             (Ok(lba32), Ok(blocks16))
                 if u64::from(lba32) + u64::from(blocks16) <= u64::from(u32::MAX) =>
             {
-                let cdb = rw10_cdb(true, lba32, blocks16);
+                let mut cdb = rw10_cdb(true, lba32, blocks16);
+                if fua {
+                    cdb[1] |= FUA;
+                }
                 self.run_checked(|_| Command::write(lun, &cdb, data), Vec::new())
                     .await?;
             }
             _ => {
-                let cdb = rw16_cdb(true, lba, blocks);
+                let mut cdb = rw16_cdb(true, lba, blocks);
+                if fua {
+                    cdb[1] |= FUA;
+                }
                 self.run_checked(|_| Command::write(lun, &cdb, data), Vec::new())
                     .await?;
             }
@@ -293,6 +324,24 @@ impl Session {
     /// SYNCHRONIZE CACHE (10) of the whole LUN (SBC-4 5.30).
     pub async fn synchronize_cache(&self, lun: u64) -> Result<(), Error> {
         let cdb = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        self.run_checked(|_| Command::new(lun, &cdb), Vec::new())
+            .await
+            .map(drop)
+    }
+
+    /// RESERVE (10) of the whole LUN for this I_T nexus (SPC-2 7.21): other
+    /// nexuses get RESERVATION CONFLICT until it is released, or the nexus
+    /// is lost (the session ends) or the LUN reset.
+    pub async fn reserve(&self, lun: u64) -> Result<(), Error> {
+        let cdb = [0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        self.run_checked(|_| Command::new(lun, &cdb), Vec::new())
+            .await
+            .map(drop)
+    }
+
+    /// RELEASE (10) of a reservation this nexus holds (SPC-2 7.17).
+    pub async fn release(&self, lun: u64) -> Result<(), Error> {
+        let cdb = [0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0];
         self.run_checked(|_| Command::new(lun, &cdb), Vec::new())
             .await
             .map(drop)

@@ -170,6 +170,19 @@ impl Peer {
         None
     }
 
+    /// The peer's process ID.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What the peer has written to stderr so far; it keeps running.
+    pub fn log_so_far(&self) -> String {
+        self.files
+            .first()
+            .and_then(|file| std::fs::read_to_string(file).ok())
+            .unwrap_or_default()
+    }
+
     /// Stops the peer and returns what it wrote to stderr.
     pub fn log(&mut self) -> String {
         let _ = self.child.kill();

@@ -9,7 +9,7 @@
 //! repeat 100                      # the block up to `end`, timed per run
 //!   read 0 2048
 //! end
-//! inquiry | capacity | tur | sync | ping | sleep MS | echo TEXT
+//! inquiry | capacity | tur | sync | reserve | release | ping | sleep MS | echo TEXT
 //! logout
 //! ```
 //!
@@ -60,6 +60,8 @@ enum Step {
     Capacity,
     TestUnitReady,
     Sync,
+    Reserve,
+    Release,
     Ping,
     Sleep(u64),
     Echo(String),
@@ -133,6 +135,8 @@ fn parse(text: &str) -> anyhow::Result<Vec<(usize, Step)>> {
             ["capacity"] => Step::Capacity,
             ["tur"] => Step::TestUnitReady,
             ["sync"] => Step::Sync,
+            ["reserve"] => Step::Reserve,
+            ["release"] => Step::Release,
             ["ping"] => Step::Ping,
             ["sleep", ms] => Step::Sleep(parse_number(ms).with_context(at)?),
             ["echo", ..] => Step::Echo(line["echo".len()..].trim().to_owned()),
@@ -270,6 +274,14 @@ impl Interpreter {
             Step::Sync => {
                 let (session, url, _) = self.session()?;
                 session.synchronize_cache(url.lun).await?;
+            }
+            Step::Reserve => {
+                let (session, url, _) = self.session()?;
+                session.reserve(url.lun).await?;
+            }
+            Step::Release => {
+                let (session, url, _) = self.session()?;
+                session.release(url.lun).await?;
             }
             Step::Ping => {
                 let (session, _, _) = self.session()?;

@@ -16,8 +16,16 @@
 //! *lost write*. Either makes the command exit 1. Commands that fail (an
 //! error, not wrong data) are counted and reported, not fatal: whether a
 //! fault may fail a command is the matrix's business.
+//!
+//! With `--journal` every write is also logged as issued, acknowledged and
+//! made durable (`--durability fua` or `sync`); `--check` reads a LUN back
+//! against such a journal after a crash ([`journal`], [`check`]).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+mod check;
+mod journal;
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -26,6 +34,18 @@ use iscsi_initiator::Session;
 
 use super::bench::{geometry, runtime};
 use super::initiator_args::{SessionArgs, connect, parse_size, target_url};
+use journal::{Journal, Layout};
+
+/// When a write is on stable storage.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Durability {
+    /// Never asked for: plain writes into the target's cache.
+    None,
+    /// Every write with FUA.
+    Fua,
+    /// Plain writes, and SYNCHRONIZE CACHE every --sync-interval.
+    Sync,
+}
 
 /// Options of `iscsi verify`.
 #[derive(clap::Args, Debug)]
@@ -54,6 +74,21 @@ pub struct Args {
     /// Runtime worker threads.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// How writes are made durable (what a journal can require after a
+    /// crash).
+    #[arg(long, value_enum, default_value = "none")]
+    durability: Durability,
+    /// Milliseconds between SYNCHRONIZE CACHE commands (--durability sync).
+    #[arg(long, default_value_t = 20)]
+    sync_interval: u64,
+    /// Log every write as issued, acknowledged and made durable to FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "check")]
+    journal: Option<PathBuf>,
+    /// Run no load: read the LUN back against a journal written by an
+    /// earlier run (killed, or its target killed) and fail if a durable
+    /// write is missing or a block holds what no write put there.
+    #[arg(long, value_name = "JOURNAL")]
+    check: Option<PathBuf>,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -93,18 +128,35 @@ const HEADER: usize = 16;
 fn pattern(slot: u64, generation: u32, bs: usize, block: usize) -> Vec<u8> {
     let mut data = vec![0u8; bs];
     for (index, chunk) in data.chunks_mut(block).enumerate() {
-        chunk[..8].copy_from_slice(MAGIC);
-        chunk[8..12].copy_from_slice(&(slot as u32).to_le_bytes());
-        chunk[12..16].copy_from_slice(&generation.to_le_bytes());
-        let mut x = (slot << 32 ^ u64::from(generation) << 8 ^ index as u64) | 1;
-        for word in chunk[HEADER..].chunks_mut(8) {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            word.copy_from_slice(&x.to_le_bytes()[..word.len()]);
-        }
+        fill_block(chunk, slot, generation, index);
     }
     data
+}
+
+/// Block `index` of `slot` at `generation`.
+fn fill_block(chunk: &mut [u8], slot: u64, generation: u32, index: usize) {
+    chunk[..8].copy_from_slice(MAGIC);
+    chunk[8..12].copy_from_slice(&(slot as u32).to_le_bytes());
+    chunk[12..16].copy_from_slice(&generation.to_le_bytes());
+    let mut x = (slot << 32 ^ u64::from(generation) << 8 ^ index as u64) | 1;
+    for word in chunk[HEADER..].chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        word.copy_from_slice(&x.to_le_bytes()[..word.len()]);
+    }
+}
+
+/// The generation whose block `index` of `slot` `chunk` is, if it is one
+/// whole (a crash may leave a write in flight there in part).
+fn block_generation(chunk: &[u8], slot: u64, index: usize) -> Option<u32> {
+    if chunk.len() < HEADER || &chunk[..8] != MAGIC {
+        return None;
+    }
+    let generation = u32::from_le_bytes(chunk[12..16].try_into().ok()?);
+    let mut expected = vec![0; chunk.len()];
+    fill_block(&mut expected, slot, generation, index);
+    (chunk == expected).then_some(generation)
 }
 
 /// The generation whose pattern `data` is, if it is one whole.
@@ -130,6 +182,10 @@ struct Slot {
 struct Shared {
     session: Session,
     lun: u64,
+    durability: Durability,
+    journal: Option<Journal>,
+    /// The first error writing the journal: the run cannot be trusted.
+    journal_error: Mutex<Option<String>>,
     bs: usize,
     block: usize,
     blocks_per_slot: u64,
@@ -158,19 +214,34 @@ impl Shared {
         }
     }
 
+    /// Runs `log` on the journal, if any, keeping its first error.
+    fn log(&self, log: impl FnOnce(&Journal) -> std::io::Result<()>) {
+        if let Some(Err(error)) = self.journal.as_ref().map(log) {
+            let mut first = self
+                .journal_error
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            first.get_or_insert_with(|| format!("writing the journal: {error}"));
+        }
+    }
+
     async fn write(&self, slot: u64) {
         let generation = self.generation.fetch_add(1, Ordering::Relaxed) as u32;
         let data = pattern(slot, generation, self.bs, self.block);
         let started = Instant::now();
-        let result = self
-            .session
-            .write(
-                self.lun,
-                slot * self.blocks_per_slot,
-                self.block as u32,
-                &data,
-            )
-            .await;
+        self.log(|j| j.issued(slot, generation));
+        let lba = slot * self.blocks_per_slot;
+        let fua = self.durability == Durability::Fua;
+        let result = if fua {
+            let block = self.block as u32;
+            self.session.write_fua(self.lun, lba, block, &data).await
+        } else {
+            let block = self.block as u32;
+            self.session.write(self.lun, lba, block, &data).await
+        };
+        if result.is_ok() {
+            self.log(|j| j.acknowledged(slot, generation, fua));
+        }
         let mut slots = self.lock_slots();
         let state = &mut slots[slot as usize];
         match &result {
@@ -268,6 +339,28 @@ async fn sweep(shared: &Arc<Shared>, qd: usize, write: bool) {
     while workers.join_next().await.is_some() {}
 }
 
+/// SYNCHRONIZE CACHE every `interval` while `flushing`, and once after:
+/// each one that completes makes every write acknowledged before it was
+/// sent durable (the journal's `F`/`D` lines).
+async fn flush(shared: Arc<Shared>, flushing: Arc<AtomicBool>, interval: Duration) {
+    let mut number = 0;
+    loop {
+        let last = !flushing.load(Ordering::Acquire);
+        number += 1;
+        shared.log(|j| j.flush_started(number));
+        let started = Instant::now();
+        let result = shared.session.synchronize_cache(shared.lun).await;
+        if result.is_ok() {
+            shared.log(|j| j.flush_done(number));
+        }
+        shared.finished(started, result.err().map(|e| format!("sync: {e}")));
+        if last {
+            return;
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
 /// Runs the verification.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     let (reads, writes) = match args.rw.as_str() {
@@ -282,6 +375,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         bail!("--bs and --qd must be positive, --time not negative");
     }
     let url = target_url(&args.url)?;
+    if let Some(journal) = &args.check {
+        return check::run(&url, journal, args);
+    }
     let report = runtime(args.threads)?.block_on(async {
         let session = connect(&url, &args.session).await?;
         let geometry = geometry(&session, url.lun).await?;
@@ -295,9 +391,23 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         if slots < args.qd as u64 {
             bail!("the region holds {slots} slots of {bs} bytes: fewer than --qd");
         }
+        let journal = match &args.journal {
+            Some(path) => Some(Journal::create(
+                path,
+                Layout {
+                    bs,
+                    block: geometry.block_size,
+                    slots,
+                },
+            )?),
+            None => None,
+        };
         let shared = Arc::new(Shared {
             session,
             lun: url.lun,
+            durability: args.durability,
+            journal,
+            journal_error: Mutex::new(None),
             bs: bs as usize,
             block: geometry.block_size as usize,
             blocks_per_slot: bs / geometry.block_size,
@@ -312,6 +422,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }),
         });
         let started = Instant::now();
+        let flushing = Arc::new(AtomicBool::new(true));
+        let flusher = (args.durability == Durability::Sync).then(|| {
+            let interval = Duration::from_millis(args.sync_interval.max(1));
+            tokio::spawn(flush(shared.clone(), flushing.clone(), interval))
+        });
         sweep(&shared, args.qd, true).await;
         let deadline = Instant::now() + Duration::from_secs_f64(args.time);
         let mut workers = tokio::task::JoinSet::new();
@@ -333,6 +448,18 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             });
         }
         while workers.join_next().await.is_some() {}
+        flushing.store(false, Ordering::Release);
+        if let Some(flusher) = flusher {
+            flusher.await.context("the flushing task")?;
+        }
+        if let Some(error) = shared
+            .journal_error
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            bail!(error);
+        }
         sweep(&shared, args.qd, false).await;
         let session = &shared.session;
         let mut report = std::mem::take(&mut *shared.lock_report());
