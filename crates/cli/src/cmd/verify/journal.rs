@@ -259,6 +259,35 @@ mod tests {
         assert!(replay("").is_err());
     }
 
+    proptest::proptest! {
+        /// A journal is a file a user names: any text gets a result or an
+        /// error, never a panic, and what replays is consistent.
+        #[test]
+        fn any_journal_replays_or_is_refused(
+            entries in proptest::collection::vec((0u8..6, 0u64..5, 0u32..20), 0..60),
+            noise in ".{0,40}",
+        ) {
+            let mut text = HEAD.to_owned();
+            for (kind, slot, n) in entries {
+                let kind = ["W", "A", "U", "F", "D", "X"][kind as usize];
+                match kind {
+                    "F" | "D" => text += &format!("{kind} {n}\n"),
+                    _ => text += &format!("{kind} {slot} {n}\n"),
+                }
+            }
+            if let Ok((_, slots)) = replay(&text) {
+                for slot in &slots {
+                    if let Some(durable) = slot.durable {
+                        proptest::prop_assert!(slot.possible.contains(&durable));
+                        proptest::prop_assert!(slot.possible.iter().all(|&g| g >= durable));
+                    }
+                }
+            }
+            let _ = replay(&format!("{text}{noise}"));
+            let _ = replay(&noise);
+        }
+    }
+
     #[test]
     fn what_the_journal_writes_replays() {
         let dir = std::env::temp_dir().join(format!("verify-journal-{}", std::process::id()));
