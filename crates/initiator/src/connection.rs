@@ -309,6 +309,9 @@ pub(crate) struct SendCounters {
     pub(crate) writes: AtomicU64,
     /// Data SNACKs sent for Data-In lost to digest errors (ERL 1).
     pub(crate) snacks: AtomicU64,
+    /// Recovery R2Ts answered: Data-Out sent again after the target lost
+    /// it to a digest error (ERL 1).
+    pub(crate) recovery_r2ts: AtomicU64,
 }
 
 impl SendCounters {
@@ -1117,6 +1120,11 @@ impl Connection {
         if let Err(error) = self.post(&Header::new(Pdu::SnackRequest(ack), 0), &[]) {
             tracing::debug!(%error, "sending a DataACK failed");
         }
+    }
+
+    /// Counts a recovery R2T answered (RFC 7143 7.8).
+    pub(crate) fn recovery_r2t_answered(&self) {
+        self.snacks.recovery_r2ts.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Sends a SNACK (RFC 7143 11.16) asking for `run_length` Data-In

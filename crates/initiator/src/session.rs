@@ -223,6 +223,13 @@ impl Session {
         self.inner.sends.snacks.load(Ordering::Relaxed)
     }
 
+    /// How many recovery R2Ts the session answered: at ErrorRecoveryLevel
+    /// 1, Data-Out the target lost to a data digest error and asked for
+    /// again (RFC 7143 7.8).
+    pub fn recovery_r2ts_answered(&self) -> u64 {
+        self.inner.sends.recovery_r2ts.load(Ordering::Relaxed)
+    }
+
     /// How many times the session was reinstated after a lost connection.
     pub fn reinstatements(&self) -> u64 {
         self.inner.reinstatements.load(Ordering::Relaxed)
@@ -804,9 +811,10 @@ impl Attempt<'_> {
         if let Err(error) = self.send_command(reads, &plan).await {
             return Err(self.lost_or(error, &mut events));
         }
-        let mut tracker = self
-            .write_data
-            .map(|_| R2tTracker::new(limits, self.expected_length));
+        let mut tracker = self.write_data.map(|_| {
+            R2tTracker::new(limits, self.expected_length)
+                .after_unsolicited(plan.immediate + plan.unsolicited)
+        });
         while let Some(event) = events.recv().await {
             match event {
                 TaskEvent::Scsi(result) => return result.map_err(AttemptError::Failed),
@@ -821,6 +829,7 @@ impl Attempt<'_> {
                             "R2T for a command that writes nothing".into(),
                         )));
                     };
+                    let recoveries = tracker.recoveries();
                     let segments = match tracker.r2t(
                         r2t.r2t_sn.get(),
                         r2t.target_transfer_tag,
@@ -837,6 +846,9 @@ impl Attempt<'_> {
                             ))));
                         }
                     };
+                    if tracker.recoveries() > recoveries {
+                        connection.recovery_r2t_answered();
+                    }
                     let sent = self
                         .send_data_out(
                             data,

@@ -250,3 +250,31 @@ async fn a_dropped_status_is_asked_for_at_erl_1_and_retried_at_erl_0() {
     recovers_at(1, fault, false, 0).await;
     recovers_at(0, fault, false, 1).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl_1_a_corrupted_data_out_is_asked_for_again_with_a_recovery_r2t() {
+    let (session, proxy, _stop) = through_proxy(
+        &["corrupt-data@data-out#5", "corrupt-data@data-out%89"],
+        true,
+        1,
+    )
+    .await;
+    write_read_verify(&session).await;
+    let fired: u64 = proxy.fired().iter().sum();
+    assert!(fired >= 2, "{fired}");
+    assert_eq!(session.reinstatements(), 0, "recovered in the connection");
+    // Every corrupted Data-Out was data the target needed: each one is
+    // asked for again once, not the whole command retried.
+    assert_eq!(session.recovery_r2ts_answered(), fired);
+    session.logout().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl_1_corrupted_immediate_data_is_asked_for_again_with_a_recovery_r2t() {
+    let (session, proxy, _stop) = through_proxy(&["corrupt-data@scsi-command#6"], true, 1).await;
+    write_read_verify(&session).await;
+    assert_eq!(proxy.fired(), [1]);
+    assert_eq!(session.reinstatements(), 0);
+    assert_eq!(session.recovery_r2ts_answered(), 1);
+    session.logout().await.unwrap();
+}

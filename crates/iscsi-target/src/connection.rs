@@ -841,7 +841,7 @@ impl Connection {
             self.answer_when_drained(task, command, outcome, Vec::new(), unsolicited);
             return Ok(());
         }
-        let tracker = match DataOutTracker::new(self.limits, expected, immediate_len) {
+        let mut tracker = match DataOutTracker::new(self.limits, expected, immediate_len) {
             Ok(tracker) => tracker,
             Err(e) => {
                 debug!(error = %e, "bad immediate data");
@@ -863,7 +863,18 @@ impl Connection {
         }
         let immediate = &mut buffer[..immediate_len as usize];
         match receiver.receive_data_into(immediate).await {
-            Ok(()) => {}
+            Ok(()) => {
+                SessionStats::add(&self.session.stats.write_bytes, u64::from(immediate_len));
+            }
+            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. }))
+                if self.limits.error_recovery_level > 0 =>
+            {
+                // ErrorRecoveryLevel 1 (RFC 7143 7.8): reject the PDU and
+                // ask for its data again with a recovery R2T.
+                warn!("data digest error in immediate data: PDU rejected, data asked for again");
+                self.reject(header, RejectReason::DataDigestError).await?;
+                tracker.discard(UNSOLICITED_TRANSFER_TAG, 0, immediate_len);
+            }
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
                 // The data is rejected and the rest of the command processed
                 // (RFC 7143 7.8): at ErrorRecoveryLevel 0 the task ends in
@@ -879,7 +890,6 @@ impl Connection {
             }
             Err(e) => return Err(e),
         }
-        SessionStats::add(&self.session.stats.write_bytes, u64::from(immediate_len));
         let bursts = self
             .limits
             .r2t_bursts(expected, tracker.solicited_from())
@@ -893,6 +903,7 @@ impl Connection {
             bursts,
             r2ts_sent: 0,
         };
+        self.requeue_lost(&mut pending);
         self.solicit(&mut pending).await?;
         if pending.tracker.is_complete() {
             self.start_write(scsi, pending);
@@ -905,7 +916,7 @@ impl Connection {
     /// Sends R2Ts while fewer than MaxOutstandingR2T await their data
     /// (RFC 7143 11.8, 13.17).
     async fn solicit(&mut self, pending: &mut PendingWrite) -> Result<(), DatamoverError> {
-        let max = usize::from(self.limits.max_outstanding_r2t.max(1));
+        let max = self.limits.r2t_limit();
         while pending.tracker.outstanding_r2ts() < max {
             let Some((offset, length)) = pending.bursts.pop_front() else {
                 break;
@@ -999,6 +1010,28 @@ impl Connection {
             .await
         {
             Ok(()) => {}
+            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. }))
+                if self.limits.error_recovery_level > 0 =>
+            {
+                // ErrorRecoveryLevel 1 (RFC 7143 7.8): reject the PDU and
+                // ask for its data again with a recovery R2T once its
+                // sequence has ended (13.19: in sequence order, one R2T is
+                // outstanding at a time).
+                warn!("data digest error in Data-Out: PDU rejected, data asked for again");
+                self.reject(header, RejectReason::DataDigestError).await?;
+                let Some(mut pending) = self.pending_writes.remove(&itt) else {
+                    return Ok(());
+                };
+                pending.tracker.discard(
+                    data_out.target_transfer_tag,
+                    data_out.buffer_offset,
+                    length,
+                );
+                self.requeue_lost(&mut pending);
+                self.solicit(&mut pending).await?;
+                self.pending_writes.insert(itt, pending);
+                return Ok(());
+            }
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
                 warn!("data digest error in Data-Out: PDU rejected, write failed");
                 self.reject(header, RejectReason::DataDigestError).await?;
@@ -1024,6 +1057,15 @@ impl Connection {
             self.pending_writes.insert(itt, pending);
         }
         Ok(())
+    }
+
+    /// Puts the ranges a write's tracker discarded first in line for R2Ts:
+    /// recovery R2Ts (RFC 7143 7.8), sent as outstanding R2Ts allow.
+    fn requeue_lost(&self, pending: &mut PendingWrite) {
+        for range in pending.tracker.take_lost().into_iter().rev() {
+            SessionStats::add(&self.session.stats.recovery_r2ts, 1);
+            pending.bursts.push_front(range);
+        }
     }
 
     /// Ends a write that cannot complete with CHECK CONDITION; its further

@@ -225,6 +225,7 @@ mod tests {
             max_outstanding_r2t: 1,
             data_pdu_in_order: true,
             data_sequence_in_order: true,
+            error_recovery_level: 0,
         }
     }
 

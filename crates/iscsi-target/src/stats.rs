@@ -25,6 +25,8 @@ pub(crate) struct SessionStats {
     pub snacks: AtomicU64,
     /// PDUs sent again in answer to SNACKs.
     pub resent: AtomicU64,
+    /// Data-Out ranges asked for again after a data digest error (ERL 1).
+    pub recovery_r2ts: AtomicU64,
 }
 
 impl SessionStats {
@@ -39,7 +41,7 @@ impl fmt::Display for SessionStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         write!(
             f,
-            "commands={} read_bytes={} write_bytes={} errors={} r2ts={} aborts={} rejects={} snacks={} resent={}",
+            "commands={} read_bytes={} write_bytes={} errors={} r2ts={} aborts={} rejects={} snacks={} resent={} recovery_r2ts={}",
             get(&self.commands),
             get(&self.read_bytes),
             get(&self.write_bytes),
@@ -49,6 +51,7 @@ impl fmt::Display for SessionStats {
             get(&self.rejects),
             get(&self.snacks),
             get(&self.resent),
+            get(&self.recovery_r2ts),
         )
     }
 }

@@ -639,6 +639,11 @@ fn corrupted_data_out(itt: u32, ttt: u32, offset: u32, data: &[u8]) -> Vec<u8> {
         buffer_offset: offset,
         ..DataOut::default()
     };
+    corrupted(pdu, data)
+}
+
+/// `pdu` with `data` encoded with digests, a data byte flipped after.
+fn corrupted(pdu: DataOut, data: &[u8]) -> Vec<u8> {
     let header = Header::new(Pdu::DataOut(pdu), data.len() as u32);
     let mut buf = vec![0; 64];
     let digests = Digests {
@@ -708,6 +713,84 @@ async fn a_failed_write_answers_only_after_the_data_still_due() {
     assert_eq!(target.lun_bytes(200 * BLOCK as u64, data.len()), before);
     // The connection goes on.
     assert_eq!(client.write_blocks(200, &data[..4 * BLOCK]).await, 0);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl_1_a_data_out_lost_to_its_digest_is_asked_for_with_a_recovery_r2t() {
+    // RFC 7143 7.8 at ERL 1: the PDU is rejected and its data asked for
+    // again with a recovery R2T; 13.19: with DataSequenceInOrder=Yes one
+    // R2T is outstanding at a time, whatever MaxOutstandingR2T says.
+    let target = Target::start(|_| {}).await;
+    let erl1 = NegotiationConfig {
+        error_recovery_level: 1,
+        ..offers()
+    };
+    let mut client = Client::login(target.address, erl1, 0).await;
+    assert_eq!(client.params.max_outstanding_r2t, 4);
+    let data = pattern(64 * 1024, 5);
+    let itt = client.itt();
+    client.write10(itt, 400, 128, &[]).await;
+    let r2t = |pdu: Pdu| match pdu {
+        Pdu::ReadyToTransfer(r2t) => r2t,
+        other => panic!("expected an R2T, got {other:?}"),
+    };
+    let first = r2t(client.receive().await.header.pdu);
+    assert_eq!((first.r2t_sn.get(), first.buffer_offset), (0, 0));
+    assert_eq!(first.desired_data_transfer_length, 16 * 1024);
+    let more = timeout(Duration::from_millis(300), client.rx.receive()).await;
+    assert!(more.is_err(), "a second R2T outstanding: {more:?}");
+    // The first 8 KiB arrive; the second fail their digest.
+    client
+        .answer_r2t(itt, first.target_transfer_tag, 0, 8192, &data)
+        .await;
+    let bad = DataOut {
+        final_flag: true,
+        initiator_task_tag: itt,
+        target_transfer_tag: first.target_transfer_tag,
+        data_sn: DataSn::new(1),
+        buffer_offset: 8192,
+        ..DataOut::default()
+    };
+    raw_write(&mut client.tx, &corrupted(bad, &data[8192..16384])).await;
+    match client.receive().await.header.pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::DataDigestError),
+        other => panic!("expected the Reject, got {other:?}"),
+    }
+    let recovery = r2t(client.receive().await.header.pdu);
+    assert_eq!(
+        (
+            recovery.r2t_sn.get(),
+            recovery.buffer_offset,
+            recovery.desired_data_transfer_length
+        ),
+        (1, 8192, 8192),
+        "a recovery R2T for exactly the lost bytes, next in R2TSN"
+    );
+    assert_ne!(recovery.target_transfer_tag, first.target_transfer_tag);
+    let mut r2t_sn = 1;
+    let mut next = recovery;
+    loop {
+        client
+            .answer_r2t(
+                itt,
+                next.target_transfer_tag,
+                next.buffer_offset,
+                next.desired_data_transfer_length,
+                &data,
+            )
+            .await;
+        let pdu = client.receive().await.header.pdu;
+        if let Pdu::ScsiResponse(response) = pdu {
+            assert_eq!(response.status, 0, "GOOD");
+            break;
+        }
+        next = r2t(pdu);
+        r2t_sn += 1;
+        assert_eq!(next.r2t_sn.get(), r2t_sn);
+    }
+    assert_eq!(r2t_sn, 4, "the recovery R2T and three more bursts");
+    assert_eq!(target.lun_bytes(400 * BLOCK as u64, data.len()), data);
     target.stop().await;
 }
 

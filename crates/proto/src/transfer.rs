@@ -50,6 +50,9 @@ pub struct Limits {
     pub data_pdu_in_order: bool,
     /// DataSequenceInOrder.
     pub data_sequence_in_order: bool,
+    /// ErrorRecoveryLevel: above 0 a target may ask for Data-Out again
+    /// with a recovery R2T (RFC 7143 7.8).
+    pub error_recovery_level: u8,
 }
 
 impl From<&NegotiatedParameters> for Limits {
@@ -64,6 +67,7 @@ impl From<&NegotiatedParameters> for Limits {
             max_outstanding_r2t: p.max_outstanding_r2t,
             data_pdu_in_order: p.data_pdu_in_order,
             data_sequence_in_order: p.data_sequence_in_order,
+            error_recovery_level: p.error_recovery_level,
         }
     }
 }
@@ -118,6 +122,20 @@ impl Limits {
         WritePlan {
             immediate,
             unsolicited,
+        }
+    }
+
+    /// How many R2Ts a target keeps outstanding per task: MaxOutstandingR2T,
+    /// except 1 where data is recovered with R2Ts in sequence order (RFC
+    /// 7143 13.19: with DataSequenceInOrder=Yes a target "may retry at
+    /// most the last R2T", so at ErrorRecoveryLevel above 0 MaxOutstandingR2T
+    /// "MUST be set to 1"; a target sending fewer than negotiated keeps to
+    /// that whatever the peer answered).
+    pub fn r2t_limit(&self) -> usize {
+        if self.error_recovery_level > 0 && self.data_sequence_in_order {
+            1
+        } else {
+            usize::from(self.max_outstanding_r2t.max(1))
         }
     }
 
@@ -330,6 +348,24 @@ impl Ranges {
         self.ranges = merged;
     }
 
+    /// Forgets `start..end` (bytes that were received, then discarded).
+    fn remove(&mut self, start: u32, end: u32) {
+        let mut kept = Vec::with_capacity(self.ranges.len() + 1);
+        for &(s, e) in &self.ranges {
+            if e <= start || end <= s {
+                kept.push((s, e));
+                continue;
+            }
+            if s < start {
+                kept.push((s, start));
+            }
+            if end < e {
+                kept.push((end, e));
+            }
+        }
+        self.ranges = kept;
+    }
+
     fn covered(&self, start: u32, end: u32) -> u32 {
         self.ranges
             .iter()
@@ -346,6 +382,10 @@ struct OutstandingR2t {
     length: u32,
     next_data_sn: u32,
     next_offset: u32,
+    /// Bytes of its sequence that arrived and were discarded (a data
+    /// digest error): asked for again with a recovery R2T, so this one is
+    /// complete without them.
+    excused: u32,
 }
 
 /// What a completed Data-Out PDU means for its task.
@@ -372,6 +412,8 @@ pub struct DataOutTracker {
     unsolicited_next_offset: u32,
     received: Ranges,
     outstanding: Vec<OutstandingR2t>,
+    /// Ranges discarded and not yet asked for again.
+    lost: Vec<(u32, u32)>,
 }
 
 /// The Target Transfer Tag of unsolicited Data-Out (RFC 7143 11.7.4).
@@ -421,6 +463,7 @@ impl DataOutTracker {
             unsolicited_next_offset: immediate,
             received,
             outstanding: Vec::new(),
+            lost: Vec::new(),
         })
     }
 
@@ -439,6 +482,7 @@ impl DataOutTracker {
             length,
             next_data_sn: 0,
             next_offset: offset,
+            excused: 0,
         });
     }
 
@@ -520,7 +564,7 @@ impl DataOutTracker {
             )?;
             self.received.insert(offset, end);
             let (start, stop) = (r2t.offset, r2t.offset + r2t.length);
-            if self.received.covered(start, stop) == stop - start {
+            if self.received.covered(start, stop) + r2t.excused >= stop - start {
                 self.outstanding.remove(index);
                 return Ok(DataOutProgress::R2tComplete(transfer_tag));
             }
@@ -528,6 +572,41 @@ impl DataOutTracker {
         };
         self.received.insert(offset, end);
         Ok(progress)
+    }
+
+    /// Takes back a Data-Out [`DataOutTracker::data_out`] accepted whose
+    /// data then failed its digest (RFC 7143 7.8, ErrorRecoveryLevel 1):
+    /// its bytes count as missing, to be asked for again
+    /// ([`DataOutTracker::take_lost`]), and the sequence it was part of
+    /// may end without them. Returns `R2tComplete` if that ends its R2T.
+    pub fn discard(&mut self, transfer_tag: u32, offset: u32, length: u32) -> DataOutProgress {
+        let end = offset.saturating_add(length).min(self.expected_length);
+        if offset >= end {
+            return DataOutProgress::Continue;
+        }
+        self.received.remove(offset, end);
+        self.lost.push((offset, end - offset));
+        let Some(index) = self
+            .outstanding
+            .iter()
+            .position(|r| r.transfer_tag == transfer_tag)
+        else {
+            return DataOutProgress::Continue;
+        };
+        let r2t = &mut self.outstanding[index];
+        r2t.excused += end - offset;
+        let (start, stop) = (r2t.offset, r2t.offset + r2t.length);
+        if self.received.covered(start, stop) + r2t.excused >= stop - start {
+            self.outstanding.remove(index);
+            return DataOutProgress::R2tComplete(transfer_tag);
+        }
+        DataOutProgress::Continue
+    }
+
+    /// The ranges discarded since the last call, to solicit again with
+    /// recovery R2Ts: (offset, length).
+    pub fn take_lost(&mut self) -> Vec<(u32, u32)> {
+        std::mem::take(&mut self.lost)
     }
 
     /// The Target Transfer Tags of the R2Ts still awaiting data.
@@ -586,6 +665,10 @@ pub struct R2tTracker {
     next_r2t_sn: u32,
     lowest_next_offset: u32,
     outstanding: Vec<(u32, u32, u32)>,
+    recoveries: u32,
+    /// Where the data sent unsolicited (immediate and unsolicited
+    /// Data-Out) ends.
+    unsolicited_end: u32,
 }
 
 impl R2tTracker {
@@ -597,7 +680,16 @@ impl R2tTracker {
             next_r2t_sn: 0,
             lowest_next_offset: 0,
             outstanding: Vec::new(),
+            recoveries: 0,
+            unsolicited_end: 0,
         }
+    }
+
+    /// The same, for a WRITE that sent its first `unsolicited` bytes
+    /// unsolicited: an R2T for them asks for them again.
+    pub fn after_unsolicited(mut self, unsolicited: u32) -> Self {
+        self.unsolicited_end = unsolicited.min(self.expected_length);
+        self
     }
 
     /// Checks an R2T and returns the Data-Out PDUs that answer it.
@@ -630,16 +722,27 @@ impl R2tTracker {
         if self.outstanding.len() >= usize::from(self.limits.max_outstanding_r2t) {
             return Err(TransferError::TooManyR2ts(self.limits.max_outstanding_r2t));
         }
-        if self.limits.data_sequence_in_order && offset < self.lowest_next_offset {
+        // A recovery R2T asks again for data already asked for (RFC 7143
+        // 7.8, 13.19): only at ErrorRecoveryLevel 1 and above.
+        let recovery = self.limits.error_recovery_level > 0
+            && end <= self.lowest_next_offset.max(self.unsolicited_end);
+        if self.limits.data_sequence_in_order && offset < self.lowest_next_offset && !recovery {
             return Err(TransferError::SequenceOutOfOrder {
                 offset,
                 expected: self.lowest_next_offset,
             });
         }
         self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
+        self.recoveries += u32::from(recovery);
         self.lowest_next_offset = self.lowest_next_offset.max(end);
         self.outstanding.push((transfer_tag, offset, length));
         Ok(data_segments(offset, length, self.limits.max_send_segment))
+    }
+
+    /// How many recovery R2Ts (asking again for data already asked for)
+    /// were accepted.
+    pub fn recoveries(&self) -> u32 {
+        self.recoveries
     }
 
     /// Marks the R2T with `transfer_tag` answered (its last Data-Out sent).

@@ -20,6 +20,7 @@ fn limits() -> Limits {
         max_outstanding_r2t: 1,
         data_pdu_in_order: true,
         data_sequence_in_order: true,
+        error_recovery_level: 0,
     }
 }
 
@@ -124,6 +125,7 @@ fn limits_strategy() -> impl Strategy<Value = Limits> {
                 max_outstanding_r2t: outstanding,
                 data_pdu_in_order: pdu,
                 data_sequence_in_order: seq,
+                error_recovery_level: 0,
             },
         )
 }
@@ -337,4 +339,90 @@ fn r2t_errors() {
     assert_eq!(e.reject_reason(), RejectReason::ProtocolError);
     r.answered(1);
     assert_eq!(r.r2t(2, 3, 270_336, 4096).unwrap().len(), 1);
+}
+
+/// ErrorRecoveryLevel 1 (RFC 7143 7.8): a Data-Out whose data failed its
+/// digest is taken back, its R2T ends without it, and a recovery R2T for
+/// exactly that range completes the write.
+#[test]
+fn a_discarded_data_out_is_asked_for_again_with_a_recovery_r2t() {
+    let l = Limits {
+        error_recovery_level: 1,
+        ..limits()
+    };
+    assert_eq!(l.r2t_limit(), 1, "13.19: one outstanding R2T in order");
+    assert_eq!(
+        Limits {
+            max_outstanding_r2t: 4,
+            data_sequence_in_order: false,
+            ..l
+        }
+        .r2t_limit(),
+        4
+    );
+    // 8 KiB immediate, then one R2T for 0x2000..0x8000 in three PDUs.
+    let mut t = DataOutTracker::new(l, 0x8000, 0x2000).unwrap();
+    t.r2t_sent(7, 0x2000, 0x6000);
+    assert_eq!(
+        t.data_out(7, 0, 0x2000, 0x2000, false),
+        Ok(DataOutProgress::Continue)
+    );
+    assert_eq!(
+        t.data_out(7, 1, 0x4000, 0x2000, false),
+        Ok(DataOutProgress::Continue)
+    );
+    // The middle one fails its digest.
+    assert_eq!(t.discard(7, 0x4000, 0x2000), DataOutProgress::Continue);
+    assert_eq!(
+        t.data_out(7, 2, 0x6000, 0x2000, true),
+        Ok(DataOutProgress::R2tComplete(7)),
+        "the sequence ends without the discarded bytes"
+    );
+    assert!(!t.is_complete());
+    assert_eq!(t.take_lost(), vec![(0x4000, 0x2000)]);
+    assert!(t.take_lost().is_empty());
+    t.r2t_sent(8, 0x4000, 0x2000);
+    assert_eq!(
+        t.data_out(8, 0, 0x4000, 0x2000, true),
+        Ok(DataOutProgress::R2tComplete(8))
+    );
+    assert!(t.is_complete());
+
+    // The last PDU of a sequence discarded: the discard ends the R2T.
+    let mut t = DataOutTracker::new(l, 0x4000, 0).unwrap();
+    t.r2t_sent(1, 0, 0x4000);
+    t.data_out(1, 0, 0, 0x2000, false).unwrap();
+    t.data_out(1, 1, 0x2000, 0x2000, true).unwrap();
+    // Already complete by coverage when the digest failed.
+    assert!(t.is_complete());
+    t.discard(1, 0x2000, 0x2000);
+    assert!(!t.is_complete());
+    assert_eq!(t.take_lost(), vec![(0x2000, 0x2000)]);
+
+    // Immediate data and unsolicited Data-Out are discarded the same way.
+    let mut u = DataOutTracker::new(l, 0x4000, 0x1000).unwrap();
+    assert_eq!(
+        u.discard(UNSOLICITED_TRANSFER_TAG, 0, 0x1000),
+        DataOutProgress::Continue
+    );
+    assert_eq!(u.take_lost(), vec![(0, 0x1000)]);
+
+    // The initiator answers a recovery R2T behind the sequence order only
+    // at ERL 1 and above.
+    let mut r = R2tTracker::new(l, 0x8000);
+    r.r2t(0, 7, 0x2000, 0x6000).unwrap();
+    r.answered(7);
+    assert_eq!(r.recoveries(), 0);
+    assert_eq!(r.r2t(1, 8, 0x4000, 0x2000).unwrap().len(), 1);
+    assert_eq!(r.recoveries(), 1);
+    let mut r = R2tTracker::new(l, 0x8000).after_unsolicited(0x2000);
+    assert_eq!(r.r2t(0, 9, 0, 0x1000).unwrap().len(), 1);
+    assert_eq!(r.recoveries(), 1, "immediate data asked for again");
+    let mut r = R2tTracker::new(limits(), 0x8000);
+    r.r2t(0, 7, 0x2000, 0x6000).unwrap();
+    r.answered(7);
+    assert!(matches!(
+        r.r2t(1, 8, 0x4000, 0x2000),
+        Err(TransferError::SequenceOutOfOrder { .. })
+    ));
 }

@@ -160,6 +160,31 @@ kill "$proxy" 2>/dev/null; wait "$proxy" 2>/dev/null
 corrupted=$(grep -c '"fault":"corrupt-data' out/erl1-faults.jsonl || true)
 if [ "${corrupted:-0}" -gt 0 ]; then pass "the proxy corrupted $corrupted Data-In (out/erl1-faults.jsonl)"
 else fail "the proxy corrupted nothing"; fi
+
+# ERL 1 the other way (RFC 7143 7.8): every 50th Data-Out corrupted, LIO rejects it and asks for the
+# data again with a recovery R2T, which our initiator answers; no command fails or is sent again.
+$ISCSI fault-proxy --listen 127.0.0.1:3271 --to $HOST:3260 --fault 'corrupt-data@data-out%50' \
+    --log out/erl1-dataout-faults.jsonl > out/erl1-dataout-proxy.log 2>&1 &
+proxy=$!
+sleep 0.5
+PURL=iscsi://127.0.0.1:3271/$IQN/0
+roundtrip $PURL --digest crc32c --set ErrorRecoveryLevel=1
+if step "bench write 256k QD 8 at ERL 1" $ISCSI bench $PURL --digest crc32c --set ErrorRecoveryLevel=1 \
+    --rw write --bs 256k --qd 8 --time 3 --json &&
+    verdict=$(tail -1 /tmp/step.out | python3 -c 'import json, sys
+r = json.load(sys.stdin)
+ok = r["error_recovery_level"] == 1 and r["recovery_r2ts"] > 0 and r["reinstatements"] == 0
+print(("ok" if ok else "bad") + " ERL %d, %d recovery R2Ts, %d reinstatements, %.0f MiB/s" % (
+    r["error_recovery_level"], r["recovery_r2ts"], r["reinstatements"], r["mib_per_s"]))') &&
+    [ "${verdict%% *}" = ok ]; then
+    pass "corrupted Data-Out recovered in the connection: ${verdict#* }"
+else
+    fail "ERL 1 Data-Out recovery: ${verdict:-$(tail -2 /tmp/step.out | tr '\n' ' ')}"
+fi
+kill "$proxy" 2>/dev/null; wait "$proxy" 2>/dev/null
+corrupted=$(grep -c '"fault":"corrupt-data' out/erl1-dataout-faults.jsonl || true)
+if [ "${corrupted:-0}" -gt 0 ]; then pass "the proxy corrupted $corrupted Data-Out (out/erl1-dataout-faults.jsonl)"
+else fail "the proxy corrupted no Data-Out"; fi
 echo "erl1 $(elapsed "$t0")" >> out/timings.txt
 
 CHAP_USER=rs-initiator; CHAP_SECRET=initiator-secret-1

@@ -87,6 +87,9 @@ struct Report {
     /// Data SNACKs sent: Data-In lost to digest errors and recovered within
     /// the connection (ERL 1).
     snacks: u64,
+    /// Recovery R2Ts answered: Data-Out lost to digest errors and sent
+    /// again within the connection (ERL 1).
+    recovery_r2ts: u64,
     /// Times the session was reinstated (ERL 0's answer to any error).
     reinstatements: u64,
 }
@@ -382,6 +385,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let sends = session.send_statistics();
         let error_recovery_level = session.parameters().map_or(0, |p| p.error_recovery_level);
         let (snacks, reinstatements) = (session.snacks_sent(), session.reinstatements());
+        let recovery_r2ts = session.recovery_r2ts_answered();
         let _ = session.logout().await;
         let latencies = &measured.latencies;
         let commands = measured.commands();
@@ -404,6 +408,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             pdus_per_write: sends.pdus as f64 / sends.writes.max(1) as f64,
             error_recovery_level,
             snacks,
+            recovery_r2ts,
             reinstatements,
         })
     })?;
@@ -411,7 +416,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report)?);
     } else {
         println!(
-            "{} bs={} qd={} connections={}: {:.1} MiB/s, {:.0} IOPS, latency mean {:.0} us, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us ({} commands in {:.1} s, {:.2} PDUs per write; ERL {}, {} SNACKs, {} reinstatements)",
+            "{} bs={} qd={} connections={}: {:.1} MiB/s, {:.0} IOPS, latency mean {:.0} us, p50 {:.0} us, p99 {:.0} us, p99.9 {:.0} us, max {:.0} us ({} commands in {:.1} s, {:.2} PDUs per write; ERL {}, {} SNACKs, {} recovery R2Ts, {} reinstatements)",
             report.rw,
             report.bs,
             report.qd,
@@ -428,6 +433,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.pdus_per_write,
             report.error_recovery_level,
             report.snacks,
+            report.recovery_r2ts,
             report.reinstatements
         );
     }

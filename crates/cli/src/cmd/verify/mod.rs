@@ -115,6 +115,7 @@ struct Report {
     max_latency_ms: f64,
     error_recovery_level: u8,
     snacks: u64,
+    recovery_r2ts: u64,
     reinstatements: u64,
 }
 
@@ -466,6 +467,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         report.seconds = started.elapsed().as_secs_f64();
         report.error_recovery_level = session.parameters().map_or(0, |p| p.error_recovery_level);
         report.snacks = session.snacks_sent();
+        report.recovery_r2ts = session.recovery_r2ts_answered();
         report.reinstatements = session.reinstatements();
         let _ = session.logout().await;
         Ok::<_, anyhow::Error>(report)
@@ -474,7 +476,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report).context("the report")?);
     } else {
         println!(
-            "verify {} bs={} qd={} slots={}: {} commands in {:.1} s, {} failed{}, {} wrong reads, {} lost writes, slowest {:.0} ms; ERL {}, {} SNACKs, {} reinstatements",
+            "verify {} bs={} qd={} slots={}: {} commands in {:.1} s, {} failed{}, {} wrong reads, {} lost writes, slowest {:.0} ms; ERL {}, {} SNACKs, {} recovery R2Ts, {} reinstatements",
             report.rw,
             report.bs,
             report.qd,
@@ -492,6 +494,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.max_latency_ms,
             report.error_recovery_level,
             report.snacks,
+            report.recovery_r2ts,
             report.reinstatements,
         );
     }
