@@ -187,37 +187,21 @@ fn synchronized_writes_survive_the_target_killed_mid_write() {
     kill_target_mid_write("sync");
 }
 
-/// `iscsi script` from `text` as `initiator`, running in the background.
-fn script(text: &str, initiator: &str, dir: &Path) -> Child {
+/// `iscsi script` of `text` as `initiator`, to be run.
+fn script(text: &str, initiator: &str, dir: &Path) -> Command {
     let file = dir.join(format!("{}.script", initiator.replace(':', "_")));
     std::fs::write(&file, text).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_iscsi"))
-        .args([
-            "script",
-            file.to_str().unwrap(),
-            "--initiator-name",
-            initiator,
-        ])
-        .env("RUST_LOG", "warn")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("iscsi script starts")
+    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+    command
+        .args(["script", file.to_str().unwrap()])
+        .args(["--initiator-name", initiator])
+        .env("RUST_LOG", "warn");
+    command
 }
 
 fn write_as(url: &str, initiator: &str, dir: &Path) -> Output {
-    let file = dir.join("write.script");
-    std::fs::write(&file, format!("login {url}\nwrite 64 8 0x5a\nlogout\n")).unwrap();
-    Command::new(env!("CARGO_BIN_EXE_iscsi"))
-        .args([
-            "script",
-            file.to_str().unwrap(),
-            "--initiator-name",
-            initiator,
-        ])
-        .env("RUST_LOG", "warn")
-        .output()
-        .unwrap()
+    let text = format!("login {url}\nwrite 64 8 0x5a\nlogout\n");
+    script(&text, initiator, dir).output().unwrap()
 }
 
 #[test]
@@ -255,7 +239,11 @@ fn an_initiator_killed_mid_write_loses_its_session_and_reservation_and_nothing_e
         &format!("login {url}\nreserve\necho reserved\nsleep 600000\n"),
         holder_name,
         &dir.0,
-    );
+    )
+    .stdout(Stdio::piped())
+    .stderr(Stdio::null())
+    .spawn()
+    .expect("iscsi script starts");
     let stdout = std::io::BufReader::new(holder.stdout.take().unwrap());
     let said: Vec<String> = std::io::BufRead::lines(stdout)
         .map_while(Result::ok)

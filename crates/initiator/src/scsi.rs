@@ -130,12 +130,16 @@ impl Session {
         self.execute(make(buffer)).await?.check()
     }
 
-    /// TEST UNIT READY (SPC-5 6.47).
-    pub async fn test_unit_ready(&self, lun: u64) -> Result<(), Error> {
-        let cdb = [0u8; 6];
-        self.run_checked(|_| Command::new(lun, &cdb), Vec::new())
+    /// Runs a command that moves no data, to GOOD.
+    async fn no_data(&self, lun: u64, cdb: &[u8]) -> Result<(), Error> {
+        self.run_checked(|_| Command::new(lun, cdb), Vec::new())
             .await
             .map(drop)
+    }
+
+    /// TEST UNIT READY (SPC-5 6.47).
+    pub async fn test_unit_ready(&self, lun: u64) -> Result<(), Error> {
+        self.no_data(lun, &[0u8; 6]).await
     }
 
     /// Standard INQUIRY data.
@@ -323,28 +327,19 @@ impl Session {
 
     /// SYNCHRONIZE CACHE (10) of the whole LUN (SBC-4 5.30).
     pub async fn synchronize_cache(&self, lun: u64) -> Result<(), Error> {
-        let cdb = [0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        self.run_checked(|_| Command::new(lun, &cdb), Vec::new())
-            .await
-            .map(drop)
+        self.no_data(lun, &[0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0]).await
     }
 
     /// RESERVE (10) of the whole LUN for this I_T nexus (SPC-2 7.21): other
     /// nexuses get RESERVATION CONFLICT until it is released, or the nexus
     /// is lost (the session ends) or the LUN reset.
     pub async fn reserve(&self, lun: u64) -> Result<(), Error> {
-        let cdb = [0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        self.run_checked(|_| Command::new(lun, &cdb), Vec::new())
-            .await
-            .map(drop)
+        self.no_data(lun, &[0x56, 0, 0, 0, 0, 0, 0, 0, 0, 0]).await
     }
 
     /// RELEASE (10) of a reservation this nexus holds (SPC-2 7.17).
     pub async fn release(&self, lun: u64) -> Result<(), Error> {
-        let cdb = [0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0];
-        self.run_checked(|_| Command::new(lun, &cdb), Vec::new())
-            .await
-            .map(drop)
+        self.no_data(lun, &[0x57, 0, 0, 0, 0, 0, 0, 0, 0, 0]).await
     }
 
     /// UNMAP these `(lba, blocks)` ranges (SBC-4 5.37).

@@ -273,6 +273,15 @@ fn a_status_reported_before_its_command_still_closes_its_span() {
     assert_eq!(trace["otherData"]["commands_in_flight_at_end"], 0);
 }
 
+/// The track of the READ(10) span of `itt`.
+fn lane_of(trace: &Value, itt: u32) -> u64 {
+    named(&complete_events(trace), "READ(10)")
+        .iter()
+        .find(|e| e["args"]["itt"] == itt)
+        .map(|e| e["tid"].as_u64().unwrap())
+        .unwrap()
+}
+
 #[test]
 fn overlapping_commands_take_separate_lanes_that_are_reused() {
     let out = Shared::default();
@@ -301,14 +310,7 @@ fn overlapping_commands_take_separate_lanes_that_are_reused() {
     ));
     writer.finish().unwrap();
     let trace = out.json();
-    let spans = named(&complete_events(&trace), "READ(10)");
-    let lane_of = |itt: u32| {
-        spans
-            .iter()
-            .find(|e| e["args"]["itt"] == itt)
-            .map(|e| e["tid"].as_u64().unwrap())
-            .unwrap()
-    };
+    let lane_of = |itt: u32| lane_of(&trace, itt);
     assert_eq!(lane_of(1), tid(FIRST_LANE_TRACK));
     assert_eq!(lane_of(2), tid(FIRST_LANE_TRACK + 1));
     assert_eq!(
@@ -345,14 +347,7 @@ fn a_lane_freed_after_a_command_began_is_not_given_to_it() {
     writer.pdu(&event(t0, Direction::Sent, data_in(4, 512, true), (17, 18)));
     writer.finish().unwrap();
     let trace = out.json();
-    let spans = named(&complete_events(&trace), "READ(10)");
-    let lane_of = |itt: u32| {
-        spans
-            .iter()
-            .find(|e| e["args"]["itt"] == itt)
-            .map(|e| e["tid"].as_u64().unwrap())
-            .unwrap()
-    };
+    let lane_of = |itt: u32| lane_of(&trace, itt);
     assert_eq!(lane_of(1), tid(FIRST_LANE_TRACK));
     assert_eq!(lane_of(2), tid(FIRST_LANE_TRACK + 1));
     assert_eq!(

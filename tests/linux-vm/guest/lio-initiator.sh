@@ -132,59 +132,43 @@ expect_grep "inquiry with CRC32C digests" "LIO-ORG" $ISCSI inquiry $URL --digest
 roundtrip $URL --digest crc32c
 echo "digest $(elapsed "$t0")" >> out/timings.txt
 
-# ERL 1 (RFC 7143 7.3): through `iscsi fault-proxy`, which corrupts the data of every 50th Data-In,
-# our initiator asks LIO for each corrupted PDU again with a Data SNACK; the data must come back
-# whole and the session must never be reinstated. LIO also sets the A bit at ERL 1, which our
-# initiator answers with DataACK SNACKs.
+# ERL 1 through `iscsi fault-proxy` on PORT corrupting the data of every 50th PDU of KIND (data-in or
+# data-out): a round trip compared, then a bench of RW whose JSON must show ERL 1, COUNTER (the
+# bench's count of recoveries) above 0 and no reinstatement.
+erl1_through_proxy() {
+    port=$1 kind=$2 rw=$3 counter=$4
+    $ISCSI fault-proxy --listen 127.0.0.1:$port --to $HOST:3260 --fault "corrupt-data@$kind%50" \
+        --log out/erl1-$kind.jsonl > out/erl1-$kind-proxy.log 2>&1 &
+    proxy=$!
+    sleep 0.5
+    purl=iscsi://127.0.0.1:$port/$IQN/0
+    roundtrip $purl --digest crc32c --set ErrorRecoveryLevel=1
+    if step "bench $rw 256k QD 8 at ERL 1" $ISCSI bench $purl --digest crc32c \
+        --set ErrorRecoveryLevel=1 --rw $rw --bs 256k --qd 8 --time 3 --json &&
+        verdict=$(tail -1 /tmp/step.out | COUNTER=$counter python3 -c 'import json, os, sys
+r, c = json.load(sys.stdin), os.environ["COUNTER"]
+ok = r["error_recovery_level"] == 1 and r[c] > 0 and r["reinstatements"] == 0
+print(("ok" if ok else "bad") + " ERL %d, %d %s, %d reinstatements, %.0f MiB/s" % (
+    r["error_recovery_level"], r[c], c, r["reinstatements"], r["mib_per_s"]))') &&
+        [ "${verdict%% *}" = ok ]; then
+        pass "corrupted $kind recovered in the connection: ${verdict#* }"
+    else
+        fail "ERL 1 $kind recovery: ${verdict:-$(tail -2 /tmp/step.out | tr '\n' ' ')}"
+    fi
+    kill "$proxy" 2>/dev/null; wait "$proxy" 2>/dev/null
+    corrupted=$(grep -c '"fault":"corrupt-data' out/erl1-$kind.jsonl || true)
+    if [ "${corrupted:-0}" -gt 0 ]; then pass "the proxy corrupted $corrupted $kind (out/erl1-$kind.jsonl)"
+    else fail "the proxy corrupted no $kind"; fi
+}
+
 phase=erl1; t0=$(now)
 lio --digest --erl 1
-$ISCSI fault-proxy --listen 127.0.0.1:3270 --to $HOST:3260 --fault 'corrupt-data@data-in%50' \
-    --log out/erl1-faults.jsonl > out/erl1-proxy.log 2>&1 &
-proxy=$!
-sleep 0.5
-PURL=iscsi://127.0.0.1:3270/$IQN/0
-roundtrip $PURL --digest crc32c --set ErrorRecoveryLevel=1
-if step "bench read 256k QD 8 at ERL 1" $ISCSI bench $PURL --digest crc32c --set ErrorRecoveryLevel=1 \
-    --rw read --bs 256k --qd 8 --time 3 --json &&
-    verdict=$(tail -1 /tmp/step.out | python3 -c 'import json, sys
-r = json.load(sys.stdin)
-ok = r["error_recovery_level"] == 1 and r["snacks"] > 0 and r["reinstatements"] == 0
-print(("ok" if ok else "bad") + " ERL %d, %d SNACKs, %d reinstatements, %.0f MiB/s" % (
-    r["error_recovery_level"], r["snacks"], r["reinstatements"], r["mib_per_s"]))') &&
-    [ "${verdict%% *}" = ok ]; then
-    pass "corrupted Data-In recovered in the connection: ${verdict#* }"
-else
-    fail "ERL 1 recovery: ${verdict:-$(tail -2 /tmp/step.out | tr '\n' ' ')}"
-fi
-kill "$proxy" 2>/dev/null; wait "$proxy" 2>/dev/null
-corrupted=$(grep -c '"fault":"corrupt-data' out/erl1-faults.jsonl || true)
-if [ "${corrupted:-0}" -gt 0 ]; then pass "the proxy corrupted $corrupted Data-In (out/erl1-faults.jsonl)"
-else fail "the proxy corrupted nothing"; fi
-
-# ERL 1 the other way (RFC 7143 7.8): every 50th Data-Out corrupted, LIO rejects it and asks for the
-# data again with a recovery R2T, which our initiator answers; no command fails or is sent again.
-$ISCSI fault-proxy --listen 127.0.0.1:3271 --to $HOST:3260 --fault 'corrupt-data@data-out%50' \
-    --log out/erl1-dataout-faults.jsonl > out/erl1-dataout-proxy.log 2>&1 &
-proxy=$!
-sleep 0.5
-PURL=iscsi://127.0.0.1:3271/$IQN/0
-roundtrip $PURL --digest crc32c --set ErrorRecoveryLevel=1
-if step "bench write 256k QD 8 at ERL 1" $ISCSI bench $PURL --digest crc32c --set ErrorRecoveryLevel=1 \
-    --rw write --bs 256k --qd 8 --time 3 --json &&
-    verdict=$(tail -1 /tmp/step.out | python3 -c 'import json, sys
-r = json.load(sys.stdin)
-ok = r["error_recovery_level"] == 1 and r["recovery_r2ts"] > 0 and r["reinstatements"] == 0
-print(("ok" if ok else "bad") + " ERL %d, %d recovery R2Ts, %d reinstatements, %.0f MiB/s" % (
-    r["error_recovery_level"], r["recovery_r2ts"], r["reinstatements"], r["mib_per_s"]))') &&
-    [ "${verdict%% *}" = ok ]; then
-    pass "corrupted Data-Out recovered in the connection: ${verdict#* }"
-else
-    fail "ERL 1 Data-Out recovery: ${verdict:-$(tail -2 /tmp/step.out | tr '\n' ' ')}"
-fi
-kill "$proxy" 2>/dev/null; wait "$proxy" 2>/dev/null
-corrupted=$(grep -c '"fault":"corrupt-data' out/erl1-dataout-faults.jsonl || true)
-if [ "${corrupted:-0}" -gt 0 ]; then pass "the proxy corrupted $corrupted Data-Out (out/erl1-dataout-faults.jsonl)"
-else fail "the proxy corrupted no Data-Out"; fi
+# RFC 7143 7.3: our initiator asks LIO for each corrupted Data-In again with a Data SNACK. LIO also
+# sets the A bit at ERL 1, which our initiator answers with DataACK SNACKs.
+erl1_through_proxy 3270 data-in read snacks
+# RFC 7143 7.8: LIO rejects each corrupted Data-Out and asks for its data again with a recovery R2T,
+# which our initiator answers; no command fails or is sent again.
+erl1_through_proxy 3271 data-out write recovery_r2ts
 echo "erl1 $(elapsed "$t0")" >> out/timings.txt
 
 CHAP_USER=rs-initiator; CHAP_SECRET=initiator-secret-1
