@@ -61,4 +61,40 @@ else
     fail "verify-only pass after the restarts"
 fi
 check "logout" logout "$IQN" "$P"
+
+# A cut connection (RFC 7143 7.1.4.1, ERL 0): the kernel initiator reaches the target through
+# `iscsi fault-proxy`, which cuts the connection at the 3000th SCSI Command and again inside a PDU
+# 60 MB into the next connection towards the target, while fio writes with verify at QD32. iscsid logs in
+# again through the proxy and the block layer sends the commands again: fio must see no error, and
+# the verify-only pass must find every acknowledged write.
+PP=127.0.0.1:3290
+./iscsi fault-proxy --listen $PP --to "$P" --fault 'cut@scsi-command#3000' \
+    --fault 'cut-after=60000001@to-target' --log out/cut-faults.jsonl >out/cut-proxy.log 2>&1 &
+proxy=$!
+sleep 0.5
+node_new "$IQN" "$PP"
+node_set "$IQN" "$PP" node.session.timeo.replacement_timeout 120
+errors_before=$(dmesg | grep -c 'detected conn error' || true)
+check "login through the fault proxy" login "$IQN" "$PP"
+dev=$(disk "$IQN" 0)
+cut=(--name=cut --filename="$dev" --ioengine=libaio --direct=1 --iodepth=32 --rw=randwrite
+    --bs=16k --size=160M --verify=crc32c --verify_fatal=1 --verify_state_save=1)
+fio_rc=0
+fio "${cut[@]}" --do_verify=0 --output=out/fio-cut.txt >/dev/null 2>&1 || fio_rc=$?
+cat out/fio-cut.txt
+[ "$fio_rc" = 0 ] || fail "fio failed across the cut connections (exit $fio_rc)"
+grep -q 'err= 0' out/fio-cut.txt || fail "fio reports I/O errors across the cut connections"
+cuts=$(grep -c '"fault":"cut' out/cut-faults.jsonl || true)
+[ "$cuts" = 2 ] || fail "the proxy cut $cuts connections, expected 2 (out/cut-faults.jsonl)"
+errors=$(( $(dmesg | grep -c 'detected conn error' || true) - errors_before ))
+[ "$errors" -ge 2 ] || fail "the kernel saw $errors connection errors for 2 cuts"
+ok "fio wrote 160 MiB at QD32 through 2 cut connections without an I/O error ($errors connection errors recovered)"
+if fio "${cut[@]}" --verify_only --verify_state_load=1 --output=out/fio-cut-verify.txt >/dev/null 2>&1; then
+    ok "verify-only pass after the cuts: every acknowledged write reads back"
+else
+    tail -30 out/fio-cut-verify.txt
+    fail "verify-only pass after the cut connections"
+fi
+check "logout through the fault proxy" logout "$IQN" "$PP"
+kill "$proxy" 2>/dev/null
 echo "RESTART OK"

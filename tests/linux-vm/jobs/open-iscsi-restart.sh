@@ -2,7 +2,9 @@
 # `iscsi target` restarted under the Linux kernel initiator: while open-iscsi writes at QD32 to a
 # file LUN, the target is stopped (SIGINT: its graceful shutdown, which asks the initiator to log
 # out; then SIGKILL) and started again on the same port with the same file. The initiator must recover its session by itself and lose no acknowledged
-# write. Guest side: guest/open-iscsi-restart.sh.
+# write. Then, in the same boot, the connection is cut twice through `iscsi fault-proxy` (in the
+# guest, between the kernel initiator and the target) under fio verify: recovered with no error
+# seen by fio. Guest side: guest/open-iscsi-restart.sh.
 set -euo pipefail
 # shellcheck source=tests/linux-vm/lib.sh
 source "$(dirname "$0")/../lib.sh"
@@ -12,8 +14,9 @@ iqn=iqn.2026-11.rs.iscsi.test:restart
 args=(--name "$iqn" --lun "file:$VM_WORK/restart.img,size=256M")
 target_start t0 "$port" "${args[@]}"
 echo "PORT=$port IQN=$iqn" >params.sh
+cp "$ISCSI_BIN" ./iscsi
 guest=$LINUX_VM_DIR/guest
-vm_run_bg --to-host "$port" --timeout 600 "$guest/open-iscsi-restart.sh" "$guest/open-iscsi-lib.sh" params.sh
+vm_run_bg --to-host "$port" --timeout 600 "$guest/open-iscsi-restart.sh" "$guest/open-iscsi-lib.sh" params.sh ./iscsi
 
 # How many logins to $iqn the target's log shows (colour codes stripped).
 logins() { sed 's/\x1b\[[0-9;]*m//g' "$(target_log t0)" | grep -c "login complete.*target=\"$iqn\"" || true; }
@@ -42,6 +45,7 @@ restart KILL
 touch "$VM_SHARE/restarts-done"
 rc=0
 wait "$VM_RUN_PID" || rc=$?
+rm -f ./iscsi
 grep -E '^(ok|not ok) - ' console.log || true
 target_alive t0 || vm_fail "the target died"
 [ "$rc" = 0 ] || vm_fail "guest script exit $rc"
