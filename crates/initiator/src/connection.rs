@@ -1122,6 +1122,18 @@ impl Connection {
         }
     }
 
+    /// Whether lost data and R2Ts are asked for again (ErrorRecoveryLevel
+    /// 1 or more) rather than ending the connection.
+    pub(crate) fn recovers_data(&self) -> bool {
+        self.recovers_data
+    }
+
+    /// Asks again for task `itt`'s R2Ts from R2TSN `beg_run` (all that
+    /// follow when `run_length` is 0): an R2T SNACK (RFC 7143 11.16).
+    pub(crate) fn r2t_snack(&self, itt: u32, beg_run: u32, run_length: u32) {
+        self.snack(SnackType::DataR2t, itt, beg_run, run_length);
+    }
+
     /// Counts a recovery R2T answered (RFC 7143 7.8).
     pub(crate) fn recovery_r2t_answered(&self) {
         self.snacks.recovery_r2ts.fetch_add(1, Ordering::Relaxed);

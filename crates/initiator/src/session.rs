@@ -35,7 +35,9 @@ use iscsi_proto::pdu::{
 use iscsi_proto::serial::{CmdSn, DataSn};
 use iscsi_proto::state::{ConnectionEvent, Role, SessionEvent, SessionState, SessionStateMachine};
 use iscsi_proto::text::NegotiatedParameters;
-use iscsi_proto::transfer::{Limits, R2tTracker, Segment as DataSegment, WritePlan, data_segments};
+use iscsi_proto::transfer::{
+    Limits, R2tTracker, Segment as DataSegment, TransferError, WritePlan, data_segments,
+};
 use tokio::sync::mpsc;
 
 use crate::buffers::ReadBuffers;
@@ -126,6 +128,14 @@ impl Drop for Registration<'_> {
         self.connection.unregister(self.itt);
     }
 }
+
+/// How long a write at ErrorRecoveryLevel 1 waits for an R2T it is owed
+/// before asking for it with an R2T SNACK. Targets send R2Ts as soon as
+/// they want data, so a second of silence means one was lost; a SNACK
+/// sent too early costs only a Reject or a copy, both ignored.
+const R2T_SNACK_AFTER: Duration = Duration::from_secs(1);
+/// The longest wait between R2T SNACKs for one write.
+const R2T_SNACK_MAX_WAIT: Duration = Duration::from_secs(8);
 
 /// A sentinel for "no CmdSN taken yet".
 const NO_CMD_SN: u64 = u64::MAX;
@@ -815,14 +825,48 @@ impl Attempt<'_> {
             R2tTracker::new(limits, self.expected_length)
                 .after_unsolicited(plan.immediate + plan.unsolicited)
         });
-        while let Some(event) = events.recv().await {
+        // At ERL 1 an R2T lost on the way is asked for again (RFC 7143
+        // 11.16): a write that waits for an R2T this long sends an R2T
+        // SNACK, then again at twice the wait, up to a limit.
+        let recovers = connection.recovers_data();
+        let mut r2t_wait = R2T_SNACK_AFTER;
+        let mut snacked = false;
+        loop {
+            let awaits_r2t = recovers && tracker.as_ref().is_some_and(R2tTracker::awaits_r2t);
+            let event = if awaits_r2t {
+                match tokio::time::timeout(r2t_wait, events.recv()).await {
+                    Ok(event) => event,
+                    Err(_) => {
+                        let next = tracker.as_ref().map_or(0, R2tTracker::next_r2t_sn);
+                        tracing::warn!(
+                            itt = self.itt,
+                            r2t_sn = next,
+                            "no R2T for {r2t_wait:?}: R2T SNACK"
+                        );
+                        connection.r2t_snack(self.itt, next, 0);
+                        snacked = true;
+                        r2t_wait = (r2t_wait * 2).min(R2T_SNACK_MAX_WAIT);
+                        continue;
+                    }
+                }
+            } else {
+                events.recv().await
+            };
+            let Some(event) = event else { break };
             match event {
                 TaskEvent::Scsi(result) => return result.map_err(AttemptError::Failed),
                 TaskEvent::Lost(buffer) => return Err(AttemptError::Lost(buffer)),
+                TaskEvent::Rejected(reason) if snacked => {
+                    // The SNACK asked for an R2T the target had not sent
+                    // yet: it comes when the target is ready.
+                    tracing::debug!(itt = self.itt, ?reason, "R2T SNACK refused");
+                    snacked = false;
+                }
                 TaskEvent::Rejected(reason) => {
                     return Err(AttemptError::Failed(Error::Rejected(reason)));
                 }
                 TaskEvent::R2t(r2t) => {
+                    r2t_wait = R2T_SNACK_AFTER;
                     let (Some(tracker), Some(data)) = (tracker.as_mut(), self.write_data) else {
                         connection.close();
                         return Err(AttemptError::Failed(Error::Protocol(
@@ -837,6 +881,17 @@ impl Attempt<'_> {
                         r2t.desired_data_transfer_length,
                     ) {
                         Ok(segments) => segments,
+                        Err(TransferError::R2tSnOutOfOrder { got, expected }) if recovers => {
+                            if got.wrapping_sub(expected) < 0x8000_0000 {
+                                // R2Ts before this one were lost: ask for
+                                // them all again, this one included.
+                                connection.r2t_snack(self.itt, expected, 0);
+                                snacked = true;
+                            }
+                            // Else a copy of one already answered (a
+                            // SNACK's answer crossing the original).
+                            continue;
+                        }
                         Err(error) => {
                             // ERL 0: the task cannot go on; the connection
                             // is in an unknown state.

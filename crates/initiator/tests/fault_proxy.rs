@@ -278,3 +278,18 @@ async fn at_erl_1_corrupted_immediate_data_is_asked_for_again_with_a_recovery_r2
     assert_eq!(session.recovery_r2ts_answered(), 1);
     session.logout().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl_1_a_lost_r2t_is_asked_for_again_with_an_r2t_snack() {
+    // The R2T is simply not delivered: at ERL 1 the write asks for it
+    // after a second without one (RFC 7143 11.16), not after the command
+    // timeout with a reinstatement.
+    let (session, proxy, _stop) = through_proxy(&["drop@r2t#20"], false, 1).await;
+    let started = std::time::Instant::now();
+    write_read_verify(&session).await;
+    assert_eq!(proxy.fired(), [1]);
+    assert_eq!(session.reinstatements(), 0, "recovered in the connection");
+    assert_eq!(session.snacks_sent(), 1, "one R2T SNACK");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    session.logout().await.unwrap();
+}

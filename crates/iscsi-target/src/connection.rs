@@ -20,7 +20,7 @@
 //! - On target shutdown, an Asynchronous Message asks the initiator to log
 //!   out; the connection is dropped if it has not done so in time.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -32,16 +32,16 @@ use iscsi_datamover::{
 };
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
-    AsyncEvent, AsyncMessage, DataIn, DataOut, Header, LogoutReason, LogoutRequest, LogoutResponse,
-    LogoutResponseCode, Lun, NopIn, NopOut, Pdu, ReadyToTransfer, Reject, RejectReason,
-    ScsiCommand, ScsiResponse, SegmentLengths, ServiceResponse, SnackRequest, TaskFunction,
-    TaskManagementRequest, TaskManagementResponse, TaskResponse, TextRequest, TextResponse,
+    AsyncEvent, AsyncMessage, DataIn, Header, LogoutReason, LogoutRequest, LogoutResponse,
+    LogoutResponseCode, Lun, NopIn, NopOut, Pdu, Reject, RejectReason, ScsiCommand, ScsiResponse,
+    SegmentLengths, ServiceResponse, SnackRequest, SnackType, TaskFunction, TaskManagementRequest,
+    TaskManagementResponse, TaskResponse, TextRequest, TextResponse,
 };
-use iscsi_proto::serial::{CmdSn, DataSn, R2tSn, StatSn};
+use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
 use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachine};
 use iscsi_proto::text::codec::{self, TextPair};
 use iscsi_proto::text::{Negotiator, Role, SessionType, Stage};
-use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
+use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, Nexus, ScsiTarget, TargetReset};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -51,6 +51,9 @@ use crate::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
 
 use crate::session::{Admission, Session, Shared, Task, record};
 use crate::stats::SessionStats;
+use write::{Drain, PROTOCOL_SERVICE_CRC_ERROR, PendingWrite};
+
+mod write;
 
 /// The reserved tag value (RFC 7143 11.2.1.8).
 const RESERVED_TAG: u32 = 0xFFFF_FFFF;
@@ -233,50 +236,6 @@ impl Drop for InFlightGuard {
 /// scratch to `ScsiTarget::execute`, which a READ overwrites in place rather
 /// than zeroing it again.
 const BUFFERS_KEPT: usize = 64;
-
-/// SPC-4's PROTOCOL SERVICE CRC ERROR (ABORTED COMMAND, 47h/05h): the
-/// status of a task whose data failed its digest at ErrorRecoveryLevel 0
-/// (RFC 7143 7.8, 11.4.7.2).
-const PROTOCOL_SERVICE_CRC_ERROR: iscsi_scsi::Sense = iscsi_scsi::Sense::new(
-    iscsi_scsi::SenseKey::AbortedCommand,
-    iscsi_scsi::Asc::new(0x47, 0x05),
-);
-
-/// A failed write waiting for the Data-Out the initiator still owes.
-struct Drain {
-    task: Arc<Task>,
-    command: ScsiCommand,
-    outcome: CommandOutcome,
-    /// R2Ts whose Data-Out sequence has not ended.
-    transfer_tags: Vec<u32>,
-    /// Whether the unsolicited burst has not ended.
-    unsolicited: bool,
-}
-
-impl Drain {
-    /// Notes the end (F bit) of the sequence with `transfer_tag`: true
-    /// when nothing more is due.
-    fn sequence_ended(&mut self, transfer_tag: u32) -> bool {
-        if transfer_tag == UNSOLICITED_TRANSFER_TAG {
-            self.unsolicited = false;
-        } else {
-            self.transfer_tags.retain(|&tag| tag != transfer_tag);
-        }
-        !self.unsolicited && self.transfer_tags.is_empty()
-    }
-}
-
-/// A write collecting its data.
-struct PendingWrite {
-    task: Arc<Task>,
-    command: ScsiCommand,
-    cdb: Vec<u8>,
-    buffer: Vec<u8>,
-    tracker: DataOutTracker,
-    /// Solicited bursts not yet asked for: (offset, length).
-    bursts: VecDeque<(u32, u32)>,
-    r2ts_sent: u32,
-}
 
 /// What the reading loop does after a PDU.
 enum Flow {
@@ -600,6 +559,11 @@ impl Connection {
     /// Reject, at 1 with the Data-In or statuses asked for, sent again from
     /// what the connection kept (`retention`), or a Reject saying why not.
     async fn snack(&mut self, header: &Header, snack: &SnackRequest) -> Result<(), DatamoverError> {
+        if snack.snack_type == SnackType::DataR2t
+            && self.pending_writes.contains_key(&snack.initiator_task_tag)
+        {
+            return self.resend_r2ts(header, snack).await;
+        }
         let Some(retained) = &self.writer.retained else {
             return self.reject(header, RejectReason::SnackReject).await;
         };
@@ -902,6 +866,7 @@ impl Connection {
             tracker,
             bursts,
             r2ts_sent: 0,
+            r2ts: Vec::new(),
         };
         self.requeue_lost(&mut pending);
         self.solicit(&mut pending).await?;
@@ -911,227 +876,6 @@ impl Connection {
             self.pending_writes.insert(itt, pending);
         }
         Ok(())
-    }
-
-    /// Sends R2Ts while fewer than MaxOutstandingR2T await their data
-    /// (RFC 7143 11.8, 13.17).
-    async fn solicit(&mut self, pending: &mut PendingWrite) -> Result<(), DatamoverError> {
-        let max = self.limits.r2t_limit();
-        while pending.tracker.outstanding_r2ts() < max {
-            let Some((offset, length)) = pending.bursts.pop_front() else {
-                break;
-            };
-            let tag = self.next_transfer_tag;
-            // Target Transfer Tags never take the reserved value.
-            self.next_transfer_tag = (self.next_transfer_tag % 0x7FFF_FFFF) + 1;
-            pending.tracker.r2t_sent(tag, offset, length);
-            let r2t = ReadyToTransfer {
-                lun: pending.command.lun,
-                initiator_task_tag: pending.command.initiator_task_tag,
-                target_transfer_tag: tag,
-                r2t_sn: R2tSn::new(pending.r2ts_sent),
-                buffer_offset: offset,
-                desired_data_transfer_length: length,
-                ..ReadyToTransfer::default()
-            };
-            pending.r2ts_sent += 1;
-            SessionStats::add(&self.session.stats.r2ts, 1);
-            self.writer
-                .send(Pdu::ReadyToTransfer(r2t), &[], Stat::Current)
-                .await?;
-        }
-        Ok(())
-    }
-
-    /// A Data-Out PDU (RFC 7143 11.7): checked against its write's R2Ts
-    /// and unsolicited window, then received straight into place.
-    async fn data_out(
-        &mut self,
-        receiver: &mut Receiver,
-        header: &Header,
-        data_out: DataOut,
-    ) -> Result<(), DatamoverError> {
-        let itt = data_out.initiator_task_tag;
-        let length = header.data_segment_length;
-        let Some(pending) = self.pending_writes.get_mut(&itt) else {
-            receiver.receive_data().await?;
-            if let Some(drain) = self.draining.get_mut(&itt) {
-                if data_out.final_flag
-                    && drain.sequence_ended(data_out.target_transfer_tag)
-                    && let Some(drain) = self.draining.remove(&itt)
-                {
-                    self.answer_now(drain.task, drain.command, drain.outcome);
-                }
-                return Ok(());
-            }
-            // Data-Out for no write in progress.
-            return self.reject(header, RejectReason::InvalidPduField).await;
-        };
-        if pending.task.aborted.load(Ordering::Acquire) {
-            receiver.receive_data().await?;
-            if let Some(pending) = self.pending_writes.remove(&itt) {
-                self.session.finish(&pending.task);
-                self.buffers.give(pending.buffer);
-            }
-            return Ok(());
-        }
-        let progress = pending.tracker.data_out(
-            data_out.target_transfer_tag,
-            data_out.data_sn.get(),
-            data_out.buffer_offset,
-            length,
-            data_out.final_flag,
-        );
-        let progress = match progress {
-            Ok(progress) => progress,
-            Err(e) => {
-                // At ErrorRecoveryLevel 0 the write cannot be completed:
-                // reject the PDU and end the command with CHECK CONDITION.
-                debug!(error = %e, "bad Data-Out");
-                receiver.receive_data().await?;
-                self.reject(header, e.reject_reason()).await?;
-                self.fail_write(
-                    itt,
-                    iscsi_scsi::Sense::new(
-                        iscsi_scsi::SenseKey::AbortedCommand,
-                        // 0Ch/0Dh, NOT ENOUGH UNSOLICITED DATA: of RFC 7143
-                        // 11.4.7.2's iSCSI conditions, the one for data that
-                        // does not add up to the transfer.
-                        iscsi_scsi::Asc::new(0x0C, 0x0D),
-                    ),
-                );
-                return Ok(());
-            }
-        };
-        let start = data_out.buffer_offset as usize;
-        let end = start + length as usize;
-        match receiver
-            .receive_data_in_place(&mut pending.buffer, start..end)
-            .await
-        {
-            Ok(()) => {}
-            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. }))
-                if self.limits.error_recovery_level > 0 =>
-            {
-                // ErrorRecoveryLevel 1 (RFC 7143 7.8): reject the PDU and
-                // ask for its data again with a recovery R2T once its
-                // sequence has ended (13.19: in sequence order, one R2T is
-                // outstanding at a time).
-                warn!("data digest error in Data-Out: PDU rejected, data asked for again");
-                self.reject(header, RejectReason::DataDigestError).await?;
-                let Some(mut pending) = self.pending_writes.remove(&itt) else {
-                    return Ok(());
-                };
-                pending.tracker.discard(
-                    data_out.target_transfer_tag,
-                    data_out.buffer_offset,
-                    length,
-                );
-                self.requeue_lost(&mut pending);
-                self.solicit(&mut pending).await?;
-                self.pending_writes.insert(itt, pending);
-                return Ok(());
-            }
-            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
-                warn!("data digest error in Data-Out: PDU rejected, write failed");
-                self.reject(header, RejectReason::DataDigestError).await?;
-                self.fail_write(itt, PROTOCOL_SERVICE_CRC_ERROR);
-                return Ok(());
-            }
-            Err(e) => return Err(e),
-        }
-        SessionStats::add(&self.session.stats.write_bytes, u64::from(length));
-        let mut pending = match self.pending_writes.remove(&itt) {
-            Some(p) => p,
-            None => return Ok(()),
-        };
-        if let DataOutProgress::R2tComplete(_) = progress {
-            self.solicit(&mut pending).await?;
-        }
-        if pending.tracker.is_complete() {
-            let Some(scsi) = self.session.scsi.clone() else {
-                return Ok(());
-            };
-            self.start_write(scsi, pending);
-        } else {
-            self.pending_writes.insert(itt, pending);
-        }
-        Ok(())
-    }
-
-    /// Puts the ranges a write's tracker discarded first in line for R2Ts:
-    /// recovery R2Ts (RFC 7143 7.8), sent as outstanding R2Ts allow.
-    fn requeue_lost(&self, pending: &mut PendingWrite) {
-        for range in pending.tracker.take_lost().into_iter().rev() {
-            SessionStats::add(&self.session.stats.recovery_r2ts, 1);
-            pending.bursts.push_front(range);
-        }
-    }
-
-    /// Ends a write that cannot complete with CHECK CONDITION; its further
-    /// Data-Out is dropped.
-    fn fail_write(&mut self, itt: u32, sense: iscsi_scsi::Sense) {
-        if let Some(pending) = self.pending_writes.remove(&itt) {
-            self.buffers.give(pending.buffer);
-            let transfer_tags = pending.tracker.outstanding_transfer_tags();
-            let unsolicited = pending.tracker.awaiting_unsolicited();
-            self.answer_when_drained(
-                pending.task,
-                pending.command,
-                CommandOutcome::check_condition(sense),
-                transfer_tags,
-                unsolicited,
-            );
-        }
-    }
-
-    /// Whether a WRITE of `expected` bytes with `immediate` bytes in its
-    /// command PDU is followed by unsolicited Data-Out (InitialR2T=No: up
-    /// to FirstBurstLength in all, RFC 7143 13.10-13.11).
-    fn unsolicited_follows(&self, expected: u32, immediate: u32) -> bool {
-        !self.limits.initial_r2t && immediate < self.limits.first_burst_length.min(expected)
-    }
-
-    /// Answers a write that failed before all its data arrived once the
-    /// Data-Out still due is in: the unsolicited burst if `unsolicited`,
-    /// and the sequences answering `transfer_tags`' R2Ts. RFC 7143 7.8: the
-    /// target "MUST wait to receive all the data ... before sending the
-    /// SCSI Response PDU", so the initiator never sees the status of a task
-    /// it is still sending data for. An ABORT TASK meanwhile ends the task
-    /// at once; the status then never goes out.
-    fn answer_when_drained(
-        &mut self,
-        task: Arc<Task>,
-        command: ScsiCommand,
-        outcome: CommandOutcome,
-        transfer_tags: Vec<u32>,
-        unsolicited: bool,
-    ) {
-        if transfer_tags.is_empty() && !unsolicited {
-            self.answer_now(task, command, outcome);
-            return;
-        }
-        let itt = command.initiator_task_tag;
-        let drain = Drain {
-            task,
-            command,
-            outcome,
-            transfer_tags,
-            unsolicited,
-        };
-        self.draining.insert(itt, drain);
-    }
-
-    fn start_write(&mut self, scsi: Arc<ScsiTarget>, pending: PendingWrite) {
-        let PendingWrite {
-            task,
-            command,
-            cdb,
-            buffer,
-            r2ts_sent,
-            ..
-        } = pending;
-        self.execute(scsi, task, command, cdb, buffer, r2ts_sent);
     }
 
     /// Answers a command with `outcome` without executing it.

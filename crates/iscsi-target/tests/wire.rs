@@ -795,6 +795,73 @@ async fn at_erl_1_a_data_out_lost_to_its_digest_is_asked_for_with_a_recovery_r2t
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_erl_1_an_r2t_snack_gets_the_same_r2t_again() {
+    // RFC 7143 11.16: R2Ts asked for by a SNACK are exact replicas.
+    let target = Target::start(|_| {}).await;
+    let erl1 = NegotiationConfig {
+        error_recovery_level: 1,
+        ..offers()
+    };
+    let mut client = Client::login(target.address, erl1, 0).await;
+    let data = pattern(32 * 1024, 6);
+    let itt = client.itt();
+    client.write10(itt, 500, 64, &[]).await;
+    let r2t = |pdu: Pdu| match pdu {
+        Pdu::ReadyToTransfer(r2t) => r2t,
+        other => panic!("expected an R2T, got {other:?}"),
+    };
+    let first = r2t(client.receive().await.header.pdu);
+    let r2t_snack = |beg_run, run_length| {
+        Pdu::SnackRequest(SnackRequest {
+            snack_type: SnackType::DataR2t,
+            initiator_task_tag: itt,
+            target_transfer_tag: RESERVED_TAG,
+            beg_run,
+            run_length,
+            ..SnackRequest::default()
+        })
+    };
+    // As if the R2T had been lost: all from R2TSN 0.
+    client.send(r2t_snack(0, 0), &[]).await;
+    let again = r2t(client.receive().await.header.pdu);
+    assert_eq!(
+        (again.r2t_sn, again.target_transfer_tag, again.buffer_offset),
+        (first.r2t_sn, first.target_transfer_tag, first.buffer_offset)
+    );
+    assert_eq!(
+        again.desired_data_transfer_length,
+        first.desired_data_transfer_length
+    );
+    // An R2T never sent: a protocol error, and the write goes on.
+    client.send(r2t_snack(7, 1), &[]).await;
+    match client.receive().await.header.pdu {
+        Pdu::Reject(reject) => assert_eq!(reject.reason, RejectReason::ProtocolError),
+        other => panic!("expected a Reject, got {other:?}"),
+    }
+    let mut next = again;
+    loop {
+        client
+            .answer_r2t(
+                itt,
+                next.target_transfer_tag,
+                next.buffer_offset,
+                next.desired_data_transfer_length,
+                &data,
+            )
+            .await;
+        match client.receive().await.header.pdu {
+            Pdu::ScsiResponse(response) => {
+                assert_eq!(response.status, 0);
+                break;
+            }
+            pdu => next = r2t(pdu),
+        }
+    }
+    assert_eq!(target.lun_bytes(500 * BLOCK as u64, data.len()), data);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_erl_1_snacks_get_the_same_data_and_status_again() {
     let target = Target::start(|_| {}).await;
     let erl1 = NegotiationConfig {

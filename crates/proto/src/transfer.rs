@@ -669,6 +669,8 @@ pub struct R2tTracker {
     /// Where the data sent unsolicited (immediate and unsolicited
     /// Data-Out) ends.
     unsolicited_end: u32,
+    /// Bytes asked for by R2Ts other than recovery R2Ts.
+    requested: u64,
 }
 
 impl R2tTracker {
@@ -682,6 +684,7 @@ impl R2tTracker {
             outstanding: Vec::new(),
             recoveries: 0,
             unsolicited_end: 0,
+            requested: 0,
         }
     }
 
@@ -734,9 +737,26 @@ impl R2tTracker {
         }
         self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
         self.recoveries += u32::from(recovery);
+        if !recovery {
+            self.requested += u64::from(length);
+        }
         self.lowest_next_offset = self.lowest_next_offset.max(end);
         self.outstanding.push((transfer_tag, offset, length));
         Ok(data_segments(offset, length, self.limits.max_send_segment))
+    }
+
+    /// The R2TSN the next R2T must carry.
+    pub fn next_r2t_sn(&self) -> u32 {
+        self.next_r2t_sn
+    }
+
+    /// Whether the WRITE waits for an R2T: every R2T received is answered
+    /// and data is still to be asked for. A target sends the next R2T as
+    /// soon as it wants more, so one that does not come for long may have
+    /// been lost (at ErrorRecoveryLevel 1, asked for with an R2T SNACK).
+    pub fn awaits_r2t(&self) -> bool {
+        self.outstanding.is_empty()
+            && u64::from(self.unsolicited_end) + self.requested < u64::from(self.expected_length)
     }
 
     /// How many recovery R2Ts (asking again for data already asked for)
