@@ -327,9 +327,14 @@ impl Connection {
     }
 
     /// Reads and serves PDUs until logout, the peer's close, an error, the
-    /// session's close or the end of the shutdown grace period. Says
-    /// whether the connection ended by a successful logout (T13).
-    pub async fn run(mut self, mut receiver: Receiver) -> (Result<(), DatamoverError>, bool) {
+    /// session's close, a login with this connection's CID (`replaced`)
+    /// or the end of the shutdown grace period. Says whether the
+    /// connection ended by a successful logout (T13).
+    pub async fn run(
+        mut self,
+        mut receiver: Receiver,
+        mut replaced: tokio::sync::watch::Receiver<bool>,
+    ) -> (Result<(), DatamoverError>, bool) {
         let mut shutdown = self.shared.shutdown.clone();
         let mut closing = self.session.closing();
         let mut logout_deadline: Option<Instant> = None;
@@ -345,6 +350,13 @@ impl Connection {
                 }
                 break Ok(());
             }
+            if *replaced.borrow() {
+                // Connection reinstatement (RFC 7143 6.3.4): an implicit
+                // logout of this connection (T8).
+                info!(cid = self.cid, "replaced by a login with the same CID");
+                self.record(ConnectionEvent::SessionClosedElsewhere);
+                break Ok(());
+            }
             if *shutdown.borrow() && logout_deadline.is_none() {
                 match self.request_logout().await {
                     Ok(deadline) => logout_deadline = Some(deadline),
@@ -357,6 +369,7 @@ impl Connection {
                 header = receiver.receive_header() => header,
                 _ = shutdown.changed() => continue,
                 _ = closing.changed() => continue,
+                Ok(()) = replaced.changed() => continue,
                 _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)).await },
                     if deadline.is_some() => {
                     info!(cid = self.cid, "no logout after the shutdown request: dropping the connection");

@@ -216,6 +216,12 @@ pub(crate) struct Session {
     close: watch::Sender<bool>,
     /// Connections in full feature phase.
     connections: AtomicU32,
+    /// Per CID, the connection that has it: a number telling it from a
+    /// later one with the same CID, and what closes it when a login with
+    /// its CID reinstates it (RFC 7143 6.3.4).
+    by_cid: Mutex<HashMap<u16, (u64, watch::Sender<bool>)>>,
+    /// Numbers connections for `by_cid`.
+    next_connection: AtomicU64,
     /// The session's state (RFC 7143 8.3).
     lifecycle: Mutex<SessionStateMachine>,
     /// A "close the session" logout succeeded (session closure, 6.3.6),
@@ -256,9 +262,44 @@ impl Session {
             }),
             close: watch::channel(false).0,
             connections: AtomicU32::new(0),
+            by_cid: Mutex::new(HashMap::new()),
+            next_connection: AtomicU64::new(0),
             lifecycle: Mutex::new(lifecycle),
             closed_by_logout: AtomicBool::new(false),
             stats: SessionStats::default(),
+        }
+    }
+
+    /// Gives CID `cid` to a connection that has just logged in, closing
+    /// the connection that had it (connection reinstatement, RFC 7143
+    /// 6.3.4: a login with a CID in use implicitly logs that connection
+    /// out; below ErrorRecoveryLevel 2 its tasks end with it). Returns the
+    /// connection's number (for [`Session::release_cid`]) and what tells
+    /// it that it was replaced.
+    pub fn take_cid(&self, cid: u16) -> (u64, watch::Receiver<bool>) {
+        let number = self.next_connection.fetch_add(1, Ordering::Relaxed);
+        let (close, replaced) = watch::channel(false);
+        let old = self
+            .by_cid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(cid, (number, close));
+        if let Some((_, old)) = old {
+            info!(
+                tsih = self.tsih,
+                cid, "connection reinstatement: closing the connection that had this CID"
+            );
+            old.send_replace(true);
+        }
+        (number, replaced)
+    }
+
+    /// Connection `number` has ended: its CID is free, unless a later
+    /// connection has taken it.
+    pub fn release_cid(&self, cid: u16, number: u64) {
+        let mut by_cid = self.by_cid.lock().unwrap_or_else(PoisonError::into_inner);
+        if by_cid.get(&cid).is_some_and(|(n, _)| *n == number) {
+            by_cid.remove(&cid);
         }
     }
 
@@ -623,6 +664,7 @@ pub(crate) async fn serve_connection(
     let local = transport.local_addr();
     let placed_data = transport.rdma_capable();
     let (receiver, sender) = transport.split();
+    let (number, replaced) = session.take_cid(complete.request.cid);
     let connection = Connection::new(
         Arc::clone(&shared),
         Arc::clone(&session),
@@ -636,7 +678,8 @@ pub(crate) async fn serve_connection(
         placed_data,
         params.error_recovery_level,
     );
-    let (result, ended_by_logout) = connection.run(receiver).await;
+    let (result, ended_by_logout) = connection.run(receiver, replaced).await;
+    session.release_cid(complete.request.cid, number);
     if session.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
         // The last connection is gone: at ErrorRecoveryLevel 0 the session
         // ends with it, and so do its tasks. Closed by a logout, that is

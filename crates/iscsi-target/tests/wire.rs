@@ -1023,6 +1023,68 @@ async fn a_second_connection_joins_the_session() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_with_a_cid_in_use_replaces_that_connection() {
+    // Connection reinstatement (RFC 7143 6.3.4): the old connection with
+    // the CID is logged out implicitly, and the session goes on over the
+    // new one.
+    let target = Target::start(|_| {}).await;
+    let mut first = Client::login(target.address, offers(), 0).await;
+    let data = pattern(4 * BLOCK, 23);
+    assert_eq!(first.write_blocks(60, &data).await, 0);
+    let mut again = Client::try_login(target.address, offers(), first.tsih, 1)
+        .await
+        .expect("a login with the CID in use is accepted");
+    let closed = timeout(PATIENCE, first.rx.receive())
+        .await
+        .expect("the old connection is closed in time");
+    assert!(matches!(closed, Ok(None) | Err(_)), "{closed:?}");
+    again.cmd_sn = first.cmd_sn;
+    assert_eq!(again.read_blocks(60, 4).await, data);
+    // A third login with CID 1 replaces the second in turn.
+    let mut third = Client::try_login(target.address, offers(), first.tsih, 1)
+        .await
+        .expect("reinstated again");
+    let closed = timeout(PATIENCE, again.rx.receive()).await.expect("closed");
+    assert!(matches!(closed, Ok(None) | Err(_)));
+    third.cmd_sn = again.cmd_sn;
+    assert_eq!(third.read_blocks(60, 4).await, data);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_reassign_below_erl_2_is_answered_not_supported() {
+    // RFC 7143 11.6.1: below ErrorRecoveryLevel 2, TASK REASSIGN (of a
+    // task that exists or not) is "Task allegiance reassignment not
+    // supported"; the session goes on.
+    let target = Target::start(|_| {}).await;
+    let erl1 = NegotiationConfig {
+        error_recovery_level: 1,
+        ..offers()
+    };
+    let mut client = Client::login(target.address, erl1, 0).await;
+    let reassign = TaskManagementRequest {
+        immediate: true,
+        function: TaskFunction::TaskReassign,
+        lun: Lun(0),
+        initiator_task_tag: 0x600,
+        referenced_task_tag: 0x1234_5678,
+        cmd_sn: client.cmd_sn,
+        ..TaskManagementRequest::default()
+    };
+    client.send(Pdu::TaskManagementRequest(reassign), &[]).await;
+    match client.receive().await.header.pdu {
+        Pdu::TaskManagementResponse(r) => {
+            assert_eq!(r.initiator_task_tag, 0x600);
+            assert_eq!(r.response, TaskResponse::TaskReassignmentNotSupported);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    let data = pattern(2 * BLOCK, 24);
+    assert_eq!(client.write_blocks(70, &data).await, 0);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn shutdown_asks_the_initiator_to_log_out() {
     let target = Target::start(|_| {}).await;
     let mut client = Client::login(target.address, offers(), 0).await;
