@@ -902,6 +902,12 @@ impl Attempt<'_> {
                         }
                     };
                     if tracker.recoveries() > recoveries {
+                        tracing::info!(
+                            itt = self.itt,
+                            offset = r2t.buffer_offset,
+                            length = r2t.desired_data_transfer_length,
+                            "recovery R2T: sending the data again"
+                        );
                         connection.recovery_r2t_answered();
                     }
                     let sent = self
