@@ -670,7 +670,11 @@ impl Inner {
                 Err(_) => {
                     let cmd_sn = sent_cmd_sn.load(Ordering::SeqCst);
                     if cmd_sn != NO_CMD_SN {
-                        self.abort_in_background(connection, itt, command.lun, cmd_sn as u32);
+                        // The target may still run the command: the caller
+                        // hears of the timeout once it no longer can, so a
+                        // write of the same blocks sent next never races it.
+                        self.abort_timed_out(&connection, itt, command.lun, cmd_sn as u32)
+                            .await;
                     }
                     return Err(Error::Timeout {
                         timeout,
@@ -681,34 +685,28 @@ impl Inner {
         }
     }
 
-    /// Sends ABORT TASK for a timed-out command; drops the connection if
-    /// the target does not answer that either (RFC 7143 section 7.1.4.1).
-    fn abort_in_background(
-        self: &Arc<Self>,
-        connection: Arc<Connection>,
-        itt: u32,
-        lun: u64,
-        cmd_sn: u32,
-    ) {
-        let inner = self.clone();
-        tokio::spawn(async move {
-            let result = inner
-                .task_management(
-                    &connection,
-                    TaskFunction::AbortTask,
-                    lun,
-                    itt,
-                    Some(CmdSn::new(cmd_sn)),
-                )
-                .await;
-            match result {
-                Ok(()) | Err(Error::TaskManagement(_)) => {}
-                Err(error) => {
-                    tracing::warn!(%error, "ABORT TASK failed: dropping the connection");
-                    connection.close();
-                }
+    /// Sends ABORT TASK for a timed-out command and waits for its answer
+    /// (after which the task has no further effect, SAM-5 7.2; "task does
+    /// not exist" means it had ended); drops the connection if the target
+    /// does not answer that either, which ends the task with it (RFC 7143
+    /// 7.1.4.1).
+    async fn abort_timed_out(&self, connection: &Connection, itt: u32, lun: u64, cmd_sn: u32) {
+        let result = self
+            .task_management(
+                connection,
+                TaskFunction::AbortTask,
+                lun,
+                itt,
+                Some(CmdSn::new(cmd_sn)),
+            )
+            .await;
+        match result {
+            Ok(()) | Err(Error::TaskManagement(_)) => {}
+            Err(error) => {
+                tracing::warn!(%error, "ABORT TASK failed: dropping the connection");
+                connection.close();
             }
-        });
+        }
     }
 
     async fn task_management(

@@ -1,17 +1,19 @@
 //! A fake target on loopback that logs in correctly, then misbehaves on
 //! the first SCSI command: data beyond the buffer, a residual that does not
 //! match the data, silence, a PDU that has no place in full feature phase.
-//! Each must give that command a clear error: no panic, no hang.
+//! Each must give that command a clear error: no panic, no hang. A
+//! command that times out is aborted before its error is reported.
 
 mod common;
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use iscsi_datamover::tcp::TcpDatamover;
 use iscsi_datamover::{PduReceiver, PduSender};
 use iscsi_initiator::{Command, Error, IscsiUrl, Session, SessionConfig};
 use iscsi_proto::pdu::login::LoginResponse;
-use iscsi_proto::pdu::{DataIn, Header, Pdu};
+use iscsi_proto::pdu::{DataIn, Header, Pdu, TaskFunction, TaskManagementResponse, TaskResponse};
 use iscsi_proto::serial::{DataSn, StatSn};
 use tokio::net::TcpListener;
 
@@ -20,8 +22,13 @@ enum Misbehaviour {
     DataBeyondBuffer,
     WrongResidual,
     Silence,
+    /// Silence to the command, but an answer to ABORT TASK.
+    SilenceThenAbort,
     LoginResponseInFullFeature,
 }
+
+/// The ITT of the last ABORT TASK the fake target answered.
+static ABORTED: AtomicU32 = AtomicU32::new(0);
 
 /// Answers the login by echoing the initiator's offers, then misbehaves.
 async fn serve(listener: TcpListener, misbehaviour: Misbehaviour) {
@@ -72,13 +79,31 @@ async fn serve(listener: TcpListener, misbehaviour: Misbehaviour) {
                                 let h = Header::new(Pdu::DataIn(data_in(false)), 512);
                                 let _ = dm.sender.send_control(&h, &[0; 512]).await;
                             }
-                            Misbehaviour::Silence => {}
+                            Misbehaviour::Silence | Misbehaviour::SilenceThenAbort => {}
                             Misbehaviour::LoginResponseInFullFeature => {
                                 let h =
                                     Header::new(Pdu::LoginResponse(LoginResponse::default()), 0);
                                 let _ = dm.sender.send_control(&h, &[]).await;
                             }
                         }
+                    }
+                    Pdu::TaskManagementRequest(request)
+                        if matches!(misbehaviour, Misbehaviour::SilenceThenAbort)
+                            && request.function == TaskFunction::AbortTask =>
+                    {
+                        // Answered a little later: the initiator must wait.
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        ABORTED.store(request.referenced_task_tag, Ordering::SeqCst);
+                        let response = TaskManagementResponse {
+                            response: TaskResponse::FunctionComplete,
+                            initiator_task_tag: request.initiator_task_tag,
+                            stat_sn,
+                            exp_cmd_sn: request.cmd_sn,
+                            max_cmd_sn: request.cmd_sn.wrapping_add(32),
+                        };
+                        stat_sn = stat_sn.next();
+                        let h = Header::new(Pdu::TaskManagementResponse(response), 0);
+                        let _ = dm.sender.send_control(&h, &[]).await;
                     }
                     _ => {}
                 }
@@ -139,4 +164,16 @@ async fn unexpected_pdu_fails_the_command() {
         .await
         .unwrap_err();
     assert!(matches!(error, Error::ConnectionLost), "{error}");
+}
+
+#[tokio::test]
+async fn a_timed_out_command_is_aborted_before_its_error_is_reported() {
+    ABORTED.store(0, Ordering::SeqCst);
+    let error = one_read(Misbehaviour::SilenceThenAbort).await.unwrap_err();
+    assert!(matches!(error, Error::Timeout { .. }), "{error}");
+    assert_ne!(
+        ABORTED.load(Ordering::SeqCst),
+        0,
+        "the error came before the target had answered ABORT TASK"
+    );
 }

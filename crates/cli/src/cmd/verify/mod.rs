@@ -169,6 +169,26 @@ fn generation_of(data: &[u8], slot: u64, bs: usize, block: usize) -> Option<u32>
     (data == pattern(slot, generation, bs, block)).then_some(generation)
 }
 
+/// What each block of a slot read holds, in runs: "blocks 0-31: 17,
+/// blocks 32-63: none" (none: not a whole block of any write of the slot).
+fn blocks_found(data: &[u8], slot: u64, block: usize) -> String {
+    let mut runs: Vec<(usize, usize, Option<u32>)> = Vec::new();
+    for (index, chunk) in data.chunks(block).enumerate() {
+        let generation = block_generation(chunk, slot, index);
+        match runs.last_mut() {
+            Some((_, end, g)) if *g == generation => *end = index,
+            _ => runs.push((index, index, generation)),
+        }
+    }
+    runs.iter()
+        .map(|(first, last, g)| {
+            let what = g.map_or("none".to_owned(), |g| g.to_string());
+            format!("blocks {first}-{last}: {what}")
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// Per slot: in flight, and the generations it may hold.
 #[derive(Clone, Debug, Default)]
 struct Slot {
@@ -282,6 +302,7 @@ impl Shared {
                 _ => Err(false),
             }
         });
+        let allowed = state.allowed.clone();
         state.busy = false;
         drop(slots);
         if let Some(Err(lost)) = verdict {
@@ -291,8 +312,12 @@ impl Shared {
             } else {
                 report.wrong_reads += 1;
             }
+            let found = result
+                .as_ref()
+                .map(|data| blocks_found(data, slot, self.block))
+                .unwrap_or_default();
             eprintln!(
-                "verify: slot {slot}: a read returned {}",
+                "verify: slot {slot}: a read returned {} (may hold generations {allowed:?}; found {found})",
                 if lost {
                     "an older write than one acknowledged"
                 } else {
@@ -511,6 +536,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_torn_read_is_described_block_by_block() {
+        let mut data = pattern(5, 9, 4096, 512);
+        data[2048..].copy_from_slice(&pattern(5, 10, 4096, 512)[2048..]);
+        data[3584..].fill(0);
+        assert_eq!(
+            blocks_found(&data, 5, 512),
+            "blocks 0-3: 9, blocks 4-6: 10, blocks 7-7: none"
+        );
+    }
 
     #[test]
     fn a_pattern_names_its_generation_and_nothing_else_does() {
