@@ -132,6 +132,15 @@ expect_grep "inquiry with CRC32C digests" "LIO-ORG" $ISCSI inquiry $URL --digest
 roundtrip $URL --digest crc32c
 echo "digest $(elapsed "$t0")" >> out/timings.txt
 
+# wait_listening PORT: until something listens on 127.0.0.1:PORT (at most 10 s; a process starts
+# slowly under TCG).
+wait_listening() {
+    for _ in $(seq 1 100); do
+        ss -ltn | grep -q "127.0.0.1:$1 " && return 0
+        sleep 0.1
+    done
+}
+
 # ERL 1 through `iscsi fault-proxy` on PORT corrupting the data of every 50th PDU of KIND (data-in or
 # data-out): a round trip compared, then a bench of RW whose JSON must show ERL 1, COUNTER (the
 # bench's count of recoveries) above 0 and no reinstatement.
@@ -140,7 +149,7 @@ erl1_through_proxy() {
     $ISCSI fault-proxy --listen 127.0.0.1:$port --to $HOST:3260 --fault "corrupt-data@$kind%50" \
         --log out/erl1-$kind.jsonl > out/erl1-$kind-proxy.log 2>&1 &
     proxy=$!
-    sleep 0.5
+    wait_listening $port
     purl=iscsi://127.0.0.1:$port/$IQN/0
     roundtrip $purl --digest crc32c --set ErrorRecoveryLevel=1
     if step "bench $rw 256k QD 8 at ERL 1" $ISCSI bench $purl --digest crc32c \
@@ -167,8 +176,34 @@ lio --digest --erl 1
 # sets the A bit at ERL 1, which our initiator answers with DataACK SNACKs.
 erl1_through_proxy 3270 data-in read snacks
 # RFC 7143 7.8: LIO rejects each corrupted Data-Out and asks for its data again with a recovery R2T,
-# which our initiator answers; no command fails or is sent again.
-erl1_through_proxy 3271 data-out write recovery_r2ts
+# which our initiator must answer, in the connection. LIO (Linux 6.1) is not sound on that path: a
+# WARN in iscsit_release_cmd per corruption, and now and then a command whose status never comes.
+# So `iscsi verify` runs with a short command timeout (a command LIO leaves unanswered is aborted,
+# fails and is counted) and must see ERL 1, recovery R2Ts answered, no reinstatement and no wrong
+# read (verify exits 1 on one).
+$ISCSI fault-proxy --listen 127.0.0.1:3271 --to $HOST:3260 --fault 'corrupt-data@data-out%50' \
+    --log out/erl1-data-out.jsonl > out/erl1-data-out-proxy.log 2>&1 &
+proxy=$!
+wait_listening 3271
+step "verify mixed 256k QD 8 at ERL 1" $ISCSI verify iscsi://127.0.0.1:3271/$IQN/0 --digest crc32c \
+    --set ErrorRecoveryLevel=1 --timeout 5 --rw mixed --bs 256k --qd 8 --time 5 --region 64M --json
+rc=$?
+verdict=$(grep '^{' /tmp/step.out | tail -1 | python3 -c 'import json, sys
+r = json.load(sys.stdin)
+ok = r["error_recovery_level"] == 1 and r["recovery_r2ts"] > 0 and r["reinstatements"] == 0
+ok = ok and r["wrong_reads"] + r["lost_writes"] == 0
+print(("ok" if ok else "bad") + " ERL %d, %d recovery R2Ts answered, %d reinstatements, %d wrong reads; LIO left %d of %d commands unanswered" % (
+    r["error_recovery_level"], r["recovery_r2ts"], r["reinstatements"], r["wrong_reads"] + r["lost_writes"],
+    r["failed_commands"], r["commands"]))' 2>/dev/null)
+if [ "$rc" = 0 ] && [ "${verdict%% *}" = ok ]; then
+    pass "corrupted Data-Out recovered in the connection: ${verdict#* }"
+else
+    fail "ERL 1 Data-Out recovery: ${verdict:-$(tail -2 /tmp/step.out | tr '\n' ' ')}"
+fi
+kill "$proxy" 2>/dev/null; wait "$proxy" 2>/dev/null
+corrupted=$(grep -c '"fault":"corrupt-data' out/erl1-data-out.jsonl || true)
+if [ "${corrupted:-0}" -gt 0 ]; then pass "the proxy corrupted $corrupted Data-Out (out/erl1-data-out.jsonl)"
+else fail "the proxy corrupted no Data-Out"; fi
 echo "erl1 $(elapsed "$t0")" >> out/timings.txt
 
 CHAP_USER=rs-initiator; CHAP_SECRET=initiator-secret-1

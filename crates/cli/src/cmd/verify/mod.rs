@@ -7,7 +7,8 @@
 //! says which write it saw. Per slot the log keeps the generations the slot
 //! may hold: after an acknowledged write, exactly that one; after a write
 //! that ended in an error, the one before or the new one (either may be on
-//! the medium). At most one command per slot is in flight, so a read is
+//! the medium; and until a write of the slot is acknowledged, whatever it
+//! held before the run). At most one command per slot is in flight, so a read is
 //! never racing a write of its own slot. After the timed load every slot is
 //! read back once more.
 //!
@@ -196,7 +197,8 @@ struct Slot {
     /// The generations the slot may hold; the last acknowledged write's is
     /// the highest.
     allowed: Vec<u32>,
-    /// The highest acknowledged generation.
+    /// The highest acknowledged generation (0: none yet; generations
+    /// start at 1).
     acknowledged: u32,
 }
 
@@ -299,6 +301,9 @@ impl Shared {
                     Ok(())
                 }
                 Some(generation) if generation < state.acknowledged => Err(true),
+                // Never acknowledged (every write of the slot failed): it
+                // may still hold what it held before the run.
+                _ if state.acknowledged == 0 => Ok(()),
                 _ => Err(false),
             }
         });
