@@ -128,6 +128,14 @@ fn offers() -> NegotiationConfig {
     }
 }
 
+/// [`offers`] at ErrorRecoveryLevel 1.
+fn erl1_offers() -> NegotiationConfig {
+    NegotiationConfig {
+        error_recovery_level: 1,
+        ..offers()
+    }
+}
+
 const ISID: [u8; 6] = [0x80, 0x12, 0x34, 0x56, 0x00, 0x01];
 
 impl Client {
@@ -722,11 +730,7 @@ async fn at_erl_1_a_data_out_lost_to_its_digest_is_asked_for_with_a_recovery_r2t
     // again with a recovery R2T; 13.19: with DataSequenceInOrder=Yes one
     // R2T is outstanding at a time, whatever MaxOutstandingR2T says.
     let target = Target::start(|_| {}).await;
-    let erl1 = NegotiationConfig {
-        error_recovery_level: 1,
-        ..offers()
-    };
-    let mut client = Client::login(target.address, erl1, 0).await;
+    let mut client = Client::login(target.address, erl1_offers(), 0).await;
     assert_eq!(client.params.max_outstanding_r2t, 4);
     let data = pattern(64 * 1024, 5);
     let itt = client.itt();
@@ -798,11 +802,7 @@ async fn at_erl_1_a_data_out_lost_to_its_digest_is_asked_for_with_a_recovery_r2t
 async fn at_erl_1_an_r2t_snack_gets_the_same_r2t_again() {
     // RFC 7143 11.16: R2Ts asked for by a SNACK are exact replicas.
     let target = Target::start(|_| {}).await;
-    let erl1 = NegotiationConfig {
-        error_recovery_level: 1,
-        ..offers()
-    };
-    let mut client = Client::login(target.address, erl1, 0).await;
+    let mut client = Client::login(target.address, erl1_offers(), 0).await;
     let data = pattern(32 * 1024, 6);
     let itt = client.itt();
     client.write10(itt, 500, 64, &[]).await;
@@ -864,11 +864,7 @@ async fn at_erl_1_an_r2t_snack_gets_the_same_r2t_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_erl_1_snacks_get_the_same_data_and_status_again() {
     let target = Target::start(|_| {}).await;
-    let erl1 = NegotiationConfig {
-        error_recovery_level: 1,
-        ..offers()
-    };
-    let mut client = Client::login(target.address, erl1, 0).await;
+    let mut client = Client::login(target.address, erl1_offers(), 0).await;
     assert_eq!(client.params.error_recovery_level, 1);
     let data = pattern(32 * 1024, 9);
     assert_eq!(client.write_blocks(300, &data).await, 0);
@@ -1057,11 +1053,7 @@ async fn task_reassign_below_erl_2_is_answered_not_supported() {
     // task that exists or not) is "Task allegiance reassignment not
     // supported"; the session goes on.
     let target = Target::start(|_| {}).await;
-    let erl1 = NegotiationConfig {
-        error_recovery_level: 1,
-        ..offers()
-    };
-    let mut client = Client::login(target.address, erl1, 0).await;
+    let mut client = Client::login(target.address, erl1_offers(), 0).await;
     let reassign = TaskManagementRequest {
         immediate: true,
         function: TaskFunction::TaskReassign,
