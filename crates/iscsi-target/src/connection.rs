@@ -1399,6 +1399,12 @@ async fn task_management(
         TaskFunction::TaskReassign => TaskResponse::TaskReassignmentNotSupported,
         _ => TaskResponse::FunctionNotSupported,
     };
+    info!(
+        function = ?request.function,
+        referenced_task_tag = request.referenced_task_tag,
+        ?response,
+        "task management"
+    );
     let reply = TaskManagementResponse {
         response,
         initiator_task_tag: request.initiator_task_tag,
