@@ -580,6 +580,12 @@ impl Connection {
         let Some(retained) = &self.writer.retained else {
             return self.reject(header, RejectReason::SnackReject).await;
         };
+        // A command's Data-In and status go out under the writer's lock,
+        // and the status is kept before the lock is let go; a Data SNACK
+        // can come while the command's last Data-In and status are still
+        // going out, so the lock is taken before looking (was: "no
+        // unacknowledged data", a Reject, and the task lost).
+        let mut out = self.writer.lock().await;
         let answer = retained
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -587,6 +593,7 @@ impl Connection {
         let resends = match answer {
             Ok(resends) => resends,
             Err((reason, why)) => {
+                drop(out);
                 warn!(
                     itt = snack.initiator_task_tag,
                     beg_run = snack.beg_run,
@@ -605,7 +612,6 @@ impl Connection {
             pdus = resends.len(),
             "SNACK: sending again"
         );
-        let mut out = self.writer.lock().await;
         for resend in resends {
             match resend {
                 Resend::DataIn(pdu, data) => {
