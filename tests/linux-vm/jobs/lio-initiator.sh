@@ -21,9 +21,16 @@ if [ -n "${LIO_SWEEP_ENV:-}" ]; then
     cp "$LIO_SWEEP_ENV" ./sweep.env
     extra=(./sweep.env)
 fi
+# LIO_ERL1_DATA_OUT=1: also the erl1 phase's Data-Out part (corrupted Data-Out recovered with LIO's
+# recovery R2Ts). Not run by default: LIO 6.1 leaves commands unanswered on that path and, once in
+# about five runs, stops answering the session at all until the job's timeout.
+if [ -n "${LIO_ERL1_DATA_OUT:-}" ]; then
+    touch ./erl1-data-out
+    extra+=(./erl1-data-out)
+fi
 rc=0
 vm_run --timeout "${LIO_TIMEOUT:-1200}" "$LINUX_VM_DIR/guest/lio-initiator.sh" "$LINUX_VM_DIR/lio-target.py" ./iscsi "${extra[@]}" || rc=$?
-rm -f ./iscsi
+rm -f ./iscsi ./erl1-data-out
 mkdir -p "$results"
 rm -rf "${results:?}"/*
 [ -d vm-out ] && cp -r vm-out/. "$results/"
