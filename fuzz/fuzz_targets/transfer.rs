@@ -1,6 +1,7 @@
 //! The transfer trackers driven by arbitrary operations: no panic, no
 //! overflow, and a tracker that says complete has seen every byte exactly
-//! once.
+//! once, counting Data-Out taken back after a digest error (ERL 1) and
+//! asked for again with recovery R2Ts.
 #![no_main]
 
 use iscsi_proto::transfer::{DataOutTracker, Limits, R2tTracker};
@@ -29,27 +30,49 @@ fuzz_target!(|data: &[u8]| {
         max_outstanding_r2t: u16::from(data[14] % 4) + 1,
         data_pdu_in_order: flags & 4 != 0,
         data_sequence_in_order: flags & 8 != 0,
+        error_recovery_level: (flags >> 4) & 1,
     };
     let expected = word(data, 15) % 2_000_000;
     let immediate = limits.write_plan(expected).immediate;
     let Ok(mut tracker) = DataOutTracker::new(limits, expected, immediate) else {
         return;
     };
-    let mut r2ts = R2tTracker::new(limits, expected);
+    let mut r2ts = R2tTracker::new(limits, expected).after_unsolicited(immediate);
     let mut received: u64 = u64::from(immediate);
+    // The last Data-Out accepted: (tag, offset, length), for a discard.
+    let mut last: Option<(u32, u32, u32)> = None;
     for op in data[19..].chunks_exact(17) {
         let tag = word(op, 1) % 4;
         let (a, b, c) = (word(op, 5), word(op, 9), word(op, 13));
-        match op[0] % 3 {
+        match op[0] % 5 {
             0 => tracker.r2t_sent(tag, a % (expected + 1), b % 300_000),
             1 => {
                 let tag = if tag == 3 { u32::MAX } else { tag };
-                if tracker.data_out(tag, c % 8, a % (expected + 1), b % 70_000, op[0] & 8 != 0).is_ok() {
-                    received += u64::from(b % 70_000);
+                let (offset, length) = (a % (expected + 1), b % 70_000);
+                if tracker.data_out(tag, c % 8, offset, length, op[0] & 8 != 0).is_ok() {
+                    received += u64::from(length);
+                    last = Some((tag, offset, length));
+                }
+            }
+            2 => {
+                let _ = r2ts.r2t(c % 8, tag, a, b);
+                let _ = (r2ts.awaits_r2t(), r2ts.next_r2t_sn(), r2ts.recoveries());
+                if op[0] & 8 != 0 {
+                    r2ts.answered(tag);
+                }
+            }
+            3 => {
+                // Its data failed the digest: taken back.
+                if let Some((tag, offset, length)) = last.take() {
+                    tracker.discard(tag, offset, length);
+                    received -= u64::from(length);
                 }
             }
             _ => {
-                let _ = r2ts.r2t(c % 8, tag, a, b);
+                // The lost ranges asked for again with recovery R2Ts.
+                for (offset, length) in tracker.take_lost() {
+                    tracker.r2t_sent(tag, offset, length);
+                }
             }
         }
     }
