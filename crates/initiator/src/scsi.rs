@@ -273,27 +273,26 @@ impl Session {
     ) -> Result<(), Error> {
         const FUA: u8 = 0x08;
         let blocks = blocks_of(data.len(), block_size)?;
-        match (u32::try_from(lba), u16::try_from(blocks)) {
+        let (mut cdb10, mut cdb16);
+        let cdb: &mut [u8] = match (u32::try_from(lba), u16::try_from(blocks)) {
             (Ok(lba32), Ok(blocks16))
                 if u64::from(lba32) + u64::from(blocks16) <= u64::from(u32::MAX) =>
             {
-                let mut cdb = rw10_cdb(true, lba32, blocks16);
-                if fua {
-                    cdb[1] |= FUA;
-                }
-                self.run_checked(|_| Command::write(lun, &cdb, data), Vec::new())
-                    .await?;
+                cdb10 = rw10_cdb(true, lba32, blocks16);
+                &mut cdb10
             }
             _ => {
-                let mut cdb = rw16_cdb(true, lba, blocks);
-                if fua {
-                    cdb[1] |= FUA;
-                }
-                self.run_checked(|_| Command::write(lun, &cdb, data), Vec::new())
-                    .await?;
+                cdb16 = rw16_cdb(true, lba, blocks);
+                &mut cdb16
             }
+        };
+        if fua {
+            cdb[1] |= FUA;
         }
-        Ok(())
+        let cdb: &[u8] = cdb;
+        self.run_checked(|_| Command::write(lun, cdb, data), Vec::new())
+            .await
+            .map(drop)
     }
 
     /// READ (16) of `buffer.len() / block_size` blocks.

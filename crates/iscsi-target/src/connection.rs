@@ -34,7 +34,7 @@ use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
     AsyncEvent, AsyncMessage, DataIn, Header, LogoutReason, LogoutRequest, LogoutResponse,
     LogoutResponseCode, Lun, NopIn, NopOut, Pdu, Reject, RejectReason, ScsiCommand, ScsiResponse,
-    SegmentLengths, ServiceResponse, SnackRequest, SnackType, TaskFunction, TaskManagementRequest,
+    SegmentLengths, ServiceResponse, SnackRequest, TaskFunction, TaskManagementRequest,
     TaskManagementResponse, TaskResponse, TextRequest, TextResponse,
 };
 use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
@@ -572,11 +572,6 @@ impl Connection {
     /// Reject, at 1 with the Data-In or statuses asked for, sent again from
     /// what the connection kept (`retention`), or a Reject saying why not.
     async fn snack(&mut self, header: &Header, snack: &SnackRequest) -> Result<(), DatamoverError> {
-        if snack.snack_type == SnackType::DataR2t
-            && self.pending_writes.contains_key(&snack.initiator_task_tag)
-        {
-            return self.resend_r2ts(header, snack).await;
-        }
         let Some(retained) = &self.writer.retained else {
             return self.reject(header, RejectReason::SnackReject).await;
         };
@@ -586,10 +581,12 @@ impl Connection {
         // going out, so the lock is taken before looking (was: "no
         // unacknowledged data", a Reject, and the task lost).
         let mut out = self.writer.lock().await;
-        let answer = retained
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .answer(snack);
+        let answer = self.r2t_replicas(snack).unwrap_or_else(|| {
+            retained
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .answer(snack)
+        });
         let resends = match answer {
             Ok(resends) => resends,
             Err((reason, why)) => {
@@ -626,6 +623,10 @@ impl Connection {
                         Stat::Again(stat_sn),
                     )
                     .await?;
+                }
+                Resend::R2t(pdu) => {
+                    out.send(&self.session, Pdu::ReadyToTransfer(pdu), &[], Stat::Current)
+                        .await?;
                 }
             }
         }

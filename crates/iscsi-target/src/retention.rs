@@ -21,7 +21,8 @@ use std::collections::VecDeque;
 
 use iscsi_datamover::Gather;
 use iscsi_proto::pdu::{
-    DataIn, Lun, Pdu, RESERVED_TAG, RejectReason, ScsiResponse, SnackRequest, SnackType,
+    DataIn, Lun, Pdu, RESERVED_TAG, ReadyToTransfer, RejectReason, ScsiResponse, SnackRequest,
+    SnackType,
 };
 use iscsi_proto::serial::{DataSn, StatSn};
 use iscsi_proto::transfer::Limits;
@@ -53,6 +54,8 @@ pub(crate) enum Resend {
     DataIn(DataIn, Gather),
     /// A SCSI Response with the StatSN it first had.
     Response(ScsiResponse, Vec<u8>, StatSn),
+    /// An R2T of a write still collecting its data, as first sent.
+    R2t(ReadyToTransfer),
 }
 
 /// Why a SNACK cannot be answered: the Reject's reason and a log line.

@@ -563,12 +563,7 @@ impl DataOutTracker {
                 in_order,
             )?;
             self.received.insert(offset, end);
-            let (start, stop) = (r2t.offset, r2t.offset + r2t.length);
-            if self.received.covered(start, stop) + r2t.excused >= stop - start {
-                self.outstanding.remove(index);
-                return Ok(DataOutProgress::R2tComplete(transfer_tag));
-            }
-            return Ok(DataOutProgress::Continue);
+            return Ok(self.progress_of_r2t(index));
         };
         self.received.insert(offset, end);
         Ok(progress)
@@ -593,14 +588,21 @@ impl DataOutTracker {
         else {
             return DataOutProgress::Continue;
         };
-        let r2t = &mut self.outstanding[index];
-        r2t.excused += end - offset;
+        self.outstanding[index].excused += end - offset;
+        self.progress_of_r2t(index)
+    }
+
+    /// Whether the outstanding R2T at `index` has all its data (received,
+    /// or discarded and to be asked for again): then it is done with.
+    fn progress_of_r2t(&mut self, index: usize) -> DataOutProgress {
+        let r2t = &self.outstanding[index];
         let (start, stop) = (r2t.offset, r2t.offset + r2t.length);
-        if self.received.covered(start, stop) + r2t.excused >= stop - start {
-            self.outstanding.remove(index);
-            return DataOutProgress::R2tComplete(transfer_tag);
+        if self.received.covered(start, stop) + r2t.excused < stop - start {
+            return DataOutProgress::Continue;
         }
-        DataOutProgress::Continue
+        let tag = r2t.transfer_tag;
+        self.outstanding.remove(index);
+        DataOutProgress::R2tComplete(tag)
     }
 
     /// The ranges discarded since the last call, to solicit again with

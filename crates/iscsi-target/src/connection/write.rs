@@ -12,14 +12,15 @@ use std::sync::atomic::Ordering;
 use iscsi_datamover::{DatamoverError, PduReceiver};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
-    DataOut, Header, Pdu, ReadyToTransfer, RejectReason, ScsiCommand, SnackRequest,
+    DataOut, Header, Pdu, ReadyToTransfer, RejectReason, ScsiCommand, SnackRequest, SnackType,
 };
 use iscsi_proto::serial::R2tSn;
 use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, ScsiTarget};
-use tracing::{debug, info, warn};
+use tracing::{debug, warn};
 
 use super::{Connection, Receiver, Stat};
+use crate::retention::{Refusal, Resend};
 use crate::session::Task;
 use crate::stats::SessionStats;
 
@@ -297,59 +298,33 @@ impl Connection {
         self.execute(scsi, task, command, cdb, buffer, r2ts_sent);
     }
 
-    /// Answers an R2T SNACK for a write still collecting its data with the
-    /// R2Ts it asks for that still await data, as they were sent (RFC 7143
-    /// 11.16; the writer fills in the current StatSN, ExpCmdSN and
-    /// MaxCmdSN). A run starting past the R2Ts sent is a protocol error.
-    pub(super) async fn resend_r2ts(
-        &mut self,
-        header: &Header,
+    /// The answer to an R2T SNACK for a write still collecting its data
+    /// (`None` for any other SNACK): the R2Ts it asks for that still await
+    /// data, as they were sent (RFC 7143 11.16; the writer fills in the
+    /// current StatSN, ExpCmdSN and MaxCmdSN), or a protocol error for a
+    /// run starting past the R2Ts sent.
+    pub(super) fn r2t_replicas(
+        &self,
         snack: &SnackRequest,
-    ) -> Result<(), DatamoverError> {
-        let Some(pending) = self.pending_writes.get(&snack.initiator_task_tag) else {
-            return Ok(());
-        };
-        if self.writer.retained.is_none() || snack.beg_run >= pending.r2ts_sent {
-            warn!(
-                itt = snack.initiator_task_tag,
-                beg_run = snack.beg_run,
-                sent = pending.r2ts_sent,
-                "R2T SNACK refused: {}",
-                if self.writer.retained.is_none() {
-                    "ErrorRecoveryLevel 0"
-                } else {
-                    "no such R2T sent"
-                }
-            );
-            let reason = if self.writer.retained.is_none() {
-                RejectReason::SnackReject
-            } else {
-                RejectReason::ProtocolError
-            };
-            return self.reject(header, reason).await;
+    ) -> Option<Result<Vec<Resend>, Refusal>> {
+        if snack.snack_type != SnackType::DataR2t {
+            return None;
+        }
+        let pending = self.pending_writes.get(&snack.initiator_task_tag)?;
+        if snack.beg_run >= pending.r2ts_sent {
+            return Some(Err((
+                RejectReason::ProtocolError,
+                "R2T SNACK for an R2T never sent",
+            )));
         }
         let first = snack.beg_run;
         let wanted =
             |sn: u32| sn >= first && (snack.run_length == 0 || sn - first < snack.run_length);
-        let replicas: Vec<ReadyToTransfer> = pending
+        Some(Ok(pending
             .r2ts
             .iter()
             .filter(|r2t| wanted(r2t.r2t_sn.get()))
-            .cloned()
-            .collect();
-        SessionStats::add(&self.session.stats.snacks, 1);
-        SessionStats::add(&self.session.stats.resent, replicas.len() as u64);
-        info!(
-            itt = snack.initiator_task_tag,
-            beg_run = snack.beg_run,
-            r2ts = replicas.len(),
-            "R2T SNACK: sending again"
-        );
-        for r2t in replicas {
-            self.writer
-                .send(Pdu::ReadyToTransfer(r2t), &[], Stat::Current)
-                .await?;
-        }
-        Ok(())
+            .map(|r2t| Resend::R2t(r2t.clone()))
+            .collect()))
     }
 }

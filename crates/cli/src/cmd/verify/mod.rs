@@ -300,17 +300,18 @@ impl Shared {
                     state.allowed = vec![generation];
                     Ok(())
                 }
-                Some(generation) if generation < state.acknowledged => Err(true),
+                Some(generation) if generation < state.acknowledged => {
+                    Err((true, state.allowed.clone()))
+                }
                 // Never acknowledged (every write of the slot failed): it
                 // may still hold what it held before the run.
                 _ if state.acknowledged == 0 => Ok(()),
-                _ => Err(false),
+                _ => Err((false, state.allowed.clone())),
             }
         });
-        let allowed = state.allowed.clone();
         state.busy = false;
         drop(slots);
-        if let Some(Err(lost)) = verdict {
+        if let Some(Err((lost, allowed))) = verdict {
             let mut report = self.lock_report();
             if lost {
                 report.lost_writes += 1;
