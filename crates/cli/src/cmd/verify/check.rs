@@ -2,14 +2,13 @@
 //! says whether the LUN holds what the journal requires after a crash.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use anyhow::{Context, bail};
 use iscsi_initiator::{IscsiUrl, Session};
 
 use super::journal::{Expected, replay};
-use super::{Args, block_generation};
+use super::{Args, block_generation, each_slot};
 use crate::cmd::bench::{geometry, runtime};
 use crate::cmd::initiator_args::connect;
 
@@ -121,24 +120,19 @@ pub fn run(url: &IscsiUrl, path: &Path, args: &Args) -> anyhow::Result<()> {
             bail!("the journal's slots reach past the LUN's end");
         }
         let shared = Arc::new((session, expected, Mutex::new(CheckReport::default())));
-        let next = Arc::new(AtomicU64::new(0));
-        let mut workers = tokio::task::JoinSet::new();
-        for _ in 0..args.qd.max(1) {
-            let (shared, next) = (shared.clone(), next.clone());
-            let sizes = (layout.bs as usize, layout.block as usize);
-            let lun = url.lun;
-            workers.spawn(async move {
+        let sizes = (layout.bs as usize, layout.block as usize);
+        let lun = url.lun;
+        let visiting = shared.clone();
+        each_slot(layout.slots, args.qd, move |slot| {
+            let shared = visiting.clone();
+            async move {
                 let (session, expected, report) = &*shared;
-                loop {
-                    let slot = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(slot_expected) = expected.get(slot as usize) else {
-                        return;
-                    };
+                if let Some(slot_expected) = expected.get(slot as usize) {
                     check_slot(session, lun, sizes, slot, slot_expected, report).await;
                 }
-            });
-        }
-        while workers.join_next().await.is_some() {}
+            }
+        })
+        .await;
         let (session, _, report) = &*shared;
         let mut report =
             std::mem::take(&mut *report.lock().unwrap_or_else(PoisonError::into_inner));

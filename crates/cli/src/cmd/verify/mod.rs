@@ -346,29 +346,44 @@ impl Shared {
     }
 }
 
-/// Runs `op` on every slot in order, `qd` at a time.
-async fn sweep(shared: &Arc<Shared>, qd: usize, write: bool) {
-    let count = shared.lock_slots().len() as u64;
+/// Runs `visit` on slots `0..count` in order, `qd` at a time.
+async fn each_slot<F, Fut>(count: u64, qd: usize, visit: F)
+where
+    F: Fn(u64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let next = Arc::new(AtomicU64::new(0));
     let mut workers = tokio::task::JoinSet::new();
-    for _ in 0..qd {
-        let shared = shared.clone();
-        let next = next.clone();
+    for _ in 0..qd.max(1) {
+        let (next, visit) = (next.clone(), visit.clone());
         workers.spawn(async move {
             loop {
                 let slot = next.fetch_add(1, Ordering::Relaxed);
                 if slot >= count {
                     return;
                 }
-                if write {
-                    shared.write(slot).await;
-                } else {
-                    shared.read(slot).await;
-                }
+                visit(slot).await;
             }
         });
     }
     while workers.join_next().await.is_some() {}
+}
+
+/// Writes (or reads) every slot in order, `qd` at a time.
+async fn sweep(shared: &Arc<Shared>, qd: usize, write: bool) {
+    let count = shared.lock_slots().len() as u64;
+    let shared = shared.clone();
+    each_slot(count, qd, move |slot| {
+        let shared = shared.clone();
+        async move {
+            if write {
+                shared.write(slot).await;
+            } else {
+                shared.read(slot).await;
+            }
+        }
+    })
+    .await;
 }
 
 /// SYNCHRONIZE CACHE every `interval` while `flushing`, and once after:
