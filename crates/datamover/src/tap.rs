@@ -137,8 +137,19 @@ pub struct StepEvent {
 /// Something told of every PDU on the connections it is set on. Calls come
 /// from the connections' own tasks, concurrently: keep them short.
 pub trait WireTap: Send + Sync + Debug {
-    /// One PDU was sent or received.
+    /// One PDU was sent or received. A sent PDU is reported once its write
+    /// has returned, with the time the write took.
     fn pdu(&self, event: &PduEvent);
+
+    /// A PDU is about to be written on `connection`. Counters count sent
+    /// PDUs here rather than in [`WireTap::pdu`]: the peer's answer can
+    /// arrive, and a caller read the counts, in the moment between the
+    /// write returning and its `pdu` report, so a count taken there would
+    /// miss a command already answered. (A PDU whose write then fails is
+    /// counted all the same; its connection is gone.)
+    fn sending(&self, connection: u64, pdu: &PduSummary) {
+        let _ = (connection, pdu);
+    }
 
     /// One step of a task's work between its PDUs. Only traces want these;
     /// counting taps keep the default, which ignores them.
@@ -159,6 +170,11 @@ impl Tap {
     /// Tells `tap` of this connection's PDUs, numbered `connection`.
     pub fn new(tap: Arc<dyn WireTap>, connection: u64) -> Self {
         Tap { tap, connection }
+    }
+
+    /// Reports one PDU about to be written.
+    pub fn sending(&self, pdu: &PduSummary) {
+        self.tap.sending(self.connection, pdu);
     }
 
     /// Reports one PDU.
@@ -198,6 +214,12 @@ impl WireTap for Tee {
     fn step(&self, event: &StepEvent) {
         for tap in &self.0 {
             tap.step(event);
+        }
+    }
+
+    fn sending(&self, connection: u64, pdu: &PduSummary) {
+        for tap in &self.0 {
+            tap.sending(connection, pdu);
         }
     }
 }
@@ -278,12 +300,11 @@ impl WireCounter {
     }
 }
 
-impl WireTap for WireCounter {
-    fn pdu(&self, event: &PduEvent) {
+impl WireCounter {
+    fn count(&self, pdu: &PduSummary) {
         let add = |counter: &AtomicU64, n: u64| {
             counter.fetch_add(n, Ordering::Relaxed);
         };
-        let pdu = &event.pdu;
         let bytes = u64::from(pdu.data_length);
         add(&self.pdus, 1);
         match pdu.opcode {
@@ -304,6 +325,20 @@ impl WireTap for WireCounter {
             Opcode::ScsiResponse => add(&self.scsi_responses, 1),
             _ => {}
         }
+    }
+}
+
+/// Received PDUs are counted when read, sent ones before they are written
+/// (see [`WireTap::sending`]).
+impl WireTap for WireCounter {
+    fn pdu(&self, event: &PduEvent) {
+        if event.direction == Direction::Received {
+            self.count(&event.pdu);
+        }
+    }
+
+    fn sending(&self, _connection: u64, pdu: &PduSummary) {
+        self.count(pdu);
     }
 }
 
@@ -333,7 +368,7 @@ mod tests {
         let now = Instant::now();
         PduEvent {
             connection: 1,
-            direction: Direction::Sent,
+            direction: Direction::Received,
             pdu: PduSummary::of(header),
             start: now,
             end: now,
@@ -383,6 +418,23 @@ mod tests {
         counter.pdu(&event(&header));
         let counts = counter.counts();
         assert_eq!((counts.scsi_commands, counts.immediate_bytes), (1, 16384));
+    }
+
+    /// The target's answer can be counted, and read, before the command's
+    /// write is reported done: the command must already be in the counts.
+    #[test]
+    fn a_sent_pdu_is_counted_once_before_its_write_is_reported() {
+        let counter = Arc::new(WireCounter::default());
+        let tap = Tap::new(Arc::new(Tee(vec![counter.clone()])), 1);
+        let header = data_out(0x10, 4096);
+        tap.sending(&PduSummary::of(&header));
+        assert_eq!((counter.counts().data_out, counter.counts().pdus), (1, 1));
+        let sent = PduEvent {
+            direction: Direction::Sent,
+            ..event(&header)
+        };
+        counter.pdu(&sent);
+        assert_eq!(counter.counts().pdus, 1, "a sent PDU is not counted twice");
     }
 
     #[test]

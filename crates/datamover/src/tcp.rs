@@ -382,9 +382,18 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
         self.tap = tap;
     }
 
-    /// The time a write begins, when a tap wants it.
-    fn tap_clock(&self) -> Option<Instant> {
-        self.tap.as_ref().map(|_| Instant::now())
+    /// Tells the tap of the PDUs one write is about to carry (a batch, then
+    /// perhaps one more), and gives the time the write begins, when a tap
+    /// wants it.
+    fn tap_sending(&self, batch: &[PduSummary], last: Option<&Header>) -> Option<Instant> {
+        let tap = self.tap.as_ref()?;
+        for pdu in batch {
+            tap.sending(pdu);
+        }
+        if let Some(header) = last {
+            tap.sending(&PduSummary::of(header));
+        }
+        Some(Instant::now())
     }
 
     /// Reports the PDUs of one write (a batch, then perhaps one more) to
@@ -423,7 +432,7 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
     /// stream allows (one, unless the socket buffer fills). The batch is
     /// left as it was.
     pub async fn send_batch(&mut self, batch: &PduBatch) -> Result<(), DatamoverError> {
-        let start = self.tap_clock();
+        let start = self.tap_sending(&batch.summaries, None);
         self.writer.write_all(&batch.bytes).await?;
         self.tap_sent(&batch.summaries, None, start);
         Ok(())
@@ -438,7 +447,7 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
         header: &Header,
         data: &[u8],
     ) -> Result<(), DatamoverError> {
-        let start = self.tap_clock();
+        let start = self.tap_sending(&batch.summaries, Some(header));
         let pdu = encode_pdu(header, data, self.digests, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;
         let [pdu_header, pdu_data, padding, digest] = pdu.slices();
@@ -454,7 +463,7 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
 
 impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
     async fn send_control(&mut self, header: &Header, data: &[u8]) -> Result<(), DatamoverError> {
-        let start = self.tap_clock();
+        let start = self.tap_sending(&[], Some(header));
         let pdu = encode_pdu(header, data, self.digests, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;
         write_all_vectored(&mut self.writer, &pdu.slices()).await?;
@@ -484,7 +493,7 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
         {
             return self.send_control(header, one).await;
         }
-        let start = self.tap_clock();
+        let start = self.tap_sending(&[], Some(header));
         let len = encode_header(header, self.digests.header, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;
         let crc = if self.digests.data { data.crc32c() } else { 0 };

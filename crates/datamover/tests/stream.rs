@@ -292,3 +292,81 @@ fn a_batch_refuses_a_pdu_whose_length_does_not_match_its_data() {
     ));
     assert!(batch.is_empty() && batch.bytes().is_empty());
 }
+
+/// A writer that notes, at each write, how many PDUs the counter has seen:
+/// the first bytes of a PDU must not reach the wire before it is counted,
+/// or a caller reading the counts after the peer's answer could miss it.
+struct CountingAtWrite {
+    counter: std::sync::Arc<iscsi_datamover::tap::WireCounter>,
+    seen: Vec<u64>,
+}
+
+impl tokio::io::AsyncWrite for CountingAtWrite {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let pdus = self.counter.counts().pdus;
+        self.seen.push(pdus);
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn every_send_path_counts_its_pdus_before_writing_them() {
+    use iscsi_datamover::tap::{Tap, WireCounter};
+    let counter = std::sync::Arc::new(WireCounter::default());
+    let mut sender = StreamSender::new(CountingAtWrite {
+        counter: counter.clone(),
+        seen: Vec::new(),
+    });
+    sender.set_tap(Some(Tap::new(counter.clone(), 1)));
+    let mut batch = PduBatch::new(Digests::default());
+    batch.push(&data_in(0, 512), &[1; 512]).unwrap();
+    batch.push(&data_in(1, 512), &[2; 512]).unwrap();
+
+    let mut expected = 0;
+    let mut check = |sender: &mut StreamSender<CountingAtWrite>, pdus: u64, path: &str| {
+        expected += pdus;
+        let seen = std::mem::take(&mut sender.get_mut().seen);
+        assert!(!seen.is_empty(), "{path} wrote nothing");
+        assert!(
+            seen.iter().all(|&counted| counted == expected),
+            "{path}: counts at each write {seen:?}, expected {expected}"
+        );
+    };
+    sender.send_batch(&batch).await.unwrap();
+    check(&mut sender, 2, "send_batch");
+    sender
+        .send_control_after(&batch, &data_in(2, 4), &[3; 4])
+        .await
+        .unwrap();
+    check(&mut sender, 3, "send_control_after");
+    sender.send_control(&data_in(3, 4), &[4; 4]).await.unwrap();
+    check(&mut sender, 1, "send_control");
+    let gather = iscsi_datamover::Gather::from_pieces(vec![
+        bytes::Bytes::from_static(&[5; 100]),
+        bytes::Bytes::from_static(&[6; 28]),
+    ]);
+    sender
+        .put_data_gather(&data_in(4, 128), gather)
+        .await
+        .unwrap();
+    check(&mut sender, 1, "put_data_gather");
+    assert_eq!(counter.counts().data_in, 7);
+}

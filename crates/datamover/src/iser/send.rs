@@ -55,6 +55,15 @@ impl IserSender {
         *lock(&self.shared.tap) = tap;
     }
 
+    /// Tells the tap of one PDU about to be sent (counters count it here,
+    /// see [`crate::tap::WireTap::sending`]), and gives the time it begins.
+    fn tap_sending(&self, header: &Header) -> Instant {
+        if let Some(tap) = lock(&self.shared.tap).as_ref() {
+            tap.sending(&PduSummary::of(header));
+        }
+        Instant::now()
+    }
+
     /// Tells the tap of one PDU sent.
     fn tapped(&self, header: &Header, start: Instant) {
         if let Some(tap) = lock(&self.shared.tap).as_ref() {
@@ -301,7 +310,7 @@ impl IserSender {
 
     /// Sends one PDU the way its kind travels over iSER.
     async fn send_pdu(&self, header: &Header, data: &[u8]) -> Result<(), DatamoverError> {
-        let start = Instant::now();
+        let start = self.tap_sending(header);
         match (&header.pdu, self.shared.role) {
             (Pdu::ReadyToTransfer(_), IserRole::Target) => self.read_burst(header).await?,
             (Pdu::ScsiResponse(response), IserRole::Target) => {
@@ -366,7 +375,7 @@ impl PduSender for IserSender {
     ) -> Result<(), DatamoverError> {
         match (&header.pdu, self.shared.role) {
             (Pdu::DataIn(data_in), IserRole::Target) => {
-                let start = Instant::now();
+                let start = self.tap_sending(header);
                 self.write_data_in(data_in, Payload::Owned(data)).await?;
                 self.tapped(header, start);
                 Ok(())
@@ -383,7 +392,7 @@ impl PduSender for IserSender {
     ) -> Result<(), DatamoverError> {
         match (&header.pdu, self.shared.role) {
             (Pdu::DataIn(data_in), IserRole::Target) => {
-                let start = Instant::now();
+                let start = self.tap_sending(header);
                 self.write_data_in(data_in, Payload::Gather(data)).await?;
                 self.tapped(header, start);
                 Ok(())
