@@ -47,7 +47,7 @@ use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender, Receive
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
     AsyncEvent, DataIn, Header, Lun, NopIn, NopOut, Pdu, RESERVED_TAG, ReadyToTransfer,
-    RejectReason, ScsiResponse, ServiceResponse, SnackRequest, SnackType,
+    RejectReason, ScsiResponse, ServiceResponse, SnackRequest, SnackType, TaskFunction,
 };
 use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
 use iscsi_proto::state::{
@@ -139,6 +139,17 @@ struct TaskEntry {
     read: Option<ReadProgress>,
     /// A SCSI command handed to the wire (counted in `in_flight`).
     sent: bool,
+    /// For a SCSI command: its LUN, and its CmdSN once it has one (what a
+    /// task management function's reach is judged by).
+    command: Option<CommandTag>,
+}
+
+/// What task management needs to know of a SCSI command.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CommandTag {
+    pub(crate) lun: u64,
+    pub(crate) cmd_sn: Option<CmdSn>,
+    pub(crate) registered: std::time::Instant,
 }
 
 #[derive(Debug)]
@@ -161,13 +172,17 @@ impl ConnectionState {
         Some(task)
     }
 
-    /// Counts the task `itt` as a command at the target.
-    fn mark_sent(&mut self, itt: u32) {
-        if let Some(task) = self.tasks.get_mut(&itt)
-            && !task.sent
-        {
-            task.sent = true;
-            self.in_flight += 1;
+    /// Counts the task `itt` as a command at the target, numbered
+    /// `cmd_sn`.
+    fn mark_sent(&mut self, itt: u32, cmd_sn: CmdSn) {
+        if let Some(task) = self.tasks.get_mut(&itt) {
+            if let Some(command) = &mut task.command {
+                command.cmd_sn = Some(cmd_sn);
+            }
+            if !task.sent {
+                task.sent = true;
+                self.in_flight += 1;
+            }
         }
     }
 }
@@ -481,7 +496,7 @@ impl Sending<'_> {
                 return Ok(None);
             };
             outbox.take_into(&mut self.wire.writing);
-            self.connection.lock().mark_sent(itt);
+            self.connection.lock().mark_sent(itt, cmd_sn);
             (cmd_sn, header(cmd_sn))
         };
         self.write_after_batch(&header, data).await?;
@@ -620,11 +635,13 @@ impl Connection {
         &self.window
     }
 
-    /// Registers a task under `itt`; `read` says where a read's data lands.
+    /// Registers a task under `itt`; `read` says where a read's data lands,
+    /// `lun` is a SCSI command's.
     pub(crate) fn register(
         &self,
         itt: u32,
         read: Option<ReadInto>,
+        lun: Option<u64>,
     ) -> Result<mpsc::UnboundedReceiver<TaskEvent>, (Error, Option<Vec<u8>>)> {
         let (events, receiver) = mpsc::unbounded_channel();
         let mut state = self.lock();
@@ -662,9 +679,58 @@ impl Connection {
                 events,
                 read,
                 sent: false,
+                command: lun.map(|lun| CommandTag {
+                    lun,
+                    cmd_sn: None,
+                    registered: std::time::Instant::now(),
+                }),
             },
         );
         Ok(receiver)
+    }
+
+    /// The SCSI commands at the target (sent, not ended), by ITT.
+    pub(crate) fn commands(&self) -> Vec<(u32, CommandTag)> {
+        self.lock()
+            .tasks
+            .iter()
+            .filter_map(|(&itt, task)| Some((itt, task.command?)))
+            .filter(|(_, command)| command.cmd_sn.is_some())
+            .collect()
+    }
+
+    /// Ends the SCSI commands `aborted` picks with [`Error::Aborted`]: a
+    /// task management function the target completed ended them there,
+    /// and no status of theirs will come (RFC 7143 11.6.2). Returns how
+    /// many.
+    pub(crate) fn end_aborted(
+        &self,
+        function: TaskFunction,
+        aborted: impl Fn(u32, &CommandTag) -> bool,
+    ) -> usize {
+        let ended: Vec<(u32, TaskEntry)> = {
+            let mut state = self.lock();
+            let itts: Vec<u32> = state
+                .tasks
+                .iter()
+                .filter(|(itt, task)| task.command.is_some_and(|c| aborted(**itt, &c)))
+                .map(|(&itt, _)| itt)
+                .collect();
+            itts.into_iter()
+                .filter_map(|itt| Some((itt, state.remove_task(itt)?)))
+                .collect()
+        };
+        let count = ended.len();
+        for (itt, task) in ended {
+            self.descriptors.forget(itt);
+            let _ = task
+                .events
+                .send(TaskEvent::Scsi(Err(Error::Aborted(function))));
+        }
+        if count > 0 && !self.lock_outbox().batch.is_empty() {
+            self.posted.notify_one();
+        }
+        count
     }
 
     /// Forgets a task (completed elsewhere, timed out or abandoned); its
@@ -724,6 +790,27 @@ impl Connection {
         Ok(())
     }
 
+    /// Posts an immediate PDU `header` builds from the CmdSN it carries
+    /// (the next one, not taken: RFC 7143 4.2.2.1), read under the
+    /// outbox's lock, so every command numbered below it leaves before it
+    /// and every command numbered from it on after: what a task management
+    /// function reaches is then exactly what its CmdSN says.
+    pub(crate) fn post_immediate(
+        &self,
+        header: impl FnOnce(CmdSn) -> Header,
+    ) -> Result<CmdSn, Error> {
+        if !self.is_alive() {
+            return Err(Error::ConnectionLost);
+        }
+        let mut outbox = self.lock_outbox();
+        let cmd_sn = self.window.current();
+        outbox.batch.push(&header(cmd_sn), &[])?;
+        outbox.urgent = true;
+        drop(outbox);
+        self.posted.notify_one();
+        Ok(cmd_sn)
+    }
+
     /// Takes the next CmdSN, if the window has room, and posts the command
     /// `header` builds for it with `data`, under one hold of the outbox's
     /// lock, so commands leave in CmdSN order. `None` when the window is
@@ -741,7 +828,7 @@ impl Connection {
         let Some(cmd_sn) = self.window.take() else {
             return Ok(None);
         };
-        self.lock().mark_sent(itt);
+        self.lock().mark_sent(itt, cmd_sn);
         if let Err(error) = outbox.batch.push(&header(cmd_sn), data) {
             drop(outbox);
             // The CmdSN is taken but will never be sent: the target would

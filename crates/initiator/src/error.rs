@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use iscsi_datamover::DatamoverError;
 use iscsi_proto::login::initiator::InitiatorLoginError;
-use iscsi_proto::pdu::{RejectReason, TaskResponse};
+use iscsi_proto::pdu::{RejectReason, TaskFunction, TaskResponse};
 
 use crate::command::Sense;
 
@@ -68,6 +68,13 @@ pub enum Error {
     /// A task management function did not complete (RFC 7143 section 11.6.1).
     #[error("task management function failed: {0:?}")]
     TaskManagement(TaskResponse),
+    /// The command was ended by a task management function this session
+    /// sent (ABORT TASK, ABORT TASK SET, a reset) that the target
+    /// completed. No status will come and the task has no further effect
+    /// (RFC 7143 11.6.2); how much of a write reached the medium before
+    /// is unknown, as for any command that failed.
+    #[error("aborted by {0:?}")]
+    Aborted(TaskFunction),
     /// The SCSI command completed with a status other than GOOD.
     #[error("SCSI status {}{status:#04x}{}", status_name(*status), sense.as_ref().map(|s| format!(" ({s})")).unwrap_or_default())]
     Status {

@@ -43,7 +43,7 @@ pub use config::{ChapConfig, Coalescing, Scheduling, SessionConfig, Timeouts};
 pub use discovery::{DiscoveredTarget, discover, discover_url};
 pub use error::Error;
 pub use scsi::{Capacity, InquiryData};
-pub use session::{SendStatistics, Session};
+pub use session::{InFlight, SendStatistics, Session};
 pub use url::IscsiUrl;
 
 pub use iscsi_datamover::tap::{

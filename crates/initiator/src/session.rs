@@ -44,8 +44,8 @@ use crate::buffers::ReadBuffers;
 use crate::command::{Command, DataTransfer, Response, encode_lun};
 use crate::config::{Scheduling, SessionConfig};
 use crate::connection::{
-    CommandWindow, Connection, POSTED_DATA_LIMIT, ReadInto, SendCounters, Sending, SessionShared,
-    TaskEvent,
+    CommandTag, CommandWindow, Connection, POSTED_DATA_LIMIT, ReadInto, SendCounters, Sending,
+    SessionShared, TaskEvent,
 };
 use crate::error::Error;
 use crate::login::{LoginRequestParams, login, random_isid};
@@ -89,6 +89,19 @@ struct Inner {
     reinstatements: AtomicU64,
     /// The session's state (RFC 7143 8.3).
     lifecycle: Mutex<SessionStateMachine>,
+}
+
+/// A SCSI command at the target ([`Session::commands_in_flight`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InFlight {
+    /// Its Initiator Task Tag: what [`Session::abort_task`] takes.
+    pub itt: u32,
+    /// The LUN it is addressed to.
+    pub lun: u64,
+    /// Its CmdSN.
+    pub cmd_sn: u32,
+    /// How long since it was issued.
+    pub age: Duration,
 }
 
 /// What a session has sent since it was opened, on all its connections
@@ -287,11 +300,59 @@ impl Session {
 
     /// Sends a task management function (RFC 7143 section 11.5) for `lun`
     /// and waits for its response; anything but "function complete" is an
-    /// error.
+    /// error. When it completes, this session's commands it reached (by
+    /// LUN, for a reset of the target all, and in every case only those
+    /// numbered before it) end with [`Error::Aborted`] at once: the target
+    /// sends them no status (11.6.2).
     pub async fn task_management(&self, function: TaskFunction, lun: u64) -> Result<(), Error> {
         let connection = self.inner.pick(lun).ok_or(Error::ConnectionLost)?;
         self.inner
             .task_management(&connection, function, lun, RESERVED_TAG, None)
+            .await
+    }
+
+    /// The SCSI commands at the target now (sent, no status yet), oldest
+    /// first: what [`Session::abort_task`] can name.
+    pub fn commands_in_flight(&self) -> Vec<InFlight> {
+        let mut commands: Vec<InFlight> = self
+            .inner
+            .lock_connections()
+            .iter()
+            .flat_map(|connection| connection.commands())
+            .filter_map(|(itt, tag)| {
+                Some(InFlight {
+                    itt,
+                    lun: tag.lun,
+                    cmd_sn: tag.cmd_sn?.get(),
+                    age: tag.registered.elapsed(),
+                })
+            })
+            .collect();
+        commands.sort_by_key(|c| std::cmp::Reverse(c.age));
+        commands
+    }
+
+    /// ABORT TASK (RFC 7143 section 11.5.1) for the command `itt` (from
+    /// [`Session::commands_in_flight`]): once the target has completed it,
+    /// the command's caller gets [`Error::Aborted`]. "Task does not exist"
+    /// ([`Error::TaskManagement`]) means the command had ended first: its
+    /// caller gets its status as usual.
+    pub async fn abort_task(&self, itt: u32) -> Result<(), Error> {
+        let found = self.inner.lock_connections().iter().find_map(|connection| {
+            let (_, tag) = connection.commands().into_iter().find(|(t, _)| *t == itt)?;
+            Some((Arc::clone(connection), tag))
+        });
+        let Some((connection, tag)) = found else {
+            return Err(Error::TaskManagement(TaskResponse::TaskDoesNotExist));
+        };
+        self.inner
+            .task_management(
+                &connection,
+                TaskFunction::AbortTask,
+                tag.lun,
+                itt,
+                tag.cmd_sn,
+            )
             .await
     }
 
@@ -718,24 +779,35 @@ impl Inner {
         ref_cmd_sn: Option<CmdSn>,
     ) -> Result<(), Error> {
         let itt = self.itt();
-        let current = self.window.current();
-        let header = Header::new(
-            Pdu::TaskManagementRequest(TaskManagementRequest {
-                immediate: true,
-                function,
-                lun: Lun(encode_lun(lun)),
-                initiator_task_tag: itt,
-                referenced_task_tag,
-                cmd_sn: current,
-                exp_stat_sn: connection.exp_stat_sn(),
-                ref_cmd_sn: ref_cmd_sn.unwrap_or(current),
-                exp_data_sn: DataSn::new(0),
-            }),
-            0,
-        );
-        let (reply, _) = self.exchange(connection, itt, header, &[]).await?;
+        let exp_stat_sn = connection.exp_stat_sn();
+        let header = |cmd_sn: CmdSn| {
+            Header::new(
+                Pdu::TaskManagementRequest(TaskManagementRequest {
+                    immediate: true,
+                    function,
+                    lun: Lun(encode_lun(lun)),
+                    initiator_task_tag: itt,
+                    referenced_task_tag,
+                    cmd_sn,
+                    exp_stat_sn,
+                    ref_cmd_sn: ref_cmd_sn.unwrap_or(cmd_sn),
+                    exp_data_sn: DataSn::new(0),
+                }),
+                0,
+            )
+        };
+        let mut sent_as = None;
+        let (reply, _) = self
+            .exchange_posted(connection, itt, || {
+                sent_as = Some(connection.post_immediate(header)?);
+                Ok(())
+            })
+            .await?;
         match reply.pdu {
             Pdu::TaskManagementResponse(r) if r.response == TaskResponse::FunctionComplete => {
+                if let Some(tmf_cmd_sn) = sent_as {
+                    self.end_aborted(function, lun, referenced_task_tag, tmf_cmd_sn);
+                }
                 Ok(())
             }
             Pdu::TaskManagementResponse(r) => Err(Error::TaskManagement(r.response)),
@@ -743,6 +815,34 @@ impl Inner {
                 "{:?} answering a task management request",
                 other.opcode()
             ))),
+        }
+    }
+
+    /// Ends this session's commands a completed task management function
+    /// reached: the target has ended them without a status (RFC 7143
+    /// 11.6.2), and every status sent before the function's response has
+    /// been taken already (statuses are read in order), so a command still
+    /// waiting now never gets one. A set or reset reaches the commands
+    /// numbered before it (the function's CmdSN is read when it is queued
+    /// behind them, [`Connection::post_immediate`]); TASK REASSIGN and
+    /// the like end nothing.
+    fn end_aborted(&self, function: TaskFunction, lun: u64, task: u32, tmf_cmd_sn: CmdSn) {
+        let before = |tag: &CommandTag| tag.cmd_sn.is_some_and(|sn| sn.lt(tmf_cmd_sn));
+        let reached = |itt: u32, tag: &CommandTag| match function {
+            TaskFunction::AbortTask => itt == task,
+            TaskFunction::AbortTaskSet
+            | TaskFunction::ClearTaskSet
+            | TaskFunction::LogicalUnitReset => tag.lun == lun && before(tag),
+            TaskFunction::TargetWarmReset | TaskFunction::TargetColdReset => before(tag),
+            _ => false,
+        };
+        let ended: usize = self
+            .lock_connections()
+            .iter()
+            .map(|connection| connection.end_aborted(function, reached))
+            .sum();
+        if ended > 0 {
+            tracing::info!(?function, lun, ended, "commands ended by task management");
         }
     }
 
@@ -755,11 +855,23 @@ impl Inner {
         header: Header,
         data: &[u8],
     ) -> Result<(Header, Vec<u8>), Error> {
+        self.exchange_posted(connection, itt, || connection.post(&header, data))
+            .await
+    }
+
+    /// Registers `itt`, runs `post` (which sends its PDU), and waits for
+    /// the one reply to it, within the management timeout.
+    async fn exchange_posted(
+        &self,
+        connection: &Connection,
+        itt: u32,
+        post: impl FnOnce() -> Result<(), Error>,
+    ) -> Result<(Header, Vec<u8>), Error> {
         let timeout = self.config.timeouts.management;
-        let mut events = connection.register(itt, None).map_err(|(e, _)| e)?;
+        let mut events = connection.register(itt, None, None).map_err(|(e, _)| e)?;
         let _registration = Registration { connection, itt };
         let work = async {
-            connection.post(&header, data)?;
+            post()?;
             match events.recv().await {
                 Some(TaskEvent::Reply(header, data)) => Ok((header, data)),
                 Some(TaskEvent::Rejected(reason)) => Err(Error::Rejected(reason)),
@@ -802,7 +914,7 @@ impl Attempt<'_> {
             None => None,
         };
         let mut events = connection
-            .register(self.itt, read)
+            .register(self.itt, read, Some(self.lun))
             .map_err(|(_, buffer)| AttemptError::Lost(buffer))?;
         let _registration = Registration {
             connection,

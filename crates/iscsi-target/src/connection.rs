@@ -955,6 +955,7 @@ impl Connection {
             let run = {
                 let command = command.clone();
                 let session = Arc::clone(&session);
+                let task = Arc::clone(&task);
                 let tap = tap.clone();
                 // The steps a trace shows between the command's PDUs: the
                 // hand-off to the blocking pool, then the SCSI execution
@@ -970,15 +971,23 @@ impl Connection {
                     });
                     let mut data_in = data_in;
                     let mut lent = Vec::new();
-                    let (outcome, residual) = run_command(
-                        &scsi,
-                        &session.nexus,
-                        &command,
-                        &cdb,
-                        &data_out,
-                        &mut data_in,
-                        &mut lent,
-                    );
+                    // Aborted while it waited for a thread: it never
+                    // reaches the SCSI layer, so the abort is not held up
+                    // by a slow store (no status goes out: `respond` sees
+                    // the abort).
+                    let (outcome, residual) = if task.aborted.load(Ordering::Acquire) {
+                        (CommandOutcome::GOOD, Residual::NONE)
+                    } else {
+                        run_command(
+                            &scsi,
+                            &session.nexus,
+                            &command,
+                            &cdb,
+                            &data_out,
+                            &mut data_in,
+                            &mut lent,
+                        )
+                    };
                     if let (Some(tap), Some(started)) = (&tap, started) {
                         tap.step("execute", itt, started, std::time::Instant::now());
                     }
@@ -1381,7 +1390,7 @@ async fn task_management(
                 } else {
                     same_target()
                 };
-                abort_tasks(session, &sessions, Some(lun)).await;
+                abort_tasks(session, request.cmd_sn, &sessions, Some(lun)).await;
                 if request.function == TaskFunction::LogicalUnitReset
                     && let (Some(scsi), Some(n)) = (&session.scsi, iscsi_scsi::decode_lun(lun))
                 {
@@ -1393,7 +1402,7 @@ async fn task_management(
         TaskFunction::ClearAca => TaskResponse::FunctionComplete,
         TaskFunction::TargetWarmReset | TaskFunction::TargetColdReset => {
             let sessions = same_target();
-            abort_tasks(session, &sessions, None).await;
+            abort_tasks(session, request.cmd_sn, &sessions, None).await;
             if let Some(scsi) = &session.scsi {
                 scsi.target_reset(if request.function == TaskFunction::TargetColdReset {
                     TargetReset::Cold
@@ -1432,16 +1441,28 @@ async fn task_management(
     Ok(())
 }
 
-/// Aborts the tasks of `session` and `others` (on `lun`, or all) and waits
-/// until each is over.
-async fn abort_tasks(session: &Session, others: &[Arc<Session>], lun: Option<u64>) {
+/// Aborts the tasks of `session` numbered before `before` (the function's
+/// CmdSN) and every task of `others` (on `lun`, or all) and waits until
+/// each is over. The function is carried out beside the connection's
+/// reading, so commands that came after it may be in the table already:
+/// they are not its to abort (the initiator counts them as sent after it,
+/// RFC 7143 11.6.2, and waits for their status). Other sessions number
+/// their commands in CmdSN spaces of their own: all of theirs there now.
+async fn abort_tasks(session: &Session, before: CmdSn, others: &[Arc<Session>], lun: Option<u64>) {
     let mut waiting = Vec::new();
-    for s in std::iter::once(session).chain(others.iter().map(|s| s.as_ref())) {
-        for task in s.tasks(lun) {
-            if s.abort(&task) {
-                SessionStats::add(&s.stats.aborts, 1);
-                waiting.push(task);
-            }
+    let own = session
+        .tasks(lun)
+        .into_iter()
+        .filter(|task| task.cmd_sn.lt(before))
+        .map(|task| (session, task));
+    let theirs = others
+        .iter()
+        .filter(|s| !std::ptr::eq(s.as_ref(), session))
+        .flat_map(|s| s.tasks(lun).into_iter().map(move |task| (s.as_ref(), task)));
+    for (s, task) in own.chain(theirs) {
+        if s.abort(&task) {
+            SessionStats::add(&s.stats.aborts, 1);
+            waiting.push(task);
         }
     }
     for task in waiting {

@@ -43,7 +43,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
     Allocation, Backstore, BackstoreOpenError, BlockBackstore, FileBackstore, Lent, RamBackstore,
-    RamBackstoreError,
+    RamBackstoreError, SlowBackstore,
 };
 pub use nexus::{Nexus, NexusKey};
 pub use pr::PrType;

@@ -26,7 +26,9 @@ pub struct Args {
     name: String,
     /// A LUN, numbered from 0 in order (repeatable): `ram:SIZE` (SIZE like
     /// 256M or 1G), `file:PATH[,size=SIZE]` (created or extended to SIZE),
-    /// `block:PATH[,direct]` (a block device, optionally O_DIRECT).
+    /// `block:PATH[,direct]` (a block device, optionally O_DIRECT); any of
+    /// them with `,latency=DURATION` (e.g. 20ms) waits that long on every
+    /// access, as a slow device would.
     #[arg(long = "lun", default_values_t = ["ram:1G".to_owned()])]
     luns: Vec<String>,
     /// A TOML configuration file (targets, portals, LUNs, CHAP, ACLs,

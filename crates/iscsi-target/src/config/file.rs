@@ -1,6 +1,6 @@
 //! The TOML configuration file of `iscsi target` and the LUN specifications
 //! shared with the command line (`ram:SIZE`, `file:PATH[,size=SIZE]`,
-//! `block:PATH[,direct]`).
+//! `block:PATH[,direct]`, each optionally `,latency=DURATION`).
 //!
 //! ```toml
 //! listen = ["127.0.0.1:3260", "[::1]:3260"]
@@ -32,7 +32,7 @@ use std::sync::Arc;
 use iscsi_proto::login::chap::{ChapAlgorithm, Credentials};
 use iscsi_proto::login::target::ChapRequirement;
 use iscsi_proto::text::Digest;
-use iscsi_scsi::{Backstore, BlockBackstore, FileBackstore, RamBackstore};
+use iscsi_scsi::{Backstore, BlockBackstore, FileBackstore, RamBackstore, SlowBackstore};
 use serde::Deserialize;
 use thiserror::Error;
 
@@ -341,12 +341,44 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
 
 /// Opens the backstore a LUN specification names: `ram:SIZE`,
 /// `file:PATH[,size=SIZE]` (created or extended to SIZE when given) or
-/// `block:PATH[,direct]` (a block device; `direct` opens it O_DIRECT).
+/// `block:PATH[,direct]` (a block device; `direct` opens it O_DIRECT); any
+/// of them with `,latency=DURATION` (e.g. `20ms`) behind that latency
+/// ([`SlowBackstore`]: a slow device, for tests of aborts and timeouts).
 pub fn open_lun(spec: &str, block_size: u32, id: u64) -> Result<Arc<dyn Backstore>, String> {
+    let mut latency = None;
+    let plain: Vec<&str> = spec
+        .split(',')
+        .filter(|option| match option.strip_prefix("latency=") {
+            Some(value) => {
+                latency = Some(value);
+                false
+            }
+            None => true,
+        })
+        .collect();
+    let store = open_store(spec, &plain.join(","), block_size, id)?;
+    match latency {
+        None => Ok(store),
+        Some(value) => {
+            let latency = humantime::parse_duration(value)
+                .map_err(|e| format!("LUN {spec:?}: latency {value:?}: {e}"))?;
+            Ok(Arc::new(SlowBackstore::new(store, latency)))
+        }
+    }
+}
+
+/// [`open_lun`] without the latency option (`spec` is what the user
+/// wrote, for errors; `plain` the rest).
+fn open_store(
+    spec: &str,
+    plain: &str,
+    block_size: u32,
+    id: u64,
+) -> Result<Arc<dyn Backstore>, String> {
     if block_size != 512 && block_size != 4096 {
         return Err(format!("block size {block_size}: 512 or 4096"));
     }
-    let (kind, rest) = spec
+    let (kind, rest) = plain
         .split_once(':')
         .ok_or_else(|| format!("LUN {spec:?}: ram:SIZE, file:PATH[,size=SIZE] or block:PATH"))?;
     match kind {
@@ -427,6 +459,17 @@ mod tests {
         let again = open_lun(&format!("file:{}", path.display()), 512, 2).unwrap();
         assert_eq!(again.block_count(), 2048);
         assert!(open_lun(&format!("file:{},colour=red", path.display()), 512, 2).is_err());
+        // Behind a latency: the store is the same, every access slower,
+        // and its commands leave the runtime's threads (may_block).
+        let slow = open_lun(&format!("file:{},latency=5ms", path.display()), 512, 2).unwrap();
+        assert!(slow.may_block() && slow.block_count() == 2048);
+        let ram = open_lun("ram:1M,latency=1ms", 512, 3).unwrap();
+        assert!(ram.may_block() && ram.block_count() == 2048);
+        let started = std::time::Instant::now();
+        ram.flush().unwrap();
+        assert!(started.elapsed() >= std::time::Duration::from_millis(1));
+        let bad = open_lun("ram:1M,latency=soon", 512, 3).unwrap_err();
+        assert!(bad.contains("latency \"soon\""), "{bad}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -7,6 +7,7 @@
 //! | `ram.rs` | [`RamBackstore`]: sparse, 64 KiB chunks allocated on first non-zero write |
 //! | `file.rs` | [`FileBackstore`]: a regular (possibly sparse) file, UNMAP punches holes |
 //! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
+//! | `slow.rs` | [`SlowBackstore`]: any store behind a fixed latency (a slow device, for tests) |
 //!
 //! The SCSI layer has already range-checked every request in LBAs before it
 //! reaches a backstore; a backstore still refuses out-of-range byte ranges
@@ -15,6 +16,7 @@
 mod block;
 mod file;
 mod ram;
+mod slow;
 
 use std::fmt;
 use std::io;
@@ -22,6 +24,7 @@ use std::io;
 pub use block::{BlockBackstore, MEM_ALIGN};
 pub use file::FileBackstore;
 pub use ram::{RAM_CHUNK_SIZE, RamBackstore, RamBackstoreError};
+pub use slow::SlowBackstore;
 
 /// A piece of a store's own memory lent to a READ ([`Backstore::lend`]),
 /// with the CRC32C of the whole piece when the store can tell it without
