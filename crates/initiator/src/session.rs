@@ -311,6 +311,12 @@ impl Session {
             .await
     }
 
+    /// Whether the session was logged out (or closed): it takes no more
+    /// commands.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.load(Ordering::SeqCst)
+    }
+
     /// The SCSI commands at the target now (sent, no status yet), oldest
     /// first: what [`Session::abort_task`] can name.
     pub fn commands_in_flight(&self) -> Vec<InFlight> {

@@ -237,6 +237,10 @@ impl Drop for InFlightGuard {
 /// than zeroing it again.
 const BUFFERS_KEPT: usize = 64;
 
+/// Tags of aborted writes remembered per connection, to drop their late
+/// Data-Out quietly: far more than the commands that can be in flight.
+const ABORTED_WRITES_KEPT: usize = 1024;
+
 /// What the reading loop does after a PDU.
 enum Flow {
     Continue,
@@ -262,6 +266,13 @@ pub(crate) struct Connection {
     /// Tag: their remaining Data-Out is dropped, and their status waits
     /// until the last of it is in.
     draining: HashMap<u32, Drain>,
+    /// Writes task management aborted while they collected data, by
+    /// Initiator Task Tag (the latest [`ABORTED_WRITES_KEPT`]): Data-Out
+    /// the initiator still sends for them is dropped without a Reject.
+    aborted_writes: std::collections::VecDeque<u32>,
+    /// The session's abort count when `pending_writes` was last swept for
+    /// aborted writes.
+    aborts_swept: u64,
     next_transfer_tag: u32,
     /// A Text Response too long for one PDU: (Initiator Task Tag, Target
     /// Transfer Tag, the rest of the text), sent a segment per empty Text
@@ -314,6 +325,8 @@ impl Connection {
             buffers: Arc::new(BufferPool::new(BUFFERS_KEPT, MAX_WRITE_BUFFER as usize)),
             pending_writes: HashMap::new(),
             draining: HashMap::new(),
+            aborted_writes: std::collections::VecDeque::new(),
+            aborts_swept: 0,
             next_transfer_tag: 1,
             text_continuation: None,
             state,
@@ -397,6 +410,7 @@ impl Connection {
                 Ok(None) => break Ok(()),
                 Err(e) => break Err(e),
             };
+            self.sweep_aborted_writes();
             match self.dispatch(&mut receiver, header).await {
                 Ok(Flow::Continue) => {}
                 Ok(Flow::Stop) => break Ok(()),
@@ -420,6 +434,43 @@ impl Connection {
         self.abandon_pending_writes();
         self.writer.terminate().await;
         (result, logged_out && !*closing.borrow())
+    }
+
+    /// Ends the writes task management aborted while they waited for
+    /// Data-Out (it runs beside this loop and cannot reach them): their
+    /// buffers go back at the next PDU rather than when the connection
+    /// ends, however many aborts come. One atomic load while there was no
+    /// abort.
+    fn sweep_aborted_writes(&mut self) {
+        let aborts = self.session.stats.aborts.load(Ordering::Relaxed);
+        if aborts == self.aborts_swept {
+            return;
+        }
+        self.aborts_swept = aborts;
+        let aborted: Vec<u32> = self
+            .pending_writes
+            .iter()
+            .filter(|(_, pending)| pending.task.aborted.load(Ordering::Acquire))
+            .map(|(&itt, _)| itt)
+            .collect();
+        for itt in aborted {
+            self.drop_aborted_write(itt);
+        }
+    }
+
+    /// Ends the aborted write `itt`, returns its buffer and remembers its
+    /// tag: the initiator goes on answering its R2Ts until it has the
+    /// function's response (RFC 7143 11.5.1), and that Data-Out is
+    /// dropped quietly.
+    pub(super) fn drop_aborted_write(&mut self, itt: u32) {
+        if let Some(pending) = self.pending_writes.remove(&itt) {
+            self.session.finish(&pending.task);
+            self.buffers.give(pending.buffer);
+            if self.aborted_writes.len() == ABORTED_WRITES_KEPT {
+                self.aborted_writes.pop_front();
+            }
+            self.aborted_writes.push_back(itt);
+        }
     }
 
     /// Aborts every write still waiting for Data-Out on this connection

@@ -504,10 +504,10 @@ async fn abort_task_ends_a_write_waiting_for_data_without_a_status() {
     let itt = client.itt();
     let cmd_sn = client.cmd_sn;
     client.write10(itt, 0, 4, &[]).await;
-    assert!(matches!(
-        client.receive().await.header.pdu,
-        Pdu::ReadyToTransfer(_)
-    ));
+    let r2t = match client.receive().await.header.pdu {
+        Pdu::ReadyToTransfer(r2t) => r2t,
+        other => panic!("unexpected {other:?}"),
+    };
     let abort = TaskManagementRequest {
         immediate: true,
         function: TaskFunction::AbortTask,
@@ -527,6 +527,22 @@ async fn abort_task_ends_a_write_waiting_for_data_without_a_status() {
             assert_eq!(r.response, TaskResponse::FunctionComplete);
         }
         other => panic!("unexpected {other:?}"),
+    }
+    // The initiator answers the R2T until it has the response (RFC 7143
+    // 11.5.1): that Data-Out is dropped without a Reject (the next PDU
+    // from the target is the answer to the next request).
+    for (offset, final_flag) in [(0, false), (2 * BLOCK, true)] {
+        let late = DataOut {
+            final_flag,
+            initiator_task_tag: itt,
+            target_transfer_tag: r2t.target_transfer_tag,
+            buffer_offset: offset as u32,
+            data_sn: DataSn::new((offset / (2 * BLOCK)) as u32),
+            ..DataOut::default()
+        };
+        client
+            .send(Pdu::DataOut(late), &pattern(2 * BLOCK, 9))
+            .await;
     }
     // Aborting it again: it no longer exists.
     client

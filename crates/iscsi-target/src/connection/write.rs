@@ -127,15 +127,16 @@ impl Connection {
                 }
                 return Ok(());
             }
+            if self.aborted_writes.contains(&itt) {
+                debug!(itt, "Data-Out for an aborted write: dropped");
+                return Ok(());
+            }
             // Data-Out for no write in progress.
             return self.reject(header, RejectReason::InvalidPduField).await;
         };
         if pending.task.aborted.load(Ordering::Acquire) {
             receiver.receive_data().await?;
-            if let Some(pending) = self.pending_writes.remove(&itt) {
-                self.session.finish(&pending.task);
-                self.buffers.give(pending.buffer);
-            }
+            self.drop_aborted_write(itt);
             return Ok(());
         }
         let progress = pending.tracker.data_out(

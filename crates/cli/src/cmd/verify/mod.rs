@@ -23,6 +23,7 @@
 //! against such a journal after a crash ([`journal`], [`check`]).
 
 mod check;
+mod disrupt;
 mod journal;
 
 use std::path::PathBuf;
@@ -35,6 +36,7 @@ use iscsi_initiator::Session;
 
 use super::bench::{geometry, runtime};
 use super::initiator_args::{SessionArgs, connect, parse_size, target_url};
+use disrupt::{Current, Disruption, DisruptionReport};
 use journal::{Journal, Layout};
 
 /// When a write is on stable storage.
@@ -90,6 +92,14 @@ pub struct Args {
     /// write is missing or a block holds what no write put there.
     #[arg(long, value_name = "JOURNAL")]
     check: Option<PathBuf>,
+    /// Issue this during the load, every --disrupt-interval, and report
+    /// how long each took to finish everything it reached (commands it
+    /// ends are not failures; the data is still checked).
+    #[arg(long, value_enum)]
+    disrupt: Option<Disruption>,
+    /// Milliseconds between disruptions.
+    #[arg(long, default_value_t = 250)]
+    disrupt_interval: u64,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -104,8 +114,11 @@ struct Report {
     seconds: f64,
     /// Commands completed (fill, load and final read-back).
     commands: u64,
-    /// Commands that ended in an error.
+    /// Commands that ended in an error (not counting those --disrupt
+    /// ended).
     failed_commands: u64,
+    /// Commands --disrupt ended (aborted, or cut short by a logout).
+    ended_by_disruption: u64,
     /// The first such error.
     first_error: Option<String>,
     /// Reads returning a generation their slot could not hold.
@@ -118,6 +131,8 @@ struct Report {
     snacks: u64,
     recovery_r2ts: u64,
     reinstatements: u64,
+    /// What --disrupt cost.
+    disruption: Option<DisruptionReport>,
 }
 
 /// The 16-byte header of every block: a magic, the slot and generation.
@@ -203,7 +218,8 @@ struct Slot {
 }
 
 struct Shared {
-    session: Session,
+    current: Arc<Current>,
+    disruption: Option<Disruption>,
     lun: u64,
     durability: Durability,
     journal: Option<Journal>,
@@ -226,14 +242,29 @@ impl Shared {
         self.slots.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn finished(&self, started: Instant, error: Option<String>) {
+    /// The session now (a --disrupt logout replaces it).
+    fn session(&self) -> Session {
+        self.current.get()
+    }
+
+    /// Counts a command `what` begun at `started` that ended with `error`
+    /// or without.
+    fn finished(&self, started: Instant, what: &str, error: Option<&iscsi_initiator::Error>) {
         let mut report = self.lock_report();
         report.commands += 1;
         let ms = started.elapsed().as_secs_f64() * 1e3;
         report.max_latency_ms = report.max_latency_ms.max(ms);
-        if let Some(error) = error {
-            report.failed_commands += 1;
-            report.first_error.get_or_insert(error);
+        match error {
+            None => {}
+            Some(error) if disrupt::ended_by(self.disruption, error) => {
+                report.ended_by_disruption += 1;
+            }
+            Some(error) => {
+                report.failed_commands += 1;
+                report
+                    .first_error
+                    .get_or_insert_with(|| format!("{what}: {error}"));
+            }
         }
     }
 
@@ -257,10 +288,10 @@ impl Shared {
         let fua = self.durability == Durability::Fua;
         let result = if fua {
             let block = self.block as u32;
-            self.session.write_fua(self.lun, lba, block, &data).await
+            self.session().write_fua(self.lun, lba, block, &data).await
         } else {
             let block = self.block as u32;
-            self.session.write(self.lun, lba, block, &data).await
+            self.session().write(self.lun, lba, block, &data).await
         };
         if result.is_ok() {
             self.log(|j| j.acknowledged(slot, generation, fua));
@@ -277,13 +308,13 @@ impl Shared {
         }
         state.busy = false;
         drop(slots);
-        self.finished(started, result.err().map(|e| format!("write: {e}")));
+        self.finished(started, "write", result.as_ref().err());
     }
 
     async fn read(&self, slot: u64) {
         let started = Instant::now();
         let result = self
-            .session
+            .session()
             .read(
                 self.lun,
                 slot * self.blocks_per_slot,
@@ -331,7 +362,7 @@ impl Shared {
                 }
             );
         }
-        self.finished(started, result.err().map(|e| format!("read: {e}")));
+        self.finished(started, "read", result.as_ref().err());
     }
 
     /// A free slot (random), marked busy; `None` if all are busy.
@@ -396,11 +427,11 @@ async fn flush(shared: Arc<Shared>, flushing: Arc<AtomicBool>, interval: Duratio
         number += 1;
         shared.log(|j| j.flush_started(number));
         let started = Instant::now();
-        let result = shared.session.synchronize_cache(shared.lun).await;
+        let result = shared.session().synchronize_cache(shared.lun).await;
         if result.is_ok() {
             shared.log(|j| j.flush_done(number));
         }
-        shared.finished(started, result.err().map(|e| format!("sync: {e}")));
+        shared.finished(started, "sync", result.as_ref().err());
         if last {
             return;
         }
@@ -450,7 +481,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             None => None,
         };
         let shared = Arc::new(Shared {
-            session,
+            current: Current::new(session),
+            disruption: args.disrupt,
             lun: url.lun,
             durability: args.durability,
             journal,
@@ -486,15 +518,45 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                         continue;
                     };
                     let write = writes && (!reads || rand::random::<bool>());
+                    let generation = shared.current.generation();
+                    let session = shared.session();
                     if write {
                         shared.write(slot).await;
                     } else {
                         shared.read(slot).await;
                     }
+                    if session.is_closed() {
+                        // Logged out by --disrupt: wait for the new one.
+                        let limit = Duration::from_secs(5);
+                        shared.current.replaced_since(generation, limit).await;
+                    }
                 }
             });
         }
+        let disrupter = args.disrupt.map(|disruption| {
+            let interval = Duration::from_millis(args.disrupt_interval.max(1));
+            let (current, lun) = (shared.current.clone(), url.lun);
+            let (url, session_args) = (url.clone(), args.session.clone());
+            tokio::spawn(async move {
+                let reconnect = || {
+                    let (current, url, session_args) =
+                        (current.clone(), url.clone(), session_args.clone());
+                    async move {
+                        current.replace(connect(&url, &session_args).await?);
+                        Ok(())
+                    }
+                };
+                let get = || current.get();
+                disrupt::run(disruption, interval, deadline, lun, get, reconnect).await
+            })
+        });
         while workers.join_next().await.is_some() {}
+        if let (Some(disruption), Some(disrupter)) = (args.disrupt, disrupter) {
+            let tally = disrupter.await.context("the disrupting task")?;
+            let ended = shared.lock_report().ended_by_disruption;
+            let left = shared.session().commands_in_flight().len();
+            shared.lock_report().disruption = Some(tally.report(disruption, ended, left));
+        }
         flushing.store(false, Ordering::Release);
         if let Some(flusher) = flusher {
             flusher.await.context("the flushing task")?;
@@ -508,7 +570,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             bail!(error);
         }
         sweep(&shared, args.qd, false).await;
-        let session = &shared.session;
+        let session = &shared.session();
         let mut report = std::mem::take(&mut *shared.lock_report());
         report.seconds = started.elapsed().as_secs_f64();
         report.error_recovery_level = session.parameters().map_or(0, |p| p.error_recovery_level);
@@ -543,6 +605,23 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.recovery_r2ts,
             report.reinstatements,
         );
+        if let Some(d) = &report.disruption {
+            println!(
+                "{}: {} issued ({} found nothing to abort), worst {:.0} ms, median {:.0} ms, {} commands ended by it, {} failed{}, {} left in flight",
+                d.disruption,
+                d.issued,
+                d.not_found,
+                d.worst_ms,
+                d.median_ms,
+                d.ended_commands,
+                d.failures,
+                d.first_failure
+                    .as_deref()
+                    .map(|e| format!(" (first: {e})"))
+                    .unwrap_or_default(),
+                d.left_in_flight,
+            );
+        }
     }
     if report.wrong_reads + report.lost_writes > 0 {
         bail!(
