@@ -241,6 +241,30 @@ const BUFFERS_KEPT: usize = 64;
 /// Data-Out quietly: far more than the commands that can be in flight.
 const ABORTED_WRITES_KEPT: usize = 1024;
 
+/// How long a logged-out connection is read for what the initiator still
+/// had on the way.
+const LOGOUT_DRAIN: Duration = Duration::from_secs(2);
+
+/// Reads and drops what the initiator sent after its logout (Data-Out for
+/// writes it had in flight: RFC 7143 11.14 lets a logout come with
+/// commands outstanding) until it closes its side, for at most
+/// [`LOGOUT_DRAIN`]. Closing a socket with unread bytes sends a TCP reset,
+/// and a reset can overtake the logout response in the initiator's
+/// receive queue: the logout would fail there as a lost connection.
+async fn drain_after_logout(receiver: &mut Receiver) {
+    let deadline = Instant::now() + LOGOUT_DRAIN;
+    let mut dropped = 0u32;
+    while let Ok(Ok(Some(_))) = tokio::time::timeout_at(deadline, receiver.receive_header()).await {
+        match tokio::time::timeout_at(deadline, receiver.receive_data()).await {
+            Ok(Ok(_)) => dropped += 1,
+            _ => break,
+        }
+    }
+    if dropped > 0 {
+        debug!(dropped, "PDUs after the logout dropped");
+    }
+}
+
 /// What the reading loop does after a PDU.
 enum Flow {
     Continue,
@@ -433,6 +457,9 @@ impl Connection {
         // Writes still collecting data die with the connection.
         self.abandon_pending_writes();
         self.writer.terminate().await;
+        if logged_out {
+            drain_after_logout(&mut receiver).await;
+        }
         (result, logged_out && !*closing.borrow())
     }
 
