@@ -1519,14 +1519,25 @@ async fn task_management(
     Ok(())
 }
 
+/// How long a task management function waits for commands numbered
+/// before it that are still on their way on other connections.
+const CMD_SN_GAP_WAIT: Duration = Duration::from_secs(2);
+
 /// Aborts the tasks of `session` numbered before `before` (the function's
-/// CmdSN) and every task of `others` (on `lun`, or all) and waits until
-/// each is over. The function is carried out beside the connection's
+/// CmdSN; it first waits, a bounded time, for those still on their way)
+/// and every task of `others` (on `lun`, or all) and waits until each is
+/// over. The function is carried out beside the connection's
 /// reading, so commands that came after it may be in the table already:
 /// they are not its to abort (the initiator counts them as sent after it,
 /// RFC 7143 11.6.2, and waits for their status). Other sessions number
 /// their commands in CmdSN spaces of their own: all of theirs there now.
 async fn abort_tasks(session: &Session, before: CmdSn, others: &[Arc<Session>], lun: Option<u64>) {
+    if !session.received_before(before, CMD_SN_GAP_WAIT).await {
+        warn!(
+            before = before.get(),
+            "task management: commands numbered before it never arrived; going on without them"
+        );
+    }
     let mut waiting = Vec::new();
     let own = session
         .tasks(lun)

@@ -211,6 +211,8 @@ pub(crate) struct Session {
     /// MaxCmdSN - ExpCmdSN + 1 with nothing outstanding.
     window: u32,
     state: Mutex<WindowState>,
+    /// Woken when ExpCmdSN moves (a command arrived that closes a gap).
+    received: Notify,
     /// Becomes `true` to close every connection (logout of the session,
     /// reinstatement, target reset).
     close: watch::Sender<bool>,
@@ -260,6 +262,7 @@ impl Session {
                 outstanding: 0,
                 tasks: HashMap::new(),
             }),
+            received: Notify::new(),
             close: watch::channel(false).0,
             connections: AtomicU32::new(0),
             by_cid: Mutex::new(HashMap::new()),
@@ -387,6 +390,7 @@ impl Session {
                     state.exp_cmd_sn = state.exp_cmd_sn.next();
                     state.received_ahead = state.received_ahead.iter().map(|&a| a - 1).collect();
                 }
+                self.received.notify_waiters();
             } else {
                 state.received_ahead.insert(ahead);
             }
@@ -410,6 +414,28 @@ impl Session {
             state.tasks.insert(itt, Arc::clone(&handle));
         }
         Admission::Accepted(handle)
+    }
+
+    /// Waits until every command numbered before `before` has arrived
+    /// (ExpCmdSN has reached it), at most `limit`; says whether they all
+    /// did. Over one connection they have (TCP keeps their order); over
+    /// several, a command numbered before a task management function may
+    /// still be on its way on another connection, and the function must
+    /// reach it, as the initiator counts it among those the function ended
+    /// (RFC 7143 11.6.2).
+    pub async fn received_before(&self, before: CmdSn, limit: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            let notified = self.received.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if !self.lock().exp_cmd_sn.lt(before) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return false;
+            }
+        }
     }
 
     /// Marks a CmdSN as received without a task (RFC 7143 11.5.1: an ABORT

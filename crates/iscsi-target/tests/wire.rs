@@ -1034,6 +1034,71 @@ async fn a_second_connection_joins_the_session() {
     target.stop().await;
 }
 
+/// Over two connections, a task management function can overtake a
+/// command numbered before it. It waits for that command and reaches it
+/// (RFC 7143 11.6.2; the initiator counts it among those the function
+/// ended): no response while the command is missing, then the late write
+/// is aborted, nothing of it written, no status for it ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_set_function_waits_for_a_command_numbered_before_it_on_another_connection() {
+    let target = Target::start(|_| {}).await;
+    let mut first = Client::login(target.address, offers(), 0).await;
+    let mut second = Client::try_login(target.address, offers(), first.tsih, 2)
+        .await
+        .expect("a second connection joins");
+    let before = target.lun_bytes(70 * BLOCK as u64, 4 * BLOCK);
+    // The write will take CmdSN n on the first connection; the function
+    // carries n + 1 on the second and gets there first.
+    second.cmd_sn = first.cmd_sn.next();
+    let abort = TaskManagementRequest {
+        immediate: true,
+        function: TaskFunction::AbortTaskSet,
+        lun: Lun(0),
+        initiator_task_tag: 0x600,
+        referenced_task_tag: RESERVED,
+        cmd_sn: second.cmd_sn,
+        ..TaskManagementRequest::default()
+    };
+    second.send(Pdu::TaskManagementRequest(abort), &[]).await;
+    assert!(
+        timeout(Duration::from_millis(300), second.rx.receive())
+            .await
+            .is_err(),
+        "the function was answered before the command numbered before it arrived"
+    );
+    let itt = first.itt();
+    first.write10(itt, 70, 4, &[]).await;
+    match second.receive().await.header.pdu {
+        Pdu::TaskManagementResponse(r) => {
+            assert_eq!(r.initiator_task_tag, 0x600);
+            assert_eq!(r.response, TaskResponse::FunctionComplete);
+        }
+        other => panic!("unexpected {other:?}"),
+    }
+    // An R2T may have left before the abort: its Data-Out is dropped.
+    if let Ok(Ok(Some(received))) = timeout(Duration::from_millis(200), first.rx.receive()).await {
+        match received.header.pdu {
+            Pdu::ReadyToTransfer(r2t) => {
+                let data = pattern(4 * BLOCK, 31);
+                let length = r2t.desired_data_transfer_length;
+                first
+                    .answer_r2t(
+                        itt,
+                        r2t.target_transfer_tag,
+                        r2t.buffer_offset,
+                        length,
+                        &data,
+                    )
+                    .await;
+            }
+            other => panic!("unexpected {other:?} for the aborted write"),
+        }
+    }
+    // No status for it ever; nothing of it written; the session goes on.
+    assert_eq!(first.read_blocks(70, 4).await, before);
+    target.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_login_with_a_cid_in_use_replaces_that_connection() {
     // Connection reinstatement (RFC 7143 6.3.4): the old connection with
