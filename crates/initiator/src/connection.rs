@@ -841,6 +841,32 @@ impl Connection {
         Ok(Some(cmd_sn))
     }
 
+    /// Posts the command `header` builds with the CmdSN it first had (a
+    /// retry, RFC 7143 7.2.1: the target never received it, and its CmdSN
+    /// is the hole it waits for), taking nothing from the window.
+    pub(crate) fn post_command_numbered(
+        &self,
+        itt: u32,
+        data: &[u8],
+        cmd_sn: CmdSn,
+        header: impl FnOnce(CmdSn) -> Header,
+    ) -> Result<(), Error> {
+        if !self.is_alive() {
+            return Err(Error::ConnectionLost);
+        }
+        let mut outbox = self.lock_outbox();
+        self.lock().mark_sent(itt, cmd_sn);
+        if let Err(error) = outbox.batch.push(&header(cmd_sn), data) {
+            drop(outbox);
+            self.close();
+            return Err(error.into());
+        }
+        outbox.urgent = true;
+        drop(outbox);
+        self.posted.notify_one();
+        Ok(())
+    }
+
     /// Resolves once the connection is closed.
     async fn closed(&self) {
         loop {
@@ -920,7 +946,16 @@ impl Connection {
     }
 
     fn note_stat_sn(&self, stat_sn: StatSn, hold: bool) {
-        let arrived = self.lock().stat_sns.arrived(stat_sn, hold);
+        let arrived = {
+            let mut state = self.lock();
+            if !state.alive {
+                // Closed: its tasks went back to the session without these
+                // statuses, so they must not be acknowledged (at ERL 2 the
+                // target keeps an unacknowledged status for TASK REASSIGN).
+                return;
+            }
+            state.stat_sns.arrived(stat_sn, hold)
+        };
         match arrived {
             Arrived::Fine => {}
             Arrived::Gap { first, count } if self.recovers_data => {
@@ -1516,6 +1551,13 @@ async fn run_writer(connection: Arc<Connection>) {
         result = write_loop(&connection) => result,
         () = connection.closed() => Ok(()),
     };
+    if !connection.finished.load(Ordering::SeqCst) {
+        // Closed, not logged out: the send direction ends now (the socket
+        // would otherwise stay half open until the connection is dropped,
+        // and the target would go on with it as if nothing happened).
+        let mut wire = connection.wire.lock().await;
+        let _ = wire.sender.terminate().await;
+    }
     if let Err(error) = result {
         if !connection.finished.load(Ordering::SeqCst) {
             tracing::warn!(cid = connection.cid, %error, "sending failed: connection lost");

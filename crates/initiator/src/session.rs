@@ -87,6 +87,10 @@ struct Inner {
     parameters: Mutex<Option<NegotiatedParameters>>,
     closed: AtomicBool,
     reinstatements: AtomicU64,
+    /// Connections reinstated with their CID at ErrorRecoveryLevel 2.
+    connection_recoveries: AtomicU64,
+    /// Tasks moved to a new connection by TASK REASSIGN.
+    tasks_reassigned: AtomicU64,
     /// The session's state (RFC 7143 8.3).
     lifecycle: Mutex<SessionStateMachine>,
 }
@@ -119,6 +123,13 @@ pub struct SendStatistics {
 enum AttemptError {
     /// The connection went away; the read buffer, if it came back.
     Lost(Option<Vec<u8>>),
+    /// A task moved to a recovered connection is not at the target (it
+    /// ended there, or the reassignment was refused): sent again as a new
+    /// command; `reinstate` if only session recovery is left.
+    Gone {
+        buffer: Option<Vec<u8>>,
+        reinstate: bool,
+    },
     /// The command failed for good.
     Failed(Error),
 }
@@ -149,6 +160,22 @@ impl Drop for Registration<'_> {
 const R2T_SNACK_AFTER: Duration = Duration::from_secs(1);
 /// The longest wait between R2T SNACKs for one write.
 const R2T_SNACK_MAX_WAIT: Duration = Duration::from_secs(8);
+
+/// How many times a TASK REASSIGN answered "task still allegiant" is sent
+/// again, [`REASSIGN_RETRY_AFTER`] apart.
+const REASSIGN_TRIES: u32 = 10;
+const REASSIGN_RETRY_AFTER: Duration = Duration::from_millis(200);
+
+/// How a try of a command starts.
+#[derive(Clone, Copy, Debug)]
+enum Start {
+    /// A new task: a new ITT and the next CmdSN.
+    Fresh,
+    /// The task of a recovered connection, moved to this one with TASK
+    /// REASSIGN (ERL 2); its CmdSN, if the target may never have had it,
+    /// to send it again with.
+    Reassign(CmdSn),
+}
 
 /// A sentinel for "no CmdSN taken yet".
 const NO_CMD_SN: u64 = u64::MAX;
@@ -185,6 +212,8 @@ impl Session {
             parameters: Mutex::new(None),
             closed: AtomicBool::new(false),
             reinstatements: AtomicU64::new(0),
+            connection_recoveries: AtomicU64::new(0),
+            tasks_reassigned: AtomicU64::new(0),
             lifecycle: Mutex::new(SessionStateMachine::new(Role::Initiator)),
             config,
         });
@@ -256,6 +285,35 @@ impl Session {
     /// How many times the session was reinstated after a lost connection.
     pub fn reinstatements(&self) -> u64 {
         self.inner.reinstatements.load(Ordering::Relaxed)
+    }
+
+    /// How many connections were recovered at ErrorRecoveryLevel 2: logged
+    /// in again with their CID (connection reinstatement) while the rest
+    /// of the session went on.
+    pub fn connection_recoveries(&self) -> u64 {
+        self.inner.connection_recoveries.load(Ordering::Relaxed)
+    }
+
+    /// How many commands a recovered connection's failure interrupted were
+    /// moved to its replacement with TASK REASSIGN (RFC 7143 11.5.1) and
+    /// went on there, rather than being sent again.
+    pub fn tasks_reassigned(&self) -> u64 {
+        self.inner.tasks_reassigned.load(Ordering::Relaxed)
+    }
+
+    /// Drops the connection with CID `cid` without logging out, as a
+    /// failure of its path would (tests of connection recovery): at
+    /// ErrorRecoveryLevel 2 its commands go on over its replacement.
+    /// Whether there was one.
+    pub fn drop_connection(&self, cid: u16) -> bool {
+        let connections = self.inner.lock_connections();
+        match connections.iter().find(|c| c.cid == cid && c.is_alive()) {
+            Some(connection) => {
+                connection.close();
+                true
+            }
+            None => false,
+        }
     }
 
     /// The configuration the session was opened with.
@@ -514,7 +572,7 @@ impl Inner {
             .config
             .connections
             .clamp(1, parameters.max_connections.max(1));
-        let mut connections = vec![self.start(0, leading)];
+        let mut connections = vec![self.start(0, leading, None)];
         for cid in 1..wanted {
             let joined = login(
                 &self.config,
@@ -535,7 +593,7 @@ impl Inner {
                 Ok(joined) => {
                     let c = &joined.complete;
                     self.window.update(c.exp_cmd_sn, c.max_cmd_sn);
-                    connections.push(self.start(cid, joined));
+                    connections.push(self.start(cid, joined, Some(&parameters)));
                 }
                 Err(error) => {
                     tracing::warn!(cid, %error, "could not add a connection to the session");
@@ -550,7 +608,18 @@ impl Inner {
         Ok(connections)
     }
 
-    fn start(&self, cid: u16, logged_in: crate::login::LoggedIn) -> Arc<Connection> {
+    /// Starts a logged-in connection. A joining one (or a reinstated one)
+    /// negotiated only its own keys: the leading-only ones (ErrorRecoveryLevel,
+    /// the burst lengths...) are the session's, from `session`.
+    fn start(
+        &self,
+        cid: u16,
+        mut logged_in: crate::login::LoggedIn,
+        session: Option<&NegotiatedParameters>,
+    ) -> Arc<Connection> {
+        if let Some(session) = session {
+            logged_in.complete.parameters = session.joined_by(&logged_in.complete.parameters);
+        }
         let mut limits = Limits::from(&logged_in.complete.parameters);
         if let Some(cap) = self.config.max_xmit_data_segment_length {
             limits.max_send_segment = limits.max_send_segment.min(cap);
@@ -634,6 +703,138 @@ impl Inner {
         Err(last_error)
     }
 
+    /// Whether a lost connection is recovered on its own, its tasks moved
+    /// to its replacement (ErrorRecoveryLevel 2, RFC 7143 7.2.2).
+    fn recovers_connections(&self) -> bool {
+        self.parameters
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|p| p.error_recovery_level >= 2)
+    }
+
+    /// ERL 2: logs in a new connection with the CID of `lost` (connection
+    /// reinstatement, RFC 7143 6.3.4: the target logs the old one out and
+    /// keeps its tasks for TASK REASSIGN) in its place among the session's
+    /// connections; the rest of the session goes on meanwhile. Returns the
+    /// replacement (one already made, if another task got there first).
+    async fn reinstate_connection(&self, lost: &Arc<Connection>) -> Result<Arc<Connection>, Error> {
+        let _recovery = self.recovery.lock().await;
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(Error::SessionClosed);
+        }
+        let replaced = self
+            .lock_connections()
+            .iter()
+            .find(|c| c.cid == lost.cid && !Arc::ptr_eq(c, lost) && c.is_alive())
+            .cloned();
+        if let Some(replacement) = replaced {
+            return Ok(replacement);
+        }
+        lost.close();
+        let mut last_error = Error::ConnectionLost;
+        for attempt in 0..self.config.reconnect_attempts.max(1) {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt))).await;
+            }
+            let logged_in = login(
+                &self.config,
+                LoginRequestParams {
+                    portal: self.portal.clone(),
+                    target_name: Some(&self.target_name),
+                    isid: self.isid,
+                    tsih: self.tsih.load(Ordering::Relaxed),
+                    cid: lost.cid,
+                    cmd_sn: self.window.current(),
+                    initiator_task_tag: self.itt(),
+                    tap: Some(self.tap.clone()),
+                    iser: self.iser,
+                },
+            )
+            .await;
+            match logged_in {
+                Ok(logged_in) => {
+                    let c = &logged_in.complete;
+                    self.window.update(c.exp_cmd_sn, c.max_cmd_sn);
+                    let session = self
+                        .parameters
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .clone();
+                    let replacement = self.start(lost.cid, logged_in, session.as_ref());
+                    let mut connections = self.lock_connections();
+                    match connections.iter_mut().find(|c| Arc::ptr_eq(c, lost)) {
+                        Some(slot) => *slot = Arc::clone(&replacement),
+                        None => connections.push(Arc::clone(&replacement)),
+                    }
+                    drop(connections);
+                    self.connection_recoveries.fetch_add(1, Ordering::Relaxed);
+                    tracing::info!(cid = lost.cid, attempt, "connection reinstated (ERL 2)");
+                    return Ok(replacement);
+                }
+                Err(error) => {
+                    tracing::warn!(cid = lost.cid, attempt, %error, "reinstating the connection failed");
+                    last_error = error;
+                }
+            }
+        }
+        Err(last_error)
+    }
+
+    /// TASK REASSIGN (RFC 7143 11.5.1) of task `itt` to `connection`, with
+    /// ExpDataSN 0 (the data acknowledgement point unchanged: the initiator
+    /// asks for no DataACK, so the target sends all its Data-In again).
+    /// "Task still allegiant" is asked again a few times: the target may
+    /// still be logging the old connection out. Returns the response and
+    /// the ExpCmdSN that came with it.
+    async fn reassign(
+        &self,
+        connection: &Connection,
+        itt: u32,
+        lun: u64,
+        cmd_sn: CmdSn,
+    ) -> Result<(TaskResponse, CmdSn), Error> {
+        let mut tries = 0;
+        loop {
+            let tmf_itt = self.itt();
+            let exp_stat_sn = connection.exp_stat_sn();
+            let header = |current: CmdSn| {
+                Header::new(
+                    Pdu::TaskManagementRequest(TaskManagementRequest {
+                        immediate: true,
+                        function: TaskFunction::TaskReassign,
+                        lun: Lun(encode_lun(lun)),
+                        initiator_task_tag: tmf_itt,
+                        referenced_task_tag: itt,
+                        cmd_sn: current,
+                        exp_stat_sn,
+                        ref_cmd_sn: cmd_sn,
+                        exp_data_sn: DataSn::new(0),
+                    }),
+                    0,
+                )
+            };
+            let (reply, _) = self
+                .exchange_posted(connection, tmf_itt, || {
+                    connection.post_immediate(header)?;
+                    Ok(())
+                })
+                .await?;
+            let Pdu::TaskManagementResponse(r) = reply.pdu else {
+                return Err(Error::Protocol(format!(
+                    "{:?} answering TASK REASSIGN",
+                    reply.pdu.opcode()
+                )));
+            };
+            if r.response == TaskResponse::TaskStillAllegiant && tries < REASSIGN_TRIES {
+                tries += 1;
+                tokio::time::sleep(REASSIGN_RETRY_AFTER).await;
+                continue;
+            }
+            return Ok((r.response, r.exp_cmd_sn));
+        }
+    }
+
     async fn execute(self: &Arc<Self>, command: Command<'_>) -> Result<Response, Error> {
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::SessionClosed);
@@ -677,20 +878,52 @@ impl Inner {
         let timeout = self.config.timeouts.command;
         let deadline = tokio::time::Instant::now() + timeout;
         let mut retries = 0;
+        // ERL 2: a lost connection is reinstated and its task moved there.
+        let mut connection_recovery = self.recovers_connections();
+        let mut resume: Option<(u32, CmdSn, Arc<Connection>)> = None;
         loop {
             let generation = self.generation.load(Ordering::SeqCst);
-            let Some(connection) = self.pick(command.lun) else {
-                tokio::time::timeout_at(deadline, self.recover(generation))
-                    .await
-                    .map_err(|_| Error::Timeout {
-                        timeout,
-                        waiting_for: "the session to be reinstated",
-                    })??;
-                continue;
+            let (connection, itt, start) = match resume.take() {
+                Some((itt, cmd_sn, connection)) => (connection, itt, Start::Reassign(cmd_sn)),
+                None => {
+                    let Some(connection) = self.pick(command.lun) else {
+                        let lost = self.lock_connections().first().cloned();
+                        if let (true, Some(lost)) = (connection_recovery, lost) {
+                            // ERL 2: no connection is usable; a reinstated
+                            // one continues the session (RFC 7143 8.3 N4).
+                            let recovered =
+                                tokio::time::timeout_at(deadline, self.reinstate_connection(&lost))
+                                    .await
+                                    .map_err(|_| Error::Timeout {
+                                        timeout,
+                                        waiting_for: "the connection to be reinstated",
+                                    })?;
+                            match recovered {
+                                Ok(_) => continue,
+                                Err(error) => {
+                                    tracing::warn!(%error, "connection recovery failed: reinstating the session");
+                                    connection_recovery = false;
+                                }
+                            }
+                        }
+                        tokio::time::timeout_at(deadline, self.recover(generation))
+                            .await
+                            .map_err(|_| Error::Timeout {
+                                timeout,
+                                waiting_for: "the session to be reinstated",
+                            })??;
+                        continue;
+                    };
+                    (connection, self.itt(), Start::Fresh)
+                }
             };
-            let itt = self.itt();
-            let sent_cmd_sn = AtomicU64::new(NO_CMD_SN);
+            let sent_cmd_sn = AtomicU64::new(match start {
+                Start::Reassign(cmd_sn) => u64::from(cmd_sn.get()),
+                Start::Fresh => NO_CMD_SN,
+            });
             let attempt = Attempt {
+                inner: self,
+                start,
                 connection: &connection,
                 itt,
                 lun: command.lun,
@@ -702,37 +935,21 @@ impl Inner {
                 sent_cmd_sn: &sent_cmd_sn,
             };
             let outcome = tokio::time::timeout_at(deadline, attempt.run(read_into.take())).await;
-            match outcome {
+            let (buffer, gone) = match outcome {
                 Ok(Ok(response)) => return Ok(response),
                 Ok(Err(AttemptError::Failed(error))) => return Err(error),
-                Ok(Err(AttemptError::Lost(buffer))) => {
-                    if retries >= self.config.command_retries {
-                        return Err(Error::ConnectionLost);
-                    }
-                    retries += 1;
-                    read_into = match buffer {
-                        _ if discarded => Some(ReadInto::Discarded(expected_length)),
-                        _ if pooled => {
-                            if let Some(buffer) = buffer {
-                                self.read_buffers.give(buffer);
-                            }
-                            Some(ReadInto::Pooled(expected_length))
-                        }
-                        Some(buffer) => Some(ReadInto::Buffer(buffer)),
-                        None if reads => Some(ReadInto::Buffer(vec![0; expected_length as usize])),
-                        None => None,
-                    };
+                Ok(Err(AttemptError::Lost(buffer))) => (buffer, false),
+                Ok(Err(AttemptError::Gone { buffer, reinstate })) => {
+                    // Sent again as a new command: on the connection it was
+                    // reassigned to, or, if `reinstate`, after session
+                    // recovery.
                     tracing::info!(
                         itt,
-                        retries,
-                        "command interrupted by a lost connection: retrying"
+                        reinstate,
+                        "reassigned task not at the target: sending it again"
                     );
-                    tokio::time::timeout_at(deadline, self.recover(generation))
-                        .await
-                        .map_err(|_| Error::Timeout {
-                            timeout,
-                            waiting_for: "the session to be reinstated",
-                        })??;
+                    connection_recovery &= !reinstate;
+                    (buffer, !reinstate)
                 }
                 Err(_) => {
                     let cmd_sn = sent_cmd_sn.load(Ordering::SeqCst);
@@ -748,7 +965,64 @@ impl Inner {
                         waiting_for: "the command's status",
                     });
                 }
+            };
+            if retries >= self.config.command_retries {
+                return Err(Error::ConnectionLost);
             }
+            retries += 1;
+            read_into = match buffer {
+                _ if discarded => Some(ReadInto::Discarded(expected_length)),
+                _ if pooled => {
+                    if let Some(buffer) = buffer {
+                        self.read_buffers.give(buffer);
+                    }
+                    Some(ReadInto::Pooled(expected_length))
+                }
+                Some(buffer) => Some(ReadInto::Buffer(buffer)),
+                None if reads => Some(ReadInto::Buffer(vec![0; expected_length as usize])),
+                None => None,
+            };
+            if gone {
+                continue;
+            }
+            if connection_recovery {
+                let recovered =
+                    tokio::time::timeout_at(deadline, self.reinstate_connection(&connection))
+                        .await
+                        .map_err(|_| Error::Timeout {
+                            timeout,
+                            waiting_for: "the connection to be reinstated",
+                        })?;
+                match recovered {
+                    Ok(replacement) => {
+                        let cmd_sn = sent_cmd_sn.load(Ordering::SeqCst);
+                        if cmd_sn != NO_CMD_SN {
+                            tracing::info!(
+                                itt,
+                                cid = connection.cid,
+                                "command interrupted by a lost connection: reassigning it"
+                            );
+                            resume = Some((itt, CmdSn::new(cmd_sn as u32), replacement));
+                        }
+                        continue;
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, "connection recovery failed: reinstating the session");
+                        connection_recovery = false;
+                    }
+                }
+            }
+            tracing::info!(
+                itt,
+                retries,
+                "command interrupted by a lost connection: retrying"
+            );
+            tokio::time::timeout_at(deadline, self.recover(generation))
+                .await
+                .map_err(|_| Error::Timeout {
+                    timeout,
+                    waiting_for: "the session to be reinstated",
+                })??;
         }
     }
 
@@ -896,6 +1170,8 @@ impl Inner {
 
 /// One try of a SCSI command on one connection.
 struct Attempt<'a> {
+    inner: &'a Inner,
+    start: Start,
     connection: &'a Connection,
     itt: u32,
     lun: u64,
@@ -934,13 +1210,61 @@ impl Attempt<'_> {
                 unsolicited: 0,
             },
         };
-        if let Err(error) = self.send_command(reads, &plan).await {
-            return Err(self.lost_or(error, &mut events));
-        }
         let mut tracker = self.write_data.map(|_| {
             R2tTracker::new(limits, self.expected_length)
                 .after_unsolicited(plan.immediate + plan.unsolicited)
         });
+        let numbered = match self.start {
+            Start::Fresh => None,
+            Start::Reassign(cmd_sn) => {
+                let reassigned = self
+                    .inner
+                    .reassign(connection, self.itt, self.lun, cmd_sn)
+                    .await;
+                let (response, exp_cmd_sn) = match reassigned {
+                    Ok(answer) => answer,
+                    Err(error) => return Err(self.lost_or(error, &mut events)),
+                };
+                match response {
+                    TaskResponse::FunctionComplete => {
+                        // It goes on here: a read's Data-In and status, a
+                        // write's R2Ts for what the target lacks.
+                        self.inner.tasks_reassigned.fetch_add(1, Ordering::Relaxed);
+                        if let Some(tracker) = tracker.as_mut() {
+                            tracker.reassigned();
+                        }
+                        None
+                    }
+                    // The target never had it (ExpCmdSN has not passed it):
+                    // the same task again, with its CmdSN (RFC 7143 7.2.1).
+                    TaskResponse::TaskDoesNotExist if !cmd_sn.lt(exp_cmd_sn) => Some(cmd_sn),
+                    other => {
+                        tracing::warn!(
+                            itt = self.itt,
+                            cmd_sn = cmd_sn.get(),
+                            exp_cmd_sn = exp_cmd_sn.get(),
+                            ?other,
+                            "TASK REASSIGN refused"
+                        );
+                        let buffer = self.connection.unregister(self.itt);
+                        return Err(AttemptError::Gone {
+                            buffer,
+                            reinstate: other != TaskResponse::TaskDoesNotExist,
+                        });
+                    }
+                }
+            }
+        };
+        let send = match (self.start, numbered) {
+            (Start::Fresh, _) => self.send_command(reads, &plan, None).await,
+            (Start::Reassign(_), Some(cmd_sn)) => {
+                self.send_command(reads, &plan, Some(cmd_sn)).await
+            }
+            (Start::Reassign(_), None) => Ok(()),
+        };
+        if let Err(error) = send {
+            return Err(self.lost_or(error, &mut events));
+        }
         // At ERL 1 an R2T lost on the way is asked for again (RFC 7143
         // 11.16): a write that waits for an R2T this long sends an R2T
         // SNACK, then again at twice the wait, up to a limit.
@@ -1074,7 +1398,12 @@ impl Attempt<'_> {
     /// the caller's buffer. Either way its CmdSN is taken in the same hold
     /// of the outbox's lock that queues or writes it, so the CmdSN order on
     /// the wire is the order taken.
-    async fn send_command(&self, reads: bool, plan: &WritePlan) -> Result<(), Error> {
+    async fn send_command(
+        &self,
+        reads: bool,
+        plan: &WritePlan,
+        numbered: Option<CmdSn>,
+    ) -> Result<(), Error> {
         let connection = self.connection;
         let window = connection.window();
         let data = self.write_data.unwrap_or_default();
@@ -1089,6 +1418,12 @@ impl Attempt<'_> {
             connection
                 .descriptors
                 .data_out(self.itt, data, self.write_owner, unsolicited);
+        }
+        if let Some(cmd_sn) = numbered {
+            connection.post_command_numbered(self.itt, immediate, cmd_sn, header)?;
+            return self
+                .send_data_out(data, RESERVED_TAG, plan.unsolicited, self.unsolicited(plan))
+                .await;
         }
         if unsolicited <= POSTED_DATA_LIMIT {
             while connection

@@ -47,13 +47,19 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
+use crate::recovery::{Orphan, StillAllegiant};
 use crate::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
 
 use crate::session::{Admission, Session, Shared, Task, record};
 use crate::stats::SessionStats;
 use write::{Drain, PROTOCOL_SERVICE_CRC_ERROR, PendingWrite};
 
-mod write;
+mod respond;
+mod task_management;
+pub(crate) mod write;
+
+use respond::{Residual, Response, respond, send_answer};
+use task_management::task_management;
 
 /// The reserved tag value (RFC 7143 11.2.1.8).
 const RESERVED_TAG: u32 = 0xFFFF_FFFF;
@@ -87,6 +93,11 @@ pub(crate) enum Stat {
 pub(crate) struct Writer {
     state: tokio::sync::Mutex<WriterState>,
     session: Arc<Session>,
+    /// The connection's number in its session (`Session::take_cid`).
+    number: u64,
+    /// Set, under the lock of `state`, when the connection is gone: an
+    /// answer for a task allegiant to it is parked instead (ERL 2).
+    closed: std::sync::atomic::AtomicBool,
     /// At ErrorRecoveryLevel 1 and above: the statuses (and Data-In) not
     /// yet acknowledged, for SNACKs (`retention`).
     retained: Option<std::sync::Mutex<Retained>>,
@@ -110,8 +121,18 @@ impl Writer {
         self.state.lock().await
     }
 
+    /// Ends the send direction. Every answer under way has finished (or
+    /// failed) when this returns, and none starts after: see
+    /// [`Writer::is_closed`].
     async fn terminate(&self) {
-        let _ = self.state.lock().await.sender.terminate().await;
+        let mut state = self.state.lock().await;
+        self.closed.store(true, Ordering::Release);
+        let _ = state.sender.terminate().await;
+    }
+
+    /// Whether the connection is gone (its send direction terminated).
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 }
 
@@ -324,10 +345,13 @@ impl Connection {
         tap: Option<Tap>,
         placed_data: bool,
         error_recovery_level: u8,
+        number: u64,
     ) -> Self {
         let writer = Arc::new(Writer {
             state: tokio::sync::Mutex::new(WriterState { sender, stat_sn }),
             session: Arc::clone(&session),
+            number,
+            closed: std::sync::atomic::AtomicBool::new(false),
             retained: (error_recovery_level >= 1).then(Default::default),
         });
         Connection {
@@ -366,12 +390,15 @@ impl Connection {
     /// Reads and serves PDUs until logout, the peer's close, an error, the
     /// session's close, a login with this connection's CID (`replaced`)
     /// or the end of the shutdown grace period. Says whether the
-    /// connection ended by a successful logout (T13).
+    /// connection ended by a successful logout (T13), and, when it failed
+    /// in a session at ErrorRecoveryLevel 2, returns its writer: the tasks
+    /// allegiant to it wait for TASK REASSIGN until Time2Retain is over.
     pub async fn run(
         mut self,
         mut receiver: Receiver,
         mut replaced: tokio::sync::watch::Receiver<bool>,
-    ) -> (Result<(), DatamoverError>, bool) {
+    ) -> (Result<(), DatamoverError>, bool, Option<Arc<Writer>>) {
+        let mut stopped_by_logout = false;
         let mut shutdown = self.shared.shutdown.clone();
         let mut closing = self.session.closing();
         let mut logout_deadline: Option<Instant> = None;
@@ -437,7 +464,10 @@ impl Connection {
             self.sweep_aborted_writes();
             match self.dispatch(&mut receiver, header).await {
                 Ok(Flow::Continue) => {}
-                Ok(Flow::Stop) => break Ok(()),
+                Ok(Flow::Stop) => {
+                    stopped_by_logout = true;
+                    break Ok(());
+                }
                 Err(e) => break Err(e),
             }
         };
@@ -454,13 +484,57 @@ impl Connection {
             self.record(ConnectionEvent::TransportLost);
             self.record(ConnectionEvent::CleanupTimedOut);
         }
-        // Writes still collecting data die with the connection.
-        self.abandon_pending_writes();
-        self.writer.terminate().await;
-        if logged_out {
+        // Below ERL 2, or closed for good, the connection's tasks end with
+        // it: writes still collecting data die. At ERL 2 a connection that
+        // failed or was replaced (connection reinstatement, or a logout
+        // removing it for recovery) leaves them for TASK REASSIGN.
+        let recovers =
+            self.session.recovers_connections() && !stopped_by_logout && !*closing.borrow();
+        if recovers {
+            self.leave_tasks().await;
+        } else {
+            self.abandon_pending_writes();
+            self.writer.terminate().await;
+        }
+        for (_, drain) in self.draining.drain() {
+            self.session.abort(&drain.task);
+        }
+        if stopped_by_logout {
             drain_after_logout(&mut receiver).await;
         }
-        (result, logged_out && !*closing.borrow())
+        let left = recovers.then(|| Arc::clone(&self.writer));
+        (result, stopped_by_logout && !*closing.borrow(), left)
+    }
+
+    /// ERL 2: the connection is gone, its tasks are not (RFC 7143 7.2.2).
+    /// Writes collecting data, and the statuses sent but not acknowledged,
+    /// become the session's orphans; commands being executed park their
+    /// answers once the writer is closed (which this does first: an answer
+    /// under way finishes, or fails and is kept, before it returns).
+    async fn leave_tasks(&mut self) {
+        self.writer.terminate().await;
+        let number = self.writer.number;
+        let orphans = &self.session.orphans;
+        let writes = self.pending_writes.len();
+        for (itt, pending) in self.pending_writes.drain() {
+            orphans.adopt(itt, Orphan::Collecting(Box::new(pending)), number);
+        }
+        let statuses = match &self.writer.retained {
+            Some(retained) => retained
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take_all(),
+            None => Vec::new(),
+        };
+        let answered = statuses.len();
+        for status in statuses {
+            let itt = status.response.initiator_task_tag;
+            orphans.adopt(itt, Orphan::Answered(status), number);
+        }
+        info!(
+            cid = self.cid,
+            writes, answered, "connection failed: its tasks wait for reassignment (ERL 2)"
+        );
     }
 
     /// Ends the writes task management aborted while they waited for
@@ -574,6 +648,12 @@ impl Connection {
             Pdu::LogoutRequest(request) => {
                 receiver.receive_data().await?;
                 return self.logout(request).await;
+            }
+            Pdu::TaskManagementRequest(request)
+                if request.function == TaskFunction::TaskReassign =>
+            {
+                receiver.receive_data().await?;
+                self.task_reassign(request).await?;
             }
             Pdu::TaskManagementRequest(request) => {
                 receiver.receive_data().await?;
@@ -719,7 +799,21 @@ impl Connection {
             LogoutReason::CloseSession | LogoutReason::CloseConnection => {
                 LogoutResponseCode::ClosedSuccessfully
             }
-            // Removing a connection for recovery needs ErrorRecoveryLevel 2.
+            LogoutReason::RemoveConnectionForRecovery
+                if self.session.recovers_connections() && request.cid != self.cid =>
+            {
+                // ERL 2 (RFC 7143 11.14.1): the connection with that CID
+                // (failed, or about to be given up) is closed, its tasks
+                // left for TASK REASSIGN; the response goes out once they
+                // are in place.
+                if self.session.close_cid(request.cid).await {
+                    info!(cid = request.cid, "connection removed for recovery");
+                    return self.recovery_logout_answer(request).await;
+                }
+                LogoutResponseCode::CidNotFound
+            }
+            // Removing a connection for recovery needs ErrorRecoveryLevel 2
+            // (and is asked for on another connection).
             _ => LogoutResponseCode::RecoveryNotSupported,
         };
         if response == LogoutResponseCode::ClosedSuccessfully {
@@ -879,6 +973,7 @@ impl Connection {
                     return self.reject(header, RejectReason::TaskInProgress).await;
                 }
             };
+        task.allegiance.pledge(&self.writer, self.data_in_limits);
         let Some(scsi) = self.session.scsi.clone() else {
             // SCSI commands in a discovery session.
             receiver.receive_data().await?;
@@ -950,7 +1045,15 @@ impl Connection {
                 self.answer_when_drained(task, command, outcome, Vec::new(), unsolicited);
                 return Ok(());
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                // The connection failed under the command's own data: the
+                // task ends here (ERL 2 has nothing of it to go on with:
+                // a TASK REASSIGN finds no task, and the initiator sends
+                // the command again).
+                self.session.abort(&task);
+                self.buffers.give(buffer);
+                return Err(e);
+            }
         }
         let bursts = self
             .limits
@@ -967,21 +1070,13 @@ impl Connection {
             r2ts: Vec::new(),
         };
         self.requeue_lost(&mut pending);
-        self.solicit(&mut pending).await?;
-        if pending.tracker.is_complete() {
-            self.start_write(scsi, pending);
-        } else {
-            self.pending_writes.insert(itt, pending);
-        }
-        Ok(())
+        self.solicit_and_keep(itt, pending).await
     }
 
     /// Answers a command with `outcome` without executing it.
     fn answer_now(&self, task: Arc<Task>, command: ScsiCommand, outcome: CommandOutcome) {
         let guard = self.in_flight.enter();
-        let writer = Arc::clone(&self.writer);
         let session = Arc::clone(&self.session);
-        let limits = self.data_in_limits;
         let tap = self.tap.clone();
         tokio::spawn(async move {
             let _guard = guard;
@@ -993,7 +1088,7 @@ impl Connection {
                 r2ts: 0,
                 tap: tap.as_ref(),
             };
-            if let Err(error) = respond(&writer, &session, &task, &limits, response).await {
+            if let Err(error) = respond(&session, &task, response).await {
                 debug!(%error, "response not sent");
             }
         });
@@ -1013,10 +1108,8 @@ impl Connection {
         task.start();
         let itt = command.initiator_task_tag;
         let guard = self.in_flight.enter();
-        let writer = Arc::clone(&self.writer);
         let session = Arc::clone(&self.session);
         let buffers = Arc::clone(&self.buffers);
-        let limits = self.data_in_limits;
         let tap = self.tap.clone();
         tokio::spawn(async move {
             let _guard = guard;
@@ -1111,46 +1204,11 @@ impl Connection {
                 r2ts,
                 tap: tap.as_ref(),
             };
-            if let Err(error) = respond(&writer, &session, &task, &limits, response).await {
+            if let Err(error) = respond(&session, &task, response).await {
                 debug!(%error, "response not sent");
             }
             buffers.give(data_out);
         });
-    }
-}
-
-/// The residual of a command (RFC 7143 11.4.5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Residual {
-    overflow: bool,
-    underflow: bool,
-    count: u32,
-}
-
-impl Residual {
-    const NONE: Residual = Residual {
-        overflow: false,
-        underflow: false,
-        count: 0,
-    };
-
-    /// What the SCSI layer wants to transfer (`wanted`) against what the
-    /// initiator expects (`expected`).
-    fn of(wanted: u64, expected: u32) -> Residual {
-        let expected = u64::from(expected);
-        match wanted.cmp(&expected) {
-            std::cmp::Ordering::Greater => Residual {
-                overflow: true,
-                underflow: false,
-                count: u32::try_from(wanted - expected).unwrap_or(u32::MAX),
-            },
-            std::cmp::Ordering::Less => Residual {
-                overflow: false,
-                underflow: true,
-                count: (expected - wanted) as u32,
-            },
-            std::cmp::Ordering::Equal => Residual::NONE,
-        }
     }
 }
 
@@ -1252,146 +1310,6 @@ fn shorten_transfer(cdb: &[u8], blocks: u32) -> Option<Option<Vec<u8>>> {
     Some(Some(shorter))
 }
 
-/// Everything needed to answer one command.
-struct Response<'a> {
-    command: &'a ScsiCommand,
-    outcome: CommandOutcome,
-    data_in: Gather,
-    residual: Residual,
-    r2ts: u32,
-    /// Told how long the response waited for the connection's writer.
-    tap: Option<&'a Tap>,
-}
-
-/// Sends a command's Data-In (cut by MaxRecvDataSegmentLength and
-/// MaxBurstLength) and its status: in the last Data-In when the command
-/// succeeded (phase collapse, RFC 7143 11.7.3), else in a SCSI Response
-/// carrying the sense data (11.4.7). A task aborted meanwhile gets no
-/// status (RFC 7143 4.2.3.? ABORT TASK semantics: 11.5.1).
-async fn respond(
-    writer: &Writer,
-    session: &Session,
-    task: &Task,
-    limits: &Limits,
-    response: Response<'_>,
-) -> Result<(), DatamoverError> {
-    let Response {
-        command,
-        outcome,
-        data_in,
-        residual,
-        r2ts,
-        tap,
-    } = response;
-    let sent = if command.read {
-        data_in
-            .len()
-            .min(command.expected_data_transfer_length as usize) as u32
-    } else {
-        0
-    };
-    // At ERL 1 the status goes in a SCSI Response of its own, so that a
-    // Data-In sent again never carries a status (and its StatSN) again.
-    let collapse =
-        writer.retained.is_none() && outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
-    let segments = limits.data_in_segments(sent);
-    let count = segments.len();
-    let waiting = tap.map(|_| std::time::Instant::now());
-    let mut out = writer.lock().await;
-    if let (Some(tap), Some(waiting)) = (tap, waiting) {
-        // Other commands' Data-In and statuses go first: at a deep queue
-        // this is where a response spends its time.
-        let itt = command.initiator_task_tag;
-        tap.step("wait for writer", itt, waiting, std::time::Instant::now());
-    }
-    for (i, segment) in segments.iter().enumerate() {
-        let last = i + 1 == count;
-        let with_status = last && collapse;
-        if with_status && !session.complete(task) {
-            return Ok(());
-        }
-        let pdu = DataIn {
-            final_flag: segment.last_in_sequence,
-            acknowledge: false,
-            residual_overflow: with_status && residual.overflow,
-            residual_underflow: with_status && residual.underflow,
-            status: with_status.then_some(outcome.status),
-            lun: command.lun,
-            initiator_task_tag: command.initiator_task_tag,
-            target_transfer_tag: RESERVED_TAG,
-            data_sn: DataSn::new(segment.data_sn),
-            buffer_offset: segment.offset,
-            residual_count: if with_status { residual.count } else { 0 },
-            ..DataIn::default()
-        };
-        let start = segment.offset as usize;
-        let end = start + segment.length as usize;
-        let stat = if with_status {
-            Stat::Advance
-        } else {
-            Stat::Reserved
-        };
-        out.send_data_in(session, Pdu::DataIn(pdu), data_in.slice(start..end), stat)
-            .await?;
-        SessionStats::add(&session.stats.read_bytes, u64::from(segment.length));
-    }
-    if collapse {
-        return Ok(());
-    }
-    if !session.complete(task) {
-        return Ok(());
-    }
-    // Sense data travels in the SCSI Response's data segment: a 2-byte
-    // length, then the sense bytes (RFC 7143 11.4.7).
-    let sense_data = match outcome.sense {
-        Some(_) => {
-            let bytes = outcome.sense_bytes();
-            let mut data = Vec::with_capacity(2 + bytes.len());
-            data.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
-            data.extend_from_slice(&bytes);
-            data
-        }
-        None => Vec::new(),
-    };
-    let pdu = ScsiResponse {
-        bidi_read_residual_overflow: false,
-        bidi_read_residual_underflow: false,
-        residual_overflow: residual.overflow,
-        residual_underflow: residual.underflow,
-        response: ServiceResponse::CommandCompleted,
-        status: outcome.status,
-        initiator_task_tag: command.initiator_task_tag,
-        snack_tag: 0,
-        exp_data_sn: DataSn::new(if command.read { count as u32 } else { r2ts }),
-        bidi_read_residual_count: 0,
-        residual_count: residual.count,
-        ..ScsiResponse::default()
-    };
-    let stat_sn = out.next_stat_sn();
-    let kept = writer.retained.as_ref().map(|_| pdu.clone());
-    out.send(session, Pdu::ScsiResponse(pdu), &sense_data, Stat::Advance)
-        .await?;
-    if let (Some(retained), Some(response)) = (&writer.retained, kept) {
-        let status = SentStatus {
-            stat_sn,
-            response,
-            sense_data,
-            data_in: if command.read {
-                data_in.slice(0..sent as usize)
-            } else {
-                Gather::default()
-            },
-            lun: command.lun,
-            limits: *limits,
-        };
-        retained
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .keep(status);
-    }
-    Ok(())
-}
-
 /// A Reject with the offending header as its data (RFC 7143 11.17).
 async fn reject(
     writer: &Writer,
@@ -1412,149 +1330,4 @@ async fn reject(
         ..Reject::default()
     };
     writer.send(Pdu::Reject(reject), &bhs, Stat::Advance).await
-}
-
-/// Task management (RFC 7143 11.5, 11.6; SAM-5 7): aborts wait until the
-/// tasks concerned are over, so that after the response no PDU of theirs
-/// follows.
-async fn task_management(
-    shared: &Shared,
-    session: &Session,
-    writer: &Writer,
-    request: TaskManagementRequest,
-) -> Result<(), DatamoverError> {
-    if !request.immediate {
-        session.consume_cmd_sn(request.cmd_sn);
-    }
-    let lun = request.lun.0;
-    let lun_exists = session.scsi.as_ref().is_some_and(|scsi| {
-        iscsi_scsi::decode_lun(lun).is_some_and(|n| scsi.backstore(n).is_some())
-    });
-    let same_target = || match &session.target_name {
-        Some(name) => shared.sessions.of_target(name),
-        None => Vec::new(),
-    };
-    let response = match request.function {
-        TaskFunction::AbortTask => {
-            match session.task(request.referenced_task_tag) {
-                Some(task) if session.abort(&task) => {
-                    SessionStats::add(&session.stats.aborts, 1);
-                    task.wait().await;
-                    TaskResponse::FunctionComplete
-                }
-                Some(_) => TaskResponse::TaskDoesNotExist,
-                None => {
-                    // A command not yet arrived whose CmdSN is in the
-                    // window is taken as received and aborted (11.5.1).
-                    if request.ref_cmd_sn.lt(request.cmd_sn)
-                        && session.is_pending_cmd_sn(request.ref_cmd_sn)
-                    {
-                        session.consume_cmd_sn(request.ref_cmd_sn);
-                        TaskResponse::FunctionComplete
-                    } else {
-                        TaskResponse::TaskDoesNotExist
-                    }
-                }
-            }
-        }
-        TaskFunction::AbortTaskSet
-        | TaskFunction::ClearTaskSet
-        | TaskFunction::LogicalUnitReset => {
-            if !lun_exists {
-                TaskResponse::LunDoesNotExist
-            } else {
-                let sessions = if request.function == TaskFunction::AbortTaskSet {
-                    Vec::new()
-                } else {
-                    same_target()
-                };
-                abort_tasks(session, request.cmd_sn, &sessions, Some(lun)).await;
-                if request.function == TaskFunction::LogicalUnitReset
-                    && let (Some(scsi), Some(n)) = (&session.scsi, iscsi_scsi::decode_lun(lun))
-                {
-                    scsi.lun_reset(n);
-                }
-                TaskResponse::FunctionComplete
-            }
-        }
-        TaskFunction::ClearAca => TaskResponse::FunctionComplete,
-        TaskFunction::TargetWarmReset | TaskFunction::TargetColdReset => {
-            let sessions = same_target();
-            abort_tasks(session, request.cmd_sn, &sessions, None).await;
-            if let Some(scsi) = &session.scsi {
-                scsi.target_reset(if request.function == TaskFunction::TargetColdReset {
-                    TargetReset::Cold
-                } else {
-                    TargetReset::Warm
-                });
-            }
-            TaskResponse::FunctionComplete
-        }
-        TaskFunction::TaskReassign => TaskResponse::TaskReassignmentNotSupported,
-        _ => TaskResponse::FunctionNotSupported,
-    };
-    info!(
-        function = ?request.function,
-        referenced_task_tag = request.referenced_task_tag,
-        ?response,
-        "task management"
-    );
-    let reply = TaskManagementResponse {
-        response,
-        initiator_task_tag: request.initiator_task_tag,
-        ..TaskManagementResponse::default()
-    };
-    writer
-        .send(Pdu::TaskManagementResponse(reply), &[], Stat::Advance)
-        .await?;
-    if request.function == TaskFunction::TargetColdReset
-        && response == TaskResponse::FunctionComplete
-    {
-        // A cold reset ends every session of the target (RFC 7143 11.5.1).
-        for other in same_target() {
-            other.close();
-        }
-        session.close();
-    }
-    Ok(())
-}
-
-/// How long a task management function waits for commands numbered
-/// before it that are still on their way on other connections.
-const CMD_SN_GAP_WAIT: Duration = Duration::from_secs(2);
-
-/// Aborts the tasks of `session` numbered before `before` (the function's
-/// CmdSN; it first waits, a bounded time, for those still on their way)
-/// and every task of `others` (on `lun`, or all) and waits until each is
-/// over. The function is carried out beside the connection's
-/// reading, so commands that came after it may be in the table already:
-/// they are not its to abort (the initiator counts them as sent after it,
-/// RFC 7143 11.6.2, and waits for their status). Other sessions number
-/// their commands in CmdSN spaces of their own: all of theirs there now.
-async fn abort_tasks(session: &Session, before: CmdSn, others: &[Arc<Session>], lun: Option<u64>) {
-    if !session.received_before(before, CMD_SN_GAP_WAIT).await {
-        warn!(
-            before = before.get(),
-            "task management: commands numbered before it never arrived; going on without them"
-        );
-    }
-    let mut waiting = Vec::new();
-    let own = session
-        .tasks(lun)
-        .into_iter()
-        .filter(|task| task.cmd_sn.lt(before))
-        .map(|task| (session, task));
-    let theirs = others
-        .iter()
-        .filter(|s| !std::ptr::eq(s.as_ref(), session))
-        .flat_map(|s| s.tasks(lun).into_iter().map(move |task| (s.as_ref(), task)));
-    for (s, task) in own.chain(theirs) {
-        if s.abort(&task) {
-            SessionStats::add(&s.stats.aborts, 1);
-            waiting.push(task);
-        }
-    }
-    for task in waiting {
-        task.wait().await;
-    }
 }

@@ -20,6 +20,7 @@ pub mod config;
 mod connection;
 mod iser;
 mod policy;
+mod recovery;
 mod retention;
 pub mod server;
 mod session;

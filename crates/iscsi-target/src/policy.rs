@@ -86,7 +86,11 @@ impl LoginPolicy for Policy {
                     && s.target_name == request.target_name
             })
             .ok_or(LoginStatus::SESSION_DOES_NOT_EXIST)?;
-        if session.connection_count() >= u32::from(session.params.max_connections) {
+        // A login with a CID in use reinstates that connection (RFC 7143
+        // 6.3.4): it replaces one, adds none.
+        if !session.has_cid(request.cid)
+            && session.connection_count() >= u32::from(session.params.max_connections)
+        {
             return Err(LoginStatus::TOO_MANY_CONNECTIONS);
         }
         Ok(TargetSettings {

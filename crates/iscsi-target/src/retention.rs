@@ -81,6 +81,13 @@ impl Retained {
         }
     }
 
+    /// Takes every status kept (the connection failed at ERL 2: they wait
+    /// for TASK REASSIGN in the session, `recovery`).
+    pub fn take_all(&mut self) -> Vec<SentStatus> {
+        self.bytes = 0;
+        self.sent.drain(..).collect()
+    }
+
     /// Drops what the initiator has acknowledged: every status before
     /// `exp_stat_sn`.
     pub fn acknowledge(&mut self, exp_stat_sn: StatSn) {

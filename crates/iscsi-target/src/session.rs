@@ -32,7 +32,34 @@ use tracing::{debug, info, warn};
 use crate::config::TargetConfig;
 use crate::connection::Connection;
 use crate::policy::Policy;
+use crate::recovery::{Allegiance, Orphan, Orphans};
 use crate::stats::SessionStats;
+
+/// How long a login that reinstates a connection waits for the old one to
+/// end (it closes at once unless a command is being received into it).
+pub(crate) const CID_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The connection holding a CID.
+struct CidHolder {
+    number: u64,
+    close: watch::Sender<bool>,
+    /// Closed (its sender dropped) when the connection has ended.
+    ended: watch::Receiver<bool>,
+}
+
+impl CidHolder {
+    async fn close_and_wait(self) {
+        Self::signal_and_wait(&self.close, self.ended).await;
+    }
+
+    async fn signal_and_wait(close: &watch::Sender<bool>, mut ended: watch::Receiver<bool>) {
+        close.send_replace(true);
+        let wait = ended.wait_for(|&done| done);
+        if tokio::time::timeout(CID_RELEASE_WAIT, wait).await.is_err() {
+            warn!("the connection being replaced did not end in time: going on");
+        }
+    }
+}
 
 /// How long a connection may take from accept to the end of its login.
 const LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
@@ -132,6 +159,8 @@ pub(crate) struct Task {
     /// Set when the task is over (status sent, or abort took effect).
     done: AtomicBool,
     finished: Notify,
+    /// The connection that answers it (ERL 2 moves it: `recovery`).
+    pub allegiance: Allegiance,
 }
 
 impl Task {
@@ -219,9 +248,13 @@ pub(crate) struct Session {
     /// Connections in full feature phase.
     connections: AtomicU32,
     /// Per CID, the connection that has it: a number telling it from a
-    /// later one with the same CID, and what closes it when a login with
-    /// its CID reinstates it (RFC 7143 6.3.4).
-    by_cid: Mutex<HashMap<u16, (u64, watch::Sender<bool>)>>,
+    /// later one with the same CID, what closes it when a login with its
+    /// CID reinstates it (RFC 7143 6.3.4) or a logout removes it for
+    /// recovery, and what says it has ended.
+    by_cid: Mutex<HashMap<u16, CidHolder>>,
+    /// At ErrorRecoveryLevel 2: what failed connections left for TASK
+    /// REASSIGN (`recovery`).
+    pub orphans: Orphans,
     /// Numbers connections for `by_cid`.
     next_connection: AtomicU64,
     /// The session's state (RFC 7143 8.3).
@@ -266,6 +299,7 @@ impl Session {
             close: watch::channel(false).0,
             connections: AtomicU32::new(0),
             by_cid: Mutex::new(HashMap::new()),
+            orphans: Orphans::default(),
             next_connection: AtomicU64::new(0),
             lifecycle: Mutex::new(lifecycle),
             closed_by_logout: AtomicBool::new(false),
@@ -276,34 +310,112 @@ impl Session {
     /// Gives CID `cid` to a connection that has just logged in, closing
     /// the connection that had it (connection reinstatement, RFC 7143
     /// 6.3.4: a login with a CID in use implicitly logs that connection
-    /// out; below ErrorRecoveryLevel 2 its tasks end with it). Returns the
-    /// connection's number (for [`Session::release_cid`]) and what tells
-    /// it that it was replaced.
-    pub fn take_cid(&self, cid: u16) -> (u64, watch::Receiver<bool>) {
+    /// out; below ErrorRecoveryLevel 2 its tasks end with it, at 2 they
+    /// wait for TASK REASSIGN). Returns once the old connection has ended
+    /// (at most [`CID_RELEASE_WAIT`]), so that what it left is in place
+    /// before the new one takes a PDU; then the connection's number (for
+    /// [`Session::release_cid`]), what tells it that it is to close, and
+    /// what it drops when it has ended.
+    pub async fn take_cid(&self, cid: u16) -> (u64, watch::Receiver<bool>, watch::Sender<bool>) {
         let number = self.next_connection.fetch_add(1, Ordering::Relaxed);
         let (close, replaced) = watch::channel(false);
+        let (ended_tx, ended) = watch::channel(false);
         let old = self
             .by_cid
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(cid, (number, close));
-        if let Some((_, old)) = old {
+            .insert(
+                cid,
+                CidHolder {
+                    number,
+                    close,
+                    ended,
+                },
+            );
+        if let Some(old) = old {
             info!(
                 tsih = self.tsih,
                 cid, "connection reinstatement: closing the connection that had this CID"
             );
-            old.send_replace(true);
+            old.close_and_wait().await;
         }
-        (number, replaced)
+        (number, replaced, ended_tx)
+    }
+
+    /// Closes the connection with CID `cid` (a Logout "remove the
+    /// connection for recovery" on another connection, RFC 7143 11.14.1)
+    /// and waits until it has ended: whether there was one.
+    pub async fn close_cid(&self, cid: u16) -> bool {
+        let holder = self
+            .by_cid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&cid)
+            .map(|h| (h.close.clone(), h.ended.clone()));
+        match holder {
+            Some((close, ended)) => {
+                CidHolder::signal_and_wait(&close, ended).await;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a connection of the session has CID `cid`.
+    pub fn has_cid(&self, cid: u16) -> bool {
+        self.by_cid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(&cid)
     }
 
     /// Connection `number` has ended: its CID is free, unless a later
     /// connection has taken it.
     pub fn release_cid(&self, cid: u16, number: u64) {
         let mut by_cid = self.by_cid.lock().unwrap_or_else(PoisonError::into_inner);
-        if by_cid.get(&cid).is_some_and(|(n, _)| *n == number) {
+        if by_cid.get(&cid).is_some_and(|h| h.number == number) {
             by_cid.remove(&cid);
         }
+    }
+
+    /// Whether the session keeps a failed connection's tasks for TASK
+    /// REASSIGN (ErrorRecoveryLevel 2, RFC 7143 7.2.2).
+    pub fn recovers_connections(&self) -> bool {
+        self.params.error_recovery_level >= 2
+    }
+
+    /// DefaultTime2Retain: how long a failed connection's tasks wait for
+    /// a reassignment (RFC 7143 13.16).
+    pub fn time2retain(&self) -> std::time::Duration {
+        std::time::Duration::from_secs(u64::from(self.params.default_time2retain))
+    }
+
+    /// Connection `origin`'s Time2Retain is over: the tasks it left that
+    /// nobody reassigned end (writes aborted, parked answers dropped).
+    /// Returns how many.
+    pub fn expire_connection(&self, origin: &crate::connection::Writer, number: u64) -> usize {
+        let mut ended = 0;
+        for orphan in self.orphans.expire(number) {
+            ended += 1;
+            if let Orphan::Collecting(pending) = orphan {
+                self.abort(&pending.task);
+            }
+        }
+        for task in self.tasks(None) {
+            if task.allegiance.is_to(origin) {
+                ended += 1;
+                task.allegiance.forget();
+                // Ends it: an executing task ends when the SCSI layer is
+                // done with it; its answer, finding the writer closed, is
+                // parked and dropped with the task.
+                self.abort(&task);
+                if task.allegiance.forget() {
+                    // Its answer was parked: it is done executing.
+                    self.finish(&task);
+                }
+            }
+        }
+        ended
     }
 
     /// Applies a session event (RFC 7143 8.3) and logs the transition.
@@ -313,6 +425,14 @@ impl Session {
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
         record(&mut *lifecycle, event, &format!("tsih {}", self.tsih));
+    }
+
+    /// The session's RFC 7143 8.3 state.
+    pub fn lifecycle_state(&self) -> iscsi_proto::state::SessionState {
+        self.lifecycle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .state()
     }
 
     /// Marks the session as closed by a successful "close the session"
@@ -373,10 +493,14 @@ impl Session {
             if task && state.tasks.get(&itt).is_some_and(|t| !t.is_done()) {
                 return Admission::TagInUse;
             }
-            if ahead == 0 || self.connections.load(Ordering::Acquire) <= 1 {
+            let fills_no_gap =
+                self.connections.load(Ordering::Acquire) <= 1 && !self.recovers_connections();
+            if ahead == 0 || fills_no_gap {
                 // In order; on a single connection a gap can never be
                 // filled (TCP delivers in order), so CmdSNs skipped by the
-                // initiator are taken as received.
+                // initiator are taken as received. Not at ERL 2: commands
+                // lost with a failed connection come again on its
+                // replacement, in any order (RFC 7143 7.2.1).
                 state.exp_cmd_sn = cmd_sn.next();
                 let shift = ahead.wrapping_add(1);
                 state.received_ahead = state
@@ -406,6 +530,7 @@ impl Session {
             executing: AtomicBool::new(false),
             done: AtomicBool::new(!task),
             finished: Notify::new(),
+            allegiance: Allegiance::default(),
         });
         if task {
             if !immediate {
@@ -661,12 +786,25 @@ pub(crate) async fn serve_connection(
     } else {
         match shared.sessions.get(complete.tsih) {
             Some(session) => {
+                if session.lifecycle_state() == iscsi_proto::state::SessionState::Failed {
+                    // Session continuation (ERL 2): a connection logs in to
+                    // a session whose last connection failed (N7, N10).
+                    info!(tsih = session.tsih, "session continued by a new connection");
+                    session.record(SessionEvent::ContinuationStarted);
+                }
                 session.record(SessionEvent::ConnectionLoggedIn);
                 session
             }
             // The session ended between the policy's check and now.
             None => return Ok(()),
         }
+    };
+    // A joining connection negotiated only its own keys: the leading-only
+    // ones (ErrorRecoveryLevel, the burst lengths...) are the session's.
+    let params = if complete.leading {
+        params
+    } else {
+        session.params.joined_by(&params)
     };
     session.connections.fetch_add(1, Ordering::AcqRel);
     info!(
@@ -690,7 +828,7 @@ pub(crate) async fn serve_connection(
     let local = transport.local_addr();
     let placed_data = transport.rdma_capable();
     let (receiver, sender) = transport.split();
-    let (number, replaced) = session.take_cid(complete.request.cid);
+    let (number, replaced, ended) = session.take_cid(complete.request.cid).await;
     let connection = Connection::new(
         Arc::clone(&shared),
         Arc::clone(&session),
@@ -703,29 +841,76 @@ pub(crate) async fn serve_connection(
         tap,
         placed_data,
         params.error_recovery_level,
+        number,
     );
-    let (result, ended_by_logout) = connection.run(receiver, replaced).await;
+    let (result, ended_by_logout, left) = connection.run(receiver, replaced).await;
     session.release_cid(complete.request.cid, number);
+    // What it left is in place: a login or logout waiting for its end may
+    // go on.
+    drop(ended);
+    let by_logout = ended_by_logout || session.closed_by_logout.load(Ordering::Acquire);
     if session.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
-        // The last connection is gone: at ErrorRecoveryLevel 0 the session
-        // ends with it, and so do its tasks. Closed by a logout, that is
-        // session closure (N3); otherwise the session failed (N5) and, with
-        // no continuation at ERL 0 (Time2Retain 0), is cleared at once
-        // (N6), as it is when a reinstatement replaced it.
-        if ended_by_logout || session.closed_by_logout.load(Ordering::Acquire) {
+        // The last connection is gone. Closed by a logout, that is session
+        // closure (N3); otherwise the session failed (N5). Below ERL 2 (no
+        // continuation, Time2Retain 0) it is cleared at once (N6), as it
+        // is when a reinstatement replaced it; at 2 it waits for a new
+        // connection until Time2Retain is over.
+        if by_logout {
             session.record(SessionEvent::Closed);
+            end_session(&shared, &session);
         } else {
             session.record(SessionEvent::Failed);
-            session.record(SessionEvent::TimedOutOrReinstated);
+            if left.is_none() || *session.close.borrow() {
+                session.record(SessionEvent::TimedOutOrReinstated);
+                end_session(&shared, &session);
+            }
         }
-        session.abort_all();
-        shared.sessions.remove(&session);
-        if let Some(scsi) = &session.scsi {
-            scsi.nexus_lost(&session.nexus);
-        }
-        info!(tsih = session.tsih, stats = %session.stats, "session ended");
+    }
+    if let Some(writer) = left {
+        // ERL 2: the connection failed with tasks to reassign.
+        let session = Arc::clone(&session);
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(session.time2retain()).await;
+            let ended = session.expire_connection(&writer, number);
+            if ended > 0 {
+                info!(
+                    tsih = session.tsih,
+                    cid = complete.request.cid,
+                    ended,
+                    "Time2Retain over: tasks nobody reassigned ended"
+                );
+            }
+            if session.connections.load(Ordering::Acquire) == 0
+                && session.lifecycle_state() == iscsi_proto::state::SessionState::Failed
+            {
+                session.record(SessionEvent::TimedOutOrReinstated);
+                end_session(&shared, &session);
+            }
+        });
     }
     result
+}
+
+/// Ends a session whose last connection is gone: its tasks and what failed
+/// connections left end, it leaves the registry, and the SCSI layer
+/// forgets its nexus (unless a reinstatement already replaced it there).
+fn end_session(shared: &Shared, session: &Arc<Session>) {
+    session.abort_all();
+    for orphan in session.orphans.drain() {
+        if let Orphan::Collecting(pending) = orphan {
+            session.abort(&pending.task);
+        }
+    }
+    let registered = shared
+        .sessions
+        .get(session.tsih)
+        .is_some_and(|s| Arc::ptr_eq(&s, session));
+    shared.sessions.remove(session);
+    if let (true, Some(scsi)) = (registered, &session.scsi) {
+        scsi.nexus_lost(&session.nexus);
+    }
+    info!(tsih = session.tsih, stats = %session.stats, "session ended");
 }
 
 /// The login phase: returns the completed login and the CmdSN the session

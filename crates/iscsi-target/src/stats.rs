@@ -27,6 +27,8 @@ pub(crate) struct SessionStats {
     pub resent: AtomicU64,
     /// Data-Out ranges asked for again after a data digest error (ERL 1).
     pub recovery_r2ts: AtomicU64,
+    /// Tasks moved to another connection by TASK REASSIGN (ERL 2).
+    pub reassigned: AtomicU64,
 }
 
 impl SessionStats {
@@ -41,7 +43,7 @@ impl fmt::Display for SessionStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         write!(
             f,
-            "commands={} read_bytes={} write_bytes={} errors={} r2ts={} aborts={} rejects={} snacks={} resent={} recovery_r2ts={}",
+            "commands={} read_bytes={} write_bytes={} errors={} r2ts={} aborts={} rejects={} snacks={} resent={} recovery_r2ts={} reassigned={}",
             get(&self.commands),
             get(&self.read_bytes),
             get(&self.write_bytes),
@@ -52,6 +54,7 @@ impl fmt::Display for SessionStats {
             get(&self.snacks),
             get(&self.resent),
             get(&self.recovery_r2ts),
+            get(&self.reassigned),
         )
     }
 }

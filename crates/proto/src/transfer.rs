@@ -625,6 +625,37 @@ impl DataOutTracker {
     pub fn is_complete(&self) -> bool {
         self.received.covered(0, self.expected_length) == self.expected_length
     }
+
+    /// The write moves to a new connection (TASK REASSIGN, ErrorRecoveryLevel
+    /// 2, RFC 7143 7.2.2 and 11.5.1): the R2Ts sent on the old one
+    /// are void, and so is whatever unsolicited data did not arrive (the
+    /// initiator sends none after a reassignment). Returns every range not
+    /// received, to be asked for with R2Ts on the new connection, in order.
+    pub fn reassigned(&mut self) -> Vec<(u32, u32)> {
+        self.outstanding.clear();
+        self.lost.clear();
+        // Only the prefix that arrived whole stays unsolicited: further
+        // unsolicited Data-Out would be a protocol error now.
+        let prefix = self
+            .received
+            .ranges
+            .first()
+            .filter(|&&(start, _)| start == 0)
+            .map_or(0, |&(_, end)| end);
+        self.unsolicited_window = self.unsolicited_window.min(prefix);
+        let mut gaps = Vec::new();
+        let mut at = 0;
+        for &(s, e) in &self.received.ranges {
+            if s > at {
+                gaps.push((at, s - at));
+            }
+            at = at.max(e);
+        }
+        if at < self.expected_length {
+            gaps.push((at, self.expected_length - at));
+        }
+        gaps
+    }
 }
 
 /// With DataPDUInOrder=Yes (13.18) the PDUs of a sequence arrive in order:
@@ -673,6 +704,11 @@ pub struct R2tTracker {
     unsolicited_end: u32,
     /// Bytes asked for by R2Ts other than recovery R2Ts.
     requested: u64,
+    /// The WRITE was reassigned to a new connection (ErrorRecoveryLevel 2):
+    /// the target asks again, in R2Ts numbered on from its own count, for
+    /// whatever it lacks, so the next R2TSN and the sequence order start
+    /// afresh.
+    reassigned: bool,
 }
 
 impl R2tTracker {
@@ -687,6 +723,7 @@ impl R2tTracker {
             recoveries: 0,
             unsolicited_end: 0,
             requested: 0,
+            reassigned: false,
         }
     }
 
@@ -705,6 +742,10 @@ impl R2tTracker {
         offset: u32,
         length: u32,
     ) -> Result<Vec<Segment>, TransferError> {
+        if self.reassigned {
+            // The first R2T on the new connection sets the numbering.
+            self.next_r2t_sn = r2t_sn;
+        }
         if r2t_sn != self.next_r2t_sn {
             return Err(TransferError::R2tSnOutOfOrder {
                 got: r2t_sn,
@@ -731,13 +772,26 @@ impl R2tTracker {
         // 7.8, 13.19): only at ErrorRecoveryLevel 1 and above.
         let recovery = self.limits.error_recovery_level > 0
             && end <= self.lowest_next_offset.max(self.unsolicited_end);
-        if self.limits.data_sequence_in_order && offset < self.lowest_next_offset && !recovery {
+        if self.limits.data_sequence_in_order
+            && offset < self.lowest_next_offset
+            && !recovery
+            && !self.reassigned
+        {
             return Err(TransferError::SequenceOutOfOrder {
                 offset,
                 expected: self.lowest_next_offset,
             });
         }
         self.next_r2t_sn = self.next_r2t_sn.wrapping_add(1);
+        if self.reassigned {
+            // Whatever the target asks for now is what it lacks: the
+            // order and the totals start afresh.
+            self.reassigned = false;
+            self.lowest_next_offset = end;
+            self.requested = u64::from(self.expected_length);
+            self.outstanding.push((transfer_tag, offset, length));
+            return Ok(data_segments(offset, length, self.limits.max_send_segment));
+        }
         self.recoveries += u32::from(recovery);
         if !recovery {
             self.requested += u64::from(length);
@@ -765,6 +819,17 @@ impl R2tTracker {
     /// were accepted.
     pub fn recoveries(&self) -> u32 {
         self.recoveries
+    }
+
+    /// The WRITE moved to a new connection (TASK REASSIGN, RFC 7143 11.5.1):
+    /// the R2Ts of the old one are void, and the next R2T, whatever its
+    /// R2TSN and offset, starts the new connection's.
+    pub fn reassigned(&mut self) {
+        self.outstanding.clear();
+        self.reassigned = true;
+        // The target sends what it lacks without being asked: no R2T is
+        // overdue (and none may come, if it has all the data).
+        self.requested = u64::from(self.expected_length);
     }
 
     /// Marks the R2T with `transfer_tag` answered (its last Data-Out sent).

@@ -81,9 +81,10 @@ impl TargetConfig {
             max_burst_length: 1 << 20,
             first_burst_length: 262_144,
             max_outstanding_r2t: 8,
-            // ERL 1: SNACKs for Data-In and statuses (the lower of this and
-            // the initiator's offer is used, RFC 7143 13.20).
-            error_recovery_level: 1,
+            // ERL 2: SNACKs for Data-In and statuses (1), and connection
+            // recovery with TASK REASSIGN (2); the lower of this and the
+            // initiator's offer is used (RFC 7143 13.20).
+            error_recovery_level: 2,
             ..NegotiationConfig::default()
         }
     }

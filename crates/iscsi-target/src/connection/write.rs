@@ -34,7 +34,7 @@ pub(super) const PROTOCOL_SERVICE_CRC_ERROR: iscsi_scsi::Sense = iscsi_scsi::Sen
 
 /// A failed write waiting for the Data-Out the initiator still owes.
 pub(super) struct Drain {
-    task: Arc<Task>,
+    pub(super) task: Arc<Task>,
     command: ScsiCommand,
     outcome: CommandOutcome,
     /// R2Ts whose Data-Out sequence has not ended.
@@ -57,8 +57,8 @@ impl Drain {
 }
 
 /// A write collecting its data.
-pub(super) struct PendingWrite {
-    pub(super) task: Arc<Task>,
+pub(crate) struct PendingWrite {
+    pub(crate) task: Arc<Task>,
     pub(super) command: ScsiCommand,
     pub(super) cdb: Vec<u8>,
     pub(super) buffer: Vec<u8>,
@@ -192,9 +192,7 @@ impl Connection {
                     length,
                 );
                 self.requeue_lost(&mut pending);
-                self.solicit(&mut pending).await?;
-                self.pending_writes.insert(itt, pending);
-                return Ok(());
+                return self.solicit_and_keep(itt, pending).await;
             }
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
                 warn!("data digest error in Data-Out: PDU rejected, write failed");
@@ -202,7 +200,17 @@ impl Connection {
                 self.fail_write(itt, PROTOCOL_SERVICE_CRC_ERROR);
                 return Ok(());
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                // The connection failed under the PDU: its bytes did not
+                // arrive (at ERL 2 the write goes on elsewhere and they are
+                // asked for again).
+                pending.tracker.discard(
+                    data_out.target_transfer_tag,
+                    data_out.buffer_offset,
+                    length,
+                );
+                return Err(e);
+            }
         }
         SessionStats::add(&self.session.stats.write_bytes, u64::from(length));
         let mut pending = match self.pending_writes.remove(&itt) {
@@ -211,17 +219,28 @@ impl Connection {
         };
         if let DataOutProgress::R2tComplete(tag) = progress {
             pending.r2ts.retain(|r2t| r2t.target_transfer_tag != tag);
-            self.solicit(&mut pending).await?;
         }
-        if pending.tracker.is_complete() {
-            let Some(scsi) = self.session.scsi.clone() else {
-                return Ok(());
-            };
-            self.start_write(scsi, pending);
-        } else {
-            self.pending_writes.insert(itt, pending);
+        self.solicit_and_keep(itt, pending).await
+    }
+
+    /// Sends the R2Ts `pending` may have outstanding, then starts the write
+    /// if every byte is in, or keeps it until the rest comes. It is kept
+    /// even when sending fails (the connection is failing: at ERL 2 its
+    /// writes wait for TASK REASSIGN, below they end with it), so no task
+    /// is left that nothing will ever answer.
+    pub(super) async fn solicit_and_keep(
+        &mut self,
+        itt: u32,
+        mut pending: PendingWrite,
+    ) -> Result<(), DatamoverError> {
+        let sent = self.solicit(&mut pending).await;
+        match self.session.scsi.clone() {
+            Some(scsi) if pending.tracker.is_complete() => self.start_write(scsi, pending),
+            _ => {
+                self.pending_writes.insert(itt, pending);
+            }
         }
-        Ok(())
+        sent
     }
 
     /// Puts the ranges a write's tracker discarded first in line for R2Ts:

@@ -313,6 +313,25 @@ pub struct NegotiatedParameters {
 }
 
 impl NegotiatedParameters {
+    /// The parameters of a connection that joined this session (or
+    /// reinstated one of its connections): the session's leading-only keys
+    /// ("LO", RFC 7143 13: MaxConnections, InitialR2T, ImmediateData,
+    /// MaxBurstLength, FirstBurstLength, DefaultTime2Wait,
+    /// DefaultTime2Retain, MaxOutstandingR2T, DataPDUInOrder,
+    /// DataSequenceInOrder, ErrorRecoveryLevel, ...), which a non-leading
+    /// login does not negotiate, with `connection`'s own digests and data
+    /// segment lengths.
+    pub fn joined_by(&self, connection: &NegotiatedParameters) -> NegotiatedParameters {
+        NegotiatedParameters {
+            header_digest: connection.header_digest,
+            data_digest: connection.data_digest,
+            max_send_data_segment_length: connection.max_send_data_segment_length,
+            max_recv_data_segment_length: connection.max_recv_data_segment_length,
+            peer_declarations: connection.peer_declarations.clone(),
+            ..self.clone()
+        }
+    }
+
     /// Whether the initiator may send data before an R2T (immediate or
     /// unsolicited Data-Out): FirstBurstLength is irrelevant otherwise
     /// (13.14).

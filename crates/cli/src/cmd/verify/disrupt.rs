@@ -27,6 +27,11 @@ pub enum Disruption {
     /// Every connection dropped as by a network failure: the session is
     /// reinstated and the commands sent again.
     Cut,
+    /// One connection dropped (each in turn) as by a failure of its path:
+    /// at ErrorRecoveryLevel 2 it is reinstated and its commands moved
+    /// there with TASK REASSIGN while the others go on; below, the session
+    /// is reinstated.
+    CutOne,
     /// A logout with the commands in flight, then a new session.
     Logout,
 }
@@ -39,7 +44,7 @@ impl Disruption {
             Disruption::AbortTaskSet => Some(TaskFunction::AbortTaskSet),
             Disruption::LunReset => Some(TaskFunction::LogicalUnitReset),
             Disruption::WarmReset => Some(TaskFunction::TargetWarmReset),
-            Disruption::Cut | Disruption::Logout => None,
+            Disruption::Cut | Disruption::CutOne | Disruption::Logout => None,
         }
     }
 }
@@ -75,6 +80,7 @@ pub async fn issue(
     disruption: Disruption,
     session: &Session,
     lun: u64,
+    round: u64,
 ) -> Result<(Duration, bool), Error> {
     let started = Instant::now();
     let result = match disruption {
@@ -93,6 +99,12 @@ pub async fn issue(
             session.drop_connections();
             // Back when a command gets through again (the next command
             // reinstates the session; a reset's unit attention is retried).
+            session.test_unit_ready(lun).await
+        }
+        Disruption::CutOne => {
+            let connections = session.connection_count().max(1) as u64;
+            session.drop_connection((round % connections) as u16);
+            // Back when a command gets through again.
             session.test_unit_ready(lun).await
         }
         Disruption::Logout => session.logout().await,
@@ -181,13 +193,15 @@ where
     F: std::future::Future<Output = anyhow::Result<()>>,
 {
     let mut tally = Tally::default();
+    let mut round = 0;
     loop {
         tokio::time::sleep(interval).await;
         if Instant::now() >= deadline {
             return tally;
         }
         let session = current();
-        tally.add(issue(disruption, &session, lun).await);
+        tally.add(issue(disruption, &session, lun, round).await);
+        round += 1;
         if disruption == Disruption::Logout
             && let Err(error) = reconnect().await
         {

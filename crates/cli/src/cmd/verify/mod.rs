@@ -131,6 +131,10 @@ struct Report {
     snacks: u64,
     recovery_r2ts: u64,
     reinstatements: u64,
+    /// Connections recovered alone (ERL 2), and the commands moved to
+    /// their replacements with TASK REASSIGN.
+    connection_recoveries: u64,
+    tasks_reassigned: u64,
     /// What --disrupt cost.
     disruption: Option<DisruptionReport>,
 }
@@ -577,6 +581,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         report.snacks = session.snacks_sent();
         report.recovery_r2ts = session.recovery_r2ts_answered();
         report.reinstatements = session.reinstatements();
+        report.connection_recoveries = session.connection_recoveries();
+        report.tasks_reassigned = session.tasks_reassigned();
         let _ = session.logout().await;
         Ok::<_, anyhow::Error>(report)
     })?;
@@ -584,7 +590,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         println!("{}", serde_json::to_string(&report).context("the report")?);
     } else {
         println!(
-            "verify {} bs={} qd={} slots={}: {} commands in {:.1} s, {} failed{}, {} wrong reads, {} lost writes, slowest {:.0} ms; ERL {}, {} SNACKs, {} recovery R2Ts, {} reinstatements",
+            "verify {} bs={} qd={} slots={}: {} commands in {:.1} s, {} failed{}, {} wrong reads, {} lost writes, slowest {:.0} ms; ERL {}, {} SNACKs, {} recovery R2Ts, {} reinstatements, {} connection recoveries, {} tasks reassigned",
             report.rw,
             report.bs,
             report.qd,
@@ -604,6 +610,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.snacks,
             report.recovery_r2ts,
             report.reinstatements,
+            report.connection_recoveries,
+            report.tasks_reassigned,
         );
         if let Some(d) = &report.disruption {
             println!(

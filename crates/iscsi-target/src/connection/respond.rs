@@ -1,0 +1,295 @@
+//! Answering a command: its Data-In and status on the connection its
+//! task is allegiant to (phase collapse at ERL 0; at ERL 1 and above a
+//! SCSI Response of its own, kept for SNACKs; at ERL 2 parked or kept
+//! for TASK REASSIGN when that connection is gone), and the residual.
+
+use super::*;
+
+/// The residual of a command (RFC 7143 11.4.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Residual {
+    pub(super) overflow: bool,
+    pub(super) underflow: bool,
+    pub(super) count: u32,
+}
+
+impl Residual {
+    pub(super) const NONE: Residual = Residual {
+        overflow: false,
+        underflow: false,
+        count: 0,
+    };
+
+    /// What the SCSI layer wants to transfer (`wanted`) against what the
+    /// initiator expects (`expected`).
+    pub(super) fn of(wanted: u64, expected: u32) -> Residual {
+        let expected = u64::from(expected);
+        match wanted.cmp(&expected) {
+            std::cmp::Ordering::Greater => Residual {
+                overflow: true,
+                underflow: false,
+                count: u32::try_from(wanted - expected).unwrap_or(u32::MAX),
+            },
+            std::cmp::Ordering::Less => Residual {
+                overflow: false,
+                underflow: true,
+                count: (expected - wanted) as u32,
+            },
+            std::cmp::Ordering::Equal => Residual::NONE,
+        }
+    }
+}
+
+/// Everything needed to answer one command.
+pub(super) struct Response<'a> {
+    pub(super) command: &'a ScsiCommand,
+    pub(super) outcome: CommandOutcome,
+    pub(super) data_in: Gather,
+    pub(super) residual: Residual,
+    pub(super) r2ts: u32,
+    /// Told how long the response waited for the connection's writer.
+    pub(super) tap: Option<&'a Tap>,
+}
+
+/// Sends a command's Data-In (cut by MaxRecvDataSegmentLength and
+/// MaxBurstLength) and its status, on the connection the task is allegiant
+/// to: in the last Data-In when the command succeeded at ERL 0 (phase
+/// collapse, RFC 7143 11.7.3), else in a SCSI Response carrying the sense
+/// data (11.4.7). A task aborted meanwhile gets no status (11.5.1). At ERL
+/// 2 an answer whose connection is gone is kept for a TASK REASSIGN
+/// (`recovery`).
+pub(super) async fn respond(
+    session: &Session,
+    task: &Task,
+    response: Response<'_>,
+) -> Result<(), DatamoverError> {
+    let Some((mut writer, mut limits)) = task.allegiance.current() else {
+        // Every SCSI task is pledged to its connection when admitted.
+        session.finish(task);
+        return Ok(());
+    };
+    let Response {
+        command,
+        outcome,
+        data_in,
+        residual,
+        r2ts,
+        tap,
+    } = response;
+    let sent = if command.read {
+        data_in
+            .len()
+            .min(command.expected_data_transfer_length as usize) as u32
+    } else {
+        0
+    };
+    // At ERL 1 the status goes in a SCSI Response of its own, so that a
+    // Data-In sent again never carries a status (and its StatSN) again.
+    let collapse =
+        writer.retained.is_none() && outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
+    if collapse {
+        return respond_collapsed(
+            &writer, session, task, &limits, command, data_in, sent, residual, tap,
+        )
+        .await;
+    }
+    // Sense data travels in the SCSI Response's data segment: a 2-byte
+    // length, then the sense bytes (RFC 7143 11.4.7).
+    let sense_data = match outcome.sense {
+        Some(_) => {
+            let bytes = outcome.sense_bytes();
+            let mut data = Vec::with_capacity(2 + bytes.len());
+            data.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
+            data.extend_from_slice(&bytes);
+            data
+        }
+        None => Vec::new(),
+    };
+    let mut answer = SentStatus {
+        stat_sn: StatSn::new(0),
+        response: ScsiResponse {
+            residual_overflow: residual.overflow,
+            residual_underflow: residual.underflow,
+            response: ServiceResponse::CommandCompleted,
+            status: outcome.status,
+            initiator_task_tag: command.initiator_task_tag,
+            // A read's: the count of its Data-In, set as they are cut.
+            exp_data_sn: DataSn::new(if command.read { 0 } else { r2ts }),
+            residual_count: residual.count,
+            ..ScsiResponse::default()
+        },
+        sense_data,
+        data_in: if command.read {
+            data_in.slice(0..sent as usize)
+        } else {
+            Gather::default()
+        },
+        lun: command.lun,
+        limits,
+    };
+    loop {
+        let waiting = tap.map(|_| std::time::Instant::now());
+        let mut out = writer.lock().await;
+        if let (Some(tap), Some(waiting)) = (tap, waiting) {
+            // Other commands' Data-In and statuses go first: at a deep
+            // queue this is where a response spends its time.
+            let itt = command.initiator_task_tag;
+            tap.step("wait for writer", itt, waiting, std::time::Instant::now());
+        }
+        if writer.is_closed() {
+            // ERL 2: the connection is gone (else the answer would not get
+            // this far: the writer closes only for it).
+            drop(out);
+            if task.aborted.load(Ordering::Acquire) {
+                session.finish(task);
+                return Ok(());
+            }
+            match task.allegiance.park(&writer, answer) {
+                None => return Ok(()),
+                Some((moved_to, moved_limits, back)) => {
+                    (writer, limits, answer) = (moved_to, moved_limits, back);
+                    answer.limits = limits;
+                    continue;
+                }
+            }
+        }
+        let result = send_answer(&mut out, session, &writer, Some(task), &answer, 0).await;
+        if result.is_err()
+            && session.recovers_connections()
+            && !task.aborted.load(Ordering::Acquire)
+        {
+            // The connection failed under the answer: kept for a TASK
+            // REASSIGN, like the statuses it had sent (under the writer's
+            // lock, so before the connection's end hands those over).
+            session.finish(task);
+            session.orphans.adopt(
+                command.initiator_task_tag,
+                Orphan::Answered(answer),
+                writer.number,
+            );
+        }
+        return result;
+    }
+}
+
+/// ERL 0's answer to a read that succeeded: the status in the last
+/// Data-In (phase collapse, RFC 7143 11.7.3).
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn respond_collapsed(
+    writer: &Writer,
+    session: &Session,
+    task: &Task,
+    limits: &Limits,
+    command: &ScsiCommand,
+    data_in: Gather,
+    sent: u32,
+    residual: Residual,
+    tap: Option<&Tap>,
+) -> Result<(), DatamoverError> {
+    let segments = limits.data_in_segments(sent);
+    let count = segments.len();
+    let waiting = tap.map(|_| std::time::Instant::now());
+    let mut out = writer.lock().await;
+    if let (Some(tap), Some(waiting)) = (tap, waiting) {
+        let itt = command.initiator_task_tag;
+        tap.step("wait for writer", itt, waiting, std::time::Instant::now());
+    }
+    for (i, segment) in segments.iter().enumerate() {
+        let with_status = i + 1 == count;
+        if with_status && !session.complete(task) {
+            return Ok(());
+        }
+        let pdu = DataIn {
+            final_flag: segment.last_in_sequence,
+            acknowledge: false,
+            residual_overflow: with_status && residual.overflow,
+            residual_underflow: with_status && residual.underflow,
+            status: with_status.then_some(GOOD),
+            lun: command.lun,
+            initiator_task_tag: command.initiator_task_tag,
+            target_transfer_tag: RESERVED_TAG,
+            data_sn: DataSn::new(segment.data_sn),
+            buffer_offset: segment.offset,
+            residual_count: if with_status { residual.count } else { 0 },
+            ..DataIn::default()
+        };
+        let start = segment.offset as usize;
+        let end = start + segment.length as usize;
+        let stat = if with_status {
+            Stat::Advance
+        } else {
+            Stat::Reserved
+        };
+        out.send_data_in(session, Pdu::DataIn(pdu), data_in.slice(start..end), stat)
+            .await?;
+        SessionStats::add(&session.stats.read_bytes, u64::from(segment.length));
+    }
+    Ok(())
+}
+
+/// Sends a task's Data-In from DataSN `from_data_sn` on (cut by the
+/// connection's limits) and then its SCSI Response with the next StatSN,
+/// unless `task` was aborted meanwhile; keeps the status for SNACKs at ERL
+/// 1 and above. The first answer to a command, and its answer again after
+/// a TASK REASSIGN (RFC 7143 7.2.2: "sending the remaining data and
+/// sending (or resending) the status").
+pub(super) async fn send_answer(
+    out: &mut WriterState,
+    session: &Session,
+    writer: &Writer,
+    task: Option<&Task>,
+    answer: &SentStatus,
+    from_data_sn: u32,
+) -> Result<(), DatamoverError> {
+    let limits = answer.limits;
+    let itt = answer.response.initiator_task_tag;
+    let segments = limits.data_in_segments(answer.data_in.len() as u32);
+    for segment in segments.iter().filter(|s| s.data_sn >= from_data_sn) {
+        let pdu = DataIn {
+            final_flag: segment.last_in_sequence,
+            lun: answer.lun,
+            initiator_task_tag: itt,
+            target_transfer_tag: RESERVED_TAG,
+            data_sn: DataSn::new(segment.data_sn),
+            buffer_offset: segment.offset,
+            ..DataIn::default()
+        };
+        let start = segment.offset as usize;
+        let data = answer.data_in.slice(start..start + segment.length as usize);
+        out.send_data_in(session, Pdu::DataIn(pdu), data, Stat::Reserved)
+            .await?;
+        SessionStats::add(&session.stats.read_bytes, u64::from(segment.length));
+    }
+    if let Some(task) = task
+        && !session.complete(task)
+    {
+        return Ok(());
+    }
+    let mut response = answer.response.clone();
+    if !answer.data_in.is_empty() {
+        response.exp_data_sn = DataSn::new(segments.len() as u32);
+    }
+    let stat_sn = out.next_stat_sn();
+    let kept = writer.retained.as_ref().map(|_| response.clone());
+    out.send(
+        session,
+        Pdu::ScsiResponse(response),
+        &answer.sense_data,
+        Stat::Advance,
+    )
+    .await?;
+    if let (Some(retained), Some(response)) = (&writer.retained, kept) {
+        retained
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .keep(SentStatus {
+                stat_sn,
+                response,
+                sense_data: answer.sense_data.clone(),
+                data_in: answer.data_in.clone(),
+                lun: answer.lun,
+                limits,
+            });
+    }
+    Ok(())
+}

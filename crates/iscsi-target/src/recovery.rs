@@ -1,0 +1,176 @@
+//! ErrorRecoveryLevel 2 on the target: connection recovery (RFC 7143
+//! section 7.2.2 allegiance reassignment, 11.5.1 TASK REASSIGN, 11.14.1
+//! "remove the connection for recovery", and connection reinstatement).
+//!
+//! At ERL 2 a failed connection's tasks do not end with it. Each task has
+//! an [`Allegiance`]: the connection (its [`Writer`]) that answers it. When
+//! that connection fails:
+//! - a task still being executed keeps running; its answer, finding the
+//!   writer closed, is parked in its allegiance;
+//! - a write still collecting its data, and every status sent but not yet
+//!   acknowledged (with its command's Data-In), become the session's
+//!   [`Orphans`].
+//!
+//! After the initiator has logged the old connection out (a login with its
+//! CID, or a Logout "remove the connection for recovery" on another one), a
+//! TASK REASSIGN on any connection of the session moves a task there: the
+//! answer is sent (again) from the DataSN the initiator asks for, a write
+//! gets R2Ts for all the data it still lacks. What nobody reassigns within
+//! DefaultTime2Retain is dropped (writes aborted, parked answers never
+//! sent), and a session left with no connection ends then (until then a
+//! new connection may continue it: section 8.3's N5, N7, N10 and N6).
+//!
+//! No I/O here beyond handing PDUs to a writer: the decisions and the
+//! bookkeeping.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use iscsi_proto::transfer::Limits;
+
+use crate::connection::Writer;
+use crate::connection::write::PendingWrite;
+use crate::retention::SentStatus;
+
+/// Which connection answers a task (connection allegiance: a task is
+/// answered on the connection its command came in on, until a TASK
+/// REASSIGN moves it).
+#[derive(Default)]
+pub(crate) struct Allegiance {
+    state: Mutex<AllegianceState>,
+}
+
+#[derive(Default)]
+struct AllegianceState {
+    /// The writer of the connection the task is allegiant to, and the limits
+    /// its Data-In is cut by there.
+    to: Option<(Arc<Writer>, Limits)>,
+    /// The task's answer, ready while its connection was gone: sent when
+    /// the task is reassigned.
+    parked: Option<SentStatus>,
+}
+
+/// Why a TASK REASSIGN cannot move a task (RFC 7143 11.6.1, response 3:
+/// "task still allegiant").
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct StillAllegiant;
+
+impl Allegiance {
+    fn lock(&self) -> std::sync::MutexGuard<'_, AllegianceState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Makes the task allegiant to `writer` (its command came in there).
+    pub fn pledge(&self, writer: &Arc<Writer>, limits: Limits) {
+        self.lock().to = Some((Arc::clone(writer), limits));
+    }
+
+    /// The writer that answers the task now.
+    pub fn current(&self) -> Option<(Arc<Writer>, Limits)> {
+        self.lock().to.clone()
+    }
+
+    /// Whether the task is allegiant to `writer`.
+    pub fn is_to(&self, writer: &Writer) -> bool {
+        self.lock()
+            .to
+            .as_ref()
+            .is_some_and(|(w, _)| std::ptr::eq(Arc::as_ptr(w), writer))
+    }
+
+    /// Parks `answer` if the task is still allegiant to `closed` (whose
+    /// connection is gone); if a reassignment moved it meanwhile, returns
+    /// the answer with the writer to send it on instead.
+    pub fn park(
+        &self,
+        closed: &Arc<Writer>,
+        answer: SentStatus,
+    ) -> Option<(Arc<Writer>, Limits, SentStatus)> {
+        let mut state = self.lock();
+        match &state.to {
+            Some((writer, limits)) if !Arc::ptr_eq(writer, closed) => {
+                Some((Arc::clone(writer), *limits, answer))
+            }
+            _ => {
+                state.parked = Some(answer);
+                None
+            }
+        }
+    }
+
+    /// Moves the task to `writer` if the connection it is allegiant to is
+    /// gone (its writer closed); returns the answer parked meanwhile, to
+    /// send there.
+    pub fn reassign(
+        &self,
+        writer: &Arc<Writer>,
+        limits: Limits,
+    ) -> Result<Option<SentStatus>, StillAllegiant> {
+        let mut state = self.lock();
+        if let Some((old, _)) = &state.to
+            && !old.is_closed()
+        {
+            return Err(StillAllegiant);
+        }
+        state.to = Some((Arc::clone(writer), limits));
+        Ok(state.parked.take())
+    }
+
+    /// Drops a parked answer (the task is being ended): whether there was
+    /// one.
+    pub fn forget(&self) -> bool {
+        self.lock().parked.take().is_some()
+    }
+}
+
+/// What a failed connection left for a TASK REASSIGN.
+pub(crate) enum Orphan {
+    /// A status sent (or being sent) when the connection failed, not
+    /// acknowledged, with its command's Data-In.
+    Answered(SentStatus),
+    /// A write that was collecting its data.
+    Collecting(Box<PendingWrite>),
+}
+
+/// A session's orphans, by Initiator Task Tag, each with the number of the
+/// connection it came from (for the Time2Retain expiry of that connection's
+/// state).
+#[derive(Default)]
+pub(crate) struct Orphans {
+    by_itt: Mutex<HashMap<u32, (Orphan, u64)>>,
+}
+
+impl Orphans {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, (Orphan, u64)>> {
+        self.by_itt.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Keeps what connection `origin` left of task `itt`.
+    pub fn adopt(&self, itt: u32, orphan: Orphan, origin: u64) {
+        self.lock().insert(itt, (orphan, origin));
+    }
+
+    /// Takes what was left of task `itt`, for its reassignment.
+    pub fn take(&self, itt: u32) -> Option<Orphan> {
+        self.lock().remove(&itt).map(|(orphan, _)| orphan)
+    }
+
+    /// Takes everything connection `origin` left (its Time2Retain is over).
+    pub fn expire(&self, origin: u64) -> Vec<Orphan> {
+        let mut by_itt = self.lock();
+        let expired: Vec<u32> = by_itt
+            .iter()
+            .filter(|(_, (_, o))| *o == origin)
+            .map(|(&itt, _)| itt)
+            .collect();
+        expired
+            .into_iter()
+            .filter_map(|itt| by_itt.remove(&itt).map(|(orphan, _)| orphan))
+            .collect()
+    }
+
+    /// Takes them all (the session ends).
+    pub fn drain(&self) -> Vec<Orphan> {
+        self.lock().drain().map(|(_, (orphan, _))| orphan).collect()
+    }
+}
