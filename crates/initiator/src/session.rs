@@ -574,27 +574,8 @@ impl Inner {
             .clamp(1, parameters.max_connections.max(1));
         let mut connections = vec![self.start(0, leading, None)];
         for cid in 1..wanted {
-            let joined = login(
-                &self.config,
-                LoginRequestParams {
-                    portal: self.portal.clone(),
-                    target_name: Some(&self.target_name),
-                    isid: self.isid,
-                    tsih: self.tsih.load(Ordering::Relaxed),
-                    cid,
-                    cmd_sn: self.window.current(),
-                    initiator_task_tag: self.itt(),
-                    tap: Some(self.tap.clone()),
-                    iser: self.iser,
-                },
-            )
-            .await;
-            match joined {
-                Ok(joined) => {
-                    let c = &joined.complete;
-                    self.window.update(c.exp_cmd_sn, c.max_cmd_sn);
-                    connections.push(self.start(cid, joined, Some(&parameters)));
-                }
+            match self.join(cid).await {
+                Ok(joined) => connections.push(self.start(cid, joined, Some(&parameters))),
                 Err(error) => {
                     tracing::warn!(cid, %error, "could not add a connection to the session");
                     break;
@@ -611,6 +592,30 @@ impl Inner {
     /// Starts a logged-in connection. A joining one (or a reinstated one)
     /// negotiated only its own keys: the leading-only ones (ErrorRecoveryLevel,
     /// the burst lengths...) are the session's, from `session`.
+    /// Logs in a connection with CID `cid` to the session (a further MC/S
+    /// connection, or a connection reinstatement if `cid` is in use) and
+    /// takes the command window its login response gives.
+    async fn join(&self, cid: u16) -> Result<crate::login::LoggedIn, Error> {
+        let joined = login(
+            &self.config,
+            LoginRequestParams {
+                portal: self.portal.clone(),
+                target_name: Some(&self.target_name),
+                isid: self.isid,
+                tsih: self.tsih.load(Ordering::Relaxed),
+                cid,
+                cmd_sn: self.window.current(),
+                initiator_task_tag: self.itt(),
+                tap: Some(self.tap.clone()),
+                iser: self.iser,
+            },
+        )
+        .await?;
+        let c = &joined.complete;
+        self.window.update(c.exp_cmd_sn, c.max_cmd_sn);
+        Ok(joined)
+    }
+
     fn start(
         &self,
         cid: u16,
@@ -737,25 +742,8 @@ impl Inner {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt))).await;
             }
-            let logged_in = login(
-                &self.config,
-                LoginRequestParams {
-                    portal: self.portal.clone(),
-                    target_name: Some(&self.target_name),
-                    isid: self.isid,
-                    tsih: self.tsih.load(Ordering::Relaxed),
-                    cid: lost.cid,
-                    cmd_sn: self.window.current(),
-                    initiator_task_tag: self.itt(),
-                    tap: Some(self.tap.clone()),
-                    iser: self.iser,
-                },
-            )
-            .await;
-            match logged_in {
+            match self.join(lost.cid).await {
                 Ok(logged_in) => {
-                    let c = &logged_in.complete;
-                    self.window.update(c.exp_cmd_sn, c.max_cmd_sn);
                     let session = self
                         .parameters
                         .lock()

@@ -209,16 +209,20 @@ async fn bad_reassignments_get_the_rfc_answers_and_the_session_goes_on() {
         Pdu::ScsiResponse(r) => assert_eq!((r.initiator_task_tag, r.status), (itt, 0)),
         other => panic!("unexpected {other:?}"),
     }
-    // A logout for recovery of a CID the session does not have.
-    let logout = LogoutRequest {
-        immediate: true,
-        reason: LogoutReason::RemoveConnectionForRecovery,
-        initiator_task_tag: 0x720,
-        cid: 9,
-        cmd_sn: first.cmd_sn,
-        ..LogoutRequest::default()
+    let remove_for_recovery = |itt: u32, cid: u16, cmd_sn: CmdSn| {
+        Pdu::LogoutRequest(LogoutRequest {
+            immediate: true,
+            reason: LogoutReason::RemoveConnectionForRecovery,
+            initiator_task_tag: itt,
+            cid,
+            cmd_sn,
+            ..LogoutRequest::default()
+        })
     };
-    second.send(Pdu::LogoutRequest(logout), &[]).await;
+    // A logout for recovery of a CID the session does not have.
+    second
+        .send(remove_for_recovery(0x720, 9, first.cmd_sn), &[])
+        .await;
     match second.receive().await.header.pdu {
         Pdu::LogoutResponse(r) => {
             assert_eq!(
@@ -230,15 +234,9 @@ async fn bad_reassignments_get_the_rfc_answers_and_the_session_goes_on() {
     }
     // A logout for recovery of the first connection: it is closed, the
     // response says how long its tasks are kept.
-    let logout = LogoutRequest {
-        immediate: true,
-        reason: LogoutReason::RemoveConnectionForRecovery,
-        initiator_task_tag: 0x721,
-        cid: 1,
-        cmd_sn: first.cmd_sn,
-        ..LogoutRequest::default()
-    };
-    second.send(Pdu::LogoutRequest(logout), &[]).await;
+    second
+        .send(remove_for_recovery(0x721, 1, first.cmd_sn), &[])
+        .await;
     match second.receive().await.header.pdu {
         Pdu::LogoutResponse(r) => {
             assert_eq!(
