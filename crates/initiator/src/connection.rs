@@ -1645,13 +1645,19 @@ async fn read_loop(connection: &Arc<Connection>, receiver: &mut Receiver) -> Res
                 connection.route(itt, TaskEvent::Reply(header, data), true);
             }
             Pdu::LogoutResponse(ref logout) => {
-                if logout.response == iscsi_proto::pdu::LogoutResponseCode::ClosedSuccessfully {
-                    // The target closes the connection next: its end of
-                    // stream is expected, not a loss.
-                    connection.finished.store(true, Ordering::SeqCst);
-                    connection.record(ConnectionEvent::LogoutSucceeded);
-                } else {
-                    connection.record(ConnectionEvent::LogoutFailed);
+                // Only a logout of this connection or its session puts it
+                // in IN_LOGOUT; one removing another connection for
+                // recovery (ERL 2) leaves this one as it was.
+                if connection.rfc_state() == RfcConnectionState::InLogout {
+                    use iscsi_proto::pdu::LogoutResponseCode::ClosedSuccessfully;
+                    if logout.response == ClosedSuccessfully {
+                        // The target closes the connection next: its end
+                        // of stream is expected, not a loss.
+                        connection.finished.store(true, Ordering::SeqCst);
+                        connection.record(ConnectionEvent::LogoutSucceeded);
+                    } else {
+                        connection.record(ConnectionEvent::LogoutFailed);
+                    }
                 }
                 let (itt, stat_sn, exp, max) = (
                     logout.initiator_task_tag,

@@ -161,6 +161,10 @@ const R2T_SNACK_AFTER: Duration = Duration::from_secs(1);
 /// The longest wait between R2T SNACKs for one write.
 const R2T_SNACK_MAX_WAIT: Duration = Duration::from_secs(8);
 
+/// The longest Time2Wait a logout for recovery is waited out (a target may
+/// ask for up to 3600 s, RFC 7143 13.15; commands wait meanwhile).
+const TIME2WAIT_MAX: Duration = Duration::from_secs(2);
+
 /// How many times a TASK REASSIGN answered "task still allegiant" is sent
 /// again, [`REASSIGN_RETRY_AFTER`] apart.
 const REASSIGN_TRIES: u32 = 10;
@@ -737,6 +741,24 @@ impl Inner {
             return Ok(replacement);
         }
         lost.close();
+        // Over a connection still up, the lost one is first logged out for
+        // recovery (RFC 7143 11.14.1, explicit); with none, the login with
+        // its CID logs it out (implicit). Both are the RFC's; a target may
+        // take one better than the other (LIO 6.1 counts a connection being
+        // reinstated against MaxConnections).
+        let other = self
+            .lock_connections()
+            .iter()
+            .find(|c| c.is_alive() && !Arc::ptr_eq(c, lost))
+            .cloned();
+        if let Some(other) = other {
+            match self.logout_for_recovery(&other, lost.cid).await {
+                Ok(time2wait) => tokio::time::sleep(time2wait.min(TIME2WAIT_MAX)).await,
+                Err(error) => {
+                    tracing::warn!(cid = lost.cid, %error, "logout for recovery failed: logging in with the CID");
+                }
+            }
+        }
         let mut last_error = Error::ConnectionLost;
         for attempt in 0..self.config.reconnect_attempts.max(1) {
             if attempt > 0 {
@@ -767,6 +789,47 @@ impl Inner {
             }
         }
         Err(last_error)
+    }
+
+    /// Logs out connection `cid` for recovery over `over` (RFC 7143
+    /// 11.14.1, reason 2): its tasks stay for TASK REASSIGN. Returns
+    /// Time2Wait (11.15.2); "CID not found" is taken as done (the target
+    /// has already cleaned that connection up).
+    async fn logout_for_recovery(&self, over: &Connection, cid: u16) -> Result<Duration, Error> {
+        let itt = self.itt();
+        let header = Header::new(
+            Pdu::LogoutRequest(LogoutRequest {
+                immediate: true,
+                reason: LogoutReason::RemoveConnectionForRecovery,
+                initiator_task_tag: itt,
+                cid,
+                cmd_sn: self.window.current(),
+                exp_stat_sn: over.exp_stat_sn(),
+            }),
+            0,
+        );
+        let (reply, _) = self.exchange(over, itt, header, &[]).await?;
+        match reply.pdu {
+            Pdu::LogoutResponse(r) => match r.response {
+                LogoutResponseCode::ClosedSuccessfully => {
+                    tracing::info!(
+                        cid,
+                        time2wait = r.time2wait,
+                        time2retain = r.time2retain,
+                        "connection logged out for recovery"
+                    );
+                    Ok(Duration::from_secs(u64::from(r.time2wait)))
+                }
+                LogoutResponseCode::CidNotFound => Ok(Duration::ZERO),
+                other => Err(Error::Protocol(format!(
+                    "logout for recovery refused: {other:?}"
+                ))),
+            },
+            other => Err(Error::Protocol(format!(
+                "{:?} answering a logout",
+                other.opcode()
+            ))),
+        }
     }
 
     /// TASK REASSIGN (RFC 7143 11.5.1) of task `itt` to `connection`, with
