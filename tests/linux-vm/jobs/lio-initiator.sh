@@ -28,9 +28,22 @@ if [ -n "${LIO_ERL1_DATA_OUT:-}" ]; then
     touch ./erl1-data-out
     extra+=(./erl1-data-out)
 fi
+# LIO_DISRUPT=1: also task management and teardown under load against LIO (`iscsi verify
+# --disrupt`, the fault matrix's second table for LIO). Not run by default: it is a comparison, and
+# the incumbents' hangs in exactly these paths are what it looks for.
+if [ -n "${LIO_DISRUPT:-}" ]; then
+    touch ./lio-disrupt
+    extra+=(./lio-disrupt)
+fi
+# LIO_ERL2=1: also ERL 2 connection recovery against LIO (a 4-connection session, one cut at a
+# time); off by default: LIO 6.1's ERL 2 paths crash the guest kernel (see the guest script).
+if [ -n "${LIO_ERL2:-}" ]; then
+    touch ./lio-erl2
+    extra+=(./lio-erl2)
+fi
 rc=0
 vm_run --timeout "${LIO_TIMEOUT:-1200}" "$LINUX_VM_DIR/guest/lio-initiator.sh" "$LINUX_VM_DIR/lio-target.py" ./iscsi "${extra[@]}" || rc=$?
-rm -f ./iscsi ./erl1-data-out
+rm -f ./iscsi ./erl1-data-out ./lio-disrupt ./lio-erl2
 mkdir -p "$results"
 rm -rf "${results:?}"/*
 [ -d vm-out ] && cp -r vm-out/. "$results/"
