@@ -1,7 +1,9 @@
 //! The transfer trackers driven by arbitrary operations: no panic, no
 //! overflow, and a tracker that says complete has seen every byte exactly
 //! once, counting Data-Out taken back after a digest error (ERL 1) and
-//! asked for again with recovery R2Ts.
+//! asked for again with recovery R2Ts, and writes moved to a new
+//! connection (ERL 2), whose missing ranges are exactly what did not
+//! arrive.
 #![no_main]
 
 use iscsi_proto::transfer::{DataOutTracker, Limits, R2tTracker};
@@ -44,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
     for op in data[19..].chunks_exact(17) {
         let tag = word(op, 1) % 4;
         let (a, b, c) = (word(op, 5), word(op, 9), word(op, 13));
-        match op[0] % 5 {
+        match op[0] % 6 {
             0 => tracker.r2t_sent(tag, a % (expected + 1), b % 300_000),
             1 => {
                 let tag = if tag == 3 { u32::MAX } else { tag };
@@ -68,9 +70,29 @@ fuzz_target!(|data: &[u8]| {
                     received -= u64::from(length);
                 }
             }
-            _ => {
+            4 => {
                 // The lost ranges asked for again with recovery R2Ts.
                 for (offset, length) in tracker.take_lost() {
+                    tracker.r2t_sent(tag, offset, length);
+                }
+            }
+            _ => {
+                // TASK REASSIGN: the missing ranges are in order, apart,
+                // inside the transfer and add up to what did not arrive;
+                // they are asked for on the new connection.
+                last = None;
+                r2ts.reassigned();
+                let missing = tracker.reassigned();
+                let mut end = 0u64;
+                let mut total = 0u64;
+                for &(offset, length) in &missing {
+                    assert!(length > 0 && u64::from(offset) >= end);
+                    end = u64::from(offset) + u64::from(length);
+                    total += u64::from(length);
+                }
+                assert!(end <= u64::from(expected));
+                assert_eq!(total + received, u64::from(expected));
+                for (offset, length) in missing {
                     tracker.r2t_sent(tag, offset, length);
                 }
             }

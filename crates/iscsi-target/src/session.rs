@@ -677,6 +677,11 @@ impl Session {
     fn abort_all(&self) {
         for task in self.tasks(None) {
             self.abort(&task);
+            if task.allegiance.forget() {
+                // Its answer was parked (ERL 2): it is done executing, and
+                // nothing else would end it.
+                self.finish(&task);
+            }
         }
     }
 }

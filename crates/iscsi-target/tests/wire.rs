@@ -965,3 +965,43 @@ async fn a_silent_initiator_is_pinged_and_dropped_when_it_does_not_answer() {
     assert!(matches!(end, Ok(None) | Err(_)), "{end:?}");
     target.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_whose_connection_dies_under_its_data_frees_its_window_slot() {
+    // ERL 0, two connections: a 4 MiB read on the second, whose Data-In
+    // nobody reads, then the second connection is dropped. The read ends
+    // with it and gives its slot of the session's window back (it used to
+    // keep it for good when its Data-In, not its status, met the closed
+    // connection): the first connection sees the whole window again.
+    let target = Target::start(|c| c.command_window = 4).await;
+    let mut first = Client::login(target.address, offers(), 0).await;
+    let mut second = Client::try_login(target.address, offers(), first.tsih, 2)
+        .await
+        .expect("a second connection joins");
+    second.cmd_sn = first.cmd_sn;
+    let itt = second.itt();
+    second.read10(itt, 0, 8192).await;
+    first.cmd_sn = second.cmd_sn;
+    // Let the target fill the socket, then the connection fails.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(second);
+    let start = first.cmd_sn;
+    let mut open = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        first.read_blocks(0, 1).await;
+        // After this read, nothing is outstanding: MaxCmdSN = ExpCmdSN + 3.
+        if first.max_cmd_sn == first.cmd_sn.wrapping_add(3) {
+            open = true;
+            break;
+        }
+    }
+    assert!(
+        open,
+        "the window stayed short: MaxCmdSN {} with ExpCmdSN {} (from {})",
+        first.max_cmd_sn.get(),
+        first.cmd_sn.get(),
+        start.get()
+    );
+    target.stop().await;
+}

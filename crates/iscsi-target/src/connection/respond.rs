@@ -88,10 +88,16 @@ pub(super) async fn respond(
     let collapse =
         writer.retained.is_none() && outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
     if collapse {
-        return respond_collapsed(
+        let result = respond_collapsed(
             &writer, session, task, &limits, command, data_in, sent, residual, tap,
         )
         .await;
+        if result.is_err() {
+            // The connection failed under the Data-In: the task ends
+            // (without this its window slot stayed taken for good).
+            session.finish(task);
+        }
+        return result;
     }
     // Sense data travels in the SCSI Response's data segment: a 2-byte
     // length, then the sense bytes (RFC 7143 11.4.7).
@@ -137,10 +143,11 @@ pub(super) async fn respond(
             tap.step("wait for writer", itt, waiting, std::time::Instant::now());
         }
         if writer.is_closed() {
-            // ERL 2: the connection is gone (else the answer would not get
-            // this far: the writer closes only for it).
+            // The connection is gone.
             drop(out);
-            if task.aborted.load(Ordering::Acquire) {
+            if task.aborted.load(Ordering::Acquire) || !session.recovers_connections() {
+                // Below ERL 2 the answer dies with its connection (as the
+                // task does: nothing will ask for it).
                 session.finish(task);
                 return Ok(());
             }
@@ -155,9 +162,11 @@ pub(super) async fn respond(
         }
         let result = send_answer(&mut out, session, &writer, Some(task), &answer, 0).await;
         if result.is_err()
-            && session.recovers_connections()
-            && !task.aborted.load(Ordering::Acquire)
+            && (!session.recovers_connections() || task.aborted.load(Ordering::Acquire))
         {
+            // The task ends with its connection.
+            session.finish(task);
+        } else if result.is_err() {
             // The connection failed under the answer: kept for a TASK
             // REASSIGN, like the statuses it had sent (under the writer's
             // lock, so before the connection's end hands those over).
