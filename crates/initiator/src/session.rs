@@ -539,25 +539,27 @@ impl Inner {
         }
     }
 
+    /// What a login of connection `cid` into session `tsih` (0: a new one)
+    /// sends.
+    fn login_params(&self, tsih: u16, cid: u16) -> LoginRequestParams<'_> {
+        LoginRequestParams {
+            portal: self.portal.clone(),
+            target_name: Some(&self.target_name),
+            isid: self.isid,
+            tsih,
+            cid,
+            cmd_sn: self.window.current(),
+            initiator_task_tag: self.itt(),
+            tap: Some(self.tap.clone()),
+            iser: self.iser,
+        }
+    }
+
     /// Logs in the leading connection (TSIH 0: a new session, or the
     /// reinstatement of ours) and the others of an MC/S session.
     async fn establish(&self) -> Result<Vec<Arc<Connection>>, Error> {
         let login_cmd_sn = self.window.current();
-        let leading = login(
-            &self.config,
-            LoginRequestParams {
-                portal: self.portal.clone(),
-                target_name: Some(&self.target_name),
-                isid: self.isid,
-                tsih: 0,
-                cid: 0,
-                cmd_sn: self.window.current(),
-                initiator_task_tag: self.itt(),
-                tap: Some(self.tap.clone()),
-                iser: self.iser,
-            },
-        )
-        .await?;
+        let leading = login(&self.config, self.login_params(0, 0)).await?;
         let complete = &leading.complete;
         // The first command after a leading login carries the Login
         // Request's CmdSN (RFC 7143 11.12.8, RFC 3720 10.12.8's example):
@@ -600,21 +602,8 @@ impl Inner {
     /// connection, or a connection reinstatement if `cid` is in use) and
     /// takes the command window its login response gives.
     async fn join(&self, cid: u16) -> Result<crate::login::LoggedIn, Error> {
-        let joined = login(
-            &self.config,
-            LoginRequestParams {
-                portal: self.portal.clone(),
-                target_name: Some(&self.target_name),
-                isid: self.isid,
-                tsih: self.tsih.load(Ordering::Relaxed),
-                cid,
-                cmd_sn: self.window.current(),
-                initiator_task_tag: self.itt(),
-                tap: Some(self.tap.clone()),
-                iser: self.iser,
-            },
-        )
-        .await?;
+        let tsih = self.tsih.load(Ordering::Relaxed);
+        let joined = login(&self.config, self.login_params(tsih, cid)).await?;
         let c = &joined.complete;
         self.window.update(c.exp_cmd_sn, c.max_cmd_sn);
         Ok(joined)
