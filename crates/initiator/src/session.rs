@@ -821,6 +821,30 @@ impl Inner {
         }
     }
 
+    /// [`Inner::reinstate_connection`] for a command that must be done by
+    /// `deadline` (its `timeout`): the replacement, or `None` if connection
+    /// recovery failed (logged; the session is reinstated instead).
+    async fn recover_connection(
+        &self,
+        lost: &Arc<Connection>,
+        deadline: tokio::time::Instant,
+        timeout: Duration,
+    ) -> Result<Option<Arc<Connection>>, Error> {
+        let recovered = tokio::time::timeout_at(deadline, self.reinstate_connection(lost))
+            .await
+            .map_err(|_| Error::Timeout {
+                timeout,
+                waiting_for: "the connection to be reinstated",
+            })?;
+        match recovered {
+            Ok(replacement) => Ok(Some(replacement)),
+            Err(error) => {
+                tracing::warn!(%error, "connection recovery failed: reinstating the session");
+                Ok(None)
+            }
+        }
+    }
+
     /// TASK REASSIGN (RFC 7143 11.5.1) of task `itt` to `connection`, with
     /// ExpDataSN 0 (the data acknowledgement point unchanged: the initiator
     /// asks for no DataACK, so the target sends all its Data-In again).
@@ -931,19 +955,9 @@ impl Inner {
                         if let (true, Some(lost)) = (connection_recovery, lost) {
                             // ERL 2: no connection is usable; a reinstated
                             // one continues the session (RFC 7143 8.3 N4).
-                            let recovered =
-                                tokio::time::timeout_at(deadline, self.reinstate_connection(&lost))
-                                    .await
-                                    .map_err(|_| Error::Timeout {
-                                        timeout,
-                                        waiting_for: "the connection to be reinstated",
-                                    })?;
-                            match recovered {
-                                Ok(_) => continue,
-                                Err(error) => {
-                                    tracing::warn!(%error, "connection recovery failed: reinstating the session");
-                                    connection_recovery = false;
-                                }
+                            match self.recover_connection(&lost, deadline, timeout).await? {
+                                Some(_) => continue,
+                                None => connection_recovery = false,
                             }
                         }
                         tokio::time::timeout_at(deadline, self.recover(generation))
@@ -1026,15 +1040,11 @@ impl Inner {
                 continue;
             }
             if connection_recovery {
-                let recovered =
-                    tokio::time::timeout_at(deadline, self.reinstate_connection(&connection))
-                        .await
-                        .map_err(|_| Error::Timeout {
-                            timeout,
-                            waiting_for: "the connection to be reinstated",
-                        })?;
-                match recovered {
-                    Ok(replacement) => {
+                match self
+                    .recover_connection(&connection, deadline, timeout)
+                    .await?
+                {
+                    Some(replacement) => {
                         let cmd_sn = sent_cmd_sn.load(Ordering::SeqCst);
                         if cmd_sn != NO_CMD_SN {
                             tracing::info!(
@@ -1046,10 +1056,7 @@ impl Inner {
                         }
                         continue;
                     }
-                    Err(error) => {
-                        tracing::warn!(%error, "connection recovery failed: reinstating the session");
-                        connection_recovery = false;
-                    }
+                    None => connection_recovery = false,
                 }
             }
             tracing::info!(

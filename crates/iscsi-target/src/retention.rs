@@ -25,7 +25,7 @@ use iscsi_proto::pdu::{
     SnackType,
 };
 use iscsi_proto::serial::{DataSn, StatSn};
-use iscsi_proto::transfer::Limits;
+use iscsi_proto::transfer::{Limits, Segment};
 
 /// The most Data-In bytes one connection keeps for retransmission.
 pub(crate) const RETAINED_BYTES: usize = 64 << 20;
@@ -45,6 +45,26 @@ pub(crate) struct SentStatus {
     pub lun: Lun,
     /// The limits the Data-In was cut by.
     pub limits: Limits,
+}
+
+impl SentStatus {
+    /// The Data-In (without status) that carries `segment` of the task's
+    /// data, and that data: sent first, sent again for a SNACK, and sent
+    /// again after a TASK REASSIGN.
+    pub fn data_in(&self, segment: &Segment) -> (DataIn, Gather) {
+        let start = segment.offset as usize;
+        let data = self.data_in.slice(start..start + segment.length as usize);
+        let pdu = DataIn {
+            final_flag: segment.last_in_sequence,
+            lun: self.lun,
+            initiator_task_tag: self.response.initiator_task_tag,
+            target_transfer_tag: RESERVED_TAG,
+            data_sn: DataSn::new(segment.data_sn),
+            buffer_offset: segment.offset,
+            ..DataIn::default()
+        };
+        (pdu, data)
+    }
 }
 
 /// One PDU to send again in answer to a SNACK.
@@ -164,17 +184,7 @@ impl Retained {
         Ok(segments[first as usize..end as usize]
             .iter()
             .map(|segment| {
-                let start = segment.offset as usize;
-                let data = sent.data_in.slice(start..start + segment.length as usize);
-                let pdu = DataIn {
-                    final_flag: segment.last_in_sequence,
-                    lun: sent.lun,
-                    initiator_task_tag: itt,
-                    target_transfer_tag: RESERVED_TAG,
-                    data_sn: DataSn::new(segment.data_sn),
-                    buffer_offset: segment.offset,
-                    ..DataIn::default()
-                };
+                let (pdu, data) = sent.data_in(segment);
                 Resend::DataIn(pdu, data)
             })
             .collect())

@@ -251,20 +251,9 @@ pub(super) async fn send_answer(
     from_data_sn: u32,
 ) -> Result<(), DatamoverError> {
     let limits = answer.limits;
-    let itt = answer.response.initiator_task_tag;
     let segments = limits.data_in_segments(answer.data_in.len() as u32);
     for segment in segments.iter().filter(|s| s.data_sn >= from_data_sn) {
-        let pdu = DataIn {
-            final_flag: segment.last_in_sequence,
-            lun: answer.lun,
-            initiator_task_tag: itt,
-            target_transfer_tag: RESERVED_TAG,
-            data_sn: DataSn::new(segment.data_sn),
-            buffer_offset: segment.offset,
-            ..DataIn::default()
-        };
-        let start = segment.offset as usize;
-        let data = answer.data_in.slice(start..start + segment.length as usize);
+        let (pdu, data) = answer.data_in(segment);
         out.send_data_in(session, Pdu::DataIn(pdu), data, Stat::Reserved)
             .await?;
         SessionStats::add(&session.stats.read_bytes, u64::from(segment.length));
