@@ -26,6 +26,7 @@
 //! | `buffers.rs` | [`BufferPool`]: data buffers reused from command to command, LIFO, by both sides |
 //! | [`tap`] | [`tap::WireTap`]: told of every PDU sent and received (counters for parameter studies, traces) |
 //! | [`iser`] | the iSER datamover (RFC 7145) over the verbs of `iscsi-iwarp`: control PDUs in RDMA Sends, Data-In as RDMA Writes, R2T/Data-Out as RDMA Reads |
+//! | `write_buffer.rs` | [`WriteBuffer`]: a target's write data in one buffer or in pieces of the store's chunk size, received in place |
 //! | `transport.rs` | [`Datamover`], [`Receiver`], [`Sender`]: one connection's datamover, TCP or iSER, behind the same primitives |
 //! | [`tcp`] | the TCP datamover (RFC 7143 framing over a byte stream): streaming receive into caller buffers with the data digest computed per chunk while hot, vectored sends with no copy of the data segment |
 
@@ -35,10 +36,12 @@ pub mod iser;
 pub mod tap;
 pub mod tcp;
 mod transport;
+mod write_buffer;
 
 pub use buffers::{BufferPool, PooledBuffer};
 pub use gather::{Gather, PieceCrc};
 pub use transport::{Datamover, Receiver, Sender};
+pub use write_buffer::WriteBuffer;
 
 use std::future::Future;
 
@@ -153,6 +156,55 @@ pub trait PduReceiver: Send {
                 "the data segment's range is outside the buffer",
             ))?;
             self.receive_data_into(destination).await
+        }
+    }
+
+    /// Lands the current PDU's data segment in `destinations`, in order
+    /// (their lengths add up to `data_segment_length`), and verifies the
+    /// data digest. The default receives it whole and copies it out.
+    fn receive_data_into_slices(
+        &mut self,
+        destinations: &mut [&mut [u8]],
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
+        async move {
+            match destinations {
+                [] => self.receive_data_into(&mut []).await,
+                [one] => self.receive_data_into(one).await,
+                many => {
+                    let data = self.receive_data().await?;
+                    if many.iter().map(|d| d.len()).sum::<usize>() != data.len() {
+                        return Err(DatamoverError::Misuse(
+                            "destination length differs from the data segment length",
+                        ));
+                    }
+                    let mut at = 0;
+                    for d in many.iter_mut() {
+                        d.copy_from_slice(&data[at..at + d.len()]);
+                        at += d.len();
+                    }
+                    Ok(())
+                }
+            }
+        }
+    }
+
+    /// Lands the current PDU's data segment at `range` of a write's
+    /// `buffer` (`range` exactly `data_segment_length` long), keeping every
+    /// other byte: in a flat buffer as [`PduReceiver::receive_data_in_place`]
+    /// does, across the pieces of one in pieces.
+    fn receive_data_in_buffer(
+        &mut self,
+        buffer: &mut WriteBuffer,
+        range: std::ops::Range<usize>,
+    ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
+        async move {
+            if let Some(flat) = buffer.flat_mut() {
+                return self.receive_data_in_place(flat, range).await;
+            }
+            let mut slices = buffer.slices_mut(range).ok_or(DatamoverError::Misuse(
+                "the data segment's range is outside the buffer",
+            ))?;
+            self.receive_data_into_slices(&mut slices).await
         }
     }
 

@@ -189,7 +189,18 @@ impl<R: AsyncRead + Unpin + Send> PduReceiver for StreamReceiver<R> {
     }
 
     async fn receive_data_into(&mut self, destination: &mut [u8]) -> Result<(), DatamoverError> {
-        if destination.len() != self.data_pending {
+        self.receive_data_into_slices(&mut [destination]).await
+    }
+
+    /// Each destination in turn: what is buffered is copied out with the
+    /// digest computed in the same pass; a long stretch still on its way
+    /// is read by the kernel straight into place and digested at once,
+    /// while in cache.
+    async fn receive_data_into_slices(
+        &mut self,
+        destinations: &mut [&mut [u8]],
+    ) -> Result<(), DatamoverError> {
+        if destinations.iter().map(|d| d.len()).sum::<usize>() != self.data_pending {
             return Err(DatamoverError::Misuse(
                 "destination length differs from the data segment length",
             ));
@@ -197,31 +208,31 @@ impl<R: AsyncRead + Unpin + Send> PduReceiver for StreamReceiver<R> {
         if self.data_pending == 0 {
             return Ok(());
         }
-        let mut filled = 0;
-        while filled < destination.len() {
-            if self.start < self.end {
-                // Copy out of the receive buffer, digesting in the same pass.
-                let n = self.decoder.receive_data(
-                    &mut destination[filled..],
-                    &self.buffer[self.start..self.end],
-                )?;
-                self.start += n;
-                filled += n;
-                continue;
-            }
-            let left = destination.len() - filled;
-            if left >= DIRECT_READ_THRESHOLD {
-                // The kernel copies straight into place; digest the chunk
-                // right away, while it is in cache.
-                let n = self.reader.read(&mut destination[filled..]).await?;
-                if n == 0 {
+        for destination in destinations.iter_mut() {
+            let destination: &mut [u8] = destination;
+            let mut filled = 0;
+            while filled < destination.len() {
+                if self.start < self.end {
+                    let n = self.decoder.receive_data(
+                        &mut destination[filled..],
+                        &self.buffer[self.start..self.end],
+                    )?;
+                    self.start += n;
+                    filled += n;
+                    continue;
+                }
+                let left = destination.len() - filled;
+                if left >= DIRECT_READ_THRESHOLD {
+                    let n = self.reader.read(&mut destination[filled..]).await?;
+                    if n == 0 {
+                        return Err(DatamoverError::Truncated);
+                    }
+                    self.decoder
+                        .data_received(&destination[filled..filled + n])?;
+                    filled += n;
+                } else if self.fill().await? == 0 {
                     return Err(DatamoverError::Truncated);
                 }
-                self.decoder
-                    .data_received(&destination[filled..filled + n])?;
-                filled += n;
-            } else if self.fill().await? == 0 {
-                return Err(DatamoverError::Truncated);
             }
         }
         self.data_pending = 0;

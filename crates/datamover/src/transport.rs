@@ -48,6 +48,16 @@ impl PduReceiver for Receiver {
         }
     }
 
+    async fn receive_data_into_slices(
+        &mut self,
+        destinations: &mut [&mut [u8]],
+    ) -> Result<(), DatamoverError> {
+        match self {
+            Receiver::Tcp(r) => r.receive_data_into_slices(destinations).await,
+            Receiver::Iser(r) => r.receive_data_into_slices(destinations).await,
+        }
+    }
+
     async fn discard_data(&mut self, scratch: &mut [u8]) -> Result<(), DatamoverError> {
         match self {
             Receiver::Tcp(r) => r.discard_data(scratch).await,

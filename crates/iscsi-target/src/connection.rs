@@ -29,6 +29,7 @@ use std::time::Duration;
 use iscsi_datamover::tap::Tap;
 use iscsi_datamover::{
     BufferPool, DatamoverError, Gather, PduReceiver, PduSender, PooledBuffer, Receiver, Sender,
+    WriteBuffer,
 };
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
@@ -42,7 +43,7 @@ use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachin
 use iscsi_proto::text::codec::{self, TextPair};
 use iscsi_proto::text::{Negotiator, Role, SessionType, Stage};
 use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
-use iscsi_scsi::{CommandOutcome, Nexus, ScsiTarget, TargetReset};
+use iscsi_scsi::{CommandOutcome, DataOut, Nexus, ScsiTarget, TargetReset};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -258,6 +259,10 @@ impl Drop for InFlightGuard {
 /// than zeroing it again.
 const BUFFERS_KEPT: usize = 64;
 
+/// Write pieces (64 KiB each) each connection's piece pool keeps, at most:
+/// 32 MiB, twice what 16 writes of 1 MiB in flight hold.
+const PIECES_KEPT: usize = 512;
+
 /// Tags of aborted writes remembered per connection, to drop their late
 /// Data-Out quietly: far more than the commands that can be in flight.
 const ABORTED_WRITES_KEPT: usize = 1024;
@@ -306,6 +311,10 @@ pub(crate) struct Connection {
     writer: Arc<Writer>,
     in_flight: Arc<InFlight>,
     buffers: Arc<BufferPool>,
+    /// Pieces of a RAM store's chunk size that large writes to such a
+    /// store are received into (the store keeps them: no copy) and that
+    /// come back as the chunks they replaced.
+    pieces: Arc<BufferPool>,
     pending_writes: HashMap<u32, PendingWrite>,
     /// Writes that failed before all their data arrived, by Initiator Task
     /// Tag: their remaining Data-Out is dropped, and their status waits
@@ -371,6 +380,10 @@ impl Connection {
             writer,
             in_flight: Arc::default(),
             buffers: Arc::new(BufferPool::new(BUFFERS_KEPT, MAX_WRITE_BUFFER as usize)),
+            pieces: Arc::new(BufferPool::new(
+                PIECES_KEPT,
+                iscsi_scsi::backstore::RAM_CHUNK_SIZE,
+            )),
             pending_writes: HashMap::new(),
             draining: HashMap::new(),
             aborted_writes: std::collections::VecDeque::new(),
@@ -566,7 +579,7 @@ impl Connection {
     pub(super) fn drop_aborted_write(&mut self, itt: u32) {
         if let Some(pending) = self.pending_writes.remove(&itt) {
             self.session.finish(&pending.task);
-            self.buffers.give(pending.buffer);
+            self.give_write_buffer(pending.buffer);
             if self.aborted_writes.len() == ABORTED_WRITES_KEPT {
                 self.aborted_writes.pop_front();
             }
@@ -579,8 +592,28 @@ impl Connection {
     fn abandon_pending_writes(&mut self) {
         for (_, pending) in self.pending_writes.drain() {
             self.session.abort(&pending.task);
-            self.buffers.give(pending.buffer);
+            pending.buffer.give(&self.buffers, &self.pieces);
         }
+    }
+
+    /// A buffer for a write of `len` bytes to `lun`: in pieces of the
+    /// store's chunk size when its store keeps such pieces
+    /// (`Backstore::piece_len`: the data then lands in its final place as
+    /// it arrives), else one buffer.
+    fn write_buffer(&self, scsi: &ScsiTarget, lun: u64, len: usize) -> WriteBuffer {
+        let piece_len = iscsi_scsi::decode_lun(lun)
+            .and_then(|lun| scsi.backstore(lun))
+            .and_then(|store| store.piece_len())
+            .filter(|&piece| len >= piece);
+        match piece_len {
+            Some(piece) => WriteBuffer::in_pieces(&self.pieces, len, piece),
+            None => WriteBuffer::flat(&self.buffers, len),
+        }
+    }
+
+    /// Returns a write's buffer to the pool it came from.
+    pub(super) fn give_write_buffer(&self, buffer: WriteBuffer) {
+        buffer.give(&self.buffers, &self.pieces);
     }
 
     /// A NOP-In ping (RFC 7143 11.19): a Target Transfer Tag that asks for
@@ -987,7 +1020,7 @@ impl Connection {
                 self.session.finish(&task);
                 return self.reject(header, RejectReason::ProtocolError).await;
             }
-            self.execute(scsi, task, command, cdb, Vec::new(), 0);
+            self.execute(scsi, task, command, cdb, WriteBuffer::default(), 0);
             return Ok(());
         }
         let expected = command.expected_data_transfer_length;
@@ -1007,19 +1040,16 @@ impl Connection {
                 return self.reject(header, e.reject_reason()).await;
             }
         };
-        let mut buffer = self.buffers.take_filled(expected as usize);
         // Not zeroed: the write runs only once its tracker has seen every
         // byte of the Expected Data Transfer Length arrive exactly once
         // (no gaps, no overlaps: `DataOutTracker::is_complete`), so no old
         // contents of a reused buffer can reach the backstore. A write that
         // fails before then gives the buffer back unused.
-        if buffer.len() >= expected as usize {
-            buffer.truncate(expected as usize);
-        } else {
-            buffer.resize(expected as usize, 0);
-        }
-        let immediate = &mut buffer[..immediate_len as usize];
-        match receiver.receive_data_into(immediate).await {
+        let mut buffer = self.write_buffer(&scsi, command.lun.0, expected as usize);
+        match receiver
+            .receive_data_in_buffer(&mut buffer, 0..immediate_len as usize)
+            .await
+        {
             Ok(()) => {
                 SessionStats::add(&self.session.stats.write_bytes, u64::from(immediate_len));
             }
@@ -1038,7 +1068,7 @@ impl Connection {
                 // CHECK CONDITION, PROTOCOL SERVICE CRC ERROR, once the
                 // unsolicited data still due is in.
                 warn!("data digest error in immediate data: PDU rejected, write failed");
-                self.buffers.give(buffer);
+                self.give_write_buffer(buffer);
                 self.reject(header, RejectReason::DataDigestError).await?;
                 let outcome = CommandOutcome::check_condition(PROTOCOL_SERVICE_CRC_ERROR);
                 let unsolicited = self.unsolicited_follows(expected, immediate_len);
@@ -1051,7 +1081,7 @@ impl Connection {
                 // a TASK REASSIGN finds no task, and the initiator sends
                 // the command again).
                 self.session.abort(&task);
-                self.buffers.give(buffer);
+                self.give_write_buffer(buffer);
                 return Err(e);
             }
         }
@@ -1102,7 +1132,7 @@ impl Connection {
         task: Arc<Task>,
         command: ScsiCommand,
         cdb: Vec<u8>,
-        data_out: Vec<u8>,
+        data_out: WriteBuffer,
         r2ts: u32,
     ) {
         task.start();
@@ -1110,6 +1140,7 @@ impl Connection {
         let guard = self.in_flight.enter();
         let session = Arc::clone(&self.session);
         let buffers = Arc::clone(&self.buffers);
+        let pieces = Arc::clone(&self.pieces);
         let tap = self.tap.clone();
         tokio::spawn(async move {
             let _guard = guard;
@@ -1141,6 +1172,7 @@ impl Connection {
                         now
                     });
                     let mut data_in = data_in;
+                    let mut data_out = data_out;
                     let mut lent = Vec::new();
                     // Aborted while it waited for a thread: it never
                     // reaches the SCSI layer, so the abort is not held up
@@ -1154,7 +1186,7 @@ impl Connection {
                             &session.nexus,
                             &command,
                             &cdb,
-                            &data_out,
+                            &mut data_out,
                             &mut data_in,
                             &mut lent,
                         )
@@ -1207,7 +1239,7 @@ impl Connection {
             if let Err(error) = respond(&session, &task, response).await {
                 debug!(%error, "response not sent");
             }
-            buffers.give(data_out);
+            data_out.give(&buffers, &pieces);
         });
     }
 }
@@ -1222,10 +1254,19 @@ fn run_command(
     nexus: &Nexus,
     command: &ScsiCommand,
     cdb: &[u8],
-    data_out: &[u8],
+    data_out: &mut WriteBuffer,
     data_in: &mut Vec<u8>,
     lent: &mut Vec<iscsi_scsi::Lent>,
 ) -> (CommandOutcome, Residual) {
+    let len = data_out.len();
+    let data_out = if data_out.is_flat() {
+        DataOut::Flat(data_out.flat_mut().map_or(&[][..], |b| &b[..]))
+    } else {
+        DataOut::Pieces {
+            pieces: data_out.pieces_mut(),
+            len,
+        }
+    };
     let expected = command.expected_data_transfer_length;
     if command.write {
         let block_size = iscsi_scsi::decode_lun(command.lun.0)
@@ -1242,11 +1283,9 @@ fn run_command(
             return match shorten_transfer(cdb, blocks) {
                 Some(None) => (CommandOutcome::GOOD, residual),
                 Some(Some(shorter)) => {
-                    let used = data_out
-                        .get(..(blocks * block_size) as usize)
-                        .unwrap_or(data_out);
+                    let used = data_out.shortened((blocks * block_size) as usize);
                     (
-                        scsi.execute(nexus, command.lun.0, &shorter, used, data_in),
+                        scsi.execute_lending(nexus, command.lun.0, &shorter, used, data_in, lent),
                         residual,
                     )
                 }
@@ -1267,11 +1306,11 @@ fn run_command(
             let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
             return (outcome, residual);
         }
-        let used = data_out.get(..wanted as usize).unwrap_or(data_out);
-        let outcome = scsi.execute(nexus, command.lun.0, cdb, used, data_in);
+        let used = data_out.shortened(wanted as usize);
+        let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, used, data_in, lent);
         return (outcome, residual);
     }
-    let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, &[], data_in, lent);
+    let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, DataOut::NONE, data_in, lent);
     let residual = if command.read {
         let sent = if lent.is_empty() {
             data_in.len()

@@ -28,6 +28,7 @@
 
 pub mod backstore;
 pub mod cdb;
+mod data_out;
 mod lu;
 pub mod mode;
 pub mod nexus;
@@ -49,6 +50,7 @@ pub use nexus::{Nexus, NexusKey};
 pub use pr::PrType;
 
 pub use cdb::{DataDirection, command_info};
+pub use data_out::DataOut;
 use lu::LogicalUnit;
 use pr::Fail;
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};
@@ -356,13 +358,18 @@ impl ScsiTarget {
         data_out: &[u8],
         data_in: &mut Vec<u8>,
     ) -> CommandOutcome {
-        self.run(nexus, lun, cdb, data_out, data_in, None)
+        self.run(nexus, lun, cdb, DataOut::Flat(data_out), data_in, None)
     }
 
     /// [`ScsiTarget::execute`], except that a READ from a store that lends
     /// its memory ([`Backstore::lend`]) returns its data as shared pieces
     /// in `lent`, in order: the transport sends them with no copy. Anything
     /// else fills `data_in` as `execute` does and leaves `lent` empty.
+    ///
+    /// `data_out` may come in pieces of the store's
+    /// [`Backstore::piece_len`]: a WRITE then hands them to
+    /// [`Backstore::write_pieces`], which may keep whole pieces as its own
+    /// memory (no copy) and leave other buffers in their place.
     ///
     /// When `lent` is not empty, `data_in` comes back as it went in:
     /// scratch whose bytes are NOT the data (old contents of a pooled
@@ -373,7 +380,7 @@ impl ScsiTarget {
         nexus: &Nexus,
         lun: u64,
         cdb: &[u8],
-        data_out: &[u8],
+        data_out: DataOut<'_>,
         data_in: &mut Vec<u8>,
         lent: &mut Vec<Lent>,
     ) -> CommandOutcome {
@@ -390,7 +397,7 @@ impl ScsiTarget {
         nexus: &Nexus,
         lun: u64,
         cdb: &[u8],
-        data_out: &[u8],
+        data_out: DataOut<'_>,
         data_in: &mut Vec<u8>,
         lent: Option<&mut Vec<Lent>>,
     ) -> CommandOutcome {
@@ -446,7 +453,7 @@ impl ScsiTarget {
         nexus: &Nexus,
         key: &NexusKey,
         cdb: &[u8],
-        data_out: &[u8],
+        data_out: DataOut<'_>,
         data_in: &mut Vec<u8>,
         lent: Option<&mut Vec<Lent>>,
     ) -> Result<(), Fail> {
@@ -479,7 +486,7 @@ impl ScsiTarget {
             MODE_SELECT_6 | MODE_SELECT_10 => {
                 let nexuses = self.known_nexuses();
                 let mut st = lu.state();
-                let changed = mode::mode_select(bs, &mut st.mode, cdb, data_out)?;
+                let changed = mode::mode_select(bs, &mut st.mode, cdb, &data_out.flat())?;
                 if changed {
                     st.raise_for_all(
                         &nexuses,
@@ -493,7 +500,8 @@ impl ScsiTarget {
             RELEASE_6 | RELEASE_10 => pr::release(&mut lu.state(), key, cdb),
             PERSISTENT_RESERVE_IN => pr::persistent_reserve_in(&lu.state(), cdb, data_in),
             PERSISTENT_RESERVE_OUT => {
-                let aborted = pr::persistent_reserve_out(&mut lu.state(), nexus, cdb, data_out)?;
+                let aborted =
+                    pr::persistent_reserve_out(&mut lu.state(), nexus, cdb, &data_out.flat())?;
                 if !aborted.is_empty() {
                     let handler = self
                         .abort_handler
@@ -518,27 +526,27 @@ impl ScsiTarget {
             UNMAP if !bs.is_thin() => Err(Sense::INVALID_OPCODE.into()),
             UNMAP => {
                 let _w = lu.write_shared();
-                Ok(sbc::unmap(bs, mode, cdb, data_out)?)
+                Ok(sbc::unmap(bs, mode, cdb, &data_out.flat())?)
             }
             WRITE_SAME_10 | WRITE_SAME_16 => {
                 let _w = lu.write_shared();
-                Ok(sbc::write_same(bs, mode, cdb, data_out)?)
+                Ok(sbc::write_same(bs, mode, cdb, &data_out.flat())?)
             }
             COMPARE_AND_WRITE => {
                 let _w = lu.write_exclusive();
-                Ok(sbc::compare_and_write(bs, mode, cdb, data_out)?)
+                Ok(sbc::compare_and_write(bs, mode, cdb, &data_out.flat())?)
             }
             ORWRITE_16 => {
                 // Read-modify-write: atomic against every other write.
                 let _w = lu.write_exclusive();
-                Ok(sbc::orwrite(bs, mode, cdb, data_out)?)
+                Ok(sbc::orwrite(bs, mode, cdb, &data_out.flat())?)
             }
             PRE_FETCH_10 | PRE_FETCH_16 => Ok(sbc::pre_fetch(bs, cdb)?),
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => Ok(sbc::read_defect_data(cdb, data_in)?),
-            VERIFY_10 | VERIFY_12 | VERIFY_16 => Ok(sbc::verify(bs, cdb, data_out)?),
+            VERIFY_10 | VERIFY_12 | VERIFY_16 => Ok(sbc::verify(bs, cdb, &data_out.flat())?),
             WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
                 let _w = lu.write_shared();
-                Ok(sbc::write_and_verify(bs, mode, cdb, data_out)?)
+                Ok(sbc::write_and_verify(bs, mode, cdb, &data_out.flat())?)
             }
             WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => {
                 let _w = lu.write_shared();

@@ -182,7 +182,7 @@ pub(crate) fn read_write(
     lu: &dyn Backstore,
     mode: ModeParams,
     cdb: &[u8],
-    data_out: &[u8],
+    data_out: crate::DataOut<'_>,
     data_in: &mut Vec<u8>,
     lent: Option<&mut Vec<crate::Lent>>,
 ) -> Result<(), Sense> {
@@ -214,8 +214,20 @@ pub(crate) fn read_write(
     let offset = rw.lba.byte_offset(bs);
     if rw.write {
         check_writable(mode)?;
-        let src = data_out.get(..len).ok_or(Sense::INVALID_FIELD_IN_CDB)?;
-        write_data(lu, mode, offset, src, rw.fua)?;
+        if data_out.len() < len {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
+        match data_out {
+            crate::DataOut::Flat(data) => write_data(lu, mode, offset, &data[..len], rw.fua)?,
+            crate::DataOut::Pieces { pieces, .. } => {
+                let r = if rw.fua || !mode.wce {
+                    lu.write_pieces_through(offset, pieces, len)
+                } else {
+                    lu.write_pieces(offset, pieces, len)
+                };
+                r.map_err(|_| Sense::WRITE_ERROR)?;
+            }
+        }
     } else if let Some((loan, lent)) = lent
         .filter(|_| len >= LEND_MIN)
         .and_then(|lent| Some((lu.lend(offset, len)?, lent)))

@@ -686,21 +686,94 @@ fn large_reads_are_lent_small_ones_copied() {
     };
     let (mut data_in, mut lent) = (vec![0xEE; 3], Vec::new());
     let cdb = read((iscsi_scsi::sbc::LEND_MIN / 512) as u16 * 2);
-    let o = t.execute_lending(&nexus(), encode_lun(0), &cdb, &[], &mut data_in, &mut lent);
+    let o = t.execute_lending(
+        &nexus(),
+        encode_lun(0),
+        &cdb,
+        iscsi_scsi::DataOut::NONE,
+        &mut data_in,
+        &mut lent,
+    );
     assert_eq!(o, CommandOutcome::GOOD);
     assert_eq!(data_in, [0xEE; 3], "the scratch comes back as it went in");
     assert_eq!(lent.len(), 2, "one piece per chunk");
     let joined: Vec<u8> = lent.iter().flat_map(|b| b.bytes.iter().copied()).collect();
     assert_eq!(joined, data[..2 * iscsi_scsi::sbc::LEND_MIN]);
     let cdb = read(8);
-    let o = t.execute_lending(&nexus(), encode_lun(0), &cdb, &[], &mut data_in, &mut lent);
+    let o = t.execute_lending(
+        &nexus(),
+        encode_lun(0),
+        &cdb,
+        iscsi_scsi::DataOut::NONE,
+        &mut data_in,
+        &mut lent,
+    );
     assert_eq!(o, CommandOutcome::GOOD);
     assert!(lent.is_empty(), "4 KiB is copied");
     assert_eq!(data_in, data[..4096]);
     // Beyond the end: CHECK CONDITION, nothing lent or copied.
     let mut cdb = read(256);
     cdb[2..6].copy_from_slice(&2000u32.to_be_bytes());
-    let o = t.execute_lending(&nexus(), encode_lun(0), &cdb, &[], &mut data_in, &mut lent);
+    let o = t.execute_lending(
+        &nexus(),
+        encode_lun(0),
+        &cdb,
+        iscsi_scsi::DataOut::NONE,
+        &mut data_in,
+        &mut lent,
+    );
     assert_eq!(o.status, status::CHECK_CONDITION);
     assert!(lent.is_empty() && data_in.is_empty());
+}
+
+/// Data-Out in pieces of the store's chunk size: a WRITE (with FUA too)
+/// hands them to the store, which keeps the whole aligned ones; any other
+/// command with data (WRITE AND VERIFY here) sees them joined; too few
+/// bytes fail the command and write nothing.
+#[test]
+fn data_out_in_pieces() {
+    let (t, _) = target(&[(1 << 20, 512)]);
+    let mut seed = 11;
+    let data = random_bytes(&mut seed, 192 * 1024 + 512);
+    let piece = iscsi_scsi::backstore::RAM_CHUNK_SIZE;
+    let in_pieces = |data: &[u8]| data.chunks(piece).map(<[u8]>::to_vec).collect::<Vec<_>>();
+    let exec = |cdb: &[u8], pieces: &mut Vec<Vec<u8>>, len: usize| {
+        let (mut data_in, mut lent) = (Vec::new(), Vec::new());
+        let data_out = iscsi_scsi::DataOut::Pieces { pieces, len };
+        t.execute_lending(
+            &nexus(),
+            encode_lun(0),
+            cdb,
+            data_out,
+            &mut data_in,
+            &mut lent,
+        )
+    };
+    let blocks = (data.len() / 512) as u16;
+    let read_back = |lba: u32| {
+        let mut cdb = [0x28, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        good(&t, 0, &cdb, &[])
+    };
+    for (opcode, flags, lba) in [
+        (0x2a, 0, 0u32),
+        (0x2a, 0x08, 128),
+        (0x2e, 0, 1),
+        (0x2e, 0, 512),
+    ] {
+        let mut cdb = [opcode, flags, 0, 0, 0, 0, 0, 0, 0, 0];
+        cdb[2..6].copy_from_slice(&lba.to_be_bytes());
+        cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+        let mut pieces = in_pieces(&data);
+        assert_eq!(exec(&cdb, &mut pieces, data.len()), CommandOutcome::GOOD);
+        assert!(read_back(lba) == data, "opcode {opcode:#x} at lba {lba}");
+    }
+    // Fewer bytes than the CDB asks for: refused before anything is written.
+    let mut cdb = [0x2a, 0, 0, 0, 0x04, 0, 0, 0, 0, 0];
+    cdb[7..9].copy_from_slice(&blocks.to_be_bytes());
+    let mut pieces = in_pieces(&data);
+    let o = exec(&cdb, &mut pieces, data.len() - 512);
+    assert_eq!(o.status, iscsi_scsi::status::CHECK_CONDITION);
+    assert!(read_back(1024).iter().all(|&b| b == 0));
 }

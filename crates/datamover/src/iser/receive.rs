@@ -330,8 +330,18 @@ impl PduReceiver for IserReceiver {
     }
 
     async fn receive_data_into(&mut self, destination: &mut [u8]) -> Result<(), DatamoverError> {
+        self.receive_data_into_slices(&mut [destination]).await
+    }
+
+    /// Copied out of the received message, or out of the RDMA Read's sink
+    /// where the data was placed.
+    async fn receive_data_into_slices(
+        &mut self,
+        destinations: &mut [&mut [u8]],
+    ) -> Result<(), DatamoverError> {
+        let wanted: usize = destinations.iter().map(|d| d.len()).sum();
         let Some((header, current)) = self.current.take() else {
-            return if destination.is_empty() {
+            return if wanted == 0 {
                 Ok(())
             } else {
                 Err(DatamoverError::Misuse(
@@ -339,12 +349,19 @@ impl PduReceiver for IserReceiver {
                 ))
             };
         };
-        if destination.len() != header.data_segment_length as usize {
+        if wanted != header.data_segment_length as usize {
             self.current = Some((header, current));
             return Err(DatamoverError::Misuse(
                 "destination length differs from the data segment length",
             ));
         }
+        let copy_out = |source: &[u8], destinations: &mut [&mut [u8]]| {
+            let mut at = 0;
+            for d in destinations.iter_mut() {
+                d.copy_from_slice(&source[at..at + d.len()]);
+                at += d.len();
+            }
+        };
         match current {
             Current::Received {
                 buffer,
@@ -352,12 +369,12 @@ impl PduReceiver for IserReceiver {
                 len,
                 wr_id,
             } => {
-                destination.copy_from_slice(&buffer[start..start + len]);
+                copy_out(&buffer[start..start + len], destinations);
                 self.repost(wr_id, buffer)?;
             }
             Current::Placed(placed) => {
                 let Placed { buffer, start } = placed;
-                destination.copy_from_slice(&buffer[start..start + destination.len()]);
+                copy_out(&buffer[start..start + wanted], destinations);
                 self.shared.give_buffer(buffer);
             }
         }

@@ -9,7 +9,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use iscsi_datamover::{DatamoverError, PduReceiver};
+use iscsi_datamover::{DatamoverError, PduReceiver, WriteBuffer};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
     DataOut, Header, Pdu, ReadyToTransfer, RejectReason, ScsiCommand, SnackRequest, SnackType,
@@ -61,7 +61,7 @@ pub(crate) struct PendingWrite {
     pub(crate) task: Arc<Task>,
     pub(super) command: ScsiCommand,
     pub(super) cdb: Vec<u8>,
-    pub(super) buffer: Vec<u8>,
+    pub(super) buffer: WriteBuffer,
     pub(super) tracker: DataOutTracker,
     /// Solicited bursts not yet asked for: (offset, length).
     pub(super) bursts: VecDeque<(u32, u32)>,
@@ -170,7 +170,7 @@ impl Connection {
         let start = data_out.buffer_offset as usize;
         let end = start + length as usize;
         match receiver
-            .receive_data_in_place(&mut pending.buffer, start..end)
+            .receive_data_in_buffer(&mut pending.buffer, start..end)
             .await
         {
             Ok(()) => {}
@@ -256,7 +256,7 @@ impl Connection {
     /// Data-Out is dropped.
     pub(super) fn fail_write(&mut self, itt: u32, sense: iscsi_scsi::Sense) {
         if let Some(pending) = self.pending_writes.remove(&itt) {
-            self.buffers.give(pending.buffer);
+            self.give_write_buffer(pending.buffer);
             let transfer_tags = pending.tracker.outstanding_transfer_tags();
             let unsolicited = pending.tracker.awaiting_unsolicited();
             self.answer_when_drained(

@@ -69,6 +69,54 @@ pub trait Backstore: Send + Sync + fmt::Debug {
         let _ = (offset, len);
         None
     }
+    /// The size of the pieces [`Backstore::write_pieces`] can keep whole as
+    /// the store's own memory instead of copying them (a RAM store's
+    /// chunk), if any: a transport receives a large write into pieces of
+    /// this size so that the data lands in its final place as it arrives.
+    fn piece_len(&self) -> Option<usize> {
+        None
+    }
+
+    /// Writes the first `len` bytes of the concatenation of `pieces` at
+    /// `offset`. A store with a [`Backstore::piece_len`] may keep a piece
+    /// of exactly that length that lands on one whole chunk, leaving in
+    /// its place a buffer of the same length with unspecified contents
+    /// (the memory it replaced, for the caller to reuse) or an empty one.
+    /// The default writes each piece in turn.
+    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
+        let total: usize = pieces.iter().map(Vec::len).sum();
+        if total < len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "fewer bytes in the pieces than the write's length",
+            ));
+        }
+        let mut at = offset;
+        let mut left = len;
+        for piece in pieces.iter() {
+            if left == 0 {
+                break;
+            }
+            let n = piece.len().min(left);
+            self.write_at(at, &piece[..n])?;
+            at += n as u64;
+            left -= n;
+        }
+        Ok(())
+    }
+
+    /// [`Backstore::write_pieces`], durable before it returns (WRITE with
+    /// FUA=1): the default writes them and then flushes everything.
+    fn write_pieces_through(
+        &self,
+        offset: u64,
+        pieces: &mut [Vec<u8>],
+        len: usize,
+    ) -> io::Result<()> {
+        self.write_pieces(offset, pieces, len)?;
+        self.flush()
+    }
+
     /// Makes every completed write durable.
     fn flush(&self) -> io::Result<()>;
     /// Deallocates `len` bytes from `offset` (thin provisioning); the range

@@ -79,8 +79,23 @@ impl ChunkData {
         }
     }
 
+    /// A chunk of `bytes` (exactly one chunk long).
+    fn from_bytes(bytes: Vec<u8>) -> Self {
+        debug_assert_eq!(bytes.len(), RAM_CHUNK_SIZE);
+        ChunkData {
+            bytes,
+            crc: OnceLock::new(),
+        }
+    }
+
     /// The bytes, to change: the remembered CRC is dropped first.
     fn bytes_mut(&mut self) -> &mut [u8] {
+        self.bytes_mut_vec()
+    }
+
+    /// The buffer itself, to exchange for another of the same length: the
+    /// remembered CRC is dropped first.
+    fn bytes_mut_vec(&mut self) -> &mut Vec<u8> {
         self.crc.take();
         &mut self.bytes
     }
@@ -148,6 +163,54 @@ fn pieces(offset: u64, len: usize) -> impl Iterator<Item = Piece> {
         done += n;
         Some(p)
     })
+}
+
+/// Copies `buf` into the chunks from byte `offset` (range already checked).
+fn copy_in(chunks: &mut HashMap<u64, Chunk>, offset: u64, buf: &[u8]) {
+    for p in pieces(offset, buf.len()) {
+        let Some(src) = buf.get(p.buf_start..p.buf_start + p.len) else {
+            continue;
+        };
+        let chunk = match chunks.get_mut(&p.chunk) {
+            Some(c) => c,
+            // Zeros into an unallocated chunk change nothing.
+            None if src.iter().all(|&b| b == 0) => continue,
+            None => chunks
+                .entry(p.chunk)
+                .or_insert_with(|| Arc::new(ChunkData::zeroed())),
+        };
+        // A chunk a read still holds is copied first: the read keeps
+        // the bytes it saw (and the CRC remembered for them).
+        if let Some(dst) = Arc::make_mut(chunk)
+            .bytes_mut()
+            .get_mut(p.start..p.start + p.len)
+        {
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
+/// Makes `piece` (exactly one chunk long) chunk `index`, leaving in its
+/// place the chunk's old buffer when nothing else holds it (the caller
+/// reuses it), else an empty one.
+fn adopt(chunks: &mut HashMap<u64, Chunk>, index: u64, piece: &mut Vec<u8>) {
+    match chunks.get_mut(&index) {
+        Some(chunk) => match Arc::get_mut(chunk) {
+            Some(data) => {
+                std::mem::swap(data.bytes_mut_vec(), piece);
+            }
+            // A READ still holds the chunk: it keeps it as it was.
+            None => *chunk = Arc::new(ChunkData::from_bytes(std::mem::take(piece))),
+        },
+        // Zeros into an unallocated chunk change nothing.
+        None if piece.iter().all(|&b| b == 0) => {}
+        None => {
+            chunks.insert(
+                index,
+                Arc::new(ChunkData::from_bytes(std::mem::take(piece))),
+            );
+        }
+    }
 }
 
 impl RamBackstore {
@@ -222,26 +285,43 @@ impl Backstore for RamBackstore {
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.check_range(offset, buf.len() as u64)?;
         let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
-        for p in pieces(offset, buf.len()) {
-            let Some(src) = buf.get(p.buf_start..p.buf_start + p.len) else {
-                continue;
-            };
-            let chunk = match chunks.get_mut(&p.chunk) {
-                Some(c) => c,
-                // Zeros into an unallocated chunk change nothing.
-                None if src.iter().all(|&b| b == 0) => continue,
-                None => chunks
-                    .entry(p.chunk)
-                    .or_insert_with(|| Arc::new(ChunkData::zeroed())),
-            };
-            // A chunk a read still holds is copied first: the read keeps
-            // the bytes it saw (and the CRC remembered for them).
-            if let Some(dst) = Arc::make_mut(chunk)
-                .bytes_mut()
-                .get_mut(p.start..p.start + p.len)
-            {
-                dst.copy_from_slice(src);
+        copy_in(&mut chunks, offset, buf);
+        Ok(())
+    }
+
+    fn piece_len(&self) -> Option<usize> {
+        Some(RAM_CHUNK_SIZE)
+    }
+
+    /// A piece of exactly one chunk, landing on a chunk boundary, becomes
+    /// that chunk (no copy): the chunk's old buffer goes back in the
+    /// piece's place when nothing else holds it, and a chunk a READ still
+    /// holds is left to the READ (it keeps the bytes it saw, as with
+    /// copy-on-write). Any other piece is copied in. The whole write is one
+    /// step under the chunk map's lock, as [`Backstore::write_at`] is.
+    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
+        self.check_range(offset, len as u64)?;
+        if pieces.iter().map(Vec::len).sum::<usize>() < len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "fewer bytes in the pieces than the write's length",
+            ));
+        }
+        let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
+        let mut at = offset;
+        let mut left = len;
+        for piece in pieces.iter_mut() {
+            if left == 0 {
+                break;
             }
+            let n = piece.len().min(left);
+            if piece.len() == RAM_CHUNK_SIZE && n == RAM_CHUNK_SIZE && at.is_multiple_of(CHUNK) {
+                adopt(&mut chunks, at / CHUNK, piece);
+            } else {
+                copy_in(&mut chunks, at, &piece[..n]);
+            }
+            at += n as u64;
+            left -= n;
         }
         Ok(())
     }
@@ -373,6 +453,98 @@ mod tests {
         assert_eq!(r.allocated_bytes(), 0);
         r.read_at(CHUNK - 512, &mut back).unwrap();
         assert!(back.iter().all(|&b| b == 0));
+    }
+
+    /// Pieces of `lens` bytes, piece `i` filled with `i + 1 + salt`.
+    fn pieces_of(lens: &[usize], salt: u8) -> Vec<Vec<u8>> {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &n)| vec![i as u8 + 1 + salt; n])
+            .collect()
+    }
+
+    fn read(r: &RamBackstore, offset: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        r.read_at(offset, &mut b).unwrap();
+        b
+    }
+
+    #[test]
+    fn whole_aligned_pieces_become_chunks_and_the_old_buffers_come_back() {
+        let c = RAM_CHUNK_SIZE;
+        let r = RamBackstore::new(1 << 20, 512, 7).unwrap();
+        let mut first = pieces_of(&[c, c, 100], 0);
+        let addresses: Vec<*const u8> = first.iter().map(|p| p.as_ptr()).collect();
+        r.write_pieces(CHUNK, &mut first, 2 * c + 100).unwrap();
+        // New chunks took the pieces: their slots are empty now; the
+        // short tail was copied.
+        assert!(first[0].is_empty() && first[1].is_empty());
+        assert_eq!(first[2], vec![3u8; 100]);
+        assert_eq!(r.allocated_bytes(), 3 * CHUNK);
+        assert_eq!(read(&r, CHUNK, c), vec![1u8; c]);
+        assert_eq!(read(&r, 2 * CHUNK, c), vec![2u8; c]);
+        assert_eq!(read(&r, 3 * CHUNK, 101)[..100], vec![3u8; 100][..]);
+        // Overwriting chunks nothing else holds exchanges the buffers: the
+        // caller gets the chunks' old memory (old bytes) back.
+        let mut second = pieces_of(&[c, c], 10);
+        r.write_pieces(CHUNK, &mut second, 2 * c).unwrap();
+        assert_eq!(second[0].as_ptr(), addresses[0]);
+        assert_eq!(second[1].as_ptr(), addresses[1]);
+        assert_eq!(second[0].len(), c);
+        assert_eq!(read(&r, CHUNK, c), vec![11u8; c]);
+        assert_eq!(read(&r, 2 * CHUNK, c), vec![12u8; c]);
+    }
+
+    #[test]
+    fn a_lent_chunk_keeps_its_bytes_when_a_piece_replaces_it() {
+        let c = RAM_CHUNK_SIZE;
+        let r = RamBackstore::new(1 << 20, 512, 7).unwrap();
+        r.write_at(0, &vec![5u8; c]).unwrap();
+        let lent = r.lend(0, c).unwrap().unwrap();
+        let crc_before = lent[0].crc.as_ref().unwrap().crc32c();
+        let mut pieces = pieces_of(&[c], 0);
+        r.write_pieces(0, &mut pieces, c).unwrap();
+        assert!(pieces[0].is_empty(), "the piece became the chunk");
+        assert_eq!(&lent[0].bytes[..], &vec![5u8; c][..], "the read's bytes");
+        assert_eq!(crc_before, iscsi_crc32c::crc32c(&vec![5u8; c]));
+        assert_eq!(read(&r, 0, c), vec![1u8; c]);
+        let lent = r.lend(0, c).unwrap().unwrap();
+        assert_eq!(
+            lent[0].crc.as_ref().unwrap().crc32c(),
+            iscsi_crc32c::crc32c(&vec![1u8; c]),
+            "the new chunk's CRC is its own"
+        );
+    }
+
+    #[test]
+    fn unaligned_or_partial_pieces_are_copied() {
+        let c = RAM_CHUNK_SIZE;
+        let r = RamBackstore::new(1 << 20, 512, 7).unwrap();
+        // Pieces of a chunk's length that straddle chunk boundaries.
+        let mut pieces = pieces_of(&[c, c], 0);
+        r.write_pieces(512, &mut pieces, 2 * c).unwrap();
+        assert_eq!(pieces[0], vec![1u8; c], "copied, not taken");
+        let back = read(&r, 0, 2 * c + 1024);
+        assert!(back[..512].iter().all(|&b| b == 0));
+        assert!(back[512..512 + c].iter().all(|&b| b == 1));
+        assert!(back[512 + c..512 + 2 * c].iter().all(|&b| b == 2));
+        assert!(back[512 + 2 * c..].iter().all(|&b| b == 0));
+        // A write shorter than its pieces uses only its length; a piece
+        // longer than a chunk (one flat buffer) is copied.
+        let mut long = vec![vec![9u8; 2 * c]];
+        r.write_pieces(4 * CHUNK, &mut long, c).unwrap();
+        assert_eq!(long[0].len(), 2 * c);
+        assert_eq!(read(&r, 4 * CHUNK, c), vec![9u8; c]);
+        assert_eq!(read(&r, 5 * CHUNK, 16), vec![0u8; 16]);
+        // Zero pieces into unallocated chunks allocate nothing.
+        let before = r.allocated_bytes();
+        let mut zeros = vec![vec![0u8; c]];
+        r.write_pieces(8 * CHUNK, &mut zeros, c).unwrap();
+        assert_eq!(r.allocated_bytes(), before);
+        // Too few bytes, or out of range: refused, nothing written.
+        let mut short = vec![vec![7u8; 10]];
+        assert!(r.write_pieces(0, &mut short, 11).is_err());
+        assert!(r.write_pieces((1 << 20) - 5, &mut short, 10).is_err());
     }
 
     #[test]

@@ -51,6 +51,25 @@ impl Backstore for SlowBackstore {
         self.inner.write_at(offset, buf)
     }
 
+    fn piece_len(&self) -> Option<usize> {
+        self.inner.piece_len()
+    }
+
+    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
+        self.wait();
+        self.inner.write_pieces(offset, pieces, len)
+    }
+
+    fn write_pieces_through(
+        &self,
+        offset: u64,
+        pieces: &mut [Vec<u8>],
+        len: usize,
+    ) -> io::Result<()> {
+        self.wait();
+        self.inner.write_pieces_through(offset, pieces, len)
+    }
+
     fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<Lent>>> {
         let lent = self.inner.lend(offset, len)?;
         self.wait();

@@ -1,0 +1,159 @@
+//! [`WriteBuffer`]: a target's buffer for one write's data, in one piece or
+//! in pieces of the backstore's chunk size. Received in pieces, a write's
+//! data lands straight in memory the store can keep as its own
+//! (`iscsi_scsi::Backstore::write_pieces`): a RAM LUN then copies nothing
+//! after the kernel's copy out of the socket.
+
+use crate::BufferPool;
+
+/// A write's data buffer: `len` bytes in order across its pieces, each
+/// `piece_len` long but the last.
+#[derive(Debug, Default)]
+pub struct WriteBuffer {
+    pieces: Vec<Vec<u8>>,
+    piece_len: usize,
+    len: usize,
+}
+
+impl WriteBuffer {
+    /// One buffer of `len` bytes from `pool` (old contents: see below).
+    pub fn flat(pool: &BufferPool, len: usize) -> Self {
+        WriteBuffer {
+            pieces: vec![sized(pool, len)],
+            piece_len: len,
+            len,
+        }
+    }
+
+    /// `len` bytes in pieces of `piece_len` (> 0) taken from `pool`, a pool
+    /// of such pieces.
+    ///
+    /// Neither kind is zeroed: a write runs only once its tracker has seen
+    /// every byte of its length arrive exactly once, so no old contents of
+    /// a reused buffer can reach the store.
+    pub fn in_pieces(pool: &BufferPool, len: usize, piece_len: usize) -> Self {
+        let piece_len = piece_len.max(1);
+        let pieces = (0..len.div_ceil(piece_len))
+            .map(|i| sized(pool, piece_len.min(len - i * piece_len)))
+            .collect();
+        WriteBuffer {
+            pieces,
+            piece_len,
+            len,
+        }
+    }
+
+    /// The number of bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Whether it is one buffer.
+    pub fn is_flat(&self) -> bool {
+        self.pieces.len() <= 1
+    }
+
+    /// The pieces, in order (for the store to take: a piece may come back
+    /// as another buffer of the same length, or empty).
+    pub fn pieces_mut(&mut self) -> &mut [Vec<u8>] {
+        &mut self.pieces
+    }
+
+    /// The one buffer of a flat `WriteBuffer` (`None` in pieces).
+    pub fn flat_mut(&mut self) -> Option<&mut Vec<u8>> {
+        match self.pieces.as_mut_slice() {
+            [one] => Some(one),
+            _ => None,
+        }
+    }
+
+    /// Bytes `range` as the slices of the pieces they span, in order
+    /// (`None` when the range is not within the buffer).
+    pub fn slices_mut(&mut self, range: std::ops::Range<usize>) -> Option<Vec<&mut [u8]>> {
+        if range.start > range.end || range.end > self.len {
+            return None;
+        }
+        let piece_len = self.piece_len.max(1);
+        let mut slices = Vec::with_capacity(range.len().div_ceil(piece_len) + 1);
+        for (i, piece) in self.pieces.iter_mut().enumerate() {
+            let base = i * piece_len;
+            let (start, end) = (range.start.max(base), range.end.min(base + piece.len()));
+            if start < end {
+                slices.push(piece.get_mut(start - base..end - base)?);
+            }
+        }
+        Some(slices)
+    }
+
+    /// Gives every piece back: a flat buffer to `flat`, pieces to
+    /// `pieces` (empty ones, which a store kept, are dropped by the pool).
+    pub fn give(self, flat: &BufferPool, pieces: &BufferPool) {
+        let pool = if self.is_flat() { flat } else { pieces };
+        for piece in self.pieces {
+            pool.give(piece);
+        }
+    }
+}
+
+/// A buffer of exactly `len` bytes from `pool`, not zeroed where it was
+/// long enough already.
+fn sized(pool: &BufferPool, len: usize) -> Vec<u8> {
+    let mut buffer = pool.take_filled(len);
+    if buffer.len() >= len {
+        buffer.truncate(len);
+    } else {
+        buffer.resize(len, 0);
+    }
+    buffer
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_the_length_and_slices_follow_them() {
+        let pool = BufferPool::new(8, 16);
+        let mut b = WriteBuffer::in_pieces(&pool, 40, 16);
+        assert_eq!(b.len(), 40);
+        assert!(!b.is_flat() && b.flat_mut().is_none());
+        let lens: Vec<usize> = b.pieces_mut().iter().map(Vec::len).collect();
+        assert_eq!(lens, [16, 16, 8]);
+        let slices = b.slices_mut(10..35).unwrap();
+        let lens: Vec<usize> = slices.iter().map(|s| s.len()).collect();
+        assert_eq!(lens, [6, 16, 3]);
+        for (i, s) in b.slices_mut(0..40).unwrap().into_iter().enumerate() {
+            s.fill(i as u8 + 1);
+        }
+        assert_eq!(b.pieces_mut()[2], vec![3u8; 8]);
+        assert!(b.slices_mut(30..41).is_none());
+        assert_eq!(b.slices_mut(16..16).unwrap().len(), 0);
+        // Pieces go back to the pool of pieces, reused without zeroing.
+        let flat = BufferPool::new(8, 1 << 20);
+        b.give(&flat, &pool);
+        let again = WriteBuffer::in_pieces(&pool, 16, 16);
+        assert_eq!(
+            again.pieces[0],
+            vec![2u8; 16],
+            "the latest whole piece given"
+        );
+        assert!(flat.take().is_empty(), "nothing went to the flat pool");
+    }
+
+    #[test]
+    fn a_flat_buffer_is_one_piece() {
+        let pool = BufferPool::new(8, 1 << 20);
+        pool.give(vec![9u8; 100]);
+        let mut b = WriteBuffer::flat(&pool, 50);
+        assert!(b.is_flat());
+        assert_eq!(b.flat_mut().unwrap(), &vec![9u8; 50]);
+        assert_eq!(b.slices_mut(10..20).unwrap().len(), 1);
+        let empty = WriteBuffer::flat(&pool, 0);
+        assert!(empty.is_empty() && empty.is_flat());
+    }
+}
