@@ -10,21 +10,51 @@ use std::sync::{Mutex, PoisonError};
 /// A bounded LIFO stack of byte buffers.
 #[derive(Debug)]
 pub struct BufferPool {
-    free: Mutex<Vec<Vec<u8>>>,
+    free: Mutex<Free>,
     /// Buffers kept, at most.
     keep: usize,
     /// A buffer with a larger capacity is freed rather than kept.
     largest: usize,
+    /// The capacities of the buffers kept add up to this, at most.
+    bytes: usize,
+}
+
+/// The buffers kept, and the sum of their capacities.
+#[derive(Debug, Default)]
+struct Free {
+    buffers: Vec<Vec<u8>>,
+    bytes: usize,
+}
+
+impl Free {
+    fn remove(&mut self, i: usize) -> Vec<u8> {
+        let buffer = self.buffers.remove(i);
+        self.bytes -= buffer.capacity();
+        buffer
+    }
+
+    fn pop(&mut self) -> Option<Vec<u8>> {
+        let buffer = self.buffers.pop()?;
+        self.bytes -= buffer.capacity();
+        Some(buffer)
+    }
 }
 
 impl BufferPool {
     /// A pool keeping at most `keep` buffers of at most `largest` bytes of
     /// capacity each.
     pub fn new(keep: usize, largest: usize) -> Self {
+        Self::bounded(keep, largest, usize::MAX)
+    }
+
+    /// [`BufferPool::new`], keeping no more than `bytes` of capacity in all
+    /// (many small buffers, or a few large ones).
+    pub fn bounded(keep: usize, largest: usize, bytes: usize) -> Self {
         BufferPool {
-            free: Mutex::new(Vec::new()),
+            free: Mutex::new(Free::default()),
             keep,
             largest,
+            bytes,
         }
     }
 
@@ -47,6 +77,7 @@ impl BufferPool {
     pub fn take_filled(&self, len: usize) -> Vec<u8> {
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         let best = free
+            .buffers
             .iter()
             .enumerate()
             .rev()
@@ -66,8 +97,9 @@ impl BufferPool {
             return;
         }
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
-        if free.len() < self.keep {
-            free.push(buffer);
+        if free.buffers.len() < self.keep && free.bytes + buffer.capacity() <= self.bytes {
+            free.bytes += buffer.capacity();
+            free.buffers.push(buffer);
         }
     }
 }
@@ -147,6 +179,21 @@ mod tests {
         pool.give(a);
         pool.give(b);
         assert_eq!(pool.take_filled(16), [8; 16]);
+    }
+
+    #[test]
+    fn keeps_a_bounded_number_of_bytes() {
+        let pool = BufferPool::bounded(100, 1024, 3000);
+        for _ in 0..5 {
+            pool.give(vec![1; 1000]);
+        }
+        assert_eq!(pool.take().len(), 1000);
+        pool.give(vec![2; 1000]);
+        pool.give(vec![3; 1000]);
+        let kept = std::iter::from_fn(|| Some(pool.take()))
+            .take_while(|b| !b.is_empty())
+            .count();
+        assert_eq!(kept, 3, "3000 bytes of buffers at most");
     }
 
     #[test]

@@ -58,6 +58,13 @@ impl PduReceiver for Receiver {
         }
     }
 
+    fn lands_in_pieces(&self) -> bool {
+        match self {
+            Receiver::Tcp(r) => r.lands_in_pieces(),
+            Receiver::Iser(r) => r.lands_in_pieces(),
+        }
+    }
+
     async fn discard_data(&mut self, scratch: &mut [u8]) -> Result<(), DatamoverError> {
         match self {
             Receiver::Tcp(r) => r.discard_data(scratch).await,

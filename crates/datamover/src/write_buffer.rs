@@ -6,6 +6,12 @@
 
 use crate::BufferPool;
 
+/// The size of the pieces a target receives writes of this size or more
+/// into (over a transport that lands data in pieces: TCP): a RAM store's
+/// chunk (`iscsi_scsi::backstore::RAM_CHUNK_SIZE`, which keeps such pieces
+/// whole).
+pub const WRITE_PIECE: usize = 64 * 1024;
+
 /// A write's data buffer: `len` bytes in order across its pieces, each
 /// `piece_len` long but the last.
 #[derive(Debug, Default)]

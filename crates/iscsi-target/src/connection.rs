@@ -29,7 +29,7 @@ use std::time::Duration;
 use iscsi_datamover::tap::Tap;
 use iscsi_datamover::{
     BufferPool, DatamoverError, Gather, PduReceiver, PduSender, PooledBuffer, Receiver, Sender,
-    WriteBuffer,
+    WRITE_PIECE, WriteBuffer,
 };
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
@@ -263,6 +263,9 @@ const BUFFERS_KEPT: usize = 64;
 /// 32 MiB, twice what 16 writes of 1 MiB in flight hold.
 const PIECES_KEPT: usize = 512;
 
+// A write's pieces are what a RAM store can keep as its chunks.
+const _: () = assert!(WRITE_PIECE == iscsi_scsi::backstore::RAM_CHUNK_SIZE);
+
 /// Tags of aborted writes remembered per connection, to drop their late
 /// Data-Out quietly: far more than the commands that can be in flight.
 const ABORTED_WRITES_KEPT: usize = 1024;
@@ -311,9 +314,9 @@ pub(crate) struct Connection {
     writer: Arc<Writer>,
     in_flight: Arc<InFlight>,
     buffers: Arc<BufferPool>,
-    /// Pieces of a RAM store's chunk size that large writes to such a
-    /// store are received into (the store keeps them: no copy) and that
-    /// come back as the chunks they replaced.
+    /// Pieces of [`WRITE_PIECE`] that large writes are received into (a
+    /// RAM store keeps them as its chunks, giving back the chunks they
+    /// replaced).
     pieces: Arc<BufferPool>,
     pending_writes: HashMap<u32, PendingWrite>,
     /// Writes that failed before all their data arrived, by Initiator Task
@@ -596,18 +599,16 @@ impl Connection {
         }
     }
 
-    /// A buffer for a write of `len` bytes to `lun`: in pieces of the
-    /// store's chunk size when its store keeps such pieces
-    /// (`Backstore::piece_len`: the data then lands in its final place as
-    /// it arrives), else one buffer.
-    fn write_buffer(&self, scsi: &ScsiTarget, lun: u64, len: usize) -> WriteBuffer {
-        let piece_len = iscsi_scsi::decode_lun(lun)
-            .and_then(|lun| scsi.backstore(lun))
-            .and_then(|store| store.piece_len())
-            .filter(|&piece| len >= piece);
-        match piece_len {
-            Some(piece) => WriteBuffer::in_pieces(&self.pieces, len, piece),
-            None => WriteBuffer::flat(&self.buffers, len),
+    /// A buffer for a write of `len` bytes: in pieces of [`WRITE_PIECE`]
+    /// when it is that long or longer and the transport lands data in
+    /// pieces as well as in one buffer (a RAM store keeps whole pieces as
+    /// its chunks, files take them in one vectored write), else one buffer
+    /// (iSER: the RDMA Read's sink is taken as the buffer).
+    fn write_buffer(&self, receiver: &Receiver, len: usize) -> WriteBuffer {
+        if len >= WRITE_PIECE && receiver.lands_in_pieces() {
+            WriteBuffer::in_pieces(&self.pieces, len, WRITE_PIECE)
+        } else {
+            WriteBuffer::flat(&self.buffers, len)
         }
     }
 
@@ -1045,7 +1046,7 @@ impl Connection {
         // (no gaps, no overlaps: `DataOutTracker::is_complete`), so no old
         // contents of a reused buffer can reach the backstore. A write that
         // fails before then gives the buffer back unused.
-        let mut buffer = self.write_buffer(&scsi, command.lun.0, expected as usize);
+        let mut buffer = self.write_buffer(receiver, expected as usize);
         match receiver
             .receive_data_in_buffer(&mut buffer, 0..immediate_len as usize)
             .await

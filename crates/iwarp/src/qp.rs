@@ -649,6 +649,18 @@ fn direct_candidate(bytes: &[u8]) -> Option<Direct> {
     })
 }
 
+/// The FPDU length of a tagged RDMA Write or Read Response segment whose
+/// header `bytes` begin with (`None` for anything else or a header that
+/// does not parse).
+fn tagged_fpdu_len(bytes: &[u8]) -> Option<usize> {
+    let header = bytes.get(..2 + ddp::TAGGED_LEN)?;
+    let ulpdu_len = usize::from(u16::from_be_bytes([header[0], header[1]]));
+    let seg = fpdu::parse_ulpdu(&header[2..]).ok()?;
+    (matches!(seg.buffer, Buffer::Tagged { .. })
+        && matches!(seg.opcode, Opcode::Write | Opcode::ReadResponse))
+    .then(|| crate::wire::mpa::fpdu_len(ulpdu_len))
+}
+
 impl Shared {
     /// Ends the stream for `e`, sending the Terminate it carries when we
     /// are the ones terminating.
@@ -814,9 +826,15 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
                 }
             }
         }
+        // In a run, a short tagged segment (the rest of a message cut at
+        // the MSS) is read whole with the next header, so that the run
+        // goes on; whatever else comes next is not placed directly.
+        let mut run_through = None;
         if end - start >= DIRECT_HEADER {
-            // Whatever comes next is not placed directly.
-            bulk = false;
+            match tagged_fpdu_len(&buf[start..end]) {
+                Some(len) if bulk => run_through = Some(len + DIRECT_HEADER),
+                _ => bulk = false,
+            }
         }
         if start == end {
             start = 0;
@@ -826,7 +844,11 @@ async fn rx_task(shared: Arc<Shared>, mut rd: OwnedReadHalf) {
             end -= start;
             start = 0;
         }
-        let limit = if bulk { start + DIRECT_HEADER } else { RX_BUF };
+        let limit = match (bulk, run_through) {
+            (true, Some(len)) => (start + len).clamp(end + 1, RX_BUF),
+            (true, None) => start + DIRECT_HEADER,
+            (false, _) => RX_BUF,
+        };
         tokio::select! {
             r = rd.read(&mut buf[end..limit]) => match r {
                 Ok(0) => {

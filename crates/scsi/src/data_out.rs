@@ -10,8 +10,9 @@ use std::borrow::Cow;
 pub enum DataOut<'a> {
     /// One contiguous buffer.
     Flat(&'a [u8]),
-    /// The first `len` bytes of the concatenation of `pieces`, each as
-    /// long as the store's [`crate::Backstore::piece_len`] but the last.
+    /// The first `len` bytes of the concatenation of `pieces` (each of
+    /// [`crate::backstore::RAM_CHUNK_SIZE`] but the last, as a transport
+    /// receives large writes).
     /// A WRITE hands them to the store, which may keep some and give
     /// other buffers back in their place; every other command sees them
     /// joined into one buffer (one copy).

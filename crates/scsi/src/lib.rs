@@ -366,8 +366,7 @@ impl ScsiTarget {
     /// in `lent`, in order: the transport sends them with no copy. Anything
     /// else fills `data_in` as `execute` does and leaves `lent` empty.
     ///
-    /// `data_out` may come in pieces of the store's
-    /// [`Backstore::piece_len`]: a WRITE then hands them to
+    /// `data_out` may come in pieces: a WRITE then hands them to
     /// [`Backstore::write_pieces`], which may keep whole pieces as its own
     /// memory (no copy) and leave other buffers in their place.
     ///

@@ -45,6 +45,7 @@ pub use header::{Advertised, CmHeader, IserHeader};
 pub use receive::IserReceiver;
 pub use send::IserSender;
 
+use crate::BufferPool;
 use crate::DatamoverError;
 use crate::tap::Tap;
 
@@ -152,12 +153,6 @@ struct Placed {
     start: usize,
 }
 
-/// An RDMA Read for an R2T at most this far into its task's data gets a
-/// sink laid out like the task's buffer (room for the bytes before it), so
-/// that the target can take the sink as its buffer: a write's one burst
-/// after its immediate data costs no copy.
-const SINK_PREFIX_MAX: usize = 64 * 1024;
-
 /// State both directions of a connection share.
 struct Shared {
     qp: QueuePair,
@@ -177,13 +172,24 @@ struct Shared {
     free_payloads: Mutex<Vec<BytesMut>>,
     /// Buffers for regions (read staging, RDMA Read sinks, write data),
     /// reused so a large transfer does not cost fresh pages each time.
-    free_buffers: Mutex<Vec<Vec<u8>>>,
+    free_buffers: BufferPool,
 }
 
-/// Buffers each pool keeps, at most.
-const POOLED: usize = 32;
+/// An RDMA Read for an R2T at most this far into its task's data gets a
+/// sink laid out like the task's buffer (room for the bytes before it), so
+/// that the target can take the sink as its buffer: a write's one burst
+/// after its immediate data costs no copy.
+const SINK_PREFIX_MAX: usize = 64 * 1024;
+
+/// Region buffers each pool keeps, at most (and no more than
+/// [`POOLED_BYTES`] in all).
+const POOLED: usize = 256;
+/// RDMA Write payload buffers kept, at most.
+const PAYLOADS_POOLED: usize = 32;
 /// The largest buffer a pool keeps.
 const POOLED_MAX: usize = 16 << 20;
+/// The bytes a region pool keeps, at most.
+const POOLED_BYTES: usize = 64 << 20;
 
 /// One received iSER message (the payload of an RDMA Send), parsed.
 #[derive(Debug)]
@@ -306,13 +312,7 @@ impl Shared {
     /// completes only when all its bytes are placed; a read's data is
     /// handed up only as far as the target says it transferred).
     fn take_buffer(&self, len: usize) -> Vec<u8> {
-        let reused = {
-            let mut free = lock(&self.free_buffers);
-            free.iter()
-                .position(|b| b.capacity() >= len)
-                .map(|i| free.swap_remove(i))
-        };
-        let mut buffer = reused.unwrap_or_default();
+        let mut buffer = self.free_buffers.take_filled(len);
         if buffer.len() >= len {
             buffer.truncate(len);
         } else {
@@ -321,14 +321,9 @@ impl Shared {
         buffer
     }
 
-    /// Gives a buffer back to the pool.
+    /// Keeps `buffer` for a later region.
     fn give_buffer(&self, buffer: Vec<u8>) {
-        if buffer.capacity() <= POOLED_MAX {
-            let mut free = lock(&self.free_buffers);
-            if free.len() < POOLED {
-                free.push(buffer);
-            }
-        }
+        self.free_buffers.give(buffer);
     }
 
     /// `data` in a payload buffer that can go on the wire without another
@@ -351,7 +346,7 @@ impl Shared {
             && buffer.capacity() <= POOLED_MAX
         {
             let mut free = lock(&self.free_payloads);
-            if free.len() < POOLED {
+            if free.len() < PAYLOADS_POOLED {
                 free.push(buffer);
             }
         }
@@ -556,7 +551,7 @@ impl IserDatamover {
             tap: Mutex::default(),
             payloads: Mutex::default(),
             free_payloads: Mutex::default(),
-            free_buffers: Mutex::default(),
+            free_buffers: BufferPool::bounded(POOLED, POOLED_MAX, POOLED_BYTES),
         });
         let (reads_done, reads_in) = mpsc::unbounded_channel();
         tokio::spawn(run_send_completions(Arc::clone(&shared), reads_done));

@@ -431,6 +431,11 @@ impl PduReceiver for IserReceiver {
         Ok(())
     }
 
+    /// RDMA Reads place write data in sinks a flat buffer takes whole.
+    fn lands_in_pieces(&self) -> bool {
+        false
+    }
+
     async fn receive_data(&mut self) -> Result<Vec<u8>, DatamoverError> {
         let len = self
             .current

@@ -170,10 +170,24 @@ impl BlockBackstore {
     /// `O_DIRECT` write in aligned steps; partial blocks at either end are
     /// read first (under the read-modify-write lock).
     fn direct_write(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.direct_write_from(offset, buf.len(), |from, dst| {
+            dst.copy_from_slice(&buf[from..from + dst.len()]);
+        })
+    }
+
+    /// An `O_DIRECT` write of `len` bytes at `offset`, each aligned bounce
+    /// buffer filled by `fill(from, dst)` with the `dst.len()` source bytes
+    /// from byte `from` on.
+    fn direct_write_from(
+        &self,
+        offset: u64,
+        len: usize,
+        fill: impl Fn(usize, &mut [u8]),
+    ) -> io::Result<()> {
         let mut done = 0usize;
-        while done < buf.len() {
+        while done < len {
             let pos = offset + done as u64;
-            let want = ((buf.len() - done) as u64).min(BOUNCE_MAX);
+            let want = ((len - done) as u64).min(BOUNCE_MAX);
             let (start, end) = self.widen(pos, want);
             let span = usize::try_from(end - start).map_err(|_| super::out_of_range())?;
             let mut bounce = Aligned::new(span, MEM_ALIGN.max(self.block_size as usize));
@@ -184,12 +198,13 @@ impl BlockBackstore {
             }
             let skip = usize::try_from(pos - start).map_err(|_| super::out_of_range())?;
             let n = usize::try_from(want).unwrap_or(0);
-            let src = buf.get(done..done + n).ok_or_else(super::out_of_range)?;
-            bounce
-                .as_mut_slice()
-                .get_mut(skip..skip + n)
-                .ok_or_else(super::out_of_range)?
-                .copy_from_slice(src);
+            fill(
+                done,
+                bounce
+                    .as_mut_slice()
+                    .get_mut(skip..skip + n)
+                    .ok_or_else(super::out_of_range)?,
+            );
             self.file.write_all_at(bounce.as_slice(), start)?;
             done += n;
         }
@@ -222,6 +237,25 @@ impl Backstore for BlockBackstore {
         } else {
             self.file.write_all_at(buf, offset)
         }
+    }
+
+    /// Buffered: one vectored write; `O_DIRECT`: the pieces gathered into
+    /// the aligned bounce buffers a flat write uses (no more copies).
+    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
+        check_range(offset, len as u64, self.size)?;
+        if !self.direct {
+            return super::write_pieces_at(&self.file, offset, pieces, len);
+        }
+        if pieces.iter().map(Vec::len).sum::<usize>() < len {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "fewer bytes in the pieces than the write's length",
+            ));
+        }
+        let pieces = &*pieces;
+        self.direct_write_from(offset, len, |from, dst| {
+            super::copy_from_pieces(pieces, from, dst);
+        })
     }
 
     fn flush(&self) -> io::Result<()> {

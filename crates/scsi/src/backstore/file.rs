@@ -168,6 +168,12 @@ impl Backstore for FileBackstore {
         self.file.write_all_at(buf, offset)
     }
 
+    /// One vectored write of all the pieces.
+    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
+        check_range(offset, len as u64, self.size)?;
+        super::write_pieces_at(&self.file, offset, pieces, len)
+    }
+
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
     }

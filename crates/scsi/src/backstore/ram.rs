@@ -289,10 +289,6 @@ impl Backstore for RamBackstore {
         Ok(())
     }
 
-    fn piece_len(&self) -> Option<usize> {
-        Some(RAM_CHUNK_SIZE)
-    }
-
     /// A piece of exactly one chunk, landing on a chunk boundary, becomes
     /// that chunk (no copy): the chunk's old buffer goes back in the
     /// piece's place when nothing else holds it, and a chunk a READ still
@@ -315,7 +311,13 @@ impl Backstore for RamBackstore {
                 break;
             }
             let n = piece.len().min(left);
-            if piece.len() == RAM_CHUNK_SIZE && n == RAM_CHUNK_SIZE && at.is_multiple_of(CHUNK) {
+            // Only a buffer of exactly a chunk's capacity is kept: a longer
+            // allocation cut short would hold memory nobody can use.
+            if piece.len() == RAM_CHUNK_SIZE
+                && piece.capacity() == RAM_CHUNK_SIZE
+                && n == RAM_CHUNK_SIZE
+                && at.is_multiple_of(CHUNK)
+            {
                 adopt(&mut chunks, at / CHUNK, piece);
             } else {
                 copy_in(&mut chunks, at, &piece[..n]);

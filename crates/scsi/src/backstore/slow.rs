@@ -51,10 +51,6 @@ impl Backstore for SlowBackstore {
         self.inner.write_at(offset, buf)
     }
 
-    fn piece_len(&self) -> Option<usize> {
-        self.inner.piece_len()
-    }
-
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
         self.wait();
         self.inner.write_pieces(offset, pieces, len)
