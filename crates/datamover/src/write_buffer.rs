@@ -12,20 +12,32 @@ use crate::BufferPool;
 /// whole).
 pub const WRITE_PIECE: usize = 64 * 1024;
 
-/// A write's data buffer: `len` bytes in order across its pieces, each
-/// `piece_len` long but the last.
+/// A write's data buffer: `len` bytes, in one buffer or in order across
+/// pieces each `piece_len` long but the last.
 #[derive(Debug, Default)]
 pub struct WriteBuffer {
-    pieces: Vec<Vec<u8>>,
+    layout: Layout,
     piece_len: usize,
     len: usize,
+}
+
+#[derive(Debug)]
+enum Layout {
+    Flat(Vec<u8>),
+    Pieces(Vec<Vec<u8>>),
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout::Flat(Vec::new())
+    }
 }
 
 impl WriteBuffer {
     /// One buffer of `len` bytes from `pool` (old contents: see below).
     pub fn flat(pool: &BufferPool, len: usize) -> Self {
         WriteBuffer {
-            pieces: vec![sized(pool, len)],
+            layout: Layout::Flat(sized(pool, len)),
             piece_len: len,
             len,
         }
@@ -43,7 +55,7 @@ impl WriteBuffer {
             .map(|i| sized(pool, piece_len.min(len - i * piece_len)))
             .collect();
         WriteBuffer {
-            pieces,
+            layout: Layout::Pieces(pieces),
             piece_len,
             len,
         }
@@ -61,20 +73,24 @@ impl WriteBuffer {
 
     /// Whether it is one buffer.
     pub fn is_flat(&self) -> bool {
-        self.pieces.len() <= 1
+        matches!(self.layout, Layout::Flat(_))
     }
 
     /// The pieces, in order (for the store to take: a piece may come back
-    /// as another buffer of the same length, or empty).
+    /// as another buffer of the same length, or empty); a flat buffer is
+    /// one piece.
     pub fn pieces_mut(&mut self) -> &mut [Vec<u8>] {
-        &mut self.pieces
+        match &mut self.layout {
+            Layout::Flat(one) => std::slice::from_mut(one),
+            Layout::Pieces(pieces) => pieces,
+        }
     }
 
-    /// The one buffer of a flat `WriteBuffer` (`None` in pieces).
+    /// The buffer of a flat `WriteBuffer` (`None` in pieces).
     pub fn flat_mut(&mut self) -> Option<&mut Vec<u8>> {
-        match self.pieces.as_mut_slice() {
-            [one] => Some(one),
-            _ => None,
+        match &mut self.layout {
+            Layout::Flat(one) => Some(one),
+            Layout::Pieces(_) => None,
         }
     }
 
@@ -86,7 +102,7 @@ impl WriteBuffer {
         }
         let piece_len = self.piece_len.max(1);
         let mut slices = Vec::with_capacity(range.len().div_ceil(piece_len) + 1);
-        for (i, piece) in self.pieces.iter_mut().enumerate() {
+        for (i, piece) in self.pieces_mut().iter_mut().enumerate() {
             let base = i * piece_len;
             let (start, end) = (range.start.max(base), range.end.min(base + piece.len()));
             if start < end {
@@ -99,9 +115,13 @@ impl WriteBuffer {
     /// Gives every piece back: a flat buffer to `flat`, pieces to
     /// `pieces` (empty ones, which a store kept, are dropped by the pool).
     pub fn give(self, flat: &BufferPool, pieces: &BufferPool) {
-        let pool = if self.is_flat() { flat } else { pieces };
-        for piece in self.pieces {
-            pool.give(piece);
+        match self.layout {
+            Layout::Flat(one) => flat.give(one),
+            Layout::Pieces(all) => {
+                for piece in all {
+                    pieces.give(piece);
+                }
+            }
         }
     }
 }
@@ -142,10 +162,14 @@ mod tests {
         // Pieces go back to the pool of pieces, reused without zeroing.
         let flat = BufferPool::new(8, 1 << 20);
         b.give(&flat, &pool);
-        let again = WriteBuffer::in_pieces(&pool, 16, 16);
+        let mut again = WriteBuffer::in_pieces(&pool, 16, 16);
+        assert!(
+            !again.is_flat(),
+            "one piece is still pieces (a store may keep it)"
+        );
         assert_eq!(
-            again.pieces[0],
-            vec![2u8; 16],
+            again.pieces_mut(),
+            [vec![2u8; 16]],
             "the latest whole piece given"
         );
         assert!(flat.take().is_empty(), "nothing went to the flat pool");

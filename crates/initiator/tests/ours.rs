@@ -37,6 +37,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
         negotiation: TargetConfig::default_negotiation(),
         command_window: 64,
         nop_in_interval: None,
+        buffer_pool_bytes: iscsi_target::DEFAULT_BUFFER_POOL_BYTES,
         tap: None,
     };
     let server = Server::bind(config).await.unwrap();

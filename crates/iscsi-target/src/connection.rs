@@ -259,9 +259,9 @@ impl Drop for InFlightGuard {
 /// than zeroing it again.
 const BUFFERS_KEPT: usize = 64;
 
-/// Write pieces (64 KiB each) each connection's piece pool keeps, at most:
-/// 32 MiB, twice what 16 writes of 1 MiB in flight hold.
-const PIECES_KEPT: usize = 512;
+/// Write pieces (64 KiB each) each connection's piece pool keeps, at most
+/// (and within half of `TargetConfig::buffer_pool_bytes`).
+const PIECES_KEPT: usize = 1024;
 
 // A write's pieces are what a RAM store can keep as its chunks.
 const _: () = assert!(WRITE_PIECE == iscsi_scsi::backstore::RAM_CHUNK_SIZE);
@@ -366,6 +366,7 @@ impl Connection {
             closed: std::sync::atomic::AtomicBool::new(false),
             retained: (error_recovery_level >= 1).then(Default::default),
         });
+        let pool_bytes = shared.config.buffer_pool_bytes;
         Connection {
             shared,
             session,
@@ -382,10 +383,16 @@ impl Connection {
             local,
             writer,
             in_flight: Arc::default(),
-            buffers: Arc::new(BufferPool::new(BUFFERS_KEPT, MAX_WRITE_BUFFER as usize)),
-            pieces: Arc::new(BufferPool::new(
+            // Half the configured bytes for whole buffers, half for pieces.
+            buffers: Arc::new(BufferPool::bounded(
+                BUFFERS_KEPT,
+                MAX_WRITE_BUFFER as usize,
+                pool_bytes / 2,
+            )),
+            pieces: Arc::new(BufferPool::bounded(
                 PIECES_KEPT,
-                iscsi_scsi::backstore::RAM_CHUNK_SIZE,
+                WRITE_PIECE,
+                pool_bytes / 2,
             )),
             pending_writes: HashMap::new(),
             draining: HashMap::new(),

@@ -24,6 +24,7 @@
 //! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules |
 //! | [`sbc`] | block commands: READ/WRITE(6/10/12/16), READ CAPACITY(10/16), GET LBA STATUS, SYNCHRONIZE CACHE(10/16), UNMAP, WRITE SAME(10/16), COMPARE AND WRITE, VERIFY(10/12/16), WRITE AND VERIFY(10/12/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
 //! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
+//! | `data_out.rs` | [`DataOut`]: a command's Data-Out, in one buffer or in pieces a WRITE hands to [`Backstore::write_pieces`] |
 //! | [`backstore`] | the [`Backstore`] trait; [`RamBackstore`] (sparse), [`FileBackstore`], [`BlockBackstore`] |
 
 pub mod backstore;

@@ -42,6 +42,11 @@ pub struct Args {
     /// Logical block size of every LUN: 512 or 4096.
     #[arg(long, default_value_t = 512)]
     block_size: u32,
+    /// MiB of idle data buffers each connection keeps for reuse, at most
+    /// (the configuration file's `buffer_pool_mib`); 0 keeps none.
+    #[arg(long, value_name = "MIB", default_value_t = iscsi_target::DEFAULT_BUFFER_POOL_BYTES >> 20,
+          conflicts_with = "config")]
+    buffer_pool_mib: usize,
     /// Write a trace of every PDU, command and SCSI execution to FILE
     /// (Chrome Trace Event Format: Perfetto, chrome://tracing, `iscsi
     /// trace-report`); closed when the target stops on SIGINT or SIGTERM.
@@ -84,6 +89,7 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         negotiation: TargetConfig::default_negotiation(),
         command_window: 128,
         nop_in_interval: Some(iscsi_target::DEFAULT_NOP_IN_INTERVAL),
+        buffer_pool_bytes: args.buffer_pool_mib.saturating_mul(1 << 20),
         tap: None,
     })
 }

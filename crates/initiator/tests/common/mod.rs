@@ -93,6 +93,7 @@ pub async fn our_target(
         negotiation: TargetConfig::default_negotiation(),
         command_window,
         nop_in_interval: None,
+        buffer_pool_bytes: iscsi_target::DEFAULT_BUFFER_POOL_BYTES,
         tap: None,
     };
     let server = Server::bind(config).await.unwrap();

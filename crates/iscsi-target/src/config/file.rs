@@ -8,6 +8,7 @@
 //! command_window = 128            # optional
 //! portal_group_tag = 1            # optional
 //! nop_in_interval_seconds = 30    # optional; 0 turns the pings off
+//! buffer_pool_mib = 64            # optional: idle buffers kept per connection
 //!
 //! [negotiation]                   # optional: what the target offers
 //! header_digest = ["None", "CRC32C"]
@@ -74,6 +75,8 @@ struct FileConfig {
     portal_group_tag: Option<u16>,
     #[serde(default)]
     nop_in_interval_seconds: Option<u64>,
+    #[serde(default)]
+    buffer_pool_mib: Option<usize>,
     #[serde(default)]
     negotiation: Option<NegotiationFile>,
     #[serde(rename = "target")]
@@ -236,6 +239,11 @@ impl TargetConfig {
                 Some(seconds) => Some(std::time::Duration::from_secs(seconds)),
                 None => Some(DEFAULT_NOP_IN_INTERVAL),
             },
+            buffer_pool_bytes: file
+                .buffer_pool_mib
+                .map_or(super::DEFAULT_BUFFER_POOL_BYTES, |mib| {
+                    mib.saturating_mul(1 << 20)
+                }),
             tap: None,
         })
     }
@@ -479,6 +487,7 @@ mod tests {
             r#"
             listen = ["127.0.0.1:3260", "[::1]:3261"]
             command_window = 64
+            buffer_pool_mib = 8
             [negotiation]
             header_digest = ["CRC32C", "None"]
             max_outstanding_r2t = 4
@@ -498,6 +507,7 @@ mod tests {
         assert_eq!(config.listen.len(), 2);
         assert!(config.listen[1].is_ipv6());
         assert_eq!(config.command_window, 64);
+        assert_eq!(config.buffer_pool_bytes, 8 << 20);
         assert_eq!(config.negotiation.max_outstanding_r2t, 4);
         assert!(config.negotiation.initial_r2t);
         assert_eq!(config.negotiation.header_digest[0], Digest::Crc32c);

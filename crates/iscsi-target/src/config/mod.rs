@@ -60,11 +60,22 @@ pub struct TargetConfig {
     /// a NOP-In ping (RFC 7143 11.19) and drops the connection if no
     /// NOP-Out answers within the same time again. `None`: no pings.
     pub nop_in_interval: Option<std::time::Duration>,
+    /// Bytes of idle data buffers (write buffers and pieces, READ scratch)
+    /// each connection keeps for reuse, at most; buffers beyond it are
+    /// freed once their command is done. It bounds what the target holds
+    /// between bursts; what commands in flight hold is bounded by the
+    /// command window times MaxBurstLength. [`DEFAULT_BUFFER_POOL_BYTES`].
+    pub buffer_pool_bytes: usize,
     /// Told of every PDU each connection sends and receives and of the
     /// steps between them (SCSI execution, the wait for the connection's
     /// writer): `iscsi target --trace`. `None`: connections are not tapped.
     pub tap: Option<Arc<dyn WireTap>>,
 }
+
+/// [`TargetConfig::buffer_pool_bytes`] unless configured: 64 MiB per
+/// connection, room for what 16 writes of 1 MiB in flight and their reads
+/// use without allocating again.
+pub const DEFAULT_BUFFER_POOL_BYTES: usize = 64 << 20;
 
 impl TargetConfig {
     /// The negotiation values a target built for throughput offers: big

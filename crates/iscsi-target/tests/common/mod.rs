@@ -60,6 +60,7 @@ impl Target {
             negotiation: TargetConfig::default_negotiation(),
             command_window: 32,
             nop_in_interval: None,
+            buffer_pool_bytes: iscsi_target::DEFAULT_BUFFER_POOL_BYTES,
             tap: None,
         };
         tune(&mut config);
