@@ -59,6 +59,9 @@ fn locate(
     if matches!(r.buf, Memory::Frozen(_)) && need != Access::REMOTE_READ {
         return Err(Refusal::Access);
     }
+    if matches!(r.buf, Memory::Pages(_)) && need == Access::REMOTE_READ {
+        return Err(Refusal::Access);
+    }
     Ok((r, start))
 }
 
@@ -66,9 +69,17 @@ fn locate(
 pub(crate) struct Placement {
     stag: u32,
     /// The region's bytes.
-    pub(crate) buf: Vec<u8>,
-    /// Where the placement starts in `buf`.
-    pub(crate) start: usize,
+    buf: Memory,
+    /// Where the placement starts in the region.
+    start: usize,
+}
+
+impl Placement {
+    /// The `len` bytes being placed, as the slices of the region's memory
+    /// they lie in (one, but for a page-list region).
+    pub(crate) fn destination(&mut self, len: usize) -> Vec<&mut [u8]> {
+        self.buf.slices_mut(self.start, len)
+    }
 }
 
 /// Why a tagged access was refused.
@@ -82,12 +93,15 @@ pub(crate) enum Refusal {
     Access,
 }
 
-/// A region's bytes: a buffer the PD owns, or frozen bytes shared with
-/// the caller (registered for the peer to read: they go on the wire as
-/// they are, with no copy).
+/// A region's bytes: a buffer the PD owns, frozen bytes shared with the
+/// caller (registered for the peer to read: they go on the wire as they
+/// are, with no copy), or pages in order (a page-list region, as a
+/// fast-registration MR maps scattered pages: placed into, never read by
+/// the peer, so that a target's write data lands in the buffers it keeps).
 enum Memory {
     Owned(Vec<u8>),
     Frozen(Bytes),
+    Pages(Vec<Vec<u8>>),
 }
 
 impl Memory {
@@ -95,26 +109,68 @@ impl Memory {
         match self {
             Memory::Owned(v) => v.len(),
             Memory::Frozen(b) => b.len(),
+            Memory::Pages(pages) => pages.iter().map(Vec::len).sum(),
         }
     }
 
-    fn bytes(&self) -> &[u8] {
+    /// The bytes as one slice (`None` for pages, which are not a source).
+    fn bytes(&self) -> Option<&[u8]> {
         match self {
-            Memory::Owned(v) => v,
-            Memory::Frozen(b) => b,
+            Memory::Owned(v) => Some(v),
+            Memory::Frozen(b) => Some(b),
+            Memory::Pages(_) => None,
+        }
+    }
+
+    /// Bytes `start..start + len` (in bounds: checked by `locate`) as the
+    /// slices they lie in.
+    fn slices_mut(&mut self, start: usize, len: usize) -> Vec<&mut [u8]> {
+        let end = start + len;
+        match self {
+            Memory::Pages(pages) => {
+                let mut slices = Vec::new();
+                let mut base = 0;
+                for page in pages.iter_mut() {
+                    let page_len = page.len();
+                    let (from, to) = (start.max(base), end.min(base + page_len));
+                    if from < to {
+                        slices.push(&mut page[from - base..to - base]);
+                    }
+                    base += page_len;
+                    if base >= end {
+                        break;
+                    }
+                }
+                slices
+            }
+            other => vec![&mut other.bytes_mut()[start..end]],
+        }
+    }
+
+    /// Copies `data` in at `start` (in bounds).
+    fn write_at(&mut self, start: usize, data: &[u8]) {
+        let mut at = 0;
+        for slice in self.slices_mut(start, data.len()) {
+            let n = slice.len();
+            slice.copy_from_slice(&data[at..at + n]);
+            at += n;
         }
     }
 
     /// The bytes, writable: frozen bytes are copied into a buffer of the
     /// region's own first (only local access can ask: the peer never has
     /// write rights to a frozen region).
+    /// Pages are joined into one buffer (only `with_region` asks it of
+    /// a page-list region, and gets its pages back after: see there).
     fn bytes_mut(&mut self) -> &mut Vec<u8> {
-        if let Memory::Frozen(b) = self {
-            *self = Memory::Owned(b.to_vec());
+        match self {
+            Memory::Frozen(b) => *self = Memory::Owned(b.to_vec()),
+            Memory::Pages(pages) => *self = Memory::Owned(pages.concat()),
+            Memory::Owned(_) => {}
         }
         match self {
             Memory::Owned(v) => v,
-            Memory::Frozen(_) => unreachable!("made owned just above"),
+            _ => unreachable!("made owned just above"),
         }
     }
 
@@ -124,6 +180,15 @@ impl Memory {
         match self {
             Memory::Owned(v) => v,
             Memory::Frozen(b) => b.try_into_mut().map(Vec::from).unwrap_or_default(),
+            Memory::Pages(pages) => pages.concat(),
+        }
+    }
+
+    /// The pages back (a buffer of another kind as one page).
+    fn into_pages(self) -> Vec<Vec<u8>> {
+        match self {
+            Memory::Pages(pages) => pages,
+            other => vec![other.into_vec()],
         }
     }
 }
@@ -224,6 +289,19 @@ impl ProtectionDomain {
         self.insert(Memory::Frozen(bytes), access)
     }
 
+    /// Registers `pages` as one region, in order (a page-list region): the
+    /// peer may write it, and it may be an RDMA Read's sink, but it is
+    /// never read by the peer (`REMOTE_READ` is not granted) or sent from;
+    /// [`ProtectionDomain::deregister_pages`] gives the pages back as they
+    /// were registered, with what was placed in them.
+    ///
+    /// # Panics
+    /// When 2^24 regions are registered at once.
+    pub fn register_pages(&self, pages: Vec<Vec<u8>>, access: Access) -> MemoryRegion {
+        let access = Access(access.0 & (Access::LOCAL_WRITE.0 | Access::REMOTE_WRITE.0));
+        self.insert(Memory::Pages(pages), access)
+    }
+
     fn insert(&self, buffer: Memory, access: Access) -> MemoryRegion {
         let mut t = self.lock();
         let index = match t.free.pop() {
@@ -270,6 +348,25 @@ impl ProtectionDomain {
         region.buf.into_vec()
     }
 
+    /// [`ProtectionDomain::deregister`] for a page-list region: its pages
+    /// as registered (any other region's buffer as one page; empty for a
+    /// region of another PD).
+    pub fn deregister_pages(&self, mr: MemoryRegion) -> Vec<Vec<u8>> {
+        let mut t = self.lock();
+        let index = mr.stag >> 8;
+        let Some(slot) = t.slots.get_mut(index as usize) else {
+            return Vec::new();
+        };
+        if slot.key != mr.stag as u8 {
+            return Vec::new();
+        }
+        let Some(region) = slot.region.take() else {
+            return Vec::new();
+        };
+        t.free.push(index);
+        region.buf.into_pages()
+    }
+
     /// Runs `f` over the registered bytes. Must not be called from inside
     /// another `with_region` on the same PD (the PD's lock is held).
     ///
@@ -280,7 +377,25 @@ impl ProtectionDomain {
         let region = t
             .get(mr.stag)
             .expect("with_region: the region is not in this PD");
-        f(region.buf.bytes_mut())
+        // A page-list region is joined for `f`, then cut into its pages again.
+        let page_lens: Option<Vec<usize>> = match &region.buf {
+            Memory::Pages(pages) => Some(pages.iter().map(Vec::len).collect()),
+            _ => None,
+        };
+        let result = f(region.buf.bytes_mut());
+        if let Some(lens) = page_lens {
+            let joined = std::mem::take(region.buf.bytes_mut());
+            let mut at = 0;
+            let pages = lens
+                .into_iter()
+                .map(|n| {
+                    at += n;
+                    joined[at - n..at].to_vec()
+                })
+                .collect();
+            region.buf = Memory::Pages(pages);
+        }
+        result
     }
 
     /// Whether `stag` names a valid region of this PD (not invalidated).
@@ -342,7 +457,7 @@ impl ProtectionDomain {
     ) -> Result<(), Refusal> {
         let mut t = self.lock();
         let (r, start) = locate(&mut t, stag, to, data.len(), need)?;
-        r.buf.bytes_mut()[start..start + data.len()].copy_from_slice(data);
+        r.buf.write_at(start, data);
         Ok(())
     }
 
@@ -364,11 +479,11 @@ impl ProtectionDomain {
     ) -> Result<Placement, Refusal> {
         let mut t = self.lock();
         let (r, start) = locate(&mut t, stag, to, len, need)?;
-        Ok(Placement {
-            stag,
-            buf: std::mem::take(r.buf.bytes_mut()),
-            start,
-        })
+        let buf = match &mut r.buf {
+            Memory::Pages(pages) => Memory::Pages(std::mem::take(pages)),
+            other => Memory::Owned(std::mem::take(other.bytes_mut())),
+        };
+        Ok(Placement { stag, buf, start })
     }
 
     /// Puts a checked-out buffer back (dropped if its region was
@@ -378,7 +493,7 @@ impl ProtectionDomain {
         if let Some(r) = t.get(placement.stag)
             && r.buf.len() == 0
         {
-            r.buf = Memory::Owned(placement.buf);
+            r.buf = placement.buf;
         }
     }
 
@@ -431,7 +546,7 @@ impl ProtectionDomain {
         let mut t = self.lock();
         match t
             .get(stag)
-            .and_then(|r| r.buf.bytes().get(offset..offset + len))
+            .and_then(|r| r.buf.bytes()?.get(offset..offset + len))
         {
             Some(bytes) => {
                 f(bytes);

@@ -703,18 +703,23 @@ impl Shared {
             .checkout(d.stag, d.to, d.payload, need)
             .map_err(|r| local(tagged_refusal(r, what, d.stag, d.to, d.payload)))?;
         let have = buffered.len() - d.header.len();
-        let start = placement.start;
-        let dst = &mut placement.buf[start..start + d.payload];
-        dst[..have].copy_from_slice(&buf[buffered.start + d.header.len()..buffered.end]);
+        // The payload's place: one slice, or the pages of a page-list
+        // region it spans.
+        let mut dst = placement.destination(d.payload);
+        copy_into(
+            &mut dst,
+            0,
+            &buf[buffered.start + d.header.len()..buffered.end],
+        );
         let trailer_len = d.pad + 4;
         let room = trailer_len + DIRECT_HEADER;
         let received = async {
             let (mut filled, mut tail) = (have, 0);
             while tail < trailer_len {
                 let n = if filled < d.payload {
-                    read_two(rd, &mut dst[filled..], &mut buf[..room]).await?
+                    read_into(rd, &mut dst, filled, &mut buf[..room]).await?
                 } else {
-                    read_two(rd, &mut [], &mut buf[tail..room]).await?
+                    read_into(rd, &mut [], 0, &mut buf[tail..room]).await?
                 };
                 if n == 0 {
                     return Err(Error::Closed);
@@ -732,13 +737,16 @@ impl Shared {
             if self.crc {
                 let mut crc = Crc32c::new();
                 crc.update(&d.header);
-                crc.update(dst);
+                for slice in &dst {
+                    crc.update(slice);
+                }
                 crc.update(&buf[..d.pad]);
                 crc.value() == sent
             } else {
                 true
             }
         };
+        drop(dst);
         self.pd.checkin(placement);
         let tail = received?;
         if !good {
@@ -758,19 +766,46 @@ impl Shared {
 /// decide on direct placement.
 const DIRECT_HEADER: usize = 2 + ddp::TAGGED_LEN;
 
-/// One read into `first`, then `second`, with a single system call where
-/// the bytes are there (tokio's read halves have no async vectored read).
-async fn read_two(
+/// Copies `src` into the concatenation of `dst` from byte `at` of it.
+fn copy_into(dst: &mut [&mut [u8]], at: usize, src: &[u8]) {
+    let (mut skip, mut done) = (at, 0);
+    for slice in dst.iter_mut() {
+        if done == src.len() {
+            break;
+        }
+        if skip >= slice.len() {
+            skip -= slice.len();
+            continue;
+        }
+        let n = (slice.len() - skip).min(src.len() - done);
+        slice[skip..skip + n].copy_from_slice(&src[done..done + n]);
+        done += n;
+        skip = 0;
+    }
+}
+
+/// One read into the concatenation of `first` from byte `from` of it, then
+/// into `second`, with a single system call where the bytes are there
+/// (tokio's read halves have no async vectored read).
+async fn read_into(
     rd: &OwnedReadHalf,
-    first: &mut [u8],
+    first: &mut [&mut [u8]],
+    from: usize,
     second: &mut [u8],
 ) -> std::io::Result<usize> {
     loop {
         rd.readable().await?;
-        let mut slices = [
-            std::io::IoSliceMut::new(first),
-            std::io::IoSliceMut::new(second),
-        ];
+        let mut slices = Vec::with_capacity(first.len() + 1);
+        let mut skip = from;
+        for slice in first.iter_mut() {
+            if skip >= slice.len() {
+                skip -= slice.len();
+                continue;
+            }
+            slices.push(std::io::IoSliceMut::new(&mut slice[skip..]));
+            skip = 0;
+        }
+        slices.push(std::io::IoSliceMut::new(second));
         match rd.try_read_vectored(&mut slices) {
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
             result => return result,
