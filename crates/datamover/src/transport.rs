@@ -65,6 +65,17 @@ impl PduReceiver for Receiver {
         }
     }
 
+    async fn receive_data_in_buffer(
+        &mut self,
+        buffer: &mut crate::WriteBuffer,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DatamoverError> {
+        match self {
+            Receiver::Tcp(r) => r.receive_data_in_buffer(buffer, range).await,
+            Receiver::Iser(r) => r.receive_data_in_buffer(buffer, range).await,
+        }
+    }
+
     async fn discard_data(&mut self, scratch: &mut [u8]) -> Result<(), DatamoverError> {
         match self {
             Receiver::Tcp(r) => r.discard_data(scratch).await,

@@ -66,6 +66,11 @@ impl WriteBuffer {
         self.len
     }
 
+    /// The length of every piece but the last (of the one buffer, when flat).
+    pub fn piece_len(&self) -> usize {
+        self.piece_len
+    }
+
     /// Whether it holds no bytes.
     pub fn is_empty(&self) -> bool {
         self.len == 0

@@ -22,6 +22,11 @@ iqn=iqn.2026-11.rs.iscsi.test:tgt-iser
 # tgt 1.0.85 admits an iSER login only with the initiator's name on its ACL (guest/iser-tgt.sh):
 # every host command names itself explicitly.
 initiator=iqn.2026-11.rs.iscsi.test:host-iser
+# tgt's iSER target over siw in the emulated guest now and then leaves a Login Request unanswered
+# (its log: "not established yet, delaying login_rx"); our initiator logs in again on a new
+# connection after 3 s, as often as its login timeout allows. CI once saw three in a row: every
+# host command gets 40 s (about a dozen tries) instead of the default 10.
+host_args=(--initiator-name "$initiator" --set LoginTimeout=40)
 host_port=$(vm_free_port)
 cat >params.sh <<PARAMS
 IQN=$iqn
@@ -102,22 +107,22 @@ export NO_COLOR=1
 chunk=256k
 # 2. Data: 64 MiB written, read back, compared.
 head -c 64M /dev/urandom >data.bin
-host_step write "$ISCSI_BIN" write "$url" --initiator-name "$initiator" --chunk $chunk --input data.bin || vm_fail "iscsi write $url"
-host_step read "$ISCSI_BIN" read "$url" --initiator-name "$initiator" --chunk $chunk --length 64M --output back.bin || vm_fail "iscsi read $url"
+host_step write "$ISCSI_BIN" write "$url" "${host_args[@]}" --chunk $chunk --input data.bin || vm_fail "iscsi write $url"
+host_step read "$ISCSI_BIN" read "$url" "${host_args[@]}" --chunk $chunk --length 64M --output back.bin || vm_fail "iscsi read $url"
 cmp data.bin back.bin || vm_fail "the 64 MiB read back over iSER differ from those written"
 vm_log "ok - 64 MiB written, read back and compared over iSER"
 rm -f data.bin back.bin
 
 # 3. SCSI inquiry, the target's LUNs, SendTargets discovery over an iSER session.
-host_step inquiry "$ISCSI_BIN" inquiry "$url" --initiator-name "$initiator" || vm_fail "iscsi inquiry $url"
+host_step inquiry "$ISCSI_BIN" inquiry "$url" "${host_args[@]}" || vm_fail "iscsi inquiry $url"
 grep -qi 'IET\|tgt\|VIRTUAL-DISK' host-inquiry.log || vm_fail "INQUIRY does not look like tgt's disk (host-inquiry.log)"
 vm_log "ok - inquiry: $(grep -i 'vendor\|product' host-inquiry.log | tr -s ' \n' ' ')"
-host_step ls "$ISCSI_BIN" ls "iser://127.0.0.1:$host_port/$iqn" --initiator-name "$initiator" || vm_fail "iscsi ls (REPORT LUNS over iSER)"
+host_step ls "$ISCSI_BIN" ls "iser://127.0.0.1:$host_port/$iqn" "${host_args[@]}" || vm_fail "iscsi ls (REPORT LUNS over iSER)"
 grep -qE '^ +1 +disk' host-ls.log || vm_fail "iscsi ls does not list LUN 1 as a disk (host-ls.log)"
 vm_log "ok - ls lists LUN 1"
 # SendTargets over an iSER session (tgt answers RDMAExtensions=No in a discovery session, which
 # the initiator accepts there; a Login Request tgt leaves unanswered is retried on a new connection).
-host_step discover "$ISCSI_BIN" discover "iser://127.0.0.1:$host_port" --initiator-name "$initiator" ||
+host_step discover "$ISCSI_BIN" discover "iser://127.0.0.1:$host_port" "${host_args[@]}" ||
     vm_fail "iscsi discover over iSER"
 grep -qxF "$iqn" host-discover.log || vm_fail "discovery over iSER does not list $iqn (host-discover.log)"
 vm_log "ok - discovery over iSER lists $iqn"
@@ -131,7 +136,7 @@ vm_log "ok - discovery over iSER lists $iqn"
 # first. siw's own sender never splits a trailer; ours batches FPDUs into large writes, and under
 # load the kernel can cut a trailer between segments. ISER_TGT_BENCH_QD=16 reproduces it.
 for rw in write read; do
-    host_step "bench-$rw" "$ISCSI_BIN" bench "$url" --initiator-name "$initiator" --rw "$rw" --bs $chunk --qd "${ISER_TGT_BENCH_QD:-1}" --time "${ISER_TGT_BENCH_S:-5}" ||
+    host_step "bench-$rw" "$ISCSI_BIN" bench "$url" "${host_args[@]}" --rw "$rw" --bs $chunk --qd "${ISER_TGT_BENCH_QD:-1}" --time "${ISER_TGT_BENCH_S:-5}" ||
         vm_fail "iscsi bench --rw $rw over iSER"
     vm_log "ok - bench $rw $chunk QD${ISER_TGT_BENCH_QD:-1} (emulated VM, not a figure): $(tail -n 3 "host-bench-$rw.log" | tr -s ' \n' ' ')"
 done

@@ -122,6 +122,9 @@ struct RemoteTask {
     /// Base Offset names the first byte after them (RFC 7145 9.1; Linux
     /// ib_iser advertises `MR base + unsolicited size`).
     unsolicited: u32,
+    /// The command's Expected Data Transfer Length: how the target lays
+    /// out its write buffer (in pieces of `WRITE_PIECE` from that long).
+    expected: u32,
 }
 
 /// The buffers this initiator registered for one task.
@@ -140,17 +143,75 @@ struct PendingRead {
     region: MemoryRegion,
     /// Where in the region the Read places its bytes.
     start: usize,
+    /// The region is a page-list one whose pages are pieces `first..` of
+    /// the task's write buffer.
+    first_piece: Option<usize>,
     header: Header,
 }
 
-/// Data RDMA placed in a buffer of its own: bytes `start..` of `buffer`
-/// (those before `start` are not the PDU's; they let a Data-Out's buffer
-/// be laid out like the task's, so the two can be exchanged instead of
+/// Data RDMA placed in memory of its own: bytes `start..` of the sink
+/// (those before `start` are not the PDU's; they let a Data-Out's sink be
+/// laid out like the task's buffer, so the two can be exchanged instead of
 /// copied).
 #[derive(Debug)]
 struct Placed {
-    buffer: Vec<u8>,
+    sink: Sink,
     start: usize,
+}
+
+/// Where RDMA placed data.
+#[derive(Debug)]
+enum Sink {
+    /// One buffer (laid out as a flat write buffer, or a read's).
+    Flat(Vec<u8>),
+    /// Pages laid out as pieces `first..` of a write buffer in pieces of
+    /// `WRITE_PIECE`.
+    Pieces { pages: Vec<Vec<u8>>, first: usize },
+}
+
+impl Placed {
+    /// Copies the `len` bytes placed into `destinations`, in order (their
+    /// lengths add up to `len`).
+    fn copy_out(&self, len: usize, destinations: &mut [&mut [u8]]) {
+        let pages = match &self.sink {
+            Sink::Flat(buffer) => std::slice::from_ref(buffer),
+            Sink::Pieces { pages, .. } => pages.as_slice(),
+        };
+        // Walk the pages from `start` and the destinations together.
+        let (mut page, mut at) = (0usize, self.start);
+        while page < pages.len() && at >= pages[page].len() {
+            at -= pages[page].len();
+            page += 1;
+        }
+        let mut left = len;
+        for d in destinations.iter_mut() {
+            let mut filled = 0;
+            while filled < d.len() && left > 0 {
+                let Some(src) = pages.get(page) else { return };
+                let n = (src.len() - at).min(d.len() - filled);
+                d[filled..filled + n].copy_from_slice(&src[at..at + n]);
+                filled += n;
+                left -= n;
+                at += n;
+                if at == src.len() {
+                    page += 1;
+                    at = 0;
+                }
+            }
+        }
+    }
+
+    /// Every buffer of the sink back to the region pool.
+    fn give_back(self, shared: &Shared) {
+        match self.sink {
+            Sink::Flat(buffer) => shared.give_buffer(buffer),
+            Sink::Pieces { pages, .. } => {
+                for page in pages {
+                    shared.give_buffer(page);
+                }
+            }
+        }
+    }
 }
 
 /// State both directions of a connection share.
@@ -394,21 +455,25 @@ async fn run_send_completions(
         let failed = completion.status != iscsi_iwarp::WcStatus::Success;
         let read = lock(&shared.reads).remove(&completion.wr_id);
         if let Some(read) = read {
-            let buffer = shared.qp.pd().deregister(read.region);
+            let sink = match read.first_piece {
+                Some(first) => Sink::Pieces {
+                    pages: shared.qp.pd().deregister_pages(read.region),
+                    first,
+                },
+                None => Sink::Flat(shared.qp.pd().deregister(read.region)),
+            };
+            let placed = Placed {
+                sink,
+                start: read.start,
+            };
             let outcome = if failed {
-                shared.give_buffer(buffer);
+                placed.give_back(&shared);
                 Err(transport(format!(
                     "RDMA Read for a Data-Out failed: {:?}",
                     completion.status
                 )))
             } else {
-                Ok((
-                    read.header,
-                    Placed {
-                        buffer,
-                        start: read.start,
-                    },
-                ))
+                Ok((read.header, placed))
             };
             if completed_reads.send(outcome).is_err() {
                 break;

@@ -12,10 +12,11 @@ use iscsi_proto::serial::{DataSn, StatSn};
 use tokio::sync::mpsc;
 
 use super::header::{ISER_VERSION, IserHeader};
-use super::{IserRole, Placed, RemoteTask, Shared, lock, transport};
+use super::{IserRole, Placed, RemoteTask, Shared, Sink, lock, transport};
 use super::{Message, parse_message};
 use crate::tap::{Direction, PduSummary};
 use crate::{DatamoverError, PduReceiver};
+use crate::{WRITE_PIECE, WriteBuffer};
 
 /// Where the data segment of the PDU being received is.
 #[derive(Debug)]
@@ -206,6 +207,7 @@ impl IserReceiver {
                 write,
                 read,
                 unsolicited: immediate,
+                expected: command.expected_data_transfer_length,
             };
             lock(&self.shared.remote_tasks).insert(command.initiator_task_tag, task);
         }
@@ -262,7 +264,7 @@ impl IserReceiver {
         (
             data_in,
             Current::Placed(Placed {
-                buffer: data,
+                sink: Sink::Flat(data),
                 start: 0,
             }),
         )
@@ -373,9 +375,8 @@ impl PduReceiver for IserReceiver {
                 self.repost(wr_id, buffer)?;
             }
             Current::Placed(placed) => {
-                let Placed { buffer, start } = placed;
-                copy_out(&buffer[start..start + wanted], destinations);
-                self.shared.give_buffer(buffer);
+                placed.copy_out(wanted, destinations);
+                placed.give_back(&self.shared);
             }
         }
         Ok(())
@@ -387,7 +388,7 @@ impl PduReceiver for IserReceiver {
                 if header.data_segment_length as usize == scratch.len() =>
             {
                 // Placed by RDMA already: nothing to copy.
-                self.shared.give_buffer(placed.buffer);
+                placed.give_back(&self.shared);
                 Ok(())
             }
             current => {
@@ -405,22 +406,35 @@ impl PduReceiver for IserReceiver {
         // The sink is taken when it is laid out like `buffer` and the bytes
         // around the range (copied over from `buffer`) are fewer than those
         // in it.
-        let fits = |header: &Header, placed: &Placed| {
-            placed.start == range.start
-                && placed.buffer.len() == buffer.len()
-                && range.len() == header.data_segment_length as usize
-                && range.end <= buffer.len()
-                && buffer.len() - range.len() < range.len()
-        };
-        let mut placed = match self.current.take() {
-            Some((header, Current::Placed(placed))) if fits(&header, &placed) => placed.buffer,
-            current => {
-                self.current = current;
-                let destination = buffer.get_mut(range).ok_or(DatamoverError::Misuse(
-                    "the data segment's range is outside the buffer",
-                ))?;
-                return self.receive_data_into(destination).await;
+        let fits = match &self.current {
+            Some((
+                header,
+                Current::Placed(Placed {
+                    sink: Sink::Flat(sink),
+                    start,
+                }),
+            )) => {
+                *start == range.start
+                    && sink.len() == buffer.len()
+                    && range.len() == header.data_segment_length as usize
+                    && range.end <= buffer.len()
+                    && buffer.len() - range.len() < range.len()
             }
+            _ => false,
+        };
+        let taken = if fits { self.current.take() } else { None };
+        let Some((
+            _,
+            Current::Placed(Placed {
+                sink: Sink::Flat(mut placed),
+                ..
+            }),
+        )) = taken
+        else {
+            let destination = buffer.get_mut(range).ok_or(DatamoverError::Misuse(
+                "the data segment's range is outside the buffer",
+            ))?;
+            return self.receive_data_into(destination).await;
         };
         // Keep what the caller's buffer holds around the range (immediate
         // data before it, other bursts after it), then take the sink.
@@ -431,9 +445,80 @@ impl PduReceiver for IserReceiver {
         Ok(())
     }
 
-    /// RDMA Reads place write data in sinks a flat buffer takes whole.
+    /// A target's write of `WRITE_PIECE` or more is read into a page-list
+    /// sink laid out as the write buffer's pieces (see `send.rs`).
     fn lands_in_pieces(&self) -> bool {
-        false
+        true
+    }
+
+    /// Data an RDMA Read placed in pages laid out as `buffer`'s pieces is
+    /// exchanged for them page by page (no copy), except at a partly
+    /// covered piece, where the smaller part is copied; anything else is
+    /// copied into place.
+    async fn receive_data_in_buffer(
+        &mut self,
+        buffer: &mut WriteBuffer,
+        range: std::ops::Range<usize>,
+    ) -> Result<(), DatamoverError> {
+        if let Some(flat) = buffer.flat_mut() {
+            return self.receive_data_in_place(flat, range).await;
+        }
+        let laid_out = match &self.current {
+            Some((
+                header,
+                Current::Placed(Placed {
+                    sink: Sink::Pieces { pages, first },
+                    start,
+                }),
+            )) => {
+                buffer.piece_len() == WRITE_PIECE
+                    && first * WRITE_PIECE + start == range.start
+                    && range.len() == header.data_segment_length as usize
+                    && range.end <= buffer.len()
+                    && pages.iter().enumerate().all(|(i, page)| {
+                        buffer
+                            .pieces_mut()
+                            .get(first + i)
+                            .is_some_and(|piece| piece.len() == page.len())
+                    })
+            }
+            _ => false,
+        };
+        let taken = if laid_out { self.current.take() } else { None };
+        let Some((
+            _,
+            Current::Placed(Placed {
+                sink: Sink::Pieces { pages, first },
+                ..
+            }),
+        )) = taken
+        else {
+            let mut slices = buffer.slices_mut(range).ok_or(DatamoverError::Misuse(
+                "the data segment's range is outside the buffer",
+            ))?;
+            return self.receive_data_into_slices(&mut slices).await;
+        };
+        for (i, mut page) in pages.into_iter().enumerate() {
+            let index = first + i;
+            let base = index * WRITE_PIECE;
+            let piece = &mut buffer.pieces_mut()[index];
+            // The part of this piece the burst covers.
+            let (from, to) = (
+                range.start.max(base) - base,
+                range.end.min(base + piece.len()) - base,
+            );
+            if to - from >= piece.len() - (to - from) {
+                // Mostly (or wholly) new data: keep what the piece holds
+                // around it, then take the page.
+                page[..from].copy_from_slice(&piece[..from]);
+                page[to..].copy_from_slice(&piece[to..]);
+                std::mem::swap(piece, &mut page);
+            } else {
+                piece[from..to].copy_from_slice(&page[from..to]);
+            }
+            self.shared.give_buffer(page);
+        }
+        Ok(())
     }
 
     async fn receive_data(&mut self) -> Result<Vec<u8>, DatamoverError> {
@@ -441,9 +526,23 @@ impl PduReceiver for IserReceiver {
             .current
             .as_ref()
             .map_or(0, |(header, _)| header.data_segment_length as usize);
-        if let Some((_, Current::Placed(Placed { start: 0, .. }))) = &self.current {
+        if let Some((
+            _,
+            Current::Placed(Placed {
+                start: 0,
+                sink: Sink::Flat(_),
+            }),
+        )) = &self.current
+        {
             // Placed data is already a buffer of its own: no copy.
-            if let Some((_, Current::Placed(Placed { mut buffer, .. }))) = self.current.take() {
+            if let Some((
+                _,
+                Current::Placed(Placed {
+                    sink: Sink::Flat(mut buffer),
+                    ..
+                }),
+            )) = self.current.take()
+            {
                 buffer.truncate(len);
                 return Ok(buffer);
             }

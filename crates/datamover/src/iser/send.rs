@@ -11,6 +11,7 @@ use iscsi_proto::serial::DataSn;
 
 use super::header::{Advertised, HEADER_LEN, IserHeader};
 use super::{IserRole, LocalTask, PendingRead, SINK_PREFIX_MAX, Shared, lock, transport};
+use crate::WRITE_PIECE;
 use crate::tap::{Direction, PduSummary};
 use crate::tcp::PduBatch;
 use crate::{DatamoverError, PduSender};
@@ -113,10 +114,11 @@ impl IserSender {
             return Err(DatamoverError::Misuse("not an R2T"));
         };
         let itt = r2t.initiator_task_tag;
-        let advertised = lock(&self.shared.remote_tasks)
-            .get(&itt)
-            .and_then(|task| task.write.map(|write| (write, task.unsolicited)));
-        let Some((Advertised { stag, base }, unsolicited)) = advertised else {
+        let advertised = lock(&self.shared.remote_tasks).get(&itt).and_then(|task| {
+            task.write
+                .map(|write| (write, task.unsolicited, task.expected))
+        });
+        let Some((Advertised { stag, base }, unsolicited, expected)) = advertised else {
             // The initiator asked for a write it gave no buffer for: no
             // way to get the data (RFC 7145 7.3.1 requires WSV).
             return Err(transport(format!(
@@ -124,16 +126,38 @@ impl IserSender {
             )));
         };
         let length = r2t.desired_data_transfer_length;
-        // A burst near the start of the data lands where it will lie in the
-        // task's buffer (see `SINK_PREFIX_MAX`); a later one at offset 0.
-        let start = match r2t.buffer_offset as usize {
-            offset if offset <= SINK_PREFIX_MAX => offset,
-            _ => 0,
+        let (offset, expected) = (r2t.buffer_offset as usize, expected as usize);
+        let (region, start, first_piece) = if expected >= WRITE_PIECE && length > 0 {
+            // The target receives this write in pieces of `WRITE_PIECE`
+            // (`WriteBuffer`): the sink is a page-list region of those
+            // pieces the burst touches, each as long as its piece, so that
+            // the target takes the pages as its pieces (no copy).
+            let first = offset / WRITE_PIECE;
+            let last = (offset + length as usize - 1) / WRITE_PIECE;
+            let pages = (first..=last)
+                .map(|k| {
+                    let piece_end = ((k + 1) * WRITE_PIECE).min(expected);
+                    self.shared
+                        .take_buffer(piece_end.saturating_sub(k * WRITE_PIECE))
+                })
+                .collect();
+            let region = self
+                .shared
+                .qp
+                .pd()
+                .register_pages(pages, Access::LOCAL_WRITE);
+            (region, offset - first * WRITE_PIECE, Some(first))
+        } else {
+            // A burst near the start of the data lands where it will lie in
+            // the task's buffer (see `SINK_PREFIX_MAX`); a later one at
+            // offset 0.
+            let start = if offset <= SINK_PREFIX_MAX { offset } else { 0 };
+            let region = self.shared.register(
+                self.shared.take_buffer(start + length as usize),
+                Access::LOCAL_WRITE,
+            );
+            (region, start, None)
         };
-        let region = self.shared.register(
-            self.shared.take_buffer(start + length as usize),
-            Access::LOCAL_WRITE,
-        );
         let local = LocalBuffer {
             stag: region.stag(),
             offset: start,
@@ -172,6 +196,7 @@ impl IserSender {
             PendingRead {
                 region,
                 start,
+                first_piece,
                 header: data_out,
             },
         );
