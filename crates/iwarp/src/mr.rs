@@ -333,38 +333,27 @@ impl ProtectionDomain {
     /// Ends the registration and gives the buffer back (with whatever the
     /// peer placed in it). A region of another PD gives an empty Vec.
     pub fn deregister(&self, mr: MemoryRegion) -> Vec<u8> {
-        let mut t = self.lock();
-        let index = mr.stag >> 8;
-        let Some(slot) = t.slots.get_mut(index as usize) else {
-            return Vec::new();
-        };
-        if slot.key != mr.stag as u8 {
-            return Vec::new();
-        }
-        let Some(region) = slot.region.take() else {
-            return Vec::new();
-        };
-        t.free.push(index);
-        region.buf.into_vec()
+        self.remove(mr).map(Memory::into_vec).unwrap_or_default()
     }
 
     /// [`ProtectionDomain::deregister`] for a page-list region: its pages
     /// as registered (any other region's buffer as one page; empty for a
     /// region of another PD).
     pub fn deregister_pages(&self, mr: MemoryRegion) -> Vec<Vec<u8>> {
+        self.remove(mr).map(Memory::into_pages).unwrap_or_default()
+    }
+
+    /// Ends `mr`'s registration: its memory, if it is this PD's.
+    fn remove(&self, mr: MemoryRegion) -> Option<Memory> {
         let mut t = self.lock();
         let index = mr.stag >> 8;
-        let Some(slot) = t.slots.get_mut(index as usize) else {
-            return Vec::new();
-        };
+        let slot = t.slots.get_mut(index as usize)?;
         if slot.key != mr.stag as u8 {
-            return Vec::new();
+            return None;
         }
-        let Some(region) = slot.region.take() else {
-            return Vec::new();
-        };
+        let region = slot.region.take()?;
         t.free.push(index);
-        region.buf.into_pages()
+        Some(region.buf)
     }
 
     /// Runs `f` over the registered bytes. Must not be called from inside

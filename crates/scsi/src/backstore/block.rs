@@ -246,12 +246,7 @@ impl Backstore for BlockBackstore {
         if !self.direct {
             return super::write_pieces_at(&self.file, offset, pieces, len);
         }
-        if pieces.iter().map(Vec::len).sum::<usize>() < len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "fewer bytes in the pieces than the write's length",
-            ));
-        }
+        super::check_pieces(pieces, len)?;
         let pieces = &*pieces;
         self.direct_write_from(offset, len, |from, dst| {
             super::copy_from_pieces(pieces, from, dst);

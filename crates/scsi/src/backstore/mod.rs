@@ -79,13 +79,7 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// files take the pieces in one vectored write. The default writes
     /// each piece in turn.
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
-        let total: usize = pieces.iter().map(Vec::len).sum();
-        if total < len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "fewer bytes in the pieces than the write's length",
-            ));
-        }
+        check_pieces(pieces, len)?;
         let mut at = offset;
         let mut left = len;
         for piece in pieces.iter() {
@@ -235,6 +229,17 @@ pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> io::Result<()> {
     }
 }
 
+/// `Ok` when `pieces` hold at least `len` bytes (a write's length).
+pub(crate) fn check_pieces(pieces: &[Vec<u8>], len: usize) -> io::Result<()> {
+    if pieces.iter().map(Vec::len).sum::<usize>() < len {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "fewer bytes in the pieces than the write's length",
+        ));
+    }
+    Ok(())
+}
+
 /// Writes the first `len` bytes of the concatenation of `pieces` to `file`
 /// at `offset` in vectored writes (`pwritev`), resumed after a short one.
 pub(crate) fn write_pieces_at(
@@ -243,6 +248,7 @@ pub(crate) fn write_pieces_at(
     pieces: &[Vec<u8>],
     len: usize,
 ) -> io::Result<()> {
+    check_pieces(pieces, len)?;
     let mut slices: Vec<&[u8]> = Vec::with_capacity(pieces.len());
     let mut left = len;
     for piece in pieces {
@@ -251,12 +257,6 @@ pub(crate) fn write_pieces_at(
             slices.push(&piece[..n]);
         }
         left -= n;
-    }
-    if left > 0 {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            "fewer bytes in the pieces than the write's length",
-        ));
     }
     let mut at = offset;
     let mut first = 0;

@@ -297,12 +297,7 @@ impl Backstore for RamBackstore {
     /// step under the chunk map's lock, as [`Backstore::write_at`] is.
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
         self.check_range(offset, len as u64)?;
-        if pieces.iter().map(Vec::len).sum::<usize>() < len {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "fewer bytes in the pieces than the write's length",
-            ));
-        }
+        super::check_pieces(pieces, len)?;
         let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
         let mut at = offset;
         let mut left = len;
