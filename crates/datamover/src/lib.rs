@@ -188,16 +188,6 @@ pub trait PduReceiver: Send {
         }
     }
 
-    /// Whether a large write is best received into pieces of
-    /// [`WRITE_PIECE`] ([`WriteBuffer::in_pieces`]): true where the data
-    /// comes off a stream into whatever buffers it is given (TCP: then a
-    /// RAM store keeps whole pieces as its memory, no copy); false where
-    /// the transport places it itself into a buffer the caller can take
-    /// whole (iSER's RDMA Read sink, exchanged for a flat buffer).
-    fn lands_in_pieces(&self) -> bool {
-        true
-    }
-
     /// Lands the current PDU's data segment at `range` of a write's
     /// `buffer` (`range` exactly `data_segment_length` long), keeping every
     /// other byte: in a flat buffer as [`PduReceiver::receive_data_in_place`]

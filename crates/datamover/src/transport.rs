@@ -58,13 +58,6 @@ impl PduReceiver for Receiver {
         }
     }
 
-    fn lands_in_pieces(&self) -> bool {
-        match self {
-            Receiver::Tcp(r) => r.lands_in_pieces(),
-            Receiver::Iser(r) => r.lands_in_pieces(),
-        }
-    }
-
     async fn receive_data_in_buffer(
         &mut self,
         buffer: &mut crate::WriteBuffer,

@@ -7,9 +7,9 @@
 use crate::BufferPool;
 
 /// The size of the pieces a target receives writes of this size or more
-/// into (over a transport that lands data in pieces: TCP): a RAM store's
-/// chunk (`iscsi_scsi::backstore::RAM_CHUNK_SIZE`, which keeps such pieces
-/// whole).
+/// into: a RAM store's chunk (`iscsi_scsi::backstore::RAM_CHUNK_SIZE`,
+/// which keeps such pieces whole). Over iSER an RDMA Read's sink is a
+/// page-list region of such pieces.
 pub const WRITE_PIECE: usize = 64 * 1024;
 
 /// A write's data buffer: `len` bytes, in one buffer or in order across

@@ -607,12 +607,12 @@ impl Connection {
     }
 
     /// A buffer for a write of `len` bytes: in pieces of [`WRITE_PIECE`]
-    /// when it is that long or longer and the transport lands data in
-    /// pieces as well as in one buffer (a RAM store keeps whole pieces as
-    /// its chunks, files take them in one vectored write), else one buffer
-    /// (iSER: the RDMA Read's sink is taken as the buffer).
-    fn write_buffer(&self, receiver: &Receiver, len: usize) -> WriteBuffer {
-        if len >= WRITE_PIECE && receiver.lands_in_pieces() {
+    /// when it is that long or longer (a RAM store keeps whole pieces as
+    /// its chunks, files take them in one vectored write; over TCP the
+    /// kernel reads into them, over iSER the RDMA Read's sink pages are
+    /// exchanged for them), else one buffer.
+    fn write_buffer(&self, len: usize) -> WriteBuffer {
+        if len >= WRITE_PIECE {
             WriteBuffer::in_pieces(&self.pieces, len, WRITE_PIECE)
         } else {
             WriteBuffer::flat(&self.buffers, len)
@@ -1053,7 +1053,7 @@ impl Connection {
         // (no gaps, no overlaps: `DataOutTracker::is_complete`), so no old
         // contents of a reused buffer can reach the backstore. A write that
         // fails before then gives the buffer back unused.
-        let mut buffer = self.write_buffer(receiver, expected as usize);
+        let mut buffer = self.write_buffer(expected as usize);
         match receiver
             .receive_data_in_buffer(&mut buffer, 0..immediate_len as usize)
             .await

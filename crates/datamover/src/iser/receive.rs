@@ -445,12 +445,6 @@ impl PduReceiver for IserReceiver {
         Ok(())
     }
 
-    /// A target's write of `WRITE_PIECE` or more is read into a page-list
-    /// sink laid out as the write buffer's pieces (see `send.rs`).
-    fn lands_in_pieces(&self) -> bool {
-        true
-    }
-
     /// Data an RDMA Read placed in pages laid out as `buffer`'s pieces is
     /// exchanged for them page by page (no copy), except at a partly
     /// covered piece, where the smaller part is copied; anything else is
