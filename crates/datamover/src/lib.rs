@@ -99,6 +99,16 @@ pub(crate) fn decode_header(
     }
 }
 
+/// Copies `source` into `destinations`, in order (their lengths add up to
+/// its length).
+pub(crate) fn scatter(source: &[u8], destinations: &mut [&mut [u8]]) {
+    let mut at = 0;
+    for d in destinations.iter_mut() {
+        d.copy_from_slice(&source[at..at + d.len()]);
+        at += d.len();
+    }
+}
+
 /// A received PDU: its header and its whole data segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Received {
@@ -177,11 +187,7 @@ pub trait PduReceiver: Send {
                             "destination length differs from the data segment length",
                         ));
                     }
-                    let mut at = 0;
-                    for d in many.iter_mut() {
-                        d.copy_from_slice(&data[at..at + d.len()]);
-                        at += d.len();
-                    }
+                    scatter(&data, many);
                     Ok(())
                 }
             }

@@ -170,9 +170,9 @@ enum Sink {
 }
 
 impl Placed {
-    /// Copies the `len` bytes placed into `destinations`, in order (their
-    /// lengths add up to `len`).
-    fn copy_out(&self, len: usize, destinations: &mut [&mut [u8]]) {
+    /// Copies the bytes placed into `destinations`, in order (as many as
+    /// their lengths add up to).
+    fn copy_out(&self, destinations: &mut [&mut [u8]]) {
         let pages = match &self.sink {
             Sink::Flat(buffer) => std::slice::from_ref(buffer),
             Sink::Pieces { pages, .. } => pages.as_slice(),
@@ -183,15 +183,13 @@ impl Placed {
             at -= pages[page].len();
             page += 1;
         }
-        let mut left = len;
         for d in destinations.iter_mut() {
             let mut filled = 0;
-            while filled < d.len() && left > 0 {
+            while filled < d.len() {
                 let Some(src) = pages.get(page) else { return };
                 let n = (src.len() - at).min(d.len() - filled);
                 d[filled..filled + n].copy_from_slice(&src[at..at + n]);
                 filled += n;
-                left -= n;
                 at += n;
                 if at == src.len() {
                     page += 1;

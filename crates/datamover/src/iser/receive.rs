@@ -304,6 +304,22 @@ impl IserReceiver {
     }
 }
 
+/// Lands bytes `range` of `sink`, laid out like `target` and as long, in
+/// `target`, copying the smaller part: the bytes around the range from
+/// `target` into `sink`, which then becomes `target` (immediate data before
+/// a burst, other bursts after it are kept), or else the range itself.
+/// Returns the buffer left over, for the region pool.
+fn land(target: &mut Vec<u8>, mut sink: Vec<u8>, range: std::ops::Range<usize>) -> Vec<u8> {
+    if target.len() - range.len() < range.len() {
+        sink[..range.start].copy_from_slice(&target[..range.start]);
+        sink[range.end..].copy_from_slice(&target[range.end..]);
+        std::mem::swap(target, &mut sink);
+    } else {
+        target[range.clone()].copy_from_slice(&sink[range]);
+    }
+    sink
+}
+
 impl PduReceiver for IserReceiver {
     async fn receive_header(&mut self) -> Result<Option<Header>, DatamoverError> {
         if let Some((header, _)) = &self.current {
@@ -357,13 +373,6 @@ impl PduReceiver for IserReceiver {
                 "destination length differs from the data segment length",
             ));
         }
-        let copy_out = |source: &[u8], destinations: &mut [&mut [u8]]| {
-            let mut at = 0;
-            for d in destinations.iter_mut() {
-                d.copy_from_slice(&source[at..at + d.len()]);
-                at += d.len();
-            }
-        };
         match current {
             Current::Received {
                 buffer,
@@ -371,11 +380,11 @@ impl PduReceiver for IserReceiver {
                 len,
                 wr_id,
             } => {
-                copy_out(&buffer[start..start + len], destinations);
+                crate::scatter(&buffer[start..start + len], destinations);
                 self.repost(wr_id, buffer)?;
             }
             Current::Placed(placed) => {
-                placed.copy_out(wanted, destinations);
+                placed.copy_out(destinations);
                 placed.give_back(&self.shared);
             }
         }
@@ -403,9 +412,7 @@ impl PduReceiver for IserReceiver {
         buffer: &mut Vec<u8>,
         range: std::ops::Range<usize>,
     ) -> Result<(), DatamoverError> {
-        // The sink is taken when it is laid out like `buffer` and the bytes
-        // around the range (copied over from `buffer`) are fewer than those
-        // in it.
+        // A sink laid out like `buffer` is landed in it by `land`.
         let fits = match &self.current {
             Some((
                 header,
@@ -418,7 +425,6 @@ impl PduReceiver for IserReceiver {
                     && sink.len() == buffer.len()
                     && range.len() == header.data_segment_length as usize
                     && range.end <= buffer.len()
-                    && buffer.len() - range.len() < range.len()
             }
             _ => false,
         };
@@ -426,7 +432,7 @@ impl PduReceiver for IserReceiver {
         let Some((
             _,
             Current::Placed(Placed {
-                sink: Sink::Flat(mut placed),
+                sink: Sink::Flat(placed),
                 ..
             }),
         )) = taken
@@ -436,19 +442,13 @@ impl PduReceiver for IserReceiver {
             ))?;
             return self.receive_data_into(destination).await;
         };
-        // Keep what the caller's buffer holds around the range (immediate
-        // data before it, other bursts after it), then take the sink.
-        placed[..range.start].copy_from_slice(&buffer[..range.start]);
-        placed[range.end..].copy_from_slice(&buffer[range.end..]);
-        std::mem::swap(buffer, &mut placed);
-        self.shared.give_buffer(placed);
+        self.shared.give_buffer(land(buffer, placed, range));
         Ok(())
     }
 
     /// Data an RDMA Read placed in pages laid out as `buffer`'s pieces is
-    /// exchanged for them page by page (no copy), except at a partly
-    /// covered piece, where the smaller part is copied; anything else is
-    /// copied into place.
+    /// landed page by page (`land`: a page wholly new is exchanged for its
+    /// piece, no copy); anything else is copied into place.
     async fn receive_data_in_buffer(
         &mut self,
         buffer: &mut WriteBuffer,
@@ -492,25 +492,13 @@ impl PduReceiver for IserReceiver {
             ))?;
             return self.receive_data_into_slices(&mut slices).await;
         };
-        for (i, mut page) in pages.into_iter().enumerate() {
+        for (i, page) in pages.into_iter().enumerate() {
             let index = first + i;
             let base = index * WRITE_PIECE;
             let piece = &mut buffer.pieces_mut()[index];
             // The part of this piece the burst covers.
-            let (from, to) = (
-                range.start.max(base) - base,
-                range.end.min(base + piece.len()) - base,
-            );
-            if to - from >= piece.len() - (to - from) {
-                // Mostly (or wholly) new data: keep what the piece holds
-                // around it, then take the page.
-                page[..from].copy_from_slice(&piece[..from]);
-                page[to..].copy_from_slice(&piece[to..]);
-                std::mem::swap(piece, &mut page);
-            } else {
-                piece[from..to].copy_from_slice(&page[from..to]);
-            }
-            self.shared.give_buffer(page);
+            let covered = range.start.max(base) - base..range.end.min(base + piece.len()) - base;
+            self.shared.give_buffer(land(piece, page, covered));
         }
         Ok(())
     }
