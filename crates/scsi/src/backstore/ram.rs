@@ -88,14 +88,9 @@ impl ChunkData {
         }
     }
 
-    /// The bytes, to change: the remembered CRC is dropped first.
-    fn bytes_mut(&mut self) -> &mut [u8] {
-        self.bytes_mut_vec()
-    }
-
-    /// The buffer itself, to exchange for another of the same length: the
-    /// remembered CRC is dropped first.
-    fn bytes_mut_vec(&mut self) -> &mut Vec<u8> {
+    /// The bytes, to change or to exchange for another buffer of the same
+    /// length: the remembered CRC is dropped first.
+    fn bytes_mut(&mut self) -> &mut Vec<u8> {
         self.crc.take();
         &mut self.bytes
     }
@@ -197,7 +192,7 @@ fn adopt(chunks: &mut HashMap<u64, Chunk>, index: u64, piece: &mut Vec<u8>) {
     match chunks.get_mut(&index) {
         Some(chunk) => match Arc::get_mut(chunk) {
             Some(data) => {
-                std::mem::swap(data.bytes_mut_vec(), piece);
+                std::mem::swap(data.bytes_mut(), piece);
             }
             // A READ still holds the chunk: it keeps it as it was.
             None => *chunk = Arc::new(ChunkData::from_bytes(std::mem::take(piece))),
