@@ -9,6 +9,7 @@
 #                                     # an iSER portal on PORT (waited for), TCP on another port
 #   vm_run --to-host "$port" guest.sh files...  # tests/linux-vm/run; console in $VM_WORK/console.log
 #   target_stop t0 / target_kill t0 / target_pid t0 / target_log t0
+#   vm_run_bg ... / vm_wait_file PATH S "$VM_RUN_PID" / vm_power_cut   # a VM in the background
 #
 # Environment: ISCSI_BIN (default <repo>/target/ci/iscsi), LINUX_VM_IMAGE (see run),
 # TARGET_RUST_LOG (RUST_LOG of the targets, default info), LINUX_VM_VERBOSE=1 (console to stdout
@@ -211,6 +212,23 @@ vm_run_bg() {
     echo "=== $(date +%T) run (background) $*" >>"$VM_WORK/console.log"
     LINUX_VM_SHARE=$VM_SHARE "$LINUX_VM_DIR/run" "$@" >>"$VM_WORK/console.log" 2>&1 &
     VM_RUN_PID=$!
+}
+
+# vm_power_cut: kills (SIGKILL) the qemu of the VM started by vm_run_bg, not the `timeout` that
+# started it (its command line holds the same words): for the guest, a power cut. Prints qemu's PID.
+# Reads /proc rather than using pgrep, which the host may not have (procps).
+vm_power_cut() {
+    local f pid cmd
+    for f in /proc/[0-9]*/cmdline; do
+        cmd=$(tr '\0' ' ' <"$f" 2>/dev/null) || continue
+        [[ $cmd == "qemu-system-x86_64 "*"$VM_SHARE"* ]] || continue
+        pid=${f#/proc/}
+        pid=${pid%/cmdline}
+        kill -KILL "$pid" 2>/dev/null || continue
+        echo "$pid"
+        return 0
+    done
+    return 1
 }
 
 # vm_wait_file PATH TIMEOUT_S [PID]: waits until PATH exists (e.g. a mark the guest writes to the

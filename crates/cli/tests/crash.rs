@@ -10,8 +10,9 @@
 //! `iscsi verify --journal` logs every write as issued, acknowledged and
 //! made durable; `iscsi verify --check` reads the LUN back against it.
 //! A SIGKILL leaves the page cache in place, so this proves what a process
-//! crash keeps (no acknowledged write held in the target's memory), not
-//! what a power cut keeps.
+//! crash keeps (no acknowledged write held in the target's memory); what a
+//! power cut keeps is the Linux VM job `power-cut`
+//! (tests/linux-vm/jobs/power-cut.sh), which kills the VM the target runs in.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
