@@ -36,14 +36,22 @@ if [ -n "${LIO_DISRUPT:-}" ]; then
     extra+=(./lio-disrupt)
 fi
 # LIO_ERL2=1: also ERL 2 connection recovery against LIO (a 4-connection session, one cut at a
-# time); off by default: LIO 6.1's ERL 2 paths crash the guest kernel (see the guest script).
+# time); off by default: LIO's ERL 2 paths crash the guest kernel, on 6.1 and on the 6.12 and 7.3
+# kernels build-image's LINUX_VM_KERNEL can give (see the guest script).
 if [ -n "${LIO_ERL2:-}" ]; then
     touch ./lio-erl2
     extra+=(./lio-erl2)
 fi
+# LIO_FAULTS=ERLS (e.g. 0,1): also the fault matrix's first table against LIO at those ERLs
+# (scripts/fault-matrix --peer-url, run in the guest); a comparison, not run by default.
+if [ -n "${LIO_FAULTS:-}" ]; then
+    echo "$LIO_FAULTS" >./lio-faults
+    cp "$LINUX_VM_REPO/scripts/fault-matrix" ./fault-matrix
+    extra+=(./lio-faults ./fault-matrix)
+fi
 rc=0
 vm_run --timeout "${LIO_TIMEOUT:-1200}" "$LINUX_VM_DIR/guest/lio-initiator.sh" "$LINUX_VM_DIR/lio-target.py" ./iscsi "${extra[@]}" || rc=$?
-rm -f ./iscsi ./erl1-data-out ./lio-disrupt ./lio-erl2
+rm -f ./iscsi ./erl1-data-out ./lio-disrupt ./lio-erl2 ./lio-faults ./fault-matrix
 mkdir -p "$results"
 rm -rf "${results:?}"/*
 [ -d vm-out ] && cp -r vm-out/. "$results/"
