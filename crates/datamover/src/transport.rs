@@ -257,6 +257,25 @@ impl Datamover {
         }
     }
 
+    /// Asks for a socket send buffer of `bytes` (SO_SNDBUF, which Linux
+    /// doubles for its bookkeeping and caps at `net.core.wmem_max`), fixed
+    /// from now on instead of grown by the kernel's autotuning up to
+    /// `net.ipv4.tcp_wmem`'s maximum. A sender whose buffer is full waits
+    /// for the peer to drain it; a bigger buffer lets a reader of many 1 MiB
+    /// Data-In sequences queue more of them per wake-up. Nothing over iSER,
+    /// whose sends are RDMA messages. Returns the buffer the kernel set.
+    pub fn set_send_buffer(&mut self, bytes: usize) -> std::io::Result<usize> {
+        match &mut self.sender {
+            Sender::Tcp(s) => {
+                let writer = s.get_mut();
+                let socket = socket2::SockRef::from(writer.as_ref());
+                socket.set_send_buffer_size(bytes)?;
+                socket.send_buffer_size()
+            }
+            Sender::Iser(_) => Ok(0),
+        }
+    }
+
     /// Turns Nagle's algorithm off (`true`) or on; RDMA streams always run
     /// with it off.
     pub fn set_nodelay(&mut self, nodelay: bool) -> std::io::Result<()> {

@@ -8,7 +8,7 @@ use iscsi_proto::login::chap::ChallengeHistory;
 use iscsi_scsi::{ScsiTarget, TargetIdentity, encode_lun};
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 use tracing::{info, warn};
@@ -140,6 +140,15 @@ enum Portal {
     Iser,
 }
 
+/// A TCP connection's datamover, with the configured send buffer.
+fn tcp_datamover(stream: TcpStream, shared: &Shared) -> Result<Datamover, DatamoverError> {
+    let mut datamover = Datamover::tcp(stream)?;
+    if let Some(bytes) = shared.config.send_buffer_bytes {
+        datamover.set_send_buffer(bytes)?;
+    }
+    Ok(datamover)
+}
+
 /// Accepts connections on one portal, a task each.
 async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, portal: Portal) {
     let mut connections = JoinSet::new();
@@ -152,7 +161,7 @@ async fn accept_loop(listener: TcpListener, shared: Arc<Shared>, portal: Portal)
                     let shared = Arc::clone(&shared);
                     connections.spawn(async move {
                         let transport = match portal {
-                            Portal::Tcp => Datamover::tcp(stream).map_err(DatamoverError::from),
+                            Portal::Tcp => tcp_datamover(stream, &shared),
                             Portal::Iser => crate::iser::accept(stream, &shared).await,
                         };
                         let served = match transport {

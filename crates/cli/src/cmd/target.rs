@@ -47,6 +47,12 @@ pub struct Args {
     #[arg(long, value_name = "MIB", default_value_t = iscsi_target::DEFAULT_BUFFER_POOL_BYTES >> 20,
           conflicts_with = "config")]
     buffer_pool_mib: usize,
+    /// KiB of socket send buffer each TCP connection asks for (SO_SNDBUF,
+    /// which Linux doubles and caps at net.core.wmem_max; the configuration
+    /// file's `send_buffer_kib`); 0 leaves it to the kernel's autotuning.
+    #[arg(long, value_name = "KIB", default_value_t = iscsi_target::DEFAULT_SEND_BUFFER_BYTES >> 10,
+          conflicts_with = "config")]
+    send_buffer_kib: usize,
     /// Write a trace of every PDU, command and SCSI execution to FILE
     /// (Chrome Trace Event Format: Perfetto, chrome://tracing, `iscsi
     /// trace-report`); closed when the target stops on SIGINT or SIGTERM.
@@ -90,8 +96,14 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         command_window: 128,
         nop_in_interval: Some(iscsi_target::DEFAULT_NOP_IN_INTERVAL),
         buffer_pool_bytes: args.buffer_pool_mib.saturating_mul(1 << 20),
+        send_buffer_bytes: send_buffer(args.send_buffer_kib),
         tap: None,
     })
+}
+
+/// `--send-buffer-kib` as a configured send buffer: 0 is none.
+fn send_buffer(kib: usize) -> Option<usize> {
+    (kib > 0).then(|| kib.saturating_mul(1 << 10))
 }
 
 /// Runs `iscsi target`.

@@ -9,6 +9,7 @@
 //! portal_group_tag = 1            # optional
 //! nop_in_interval_seconds = 30    # optional; 0 turns the pings off
 //! buffer_pool_mib = 64            # optional: idle buffers kept per connection
+//! send_buffer_kib = 4096          # optional: SO_SNDBUF per TCP connection; 0: autotuning
 //!
 //! [negotiation]                   # optional: what the target offers
 //! header_digest = ["None", "CRC32C"]
@@ -77,6 +78,8 @@ struct FileConfig {
     nop_in_interval_seconds: Option<u64>,
     #[serde(default)]
     buffer_pool_mib: Option<usize>,
+    #[serde(default)]
+    send_buffer_kib: Option<usize>,
     #[serde(default)]
     negotiation: Option<NegotiationFile>,
     #[serde(rename = "target")]
@@ -244,6 +247,11 @@ impl TargetConfig {
                 .map_or(super::DEFAULT_BUFFER_POOL_BYTES, |mib| {
                     mib.saturating_mul(1 << 20)
                 }),
+            send_buffer_bytes: match file.send_buffer_kib {
+                Some(0) => None,
+                Some(kib) => Some(kib.saturating_mul(1 << 10)),
+                None => Some(super::DEFAULT_SEND_BUFFER_BYTES),
+            },
             tap: None,
         })
     }
@@ -488,6 +496,7 @@ mod tests {
             listen = ["127.0.0.1:3260", "[::1]:3261"]
             command_window = 64
             buffer_pool_mib = 8
+            send_buffer_kib = 512
             [negotiation]
             header_digest = ["CRC32C", "None"]
             max_outstanding_r2t = 4
@@ -508,6 +517,7 @@ mod tests {
         assert!(config.listen[1].is_ipv6());
         assert_eq!(config.command_window, 64);
         assert_eq!(config.buffer_pool_bytes, 8 << 20);
+        assert_eq!(config.send_buffer_bytes, Some(512 << 10));
         assert_eq!(config.negotiation.max_outstanding_r2t, 4);
         assert!(config.negotiation.initial_r2t);
         assert_eq!(config.negotiation.header_digest[0], Digest::Crc32c);
@@ -516,6 +526,18 @@ mod tests {
         assert!(config.targets[0].chap.as_ref().unwrap().mutual.is_some());
         assert_eq!(config.targets[1].luns[0].block_size(), 4096);
         assert_eq!(config.targets[1].allowed_initiators, ["iqn.x:y"]);
+    }
+
+    #[test]
+    fn the_send_buffer_defaults_and_turns_off() {
+        let minimal = "listen = [\"127.0.0.1:1\"]\n[[target]]\nname = \"a\"\nluns = [\"ram:1M\"]\n";
+        let config = TargetConfig::from_toml(minimal).unwrap();
+        assert_eq!(
+            config.send_buffer_bytes,
+            Some(crate::DEFAULT_SEND_BUFFER_BYTES)
+        );
+        let off = TargetConfig::from_toml(&format!("send_buffer_kib = 0\n{minimal}")).unwrap();
+        assert_eq!(off.send_buffer_bytes, None);
     }
 
     #[test]

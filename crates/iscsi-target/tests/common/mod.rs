@@ -61,6 +61,7 @@ impl Target {
             command_window: 32,
             nop_in_interval: None,
             buffer_pool_bytes: iscsi_target::DEFAULT_BUFFER_POOL_BYTES,
+            send_buffer_bytes: Some(iscsi_target::DEFAULT_SEND_BUFFER_BYTES),
             tap: None,
         };
         tune(&mut config);
