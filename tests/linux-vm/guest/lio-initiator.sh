@@ -329,18 +329,21 @@ fi
 # Only with LIO_FAULTS=1 on the host (./fault-matrix copied in): the fault matrix's first table
 # against LIO (scripts/fault-matrix --peer-url): every fault of the matrix, through `iscsi
 # fault-proxy` between our initiator and LIO's file LUN, at the ERLs in ./lio-faults (0,1 unless
-# the host said otherwise: LIO 6.1 does not survive its ERL 2). A case fails only on wrong data, a
+# the host said otherwise: LIO 6.1 does not survive its ERL 2), the faults chosen by the words after
+# them if any. A case fails only on wrong data, a
 # lost write, a hang or another ERL than asked; where LIO's outcome differs from ours the table says
 # so. The whole table goes to out/faults.log.
 if [ -f ./lio-faults ]; then
 phase=faults; t0=$(now)
 lio --erl 2
-erls=$(cat ./lio-faults)
+# ./lio-faults: the ERLs, then optionally words choosing faults (as scripts/fault-matrix takes them).
+read -r erls words < ./lio-faults
 # Row by row into out/ (the host sees it at once), each case's logs in out/faults-logs/.
 mkdir -p out/faults-logs
-echo "\$ fault-matrix --peer-url iscsi://$HOST:3260/$IQN/0 --erl $erls" >> out/faults.log
+echo "\$ fault-matrix --peer-url iscsi://$HOST:3260/$IQN/0 --erl $erls $words" >> out/faults.log
+# shellcheck disable=SC2086 # words are words
 env ISCSI_BIN=$ISCSI SECONDS_PER_CASE=2 TMPDIR="$PWD/out/faults-logs" \
-    python3 ./fault-matrix --peer-url iscsi://$HOST:3260/$IQN/0 --erl "$erls" > out/faults-table.txt 2>&1
+    python3 ./fault-matrix --peer-url iscsi://$HOST:3260/$IQN/0 --erl "$erls" $words > out/faults-table.txt 2>&1
 rc=$?
 summary=$(tail -1 out/faults-table.txt)
 if [ "$rc" = 0 ]; then pass "faults table against LIO: $summary (out/faults-table.txt)"

@@ -42,8 +42,9 @@ if [ -n "${LIO_ERL2:-}" ]; then
     touch ./lio-erl2
     extra+=(./lio-erl2)
 fi
-# LIO_FAULTS=ERLS (e.g. 0,1): also the fault matrix's first table against LIO at those ERLs
-# (scripts/fault-matrix --peer-url, run in the guest); a comparison, not run by default.
+# LIO_FAULTS="ERLS [WORDS...]" (e.g. "0,1", or "1 drop cut"): also the fault matrix's first table
+# against LIO at those ERLs, for the faults the words choose (scripts/fault-matrix --peer-url, run in
+# the guest); a comparison, not run by default. LIO 6.1 panics at ERL 1 on a Data-Out digest error.
 if [ -n "${LIO_FAULTS:-}" ]; then
     echo "$LIO_FAULTS" >./lio-faults
     cp "$LINUX_VM_REPO/scripts/fault-matrix" ./fault-matrix
