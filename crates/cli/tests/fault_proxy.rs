@@ -99,6 +99,76 @@ fn corrupted_pdus_are_recovered_and_logged() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `--log-pdus`: every PDU forwarded is in the log, so what the peers said
+/// around a fault can be read back: here the Data SNACK an ERL 1 initiator
+/// sends for a corrupted Data-In, between the Data-In and the status.
+#[test]
+fn every_pdu_is_logged_with_log_pdus() {
+    let port = free_port();
+    let mut target = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+    target.args([
+        "target",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--lun",
+        "ram:16M",
+    ]);
+    let _target = Peer::spawn(target, port);
+    let dir = std::env::temp_dir().join(format!("iscsi-fault-pdus-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("pdus.jsonl");
+    let proxy_port = free_port();
+    let mut proxy = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+    proxy.args([
+        "fault-proxy",
+        "--listen",
+        &format!("127.0.0.1:{proxy_port}"),
+        "--to",
+        &format!("127.0.0.1:{port}"),
+        "--fault",
+        "corrupt-data@data-in#2",
+        "--log",
+        log.to_str().unwrap(),
+        "--log-pdus",
+    ]);
+    let _proxy = Peer::spawn(proxy, proxy_port);
+    let url = format!("iscsi://127.0.0.1:{proxy_port}/iqn.2026-11.rs.iscsi:target0/0");
+    let read = Command::new(env!("CARGO_BIN_EXE_iscsi"))
+        .args(["read", &url, "--length", "1M", "--output"])
+        .arg(dir.join("out"))
+        .args(["--digest", "crc32c", "--set", "ErrorRecoveryLevel=1"])
+        .output()
+        .unwrap();
+    assert!(
+        read.status.success(),
+        "{}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let pdus: Vec<String> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .filter(|event| event["what"] == "forwarded")
+        .map(|event| format!("{} {}", event["direction"], event["pdu"]))
+        .collect();
+    let position = |needle: &str| {
+        pdus.iter()
+            .position(|pdu| pdu.contains(needle))
+            .unwrap_or_else(|| panic!("no {needle:?} in {pdus:#?}"))
+    };
+    let command = position("scsi-command ITT");
+    let snack = position("snack ITT");
+    assert!(pdus[command].contains("ExpStatSN"), "{}", pdus[command]);
+    assert!(pdus[snack].contains("DataR2t"), "{}", pdus[snack]);
+    assert!(pdus[snack].contains("to-target"), "{}", pdus[snack]);
+    let status = pdus
+        .iter()
+        .rposition(|pdu| pdu.contains(" S status 0x00 StatSN") || pdu.contains("scsi-response"))
+        .unwrap_or_else(|| panic!("no status in {pdus:#?}"));
+    assert!(command < snack && snack < status, "{pdus:#?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_bad_fault_is_refused() {
     let output = Command::new(env!("CARGO_BIN_EXE_iscsi"))

@@ -20,5 +20,5 @@ pub mod plan;
 pub mod proxy;
 pub mod spec;
 
-pub use proxy::{EventSink, FaultEvent, FaultProxy};
+pub use proxy::{EventSink, FaultEvent, FaultProxy, Logging};
 pub use spec::{Action, Direction, Fault, Matcher, Occurrence, SpecError};

@@ -64,6 +64,18 @@ impl fmt::Display for FaultEvent {
 /// Called with every event as it happens (e.g. to print it).
 pub type EventSink = Box<dyn Fn(&FaultEvent) + Send + Sync>;
 
+/// What the proxy reports.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Logging {
+    /// The faults it applied and the connections it opened and closed.
+    #[default]
+    Faults,
+    /// Those, and every PDU it forwarded (with the fields that order a
+    /// recovery: sequence numbers, tags, SNACK runs, the A and S bits), to
+    /// see what two peers said to each other around a fault.
+    EveryPdu,
+}
+
 /// A running fault-injecting proxy. Dropping it stops accepting and cuts
 /// every open connection.
 pub struct FaultProxy {
@@ -82,6 +94,7 @@ struct Shared {
     open: Mutex<HashMap<u64, [TcpStream; 2]>>,
     events: Mutex<Vec<FaultEvent>>,
     sink: Option<EventSink>,
+    logging: Logging,
 }
 
 impl Shared {
@@ -116,6 +129,17 @@ impl FaultProxy {
         faults: Vec<Fault>,
         sink: Option<EventSink>,
     ) -> io::Result<FaultProxy> {
+        Self::start_logging(listen, upstream, faults, sink, Logging::Faults)
+    }
+
+    /// [`FaultProxy::start`], reporting what `logging` says.
+    pub fn start_logging(
+        listen: impl ToSocketAddrs,
+        upstream: impl ToSocketAddrs,
+        faults: Vec<Fault>,
+        sink: Option<EventSink>,
+        logging: Logging,
+    ) -> io::Result<FaultProxy> {
         let upstream = upstream.to_socket_addrs()?.next().ok_or_else(|| {
             io::Error::new(io::ErrorKind::InvalidInput, "upstream resolves to nothing")
         })?;
@@ -130,6 +154,7 @@ impl FaultProxy {
             open: Mutex::new(HashMap::new()),
             events: Mutex::new(Vec::new()),
             sink,
+            logging,
         });
         let acceptor = {
             let shared = shared.clone();
@@ -442,6 +467,13 @@ fn pump(shared: &Shared, connection: &Connection, direction: Direction) -> Resul
         }
         to.write_all(&wire)?;
         forwarded += len;
+        if shared.logging == Logging::EveryPdu {
+            shared.record(FaultEvent {
+                direction: Some(direction),
+                pdu: Some(describe(&pdu, layout.data_len)),
+                ..shared.event(connection.id, "forwarded".to_owned())
+            });
+        }
     }
 }
 
@@ -451,10 +483,34 @@ fn describe(pdu: &Pdu, data_len: usize) -> String {
     let itt = pdu.initiator_task_tag();
     let place = match pdu {
         Pdu::ScsiCommand(command) => format!(
-            " CmdSN {} CDB {:#04x} length {}",
-            command.cmd_sn, command.cdb[0], command.expected_data_transfer_length
+            " CmdSN {} CDB {:#04x} length {} ExpStatSN {}",
+            command.cmd_sn,
+            command.cdb[0],
+            command.expected_data_transfer_length,
+            command.exp_stat_sn
         ),
-        Pdu::DataIn(data) => format!(" DataSN {} offset {}", data.data_sn, data.buffer_offset),
+        Pdu::DataIn(data) => format!(
+            " DataSN {} offset {}{}{}",
+            data.data_sn,
+            data.buffer_offset,
+            if data.acknowledge {
+                format!(" A TTT {:#010x}", data.target_transfer_tag)
+            } else {
+                String::new()
+            },
+            match data.status {
+                Some(status) => format!(" S status {status:#04x} StatSN {}", data.stat_sn),
+                None => String::new(),
+            }
+        ),
+        Pdu::SnackRequest(snack) => format!(
+            " {:?} TTT {:#010x} BegRun {} RunLength {} ExpStatSN {}",
+            snack.snack_type,
+            snack.target_transfer_tag,
+            snack.beg_run,
+            snack.run_length,
+            snack.exp_stat_sn
+        ),
         Pdu::DataOut(data) => format!(" DataSN {} offset {}", data.data_sn, data.buffer_offset),
         Pdu::ReadyToTransfer(r2t) => format!(
             " R2TSN {} offset {} length {}",
@@ -464,4 +520,43 @@ fn describe(pdu: &Pdu, data_len: usize) -> String {
         _ => String::new(),
     };
     format!("{kind} ITT {itt:#010x}{place} data {data_len}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::describe;
+    use iscsi_proto::pdu::{DataIn, Pdu, SnackRequest, SnackType};
+    use iscsi_proto::serial::{DataSn, StatSn};
+
+    #[test]
+    fn a_pdu_line_holds_what_orders_a_recovery() {
+        let data_in = Pdu::DataIn(DataIn {
+            final_flag: true,
+            acknowledge: true,
+            status: Some(0),
+            initiator_task_tag: 7,
+            target_transfer_tag: 0x2e,
+            stat_sn: StatSn::new(41),
+            data_sn: DataSn::new(3),
+            buffer_offset: 49152,
+            ..DataIn::default()
+        });
+        assert_eq!(
+            describe(&data_in, 16384),
+            "data-in ITT 0x00000007 DataSN 3 offset 49152 A TTT 0x0000002e S status 0x00 StatSN 41 data 16384"
+        );
+        let ack = Pdu::SnackRequest(SnackRequest {
+            snack_type: SnackType::DataAck,
+            initiator_task_tag: 0xffff_ffff,
+            target_transfer_tag: 0x2e,
+            exp_stat_sn: StatSn::new(41),
+            beg_run: 4,
+            run_length: 0,
+            ..SnackRequest::default()
+        });
+        assert_eq!(
+            describe(&ack, 0),
+            "snack ITT 0xffffffff DataAck TTT 0x0000002e BegRun 4 RunLength 0 ExpStatSN 41 data 0"
+        );
+    }
 }

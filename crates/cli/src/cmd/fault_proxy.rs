@@ -8,7 +8,7 @@ use std::io::{BufWriter, Write};
 use std::sync::Mutex;
 
 use anyhow::Context;
-use iscsi_fault::{EventSink, Fault, FaultProxy};
+use iscsi_fault::{EventSink, Fault, FaultProxy, Logging};
 
 /// Options of `iscsi fault-proxy`.
 #[derive(clap::Args, Debug)]
@@ -35,6 +35,11 @@ pub struct Args {
     /// Also write every event as a JSON line to this file.
     #[arg(long)]
     log: Option<std::path::PathBuf>,
+    /// Report every PDU forwarded too (sequence numbers, tags, SNACK runs,
+    /// the A and S bits), not only the faults: what the two peers said to
+    /// each other around a fault.
+    #[arg(long)]
+    log_pdus: bool,
 }
 
 /// Runs the proxy until the process is stopped.
@@ -63,11 +68,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
         }
     });
-    let proxy = FaultProxy::start(
+    let logging = if args.log_pdus {
+        Logging::EveryPdu
+    } else {
+        Logging::Faults
+    };
+    let proxy = FaultProxy::start_logging(
         args.listen.as_str(),
         args.to.as_str(),
         faults.clone(),
         Some(sink),
+        logging,
     )
     .with_context(|| format!("starting the proxy on {} to {}", args.listen, args.to))?;
     eprintln!(
