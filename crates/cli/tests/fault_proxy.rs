@@ -3,13 +3,21 @@
 //! are caught by their digests and recovered, the data comes back as
 //! written, and the `--log` file says exactly what the proxy did.
 
+use std::path::Path;
 use std::process::Command;
 
 use iscsi_test_peers::{Peer, free_port};
 use rand::RngCore;
 
-#[test]
-fn corrupted_pdus_are_recovered_and_logged() {
+/// `iscsi target` serving `lun`, and `iscsi fault-proxy` in front of it
+/// with `proxy_args` (faults, logging) and its log in `dir`/`log`: the
+/// two peers (stopped when dropped) and the URL through the proxy.
+fn target_behind_proxy(
+    lun: &str,
+    dir: &Path,
+    log: &str,
+    proxy_args: &[&str],
+) -> (Peer, Peer, String) {
     let port = free_port();
     let mut target = Command::new(env!("CARGO_BIN_EXE_iscsi"));
     target.args([
@@ -17,32 +25,38 @@ fn corrupted_pdus_are_recovered_and_logged() {
         "--listen",
         &format!("127.0.0.1:{port}"),
         "--lun",
-        "ram:64M",
+        lun,
     ]);
-    let _target = Peer::spawn(target, port);
-    let dir = std::env::temp_dir().join(format!("iscsi-fault-proxy-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let log = dir.join("faults.jsonl");
+    let target = Peer::spawn(target, port);
+    std::fs::create_dir_all(dir).unwrap();
     let proxy_port = free_port();
     let mut proxy = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-    proxy.args([
-        "fault-proxy",
-        "--listen",
-        &format!("127.0.0.1:{proxy_port}"),
-        "--to",
-        &format!("127.0.0.1:{port}"),
+    proxy
+        .args([
+            "fault-proxy",
+            "--listen",
+            &format!("127.0.0.1:{proxy_port}"),
+        ])
+        .args(["--to", &format!("127.0.0.1:{port}")])
+        .args(proxy_args)
+        .arg("--log")
+        .arg(dir.join(log));
+    let proxy = Peer::spawn(proxy, proxy_port);
+    let url = format!("iscsi://127.0.0.1:{proxy_port}/iqn.2026-11.rs.iscsi:target0/0");
+    (target, proxy, url)
+}
+
+#[test]
+fn corrupted_pdus_are_recovered_and_logged() {
+    let dir = std::env::temp_dir().join(format!("iscsi-fault-proxy-{}", std::process::id()));
+    let faults = [
         "--fault",
         "corrupt-data@data-out#5",
         "--fault",
         "corrupt-data@data-in#9",
-        "--log",
-        log.to_str().unwrap(),
-    ]);
-    let proxy = Peer::spawn(proxy, proxy_port);
-    let url = format!(
-        "iscsi://127.0.0.1:{}/iqn.2026-11.rs.iscsi:target0/0",
-        proxy.port
-    );
+    ];
+    let (_target, _proxy, url) = target_behind_proxy("ram:64M", &dir, "faults.jsonl", &faults);
+    let log = dir.join("faults.jsonl");
     let mut data = vec![0u8; 8 << 20];
     rand::rng().fill_bytes(&mut data);
     let input = dir.join("in");
@@ -104,35 +118,10 @@ fn corrupted_pdus_are_recovered_and_logged() {
 /// sends for a corrupted Data-In, between the Data-In and the status.
 #[test]
 fn every_pdu_is_logged_with_log_pdus() {
-    let port = free_port();
-    let mut target = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-    target.args([
-        "target",
-        "--listen",
-        &format!("127.0.0.1:{port}"),
-        "--lun",
-        "ram:16M",
-    ]);
-    let _target = Peer::spawn(target, port);
     let dir = std::env::temp_dir().join(format!("iscsi-fault-pdus-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let args = ["--fault", "corrupt-data@data-in#2", "--log-pdus"];
+    let (_target, _proxy, url) = target_behind_proxy("ram:16M", &dir, "pdus.jsonl", &args);
     let log = dir.join("pdus.jsonl");
-    let proxy_port = free_port();
-    let mut proxy = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-    proxy.args([
-        "fault-proxy",
-        "--listen",
-        &format!("127.0.0.1:{proxy_port}"),
-        "--to",
-        &format!("127.0.0.1:{port}"),
-        "--fault",
-        "corrupt-data@data-in#2",
-        "--log",
-        log.to_str().unwrap(),
-        "--log-pdus",
-    ]);
-    let _proxy = Peer::spawn(proxy, proxy_port);
-    let url = format!("iscsi://127.0.0.1:{proxy_port}/iqn.2026-11.rs.iscsi:target0/0");
     let read = Command::new(env!("CARGO_BIN_EXE_iscsi"))
         .args(["read", &url, "--length", "1M", "--output"])
         .arg(dir.join("out"))
