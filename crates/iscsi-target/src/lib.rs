@@ -27,5 +27,8 @@ mod session;
 mod stats;
 
 pub use config::file::{ConfigError, DEFAULT_NOP_IN_INTERVAL, open_lun, parse_size, unique_id};
-pub use config::{DEFAULT_BUFFER_POOL_BYTES, DEFAULT_SEND_BUFFER_BYTES, TargetConfig, TargetEntry};
+pub use config::{
+    DEFAULT_BUFFER_POOL_BYTES, DEFAULT_SEND_BUFFER_BYTES, TargetConfig, TargetEntry,
+    send_buffer_from_kib,
+};
 pub use server::{Server, serve};

@@ -96,14 +96,9 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         command_window: 128,
         nop_in_interval: Some(iscsi_target::DEFAULT_NOP_IN_INTERVAL),
         buffer_pool_bytes: args.buffer_pool_mib.saturating_mul(1 << 20),
-        send_buffer_bytes: send_buffer(args.send_buffer_kib),
+        send_buffer_bytes: iscsi_target::send_buffer_from_kib(args.send_buffer_kib),
         tap: None,
     })
-}
-
-/// `--send-buffer-kib` as a configured send buffer: 0 is none.
-fn send_buffer(kib: usize) -> Option<usize> {
-    (kib > 0).then(|| kib.saturating_mul(1 << 10))
 }
 
 /// Runs `iscsi target`.

@@ -247,11 +247,10 @@ impl TargetConfig {
                 .map_or(super::DEFAULT_BUFFER_POOL_BYTES, |mib| {
                     mib.saturating_mul(1 << 20)
                 }),
-            send_buffer_bytes: match file.send_buffer_kib {
-                Some(0) => None,
-                Some(kib) => Some(kib.saturating_mul(1 << 10)),
-                None => Some(super::DEFAULT_SEND_BUFFER_BYTES),
-            },
+            send_buffer_bytes: file.send_buffer_kib.map_or(
+                Some(super::DEFAULT_SEND_BUFFER_BYTES),
+                super::send_buffer_from_kib,
+            ),
             tap: None,
         })
     }

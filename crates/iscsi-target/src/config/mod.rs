@@ -89,6 +89,13 @@ pub const DEFAULT_BUFFER_POOL_BYTES: usize = 64 << 20;
 /// drains its socket at once, and 4 KiB reads unchanged.
 pub const DEFAULT_SEND_BUFFER_BYTES: usize = 4 << 20;
 
+/// [`TargetConfig::send_buffer_bytes`] as configured in KiB (`iscsi target
+/// --send-buffer-kib`, `send_buffer_kib` in the file): 0 leaves the buffer
+/// to the kernel's autotuning.
+pub fn send_buffer_from_kib(kib: usize) -> Option<usize> {
+    (kib > 0).then(|| kib.saturating_mul(1 << 10))
+}
+
 impl TargetConfig {
     /// The negotiation values a target built for throughput offers: big
     /// PDUs and bursts, immediate and unsolicited data, several R2Ts,
