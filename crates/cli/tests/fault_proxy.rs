@@ -46,6 +46,21 @@ fn target_behind_proxy(
     (target, proxy, url)
 }
 
+/// Runs `iscsi ARGS --digest crc32c` (digests, so that the proxy's
+/// corruptions are caught) and asserts it succeeded.
+fn run(args: &[&str]) {
+    let result = Command::new(env!("CARGO_BIN_EXE_iscsi"))
+        .args(args)
+        .args(["--digest", "crc32c"])
+        .output()
+        .unwrap();
+    assert!(
+        result.status.success(),
+        "iscsi {args:?}: {}",
+        String::from_utf8_lossy(&result.stderr)
+    );
+}
+
 #[test]
 fn corrupted_pdus_are_recovered_and_logged() {
     let dir = std::env::temp_dir().join(format!("iscsi-fault-proxy-{}", std::process::id()));
@@ -62,18 +77,6 @@ fn corrupted_pdus_are_recovered_and_logged() {
     let input = dir.join("in");
     let output = dir.join("out");
     std::fs::write(&input, &data).unwrap();
-    let run = |args: &[&str]| {
-        let result = Command::new(env!("CARGO_BIN_EXE_iscsi"))
-            .args(args)
-            .args(["--digest", "crc32c"])
-            .output()
-            .unwrap();
-        assert!(
-            result.status.success(),
-            "iscsi {args:?}: {}",
-            String::from_utf8_lossy(&result.stderr)
-        );
-    };
     run(&["write", &url, "--input", input.to_str().unwrap()]);
     run(&[
         "read",
@@ -122,17 +125,17 @@ fn every_pdu_is_logged_with_log_pdus() {
     let args = ["--fault", "corrupt-data@data-in#2", "--log-pdus"];
     let (_target, _proxy, url) = target_behind_proxy("ram:16M", &dir, "pdus.jsonl", &args);
     let log = dir.join("pdus.jsonl");
-    let read = Command::new(env!("CARGO_BIN_EXE_iscsi"))
-        .args(["read", &url, "--length", "1M", "--output"])
-        .arg(dir.join("out"))
-        .args(["--digest", "crc32c", "--set", "ErrorRecoveryLevel=1"])
-        .output()
-        .unwrap();
-    assert!(
-        read.status.success(),
-        "{}",
-        String::from_utf8_lossy(&read.stderr)
-    );
+    let output = dir.join("out");
+    run(&[
+        "read",
+        &url,
+        "--length",
+        "1M",
+        "--output",
+        output.to_str().unwrap(),
+        "--set",
+        "ErrorRecoveryLevel=1",
+    ]);
     let pdus: Vec<String> = std::fs::read_to_string(&log)
         .unwrap()
         .lines()
