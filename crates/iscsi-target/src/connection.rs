@@ -2,9 +2,10 @@
 //!
 //! The connection's task reads PDUs; commands run concurrently:
 //! - A SCSI Command is admitted against the session's CmdSN window. A read
-//!   (or a command without data) is handed to a task of its own, which
-//!   executes it on the blocking pool and sends its Data-In and status. A
-//!   write keeps a buffer of its Expected Data Transfer Length: immediate
+//!   (or a command without data) is executed and answered (`execute`): by
+//!   this task before it reads on when it moves under 64 KiB on a memory
+//!   store, else by a task of its own, on the blocking pool when the store
+//!   may block. A write keeps a buffer of its Expected Data Transfer Length: immediate
 //!   data and every Data-Out are received straight into their place in it
 //!   (the datamover's `receive_data_into`), R2Ts go out up to
 //!   MaxOutstandingR2T at a time, and when the last byte is in, the write
@@ -55,6 +56,7 @@ use crate::session::{Admission, Session, Shared, Task, record};
 use crate::stats::SessionStats;
 use write::{Drain, PROTOCOL_SERVICE_CRC_ERROR, PendingWrite};
 
+mod execute;
 mod respond;
 mod task_management;
 pub(crate) mod write;
@@ -1028,7 +1030,8 @@ impl Connection {
                 self.session.finish(&task);
                 return self.reject(header, RejectReason::ProtocolError).await;
             }
-            self.execute(scsi, task, command, cdb, WriteBuffer::default(), 0);
+            self.execute(scsi, task, command, cdb, WriteBuffer::default(), 0)
+                .await;
             return Ok(());
         }
         let expected = command.expected_data_transfer_length;
@@ -1131,230 +1134,6 @@ impl Connection {
             }
         });
     }
-
-    /// Runs a command on the blocking pool and answers it, in a task of its
-    /// own.
-    fn execute(
-        &self,
-        scsi: Arc<ScsiTarget>,
-        task: Arc<Task>,
-        command: ScsiCommand,
-        cdb: Vec<u8>,
-        data_out: WriteBuffer,
-        r2ts: u32,
-    ) {
-        task.start();
-        let itt = command.initiator_task_tag;
-        let guard = self.in_flight.enter();
-        let session = Arc::clone(&self.session);
-        let buffers = Arc::clone(&self.buffers);
-        let pieces = Arc::clone(&self.pieces);
-        let tap = self.tap.clone();
-        tokio::spawn(async move {
-            let _guard = guard;
-            // Scratch for a READ's data (a lent READ gives it back as it
-            // was); other commands build short answers from empty.
-            let data_in = if command.read {
-                buffers.take_filled(command.expected_data_transfer_length as usize)
-            } else {
-                Vec::new()
-            };
-            let inline = iscsi_scsi::decode_lun(command.lun.0)
-                .and_then(|lun| scsi.backstore(lun))
-                .is_none_or(|store| !store.may_block());
-            let run = {
-                let command = command.clone();
-                let session = Arc::clone(&session);
-                let task = Arc::clone(&task);
-                let tap = tap.clone();
-                // The steps a trace shows between the command's PDUs: the
-                // hand-off to the blocking pool, then the SCSI execution
-                // (CDB, backstore) itself.
-                let queued = tap.as_ref().map(|_| std::time::Instant::now());
-                let work = move || {
-                    let started = tap.as_ref().map(|tap| {
-                        let now = std::time::Instant::now();
-                        if let (false, Some(queued)) = (inline, queued) {
-                            tap.step("wait for blocking pool", itt, queued, now);
-                        }
-                        now
-                    });
-                    let mut data_in = data_in;
-                    let mut data_out = data_out;
-                    let mut lent = Vec::new();
-                    // Aborted while it waited for a thread: it never
-                    // reaches the SCSI layer, so the abort is not held up
-                    // by a slow store (no status goes out: `respond` sees
-                    // the abort).
-                    let (outcome, residual) = if task.aborted.load(Ordering::Acquire) {
-                        (CommandOutcome::GOOD, Residual::NONE)
-                    } else {
-                        run_command(
-                            &scsi,
-                            &session.nexus,
-                            &command,
-                            &cdb,
-                            &mut data_out,
-                            &mut data_in,
-                            &mut lent,
-                        )
-                    };
-                    if let (Some(tap), Some(started)) = (&tap, started) {
-                        tap.step("execute", itt, started, std::time::Instant::now());
-                    }
-                    (outcome, residual, data_out, data_in, lent)
-                };
-                if inline {
-                    // Memory only: no thread hand-off (a 4 KiB command costs
-                    // less than moving it to the blocking pool and back).
-                    Ok(work())
-                } else {
-                    tokio::task::spawn_blocking(work).await
-                }
-            };
-            let Ok((outcome, residual, data_out, data_in, lent)) = run else {
-                // The blocking task panicked: a bug, reported; the
-                // command ends without status (the initiator times out).
-                warn!("command execution failed");
-                session.finish(&task);
-                return;
-            };
-            SessionStats::add(&session.stats.commands, 1);
-            if outcome.status != GOOD {
-                SessionStats::add(&session.stats.errors, 1);
-            }
-            // Handed to the datamover as shared bytes: the backstore's own
-            // memory when it lent it (sent with no copy; a write meanwhile
-            // copies the chunks instead of changing them), else the
-            // buffer, which returns to the pool when the last byte sent
-            // from it (iSER's RDMA Writes) is on the wire. Lent whole
-            // chunks carry their CRC32C, so a data digest over them is
-            // combined, not computed (`Gather::crc32c`).
-            let data_in = if lent.is_empty() {
-                Gather::from(PooledBuffer::new(data_in, Arc::clone(&buffers)).into_bytes())
-            } else {
-                buffers.give(data_in);
-                Gather::from_pieces_with_crcs(lent.into_iter().map(|l| (l.bytes, l.crc)))
-            };
-            let response = Response {
-                command: &command,
-                outcome,
-                data_in: data_in.clone(),
-                residual,
-                r2ts,
-                tap: tap.as_ref(),
-            };
-            if let Err(error) = respond(&session, &task, response).await {
-                debug!(%error, "response not sent");
-            }
-            data_out.give(&buffers, &pieces);
-        });
-    }
-}
-
-/// Executes one command against the SCSI target. For a write, the data the
-/// CDB asks for (SPDTL) is compared with what the initiator sent (EDTL,
-/// RFC 7143 11.4.5.1): less is an underflow and the surplus is ignored;
-/// more is an overflow, answered with CHECK CONDITION INVALID FIELD IN
-/// INFORMATION UNIT without writing anything.
-fn run_command(
-    scsi: &ScsiTarget,
-    nexus: &Nexus,
-    command: &ScsiCommand,
-    cdb: &[u8],
-    data_out: &mut WriteBuffer,
-    data_in: &mut Vec<u8>,
-    lent: &mut Vec<iscsi_scsi::Lent>,
-) -> (CommandOutcome, Residual) {
-    let len = data_out.len();
-    let data_out = if data_out.is_flat() {
-        DataOut::Flat(data_out.flat_mut().map_or(&[][..], |b| &b[..]))
-    } else {
-        DataOut::Pieces {
-            pieces: data_out.pieces_mut(),
-            len,
-        }
-    };
-    let expected = command.expected_data_transfer_length;
-    if command.write {
-        let block_size = iscsi_scsi::decode_lun(command.lun.0)
-            .and_then(|lun| scsi.backstore(lun))
-            .map_or(512, |b| b.block_size());
-        let (_, wanted) = iscsi_scsi::command_info(cdb, block_size);
-        let residual = Residual::of(u64::from(wanted), expected);
-        if residual.overflow {
-            // FCP-4 / SAM-5: process the command, but transfer no data
-            // beyond the EDTL: a READ/WRITE is cut to the whole blocks the
-            // initiator sent; any other command is refused.
-            data_in.clear();
-            let blocks = expected / block_size.max(1);
-            return match shorten_transfer(cdb, blocks) {
-                Some(None) => (CommandOutcome::GOOD, residual),
-                Some(Some(shorter)) => {
-                    let used = data_out.shortened((blocks * block_size) as usize);
-                    (
-                        scsi.execute_lending(nexus, command.lun.0, &shorter, used, data_in, lent),
-                        residual,
-                    )
-                }
-                None => {
-                    let sense = iscsi_scsi::Sense::new(
-                        iscsi_scsi::SenseKey::IllegalRequest,
-                        iscsi_scsi::Asc::new(0x0E, 0x03),
-                    );
-                    (CommandOutcome::check_condition(sense), residual)
-                }
-            };
-        }
-        if residual.underflow && cdb.first() == Some(&COMPARE_AND_WRITE) {
-            // The compare and the write halves are located by the CDB's
-            // block count: a Data-Out of another size cannot be split
-            // (what Linux's target and libiscsi's suite expect).
-            data_in.clear();
-            let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
-            return (outcome, residual);
-        }
-        let used = data_out.shortened(wanted as usize);
-        let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, used, data_in, lent);
-        return (outcome, residual);
-    }
-    let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, DataOut::NONE, data_in, lent);
-    let residual = if command.read {
-        let sent = if lent.is_empty() {
-            data_in.len()
-        } else {
-            lent.iter().map(|l| l.bytes.len()).sum()
-        };
-        Residual::of(sent as u64, expected)
-    } else if expected > 0 {
-        Residual::of(0, expected)
-    } else {
-        Residual::NONE
-    };
-    (outcome, residual)
-}
-
-/// For a write CDB (WRITE and WRITE AND VERIFY 6/10/12/16), the same CDB
-/// with TRANSFER LENGTH cut to `blocks`: `Some(None)` when that leaves
-/// nothing to do, `None` for any other command.
-fn shorten_transfer(cdb: &[u8], blocks: u32) -> Option<Option<Vec<u8>>> {
-    let (at, width) = match *cdb.first()? {
-        0x0A => (4, 1),
-        0x2A | 0x2E => (7, 2),
-        0xAA | 0xAE => (6, 4),
-        0x8A | 0x8E => (10, 4),
-        _ => return None,
-    };
-    if cdb.len() < at + width {
-        return None;
-    }
-    if blocks == 0 {
-        return Some(None);
-    }
-    let mut shorter = cdb.to_vec();
-    let bytes = blocks.to_be_bytes();
-    shorter[at..at + width].copy_from_slice(&bytes[4 - width..]);
-    Some(Some(shorter))
 }
 
 /// A Reject with the offending header as its data (RFC 7143 11.17).

@@ -107,6 +107,75 @@ async fn commands_run_in_parallel_and_the_window_grows_as_they_finish() {
     target.stop().await;
 }
 
+/// A short read from a RAM LUN is answered by the connection's reader
+/// before it looks at the next PDU (no task of its own, no hand-off to
+/// another thread: docs/performance.md, "4 KiB reads"). With eight reads
+/// and a NOP-Out arriving in one segment, every read's status comes before
+/// the NOP-In; answered in tasks of their own, some come after it (checked:
+/// the test fails so). A 64 KiB read, which runs in a task of its own, and
+/// a ping behind it are both answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_reads_are_answered_in_the_order_they_came() {
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    for round in 0..20 {
+        let mut pdus = Vec::new();
+        let mut itts = Vec::new();
+        for i in 0..8 {
+            let itt = client.itt();
+            itts.push(itt);
+            pdus.push(client.command10_pdu(itt, false, i * 8, 8));
+        }
+        let ping = NopOut {
+            immediate: true,
+            initiator_task_tag: 0x7700 + round,
+            target_transfer_tag: RESERVED,
+            cmd_sn: client.cmd_sn,
+            ..NopOut::default()
+        };
+        pdus.push(Pdu::NopOut(ping));
+        client.send_together(pdus).await;
+        let mut answered = Vec::new();
+        loop {
+            match client.receive().await.header.pdu {
+                Pdu::DataIn(d) if d.status.is_some() => answered.push(d.initiator_task_tag),
+                Pdu::DataIn(_) => {}
+                Pdu::NopIn(n) => {
+                    assert_eq!(n.initiator_task_tag, 0x7700 + round);
+                    break;
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        assert_eq!(
+            answered, itts,
+            "round {round}: every read answered before the ping, in order"
+        );
+    }
+    // A read of 64 KiB and more is answered in a task of its own: a ping
+    // sent behind it is still answered, and so is the read.
+    let big = client.itt();
+    let read = client.command10_pdu(big, false, 0, 128);
+    let ping = NopOut {
+        immediate: true,
+        initiator_task_tag: 0x7800,
+        target_transfer_tag: RESERVED,
+        cmd_sn: client.cmd_sn,
+        ..NopOut::default()
+    };
+    client.send_together(vec![read, Pdu::NopOut(ping)]).await;
+    let (mut status, mut pong) = (false, false);
+    while !(status && pong) {
+        match client.receive().await.header.pdu {
+            Pdu::DataIn(d) if d.status.is_some() => status = d.initiator_task_tag == big,
+            Pdu::DataIn(_) => {}
+            Pdu::NopIn(n) => pong = n.initiator_task_tag == 0x7800,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    target.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn commands_outside_the_window_are_ignored() {
     let target = Target::start(|c| c.command_window = 2).await;

@@ -235,7 +235,7 @@ impl Connection {
     ) -> Result<(), DatamoverError> {
         let sent = self.solicit(&mut pending).await;
         match self.session.scsi.clone() {
-            Some(scsi) if pending.tracker.is_complete() => self.start_write(scsi, pending),
+            Some(scsi) if pending.tracker.is_complete() => self.start_write(scsi, pending).await,
             _ => {
                 self.pending_writes.insert(itt, pending);
             }
@@ -306,7 +306,7 @@ impl Connection {
         self.draining.insert(itt, drain);
     }
 
-    pub(super) fn start_write(&mut self, scsi: Arc<ScsiTarget>, pending: PendingWrite) {
+    pub(super) async fn start_write(&mut self, scsi: Arc<ScsiTarget>, pending: PendingWrite) {
         let PendingWrite {
             task,
             command,
@@ -315,7 +315,8 @@ impl Connection {
             r2ts_sent,
             ..
         } = pending;
-        self.execute(scsi, task, command, cdb, buffer, r2ts_sent);
+        self.execute(scsi, task, command, cdb, buffer, r2ts_sent)
+            .await;
     }
 
     /// The answer to an R2T SNACK for a write still collecting its data

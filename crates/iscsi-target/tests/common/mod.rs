@@ -8,7 +8,7 @@ pub use std::net::SocketAddr;
 pub use std::sync::{Arc, Mutex};
 pub use std::time::Duration;
 
-pub use iscsi_datamover::tcp::{StreamReceiver, StreamSender, TcpDatamover};
+pub use iscsi_datamover::tcp::{PduBatch, StreamReceiver, StreamSender, TcpDatamover};
 pub use iscsi_datamover::{PduReceiver, PduSender, Received};
 pub use iscsi_proto::login::chap::ChallengeHistory;
 pub use iscsi_proto::login::initiator::{InitiatorLogin, InitiatorLoginConfig, InitiatorStep};
@@ -247,6 +247,12 @@ impl Client {
     }
 
     pub async fn command10(&mut self, itt: u32, write: bool, lba: u32, blocks: u16, data: &[u8]) {
+        let command = self.command10_pdu(itt, write, lba, blocks);
+        self.send(command, data).await;
+    }
+
+    /// A READ(10) or WRITE(10) command PDU, numbered with the next CmdSN.
+    pub fn command10_pdu(&mut self, itt: u32, write: bool, lba: u32, blocks: u16) -> Pdu {
         let mut cdb = [0u8; 16];
         cdb[0] = if write { 0x2A } else { 0x28 };
         cdb[2..6].copy_from_slice(&lba.to_be_bytes());
@@ -262,7 +268,17 @@ impl Client {
             cdb,
             ..ScsiCommand::default()
         };
-        self.send(Pdu::ScsiCommand(command), data).await;
+        Pdu::ScsiCommand(command)
+    }
+
+    /// Sends `pdus` (without data segments) in one write, so that the
+    /// target finds them all in its receive buffer at once.
+    pub async fn send_together(&mut self, pdus: Vec<Pdu>) {
+        let mut batch = PduBatch::new(self.tx.digests());
+        for pdu in pdus {
+            batch.push(&Header::new(pdu, 0), &[]).unwrap();
+        }
+        self.tx.send_batch(&batch).await.unwrap();
     }
 
     /// Sends the Data-Out answering one R2T, cut by the target's
