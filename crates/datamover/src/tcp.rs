@@ -9,7 +9,11 @@
 //! big segment is read by the kernel straight into the caller's destination
 //! and digested right after, while it is still in cache. Sending hands the
 //! encoder's header, data, padding and digest slices to one vectored write,
-//! so a data segment is never copied into a PDU buffer.
+//! so a data segment is never copied into a PDU buffer; only PDUs with
+//! short data are copied, when held back to leave together
+//! ([`StreamSender::hold`]), and the receiver tells when the next PDU is
+//! already buffered whole ([`StreamReceiver::has_whole_pdu`]), which is
+//! when holding pays.
 //!
 //! [`StreamReceiver`] and [`StreamSender`] work over any tokio byte stream;
 //! [`TcpDatamover`] pairs them over the two halves of a `TcpStream`.
@@ -20,7 +24,7 @@ use std::time::Instant;
 
 use iscsi_proto::pdu::decoder::{Decoder, DecoderConfig, Event, Stage};
 use iscsi_proto::pdu::encode::{DataTrailer, MAX_HEADER_LEN, encode_header};
-use iscsi_proto::pdu::{Digests, Header, encode_pdu};
+use iscsi_proto::pdu::{BHS_LEN, Digests, Header, SegmentLengths, encode_pdu};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
@@ -100,6 +104,24 @@ impl<R: AsyncRead + Unpin + Send> StreamReceiver<R> {
             digests,
             ..self.decoder.config()
         });
+    }
+
+    /// Whether the next PDU is in the receive buffer whole: taking it in
+    /// (header and data) reads nothing more from the stream, so a caller
+    /// that answers it at once does not wait on the peer meanwhile.
+    pub fn has_whole_pdu(&self) -> bool {
+        if self.data_pending > 0
+            || !matches!(self.decoder.need().stage, Stage::Bhs | Stage::Complete)
+            || (self.decoder.need().stage == Stage::Bhs && self.decoder.need().bytes != BHS_LEN)
+        {
+            return false;
+        }
+        let buffered = &self.buffer[self.start..self.end];
+        let Some(bhs) = buffered.first_chunk::<BHS_LEN>() else {
+            return false;
+        };
+        let lengths = SegmentLengths::of_bhs(bhs);
+        buffered.len() >= lengths.pdu_len(self.decoder.config().digests)
     }
 
     /// Makes room and reads more bytes into the buffer. Returns the count
@@ -367,6 +389,15 @@ impl PduBatch {
     }
 }
 
+/// The most data a PDU may carry and still be held back
+/// ([`StreamSender::hold`]) rather than written at once: the answers to
+/// short commands. Held PDUs are copied into the batch.
+const HOLD_DATA_MAX: usize = 64 * 1024;
+
+/// The most bytes held back at once: a PDU that would go past it is
+/// written at once, with everything held before it.
+const HELD_MAX: usize = 256 * 1024;
+
 /// The send direction over any byte stream.
 #[derive(Debug)]
 pub struct StreamSender<W> {
@@ -375,6 +406,10 @@ pub struct StreamSender<W> {
     header_buf: Vec<u8>,
     /// Told of every PDU sent.
     tap: Option<Tap>,
+    /// Whether short PDUs are held back (see [`StreamSender::hold`]).
+    holding: bool,
+    /// PDUs held back, in order; written before anything else is.
+    held: PduBatch,
 }
 
 impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
@@ -385,7 +420,55 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
             digests: Digests::default(),
             header_buf: vec![0; MAX_HEADER_LEN],
             tap: None,
+            holding: false,
+            held: PduBatch::default(),
         }
+    }
+
+    /// While `on`, a PDU with a short data segment is not written but held
+    /// back, to go out in one write with the next PDU written or at
+    /// [`StreamSender::flush`]: the answers to a run of short commands
+    /// that arrived together leave in one segment, which costs one system
+    /// call here and one wake-up of the peer instead of one each. Held
+    /// PDUs keep their order among everything sent; the caller must flush
+    /// before it waits for the peer.
+    pub fn hold(&mut self, on: bool) {
+        self.holding = on;
+    }
+
+    /// Writes every PDU held back ([`StreamSender::hold`]).
+    pub async fn flush(&mut self) -> Result<(), DatamoverError> {
+        if self.held.is_empty() {
+            return Ok(());
+        }
+        let held = std::mem::take(&mut self.held);
+        let result = self.write_batch(&held).await;
+        self.restore_held(held);
+        result
+    }
+
+    /// Writes `batch` as it is (nothing held goes before it).
+    async fn write_batch(&mut self, batch: &PduBatch) -> Result<(), DatamoverError> {
+        let start = self.tap_sending(&batch.summaries, None);
+        self.writer.write_all(&batch.bytes).await?;
+        self.tap_sent(&batch.summaries, None, start);
+        Ok(())
+    }
+
+    /// Whether a PDU of `data_len` bytes of data is held back now, rather
+    /// than written.
+    fn holds(&self, header: &Header, data_len: usize) -> bool {
+        self.holding
+            && data_len <= HOLD_DATA_MAX
+            && self.held.bytes.len() + MAX_HEADER_LEN + data_len + 8 <= HELD_MAX
+            && usize::try_from(header.data_segment_length).ok() == Some(data_len)
+    }
+
+    /// Puts back the held batch after writing it: emptied, its allocation
+    /// kept for the next run.
+    fn restore_held(&mut self, mut held: PduBatch) {
+        held.clear(HELD_MAX);
+        self.held = held;
     }
 
     /// Tells `tap` of every PDU sent from now on.
@@ -425,6 +508,9 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
     /// `Notice_Key_Values`).
     pub fn enable(&mut self, digests: Digests) {
         self.digests = digests;
+        // Nothing is held during login, when keys are applied.
+        debug_assert!(self.held.is_empty());
+        self.held = PduBatch::new(digests);
     }
 
     /// The underlying stream, for writing bytes that are not a well-formed
@@ -443,10 +529,8 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
     /// stream allows (one, unless the socket buffer fills). The batch is
     /// left as it was.
     pub async fn send_batch(&mut self, batch: &PduBatch) -> Result<(), DatamoverError> {
-        let start = self.tap_sending(&batch.summaries, None);
-        self.writer.write_all(&batch.bytes).await?;
-        self.tap_sent(&batch.summaries, None, start);
-        Ok(())
+        self.flush().await?;
+        self.write_batch(batch).await
     }
 
     /// `Send_Control` behind a batch: the batch's PDUs, then `header` with
@@ -458,6 +542,7 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
         header: &Header,
         data: &[u8],
     ) -> Result<(), DatamoverError> {
+        self.flush().await?;
         let start = self.tap_sending(&batch.summaries, Some(header));
         let pdu = encode_pdu(header, data, self.digests, &mut self.header_buf)
             .map_err(|e| DatamoverError::Encode(e.to_string()))?;
@@ -473,13 +558,32 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
 }
 
 impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
+    /// Held back while holding and short (the PDUs held before it then stay
+    /// before it), else written at once behind whatever was held, in one
+    /// vectored write.
     async fn send_control(&mut self, header: &Header, data: &[u8]) -> Result<(), DatamoverError> {
-        let start = self.tap_sending(&[], Some(header));
-        let pdu = encode_pdu(header, data, self.digests, &mut self.header_buf)
-            .map_err(|e| DatamoverError::Encode(e.to_string()))?;
-        write_all_vectored(&mut self.writer, &pdu.slices()).await?;
-        self.tap_sent(&[], Some(header), start);
-        Ok(())
+        if self.holds(header, data.len()) {
+            return self.held.push(header, data);
+        }
+        let held = std::mem::take(&mut self.held);
+        let start = self.tap_sending(&held.summaries, Some(header));
+        let result = match encode_pdu(header, data, self.digests, &mut self.header_buf) {
+            Ok(pdu) => {
+                let [pdu_header, pdu_data, padding, digest] = pdu.slices();
+                write_all_vectored(
+                    &mut self.writer,
+                    &[&held.bytes, pdu_header, pdu_data, padding, digest],
+                )
+                .await
+                .map_err(DatamoverError::from)
+            }
+            Err(e) => Err(DatamoverError::Encode(e.to_string())),
+        };
+        if result.is_ok() {
+            self.tap_sent(&held.summaries, Some(header), start);
+        }
+        self.restore_held(held);
+        result
     }
 
     /// One vectored write: the header, every piece where it lies, the
@@ -498,30 +602,43 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
             )));
         }
         // One piece whose CRC is not known already: the ordinary path
-        // (digest computed while encoding) without the slice list.
+        // (digest computed while encoding, held back when short) without
+        // the slice list.
         if let [one] = data.pieces()
             && !(self.digests.data && data.has_known_crcs())
         {
             return self.send_control(header, one).await;
         }
-        let start = self.tap_sending(&[], Some(header));
-        let len = encode_header(header, self.digests.header, &mut self.header_buf)
-            .map_err(|e| DatamoverError::Encode(e.to_string()))?;
-        let crc = if self.digests.data { data.crc32c() } else { 0 };
-        let trailer = DataTrailer::from_data_crc(data.len(), crc, self.digests.data);
-        let mut slices: Vec<&[u8]> = Vec::with_capacity(data.pieces().len() + 3);
-        slices.push(&self.header_buf[..len]);
-        slices.extend(data.pieces().iter().map(|piece| &piece[..]));
-        slices.push(trailer.padding());
-        slices.push(trailer.digest());
-        write_all_vectored(&mut self.writer, &slices).await?;
-        self.tap_sent(&[], Some(header), start);
-        Ok(())
+        let held = std::mem::take(&mut self.held);
+        let start = self.tap_sending(&held.summaries, Some(header));
+        let result = match encode_header(header, self.digests.header, &mut self.header_buf) {
+            Ok(len) => {
+                let crc = if self.digests.data { data.crc32c() } else { 0 };
+                let trailer = DataTrailer::from_data_crc(data.len(), crc, self.digests.data);
+                let mut slices: Vec<&[u8]> = Vec::with_capacity(data.pieces().len() + 4);
+                slices.push(&held.bytes);
+                slices.push(&self.header_buf[..len]);
+                slices.extend(data.pieces().iter().map(|piece| &piece[..]));
+                slices.push(trailer.padding());
+                slices.push(trailer.digest());
+                write_all_vectored(&mut self.writer, &slices)
+                    .await
+                    .map_err(DatamoverError::from)
+            }
+            Err(e) => Err(DatamoverError::Encode(e.to_string())),
+        };
+        if result.is_ok() {
+            self.tap_sent(&held.summaries, Some(header), start);
+        }
+        self.restore_held(held);
+        result
     }
 
+    /// Writes what is held back, then closes the send direction.
     async fn terminate(&mut self) -> Result<(), DatamoverError> {
+        let flushed = self.flush().await;
         self.writer.shutdown().await?;
-        Ok(())
+        flushed
     }
 }
 

@@ -33,6 +33,18 @@ pub enum Sender {
     Iser(IserSender),
 }
 
+impl Receiver {
+    /// Whether the next PDU has arrived whole, so that taking it in waits
+    /// for nothing (over TCP: [`StreamReceiver::has_whole_pdu`]; over iSER
+    /// never said, as nothing is held back there to wait for).
+    pub fn has_whole_pdu(&self) -> bool {
+        match self {
+            Receiver::Tcp(r) => r.has_whole_pdu(),
+            Receiver::Iser(_) => false,
+        }
+    }
+}
+
 impl PduReceiver for Receiver {
     async fn receive_header(&mut self) -> Result<Option<Header>, DatamoverError> {
         match self {
@@ -141,6 +153,24 @@ impl PduSender for Sender {
 }
 
 impl Sender {
+    /// While `on`, short PDUs are held back to leave with the next write or
+    /// at [`Sender::flush`] (over TCP: [`StreamSender::hold`]); over iSER
+    /// every PDU is a message of its own, sent at once.
+    pub fn hold(&mut self, on: bool) {
+        match self {
+            Sender::Tcp(s) => s.hold(on),
+            Sender::Iser(_) => {}
+        }
+    }
+
+    /// Writes every PDU held back.
+    pub async fn flush(&mut self) -> Result<(), DatamoverError> {
+        match self {
+            Sender::Tcp(s) => s.flush().await,
+            Sender::Iser(_) => Ok(()),
+        }
+    }
+
     /// Sends every PDU of `batch`, in order (over TCP in as few writes as
     /// the socket allows).
     pub async fn send_batch(&mut self, batch: &PduBatch) -> Result<(), DatamoverError> {

@@ -3,7 +3,9 @@
 //! digests, landed in caller buffers through both the buffered and the
 //! direct-read paths; a corrupted data digest, a truncated stream and a
 //! misused receive give errors, never a panic or a hang. A batch of PDUs
-//! is the same bytes as the PDUs sent one by one.
+//! is the same bytes as the PDUs sent one by one; PDUs held back leave in
+//! order with the next write, a flush or the end; the receiver says when
+//! the next PDU is buffered whole.
 
 use iscsi_datamover::tcp::{PduBatch, StreamReceiver, StreamSender};
 use iscsi_datamover::{DatamoverError, PduReceiver, PduSender};
@@ -369,4 +371,141 @@ async fn every_send_path_counts_its_pdus_before_writing_them() {
         .unwrap();
     check(&mut sender, 1, "put_data_gather");
     assert_eq!(counter.counts().data_in, 7);
+}
+
+/// Whatever of `server` arrives within a short wait (nothing, when the
+/// sender holds everything back).
+async fn arrived(server: &mut tokio::io::DuplexStream, len: usize) -> Vec<u8> {
+    let mut bytes = vec![0; len];
+    let mut got = 0;
+    while got < len {
+        let read = tokio::time::timeout(
+            std::time::Duration::from_millis(50),
+            tokio::io::AsyncReadExt::read(server, &mut bytes[got..]),
+        )
+        .await;
+        match read {
+            Ok(Ok(n)) if n > 0 => got += n,
+            _ => break,
+        }
+    }
+    bytes.truncate(got);
+    bytes
+}
+
+#[tokio::test]
+async fn held_pdus_leave_in_order_with_the_next_write_a_flush_or_the_end() {
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        // Sizes up to the most a held PDU may carry (64 KiB), one past it.
+        let pdus: Vec<(Header, Vec<u8>)> = [0usize, 5, 4096, 64 * 1024 + 1, 100, 64 * 1024, 7]
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (data_in(i as u32, len), pattern(len, i as u8)))
+            .collect();
+        let mut wire = Vec::new();
+        for (header, data) in &pdus {
+            wire.push(encoded(header, data, digests).await);
+        }
+        let (client, mut server) = tokio::io::duplex(4 << 20);
+        let mut sender = StreamSender::new(client);
+        sender.enable(digests);
+        sender.hold(true);
+        sender.send_control(&pdus[0].0, &pdus[0].1).await.unwrap();
+        sender.put_data(&pdus[1].0, &pdus[1].1).await.unwrap();
+        let gather = iscsi_datamover::Gather::from(bytes::Bytes::from(pdus[2].1.clone()));
+        sender.put_data_gather(&pdus[2].0, gather).await.unwrap();
+        assert!(
+            arrived(&mut server, 1).await.is_empty(),
+            "short PDUs are held"
+        );
+        // Too long to hold: written at once, behind the three held.
+        sender.send_control(&pdus[3].0, &pdus[3].1).await.unwrap();
+        assert_eq!(
+            arrived(&mut server, wire[..4].concat().len()).await,
+            wire[..4].concat()
+        );
+        sender.send_control(&pdus[4].0, &pdus[4].1).await.unwrap();
+        sender.send_control(&pdus[5].0, &pdus[5].1).await.unwrap();
+        assert!(arrived(&mut server, 1).await.is_empty());
+        sender.flush().await.unwrap();
+        assert_eq!(
+            arrived(&mut server, wire[4..6].concat().len()).await,
+            wire[4..6].concat()
+        );
+        // Not holding: written at once.
+        sender.hold(false);
+        sender.send_control(&pdus[6].0, &pdus[6].1).await.unwrap();
+        assert_eq!(arrived(&mut server, wire[6].len()).await, wire[6]);
+        // At most 256 KiB is held: the PDU that would pass it goes out
+        // with the ones before it; the end of the stream flushes the rest.
+        sender.hold(true);
+        let big = &pdus[5];
+        for _ in 0..4 {
+            sender.send_control(&big.0, &big.1).await.unwrap();
+        }
+        assert_eq!(
+            arrived(&mut server, 4 * wire[5].len()).await,
+            wire[5].repeat(4)
+        );
+        sender.send_control(&pdus[0].0, &pdus[0].1).await.unwrap();
+        sender.terminate().await.unwrap();
+        let mut rest = Vec::new();
+        tokio::io::AsyncReadExt::read_to_end(&mut server, &mut rest)
+            .await
+            .unwrap();
+        assert_eq!(rest, wire[0]);
+    }
+}
+
+#[tokio::test]
+async fn the_receiver_tells_when_the_next_pdu_is_buffered_whole() {
+    for digests in [
+        Digests::default(),
+        Digests {
+            header: true,
+            data: true,
+        },
+    ] {
+        // Two short PDUs, one longer than a read from the stream takes (16
+        // KiB: its data is read straight into place, then its padding with
+        // what follows), and a last one.
+        let sizes = [0usize, 6, 40 * 1024 + 1, 5];
+        let pdus: Vec<(Header, Vec<u8>)> = sizes
+            .iter()
+            .enumerate()
+            .map(|(i, &len)| (data_in(i as u32, len), pattern(len, i as u8)))
+            .collect();
+        let mut wire = Vec::new();
+        for (header, data) in &pdus {
+            wire.extend(encoded(header, data, digests).await);
+        }
+        let mut receiver = StreamReceiver::new(&wire[..]);
+        receiver.enable(digests, 1 << 20);
+        assert!(!receiver.has_whole_pdu(), "nothing read yet");
+        let header = receiver.receive_header().await.unwrap().unwrap();
+        assert_eq!(header, pdus[0].0);
+        assert!(
+            receiver.has_whole_pdu(),
+            "the 6-byte PDU came with the first"
+        );
+        assert!(receiver.receive_header().await.unwrap().is_some());
+        assert!(!receiver.has_whole_pdu(), "its data is not taken yet");
+        assert_eq!(receiver.receive_data().await.unwrap(), pdus[1].1);
+        assert!(!receiver.has_whole_pdu(), "40 KiB is not in one read");
+        assert!(receiver.receive_header().await.unwrap().is_some());
+        assert_eq!(receiver.receive_data().await.unwrap(), pdus[2].1);
+        assert!(
+            receiver.has_whole_pdu(),
+            "the last PDU came with the third's padding"
+        );
+        assert!(receiver.receive().await.unwrap().is_some());
+        assert!(!receiver.has_whole_pdu());
+        assert!(receiver.receive().await.unwrap().is_none());
+    }
 }

@@ -115,13 +115,23 @@ pub(crate) struct WriterState {
 impl Writer {
     /// Sends one PDU.
     pub async fn send(&self, pdu: Pdu, data: &[u8], stat: Stat) -> Result<(), DatamoverError> {
-        let mut state = self.state.lock().await;
+        let mut state = self.lock().await;
         state.send(&self.session, pdu, data, stat).await
     }
 
     /// Locks the writer for a run of PDUs (a command's Data-In and status).
+    /// Nothing the holder sends is held back unless it asks
+    /// ([`WriterState::hold`]); what an earlier holder held goes out before
+    /// it.
     pub async fn lock(&self) -> tokio::sync::MutexGuard<'_, WriterState> {
-        self.state.lock().await
+        let mut state = self.state.lock().await;
+        state.sender.hold(false);
+        state
+    }
+
+    /// Writes what answers were held back (`WriterState::hold`).
+    pub async fn flush(&self) -> Result<(), DatamoverError> {
+        self.state.lock().await.sender.flush().await
     }
 
     /// Ends the send direction. Every answer under way has finished (or
@@ -140,6 +150,14 @@ impl Writer {
 }
 
 impl WriterState {
+    /// While `on`, short PDUs are held back by the datamover until the next
+    /// write or [`Writer::flush`] (`Sender::hold`): the answers the
+    /// connection's reader sends while more commands wait in its receive
+    /// buffer leave together.
+    pub fn hold(&mut self, on: bool) {
+        self.sender.hold(on);
+    }
+
     /// Stamps StatSN, ExpCmdSN and MaxCmdSN into `pdu` and sends it with
     /// `data` (a Data-In through `Put_Data`, the rest through
     /// `Send_Control`).
@@ -341,6 +359,9 @@ pub(crate) struct Connection {
     state: ConnectionStateMachine,
     /// Told of each command's steps between its PDUs (`--trace`).
     tap: Option<Tap>,
+    /// Whether this task has answered a command itself since the writer
+    /// was last flushed: the answer may be held back (`WriterState::hold`).
+    answers_held: bool,
 }
 
 impl Connection {
@@ -404,6 +425,7 @@ impl Connection {
             text_continuation: None,
             state,
             tap,
+            answers_held: false,
         }
     }
 
@@ -488,6 +510,14 @@ impl Connection {
             };
             self.sweep_aborted_writes();
             match self.dispatch(&mut receiver, header).await {
+                // Answers held back go out once no whole PDU is left to
+                // take in: before the reader can wait for the initiator.
+                Ok(Flow::Continue) if self.answers_held && !receiver.has_whole_pdu() => {
+                    self.answers_held = false;
+                    if let Err(e) = self.writer.flush().await {
+                        break Err(e);
+                    }
+                }
                 Ok(Flow::Continue) => {}
                 Ok(Flow::Stop) => {
                     stopped_by_logout = true;
@@ -1128,6 +1158,7 @@ impl Connection {
                 residual: Residual::NONE,
                 r2ts: 0,
                 tap: tap.as_ref(),
+                hold: false,
             };
             if let Err(error) = respond(&session, &task, response).await {
                 debug!(%error, "response not sent");

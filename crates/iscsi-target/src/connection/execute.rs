@@ -49,7 +49,7 @@ impl Connection {
     /// the writer as the answer to a NOP-Out does: if the initiator stops
     /// reading, the target stops reading too (TCP's own back-pressure).
     pub(super) async fn execute(
-        &self,
+        &mut self,
         scsi: Arc<ScsiTarget>,
         task: Arc<Task>,
         command: ScsiCommand,
@@ -76,8 +76,10 @@ impl Connection {
                 tap: self.tap.clone(),
             },
             may_block,
+            here,
         );
         if here {
+            self.answers_held = true;
             answer.await;
             drop(guard);
         } else {
@@ -105,8 +107,9 @@ struct Execution {
 }
 
 /// Runs the command (on the blocking pool when `may_block`) and sends its
-/// Data-In and status.
-async fn answer(execution: Execution, may_block: bool) {
+/// Data-In and status; `hold` when the connection's reader answers it
+/// (`Response::hold`).
+async fn answer(execution: Execution, may_block: bool, hold: bool) {
     let Execution {
         scsi,
         session,
@@ -206,6 +209,7 @@ async fn answer(execution: Execution, may_block: bool) {
         residual,
         r2ts,
         tap: tap.as_ref(),
+        hold,
     };
     if let Err(error) = respond(&session, &task, response).await {
         debug!(%error, "response not sent");

@@ -49,6 +49,11 @@ pub(super) struct Response<'a> {
     pub(super) r2ts: u32,
     /// Told how long the response waited for the connection's writer.
     pub(super) tap: Option<&'a Tap>,
+    /// Short PDUs of the answer are held back by the datamover, to leave
+    /// with the next write or when the connection's reader flushes before
+    /// it waits for more (`Sender::hold`): set for the commands the reader
+    /// answers itself.
+    pub(super) hold: bool,
 }
 
 /// Sends a command's Data-In (cut by MaxRecvDataSegmentLength and
@@ -75,6 +80,7 @@ pub(super) async fn respond(
         residual,
         r2ts,
         tap,
+        hold,
     } = response;
     let sent = if command.read {
         data_in
@@ -89,7 +95,7 @@ pub(super) async fn respond(
         writer.retained.is_none() && outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
     if collapse {
         let result = respond_collapsed(
-            &writer, session, task, &limits, command, data_in, sent, residual, tap,
+            &writer, session, task, &limits, command, data_in, sent, residual, tap, hold,
         )
         .await;
         if result.is_err() {
@@ -136,6 +142,7 @@ pub(super) async fn respond(
     loop {
         let waiting = tap.map(|_| std::time::Instant::now());
         let mut out = writer.lock().await;
+        out.hold(hold);
         if let (Some(tap), Some(waiting)) = (tap, waiting) {
             // Other commands' Data-In and statuses go first: at a deep
             // queue this is where a response spends its time.
@@ -194,11 +201,13 @@ pub(super) async fn respond_collapsed(
     sent: u32,
     residual: Residual,
     tap: Option<&Tap>,
+    hold: bool,
 ) -> Result<(), DatamoverError> {
     let segments = limits.data_in_segments(sent);
     let count = segments.len();
     let waiting = tap.map(|_| std::time::Instant::now());
     let mut out = writer.lock().await;
+    out.hold(hold);
     if let (Some(tap), Some(waiting)) = (tap, waiting) {
         let itt = command.initiator_task_tag;
         tap.step("wait for writer", itt, waiting, std::time::Instant::now());

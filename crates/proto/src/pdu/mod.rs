@@ -251,6 +251,28 @@ impl SegmentLengths {
     pub const fn total_ahs_len(self) -> usize {
         self.total_ahs_words as usize * 4
     }
+
+    /// The lengths in a BHS's bytes 4-7.
+    pub fn of_bhs(bhs: &[u8; BHS_LEN]) -> SegmentLengths {
+        SegmentLengths {
+            total_ahs_words: bhs[4],
+            data_segment_length: wire::u24_at(bhs, 5),
+        }
+    }
+
+    /// The whole PDU's length on the wire (section 4.2.2): BHS, AHS,
+    /// header digest, data segment padded to 4 bytes, data digest (none
+    /// without data).
+    pub fn pdu_len(self, digests: Digests) -> usize {
+        let data = self.data_segment_length as usize;
+        let digest = |on: bool| if on { DIGEST_LEN } else { 0 };
+        BHS_LEN
+            + self.total_ahs_len()
+            + digest(digests.header)
+            + data
+            + padding_len(data)
+            + digest(digests.data && data > 0)
+    }
 }
 
 /// A PDU whose opcode this crate does not interpret (vendor-specific or
@@ -348,10 +370,7 @@ impl Pdu {
     /// Decodes a Basic Header Segment. Never fails: unknown opcodes become
     /// [`Pdu::Unknown`], unknown codes are kept, reserved bits are ignored.
     pub fn decode_bhs(bhs: &[u8; BHS_LEN]) -> (Pdu, SegmentLengths) {
-        let lengths = SegmentLengths {
-            total_ahs_words: bhs[4],
-            data_segment_length: wire::u24_at(bhs, 5),
-        };
+        let lengths = SegmentLengths::of_bhs(bhs);
         let pdu = match Opcode::from_bits(bhs[0]) {
             Opcode::NopOut => Pdu::NopOut(NopOut::decode(bhs)),
             Opcode::ScsiCommand => Pdu::ScsiCommand(ScsiCommand::decode(bhs)),
