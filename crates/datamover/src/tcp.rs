@@ -464,6 +464,29 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
             && usize::try_from(header.data_segment_length).ok() == Some(data_len)
     }
 
+    /// Writes what is held back, then one PDU (`slices`, from its header
+    /// on) in the same vectored write, and tells the tap of them all.
+    async fn write_behind_held(
+        &mut self,
+        header: &Header,
+        slices: &[&[u8]],
+    ) -> Result<(), DatamoverError> {
+        let held = std::mem::take(&mut self.held);
+        let start = self.tap_sending(&held.summaries, Some(header));
+        let mut all: Vec<&[u8]> = Vec::with_capacity(slices.len() + 1);
+        all.push(&held.bytes);
+        all.extend_from_slice(slices);
+        let result = write_all_vectored(&mut self.writer, &all)
+            .await
+            .map_err(DatamoverError::from);
+        if result.is_ok() {
+            self.tap_sent(&held.summaries, Some(header), start);
+        }
+        drop(all);
+        self.restore_held(held);
+        result
+    }
+
     /// Puts back the held batch after writing it: emptied, its allocation
     /// kept for the next run.
     fn restore_held(&mut self, mut held: PduBatch) {
@@ -565,24 +588,12 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
         if self.holds(header, data.len()) {
             return self.held.push(header, data);
         }
-        let held = std::mem::take(&mut self.held);
-        let start = self.tap_sending(&held.summaries, Some(header));
-        let result = match encode_pdu(header, data, self.digests, &mut self.header_buf) {
-            Ok(pdu) => {
-                let [pdu_header, pdu_data, padding, digest] = pdu.slices();
-                write_all_vectored(
-                    &mut self.writer,
-                    &[&held.bytes, pdu_header, pdu_data, padding, digest],
-                )
-                .await
-                .map_err(DatamoverError::from)
-            }
+        let mut header_buf = std::mem::take(&mut self.header_buf);
+        let result = match encode_pdu(header, data, self.digests, &mut header_buf) {
+            Ok(pdu) => self.write_behind_held(header, &pdu.slices()).await,
             Err(e) => Err(DatamoverError::Encode(e.to_string())),
         };
-        if result.is_ok() {
-            self.tap_sent(&held.summaries, Some(header), start);
-        }
-        self.restore_held(held);
+        self.header_buf = header_buf;
         result
     }
 
@@ -609,28 +620,21 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
         {
             return self.send_control(header, one).await;
         }
-        let held = std::mem::take(&mut self.held);
-        let start = self.tap_sending(&held.summaries, Some(header));
-        let result = match encode_header(header, self.digests.header, &mut self.header_buf) {
+        let mut header_buf = std::mem::take(&mut self.header_buf);
+        let result = match encode_header(header, self.digests.header, &mut header_buf) {
             Ok(len) => {
                 let crc = if self.digests.data { data.crc32c() } else { 0 };
                 let trailer = DataTrailer::from_data_crc(data.len(), crc, self.digests.data);
-                let mut slices: Vec<&[u8]> = Vec::with_capacity(data.pieces().len() + 4);
-                slices.push(&held.bytes);
-                slices.push(&self.header_buf[..len]);
+                let mut slices: Vec<&[u8]> = Vec::with_capacity(data.pieces().len() + 3);
+                slices.push(&header_buf[..len]);
                 slices.extend(data.pieces().iter().map(|piece| &piece[..]));
                 slices.push(trailer.padding());
                 slices.push(trailer.digest());
-                write_all_vectored(&mut self.writer, &slices)
-                    .await
-                    .map_err(DatamoverError::from)
+                self.write_behind_held(header, &slices).await
             }
             Err(e) => Err(DatamoverError::Encode(e.to_string())),
         };
-        if result.is_ok() {
-            self.tap_sent(&held.summaries, Some(header), start);
-        }
-        self.restore_held(held);
+        self.header_buf = header_buf;
         result
     }
 

@@ -34,6 +34,18 @@ fn pattern(len: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
+/// A connection without digests and one with both.
+const NO_AND_BOTH_DIGESTS: [Digests; 2] = [
+    Digests {
+        header: false,
+        data: false,
+    },
+    Digests {
+        header: true,
+        data: true,
+    },
+];
+
 const SIZES: [usize; 9] = [0, 1, 3, 4, 511, 4096, 16 * 1024 - 1, 64 * 1024 + 3, 1 << 20];
 
 async fn round_trip(digests: Digests, into_place: bool) {
@@ -88,6 +100,15 @@ async fn every_size_round_trips_with_both_digests() {
     };
     round_trip(both, false).await;
     round_trip(both, true).await;
+}
+
+/// A Data-In PDU of each length, with its data.
+fn data_ins(lengths: &[usize]) -> Vec<(Header, Vec<u8>)> {
+    lengths
+        .iter()
+        .enumerate()
+        .map(|(i, &len)| (data_in(i as u32, len), pattern(len, i as u8)))
+        .collect()
 }
 
 /// The bytes of one PDU as the sender writes them.
@@ -210,18 +231,8 @@ async fn a_segment_longer_than_declared_is_refused_before_allocation() {
 
 #[tokio::test]
 async fn a_batch_is_the_same_bytes_as_its_pdus_sent_one_by_one_in_order() {
-    for digests in [
-        Digests::default(),
-        Digests {
-            header: true,
-            data: true,
-        },
-    ] {
-        let pdus: Vec<(Header, Vec<u8>)> = [0usize, 1, 5, 48, 4096, 16 * 1024 - 3]
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| (data_in(i as u32, len), pattern(len, i as u8)))
-            .collect();
+    for digests in NO_AND_BOTH_DIGESTS {
+        let pdus = data_ins(&[0, 1, 5, 48, 4096, 16 * 1024 - 3]);
         let mut expected = Vec::new();
         for (header, data) in &pdus {
             expected.extend(encoded(header, data, digests).await);
@@ -395,19 +406,9 @@ async fn arrived(server: &mut tokio::io::DuplexStream, len: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn held_pdus_leave_in_order_with_the_next_write_a_flush_or_the_end() {
-    for digests in [
-        Digests::default(),
-        Digests {
-            header: true,
-            data: true,
-        },
-    ] {
+    for digests in NO_AND_BOTH_DIGESTS {
         // Sizes up to the most a held PDU may carry (64 KiB), one past it.
-        let pdus: Vec<(Header, Vec<u8>)> = [0usize, 5, 4096, 64 * 1024 + 1, 100, 64 * 1024, 7]
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| (data_in(i as u32, len), pattern(len, i as u8)))
-            .collect();
+        let pdus = data_ins(&[0, 5, 4096, 64 * 1024 + 1, 100, 64 * 1024, 7]);
         let mut wire = Vec::new();
         for (header, data) in &pdus {
             wire.push(encoded(header, data, digests).await);
@@ -465,22 +466,11 @@ async fn held_pdus_leave_in_order_with_the_next_write_a_flush_or_the_end() {
 
 #[tokio::test]
 async fn the_receiver_tells_when_the_next_pdu_is_buffered_whole() {
-    for digests in [
-        Digests::default(),
-        Digests {
-            header: true,
-            data: true,
-        },
-    ] {
+    for digests in NO_AND_BOTH_DIGESTS {
         // Two short PDUs, one longer than a read from the stream takes (16
         // KiB: its data is read straight into place, then its padding with
         // what follows), and a last one.
-        let sizes = [0usize, 6, 40 * 1024 + 1, 5];
-        let pdus: Vec<(Header, Vec<u8>)> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &len)| (data_in(i as u32, len), pattern(len, i as u8)))
-            .collect();
+        let pdus = data_ins(&[0, 6, 40 * 1024 + 1, 5]);
         let mut wire = Vec::new();
         for (header, data) in &pdus {
             wire.extend(encoded(header, data, digests).await);

@@ -126,14 +126,7 @@ async fn short_reads_are_answered_in_the_order_they_came() {
             itts.push(itt);
             pdus.push(client.command10_pdu(itt, false, i * 8, 8));
         }
-        let ping = NopOut {
-            immediate: true,
-            initiator_task_tag: 0x7700 + round,
-            target_transfer_tag: RESERVED,
-            cmd_sn: client.cmd_sn,
-            ..NopOut::default()
-        };
-        pdus.push(Pdu::NopOut(ping));
+        pdus.push(client.ping(0x7700 + round));
         client.send_together(pdus).await;
         let mut answered = Vec::new();
         loop {
@@ -156,14 +149,8 @@ async fn short_reads_are_answered_in_the_order_they_came() {
     // sent behind it is still answered, and so is the read.
     let big = client.itt();
     let read = client.command10_pdu(big, false, 0, 128);
-    let ping = NopOut {
-        immediate: true,
-        initiator_task_tag: 0x7800,
-        target_transfer_tag: RESERVED,
-        cmd_sn: client.cmd_sn,
-        ..NopOut::default()
-    };
-    client.send_together(vec![read, Pdu::NopOut(ping)]).await;
+    let ping = client.ping(0x7800);
+    client.send_together(vec![read, ping]).await;
     let (mut status, mut pong) = (false, false);
     while !(status && pong) {
         match client.receive().await.header.pdu {
@@ -191,14 +178,8 @@ async fn commands_outside_the_window_are_ignored() {
     client.read10(itt, 0, 1).await;
     // A ping proves the connection is alive and nothing else came back.
     client.cmd_sn = exp;
-    let ping = NopOut {
-        immediate: true,
-        initiator_task_tag: 0x77,
-        target_transfer_tag: RESERVED,
-        cmd_sn: client.cmd_sn,
-        ..NopOut::default()
-    };
-    client.send(Pdu::NopOut(ping), b"ping").await;
+    let ping = client.ping(0x77);
+    client.send(ping, b"ping").await;
     let reply = client.receive().await;
     match reply.header.pdu {
         Pdu::NopIn(n) => {

@@ -271,6 +271,17 @@ impl Client {
         Pdu::ScsiCommand(command)
     }
 
+    /// An immediate NOP-Out asking for an answer (a ping) with `itt`.
+    pub fn ping(&self, itt: u32) -> Pdu {
+        Pdu::NopOut(NopOut {
+            immediate: true,
+            initiator_task_tag: itt,
+            target_transfer_tag: RESERVED,
+            cmd_sn: self.cmd_sn,
+            ..NopOut::default()
+        })
+    }
+
     /// Sends `pdus` (without data segments) in one write, so that the
     /// target finds them all in its receive buffer at once.
     pub async fn send_together(&mut self, pdus: Vec<Pdu>) {
