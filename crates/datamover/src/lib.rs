@@ -203,15 +203,7 @@ pub trait PduReceiver: Send {
         buffer: &mut WriteBuffer,
         range: std::ops::Range<usize>,
     ) -> impl Future<Output = Result<(), DatamoverError>> + Send {
-        async move {
-            if let Some(flat) = buffer.flat_mut() {
-                return self.receive_data_in_place(flat, range).await;
-            }
-            let mut slices = buffer.slices_mut(range).ok_or(DatamoverError::Misuse(
-                "the data segment's range is outside the buffer",
-            ))?;
-            self.receive_data_into_slices(&mut slices).await
-        }
+        receive_data_in_buffer_by_parts(self, buffer, range)
     }
 
     /// The current PDU's data segment in a new buffer, digest verified.
@@ -228,6 +220,24 @@ pub trait PduReceiver: Send {
             Ok(Some(Received { header, data }))
         }
     }
+}
+
+/// [`PduReceiver::receive_data_in_buffer`] through the receiver's other
+/// primitives: a flat buffer in place, one in pieces as a slice per piece
+/// the range covers (what a transport that cannot place data itself does,
+/// and what iSER does with data it did not place in the pieces).
+pub(crate) async fn receive_data_in_buffer_by_parts<R: PduReceiver + ?Sized>(
+    receiver: &mut R,
+    buffer: &mut WriteBuffer,
+    range: std::ops::Range<usize>,
+) -> Result<(), DatamoverError> {
+    if let Some(flat) = buffer.flat_mut() {
+        return receiver.receive_data_in_place(flat, range).await;
+    }
+    let mut slices = buffer.slices_mut(range).ok_or(DatamoverError::Misuse(
+        "the data segment's range is outside the buffer",
+    ))?;
+    receiver.receive_data_into_slices(&mut slices).await
 }
 
 /// The send direction of one connection (RFC 5047 `Send_Control` and

@@ -454,8 +454,8 @@ impl PduReceiver for IserReceiver {
         buffer: &mut WriteBuffer,
         range: std::ops::Range<usize>,
     ) -> Result<(), DatamoverError> {
-        if let Some(flat) = buffer.flat_mut() {
-            return self.receive_data_in_place(flat, range).await;
+        if buffer.is_flat() {
+            return crate::receive_data_in_buffer_by_parts(self, buffer, range).await;
         }
         let laid_out = match &self.current {
             Some((
@@ -487,10 +487,7 @@ impl PduReceiver for IserReceiver {
             }),
         )) = taken
         else {
-            let mut slices = buffer.slices_mut(range).ok_or(DatamoverError::Misuse(
-                "the data segment's range is outside the buffer",
-            ))?;
-            return self.receive_data_into_slices(&mut slices).await;
+            return crate::receive_data_in_buffer_by_parts(self, buffer, range).await;
         };
         for (i, page) in pages.into_iter().enumerate() {
             let index = first + i;
