@@ -110,10 +110,15 @@ impl<R: AsyncRead + Unpin + Send> StreamReceiver<R> {
     /// (header and data) reads nothing more from the stream, so a caller
     /// that answers it at once does not wait on the peer meanwhile.
     pub fn has_whole_pdu(&self) -> bool {
-        if self.data_pending > 0
-            || !matches!(self.decoder.need().stage, Stage::Bhs | Stage::Complete)
-            || (self.decoder.need().stage == Stage::Bhs && self.decoder.need().bytes != BHS_LEN)
-        {
+        // Between PDUs: the last one taken in whole, nothing of the next
+        // one fed to the decoder yet.
+        let need = self.decoder.need();
+        let between = match need.stage {
+            Stage::Complete => true,
+            Stage::Bhs => need.bytes == BHS_LEN,
+            _ => false,
+        };
+        if self.data_pending > 0 || !between {
             return false;
         }
         let buffered = &self.buffer[self.start..self.end];
@@ -456,12 +461,12 @@ impl<W: AsyncWrite + Unpin + Send> StreamSender<W> {
     }
 
     /// Whether a PDU of `data_len` bytes of data is held back now, rather
-    /// than written.
-    fn holds(&self, header: &Header, data_len: usize) -> bool {
+    /// than written (a header whose length disagrees is refused either
+    /// way, by the encoder).
+    fn holds(&self, data_len: usize) -> bool {
         self.holding
             && data_len <= HOLD_DATA_MAX
             && self.held.bytes.len() + MAX_HEADER_LEN + data_len + 8 <= HELD_MAX
-            && usize::try_from(header.data_segment_length).ok() == Some(data_len)
     }
 
     /// Writes what is held back, then one PDU (`slices`, from its header
@@ -585,7 +590,7 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
     /// before it), else written at once behind whatever was held, in one
     /// vectored write.
     async fn send_control(&mut self, header: &Header, data: &[u8]) -> Result<(), DatamoverError> {
-        if self.holds(header, data.len()) {
+        if self.holds(data.len()) {
             return self.held.push(header, data);
         }
         let mut header_buf = std::mem::take(&mut self.header_buf);
