@@ -1,6 +1,8 @@
 //! `iscsi delay-relay`: every byte arrives, in order, both ways; nothing
 //! arrives before its delay; and an iSCSI session runs through it.
 
+mod common;
+
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::process::Command;
@@ -98,18 +100,10 @@ fn an_iscsi_session_runs_through_the_relay() {
         "iscsi://127.0.0.1:{}/iqn.2026-11.rs.iscsi:target0/0",
         relay.port
     );
-    let output = Command::new(env!("CARGO_BIN_EXE_iscsi"))
-        .args([
-            "bench", &url, "--rw", "randread", "--bs", "4k", "--qd", "1", "--time", "0.5", "--json",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let output = common::succeeds(&[
+        "bench", &url, "--rw", "randread", "--bs", "4k", "--qd", "1", "--time", "0.5", "--json",
+    ]);
+    let report: serde_json::Value = serde_json::from_str(&output).unwrap();
     // Each command crosses the relay twice: at least 400 us at QD 1.
     let p50 = report["p50_us"].as_f64().unwrap();
     assert!(

@@ -3,6 +3,8 @@
 //! are caught by their digests and recovered, the data comes back as
 //! written, and the `--log` file says exactly what the proxy did.
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
@@ -49,16 +51,7 @@ fn target_behind_proxy(
 /// Runs `iscsi ARGS --digest crc32c` (digests, so that the proxy's
 /// corruptions are caught) and asserts it succeeded.
 fn run(args: &[&str]) {
-    let result = Command::new(env!("CARGO_BIN_EXE_iscsi"))
-        .args(args)
-        .args(["--digest", "crc32c"])
-        .output()
-        .unwrap();
-    assert!(
-        result.status.success(),
-        "iscsi {args:?}: {}",
-        String::from_utf8_lossy(&result.stderr)
-    );
+    common::succeeds(&[args, &["--digest", "crc32c"]].concat());
 }
 
 #[test]
