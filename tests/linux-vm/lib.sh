@@ -22,6 +22,10 @@
 LINUX_VM_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 LINUX_VM_REPO=$(cd "$LINUX_VM_DIR/../.." && pwd)
 ISCSI_BIN=${ISCSI_BIN:-$LINUX_VM_REPO/target/ci/iscsi}
+# Every job runs under `set -euo pipefail`: one that stops on an error says where (file, line,
+# command, status) before the exit trap's diagnostics.
+# shellcheck source=scripts/lib/on-error.sh
+source "$LINUX_VM_REPO/scripts/lib/on-error.sh"
 declare -A VM_TARGET_PID=() VM_TARGET_ARGS=() VM_TARGET_PORT=() VM_CAPTURE_PID=()
 
 vm_log() { echo "[$(date +%T)] ${VM_JOB:-job}: $*"; }

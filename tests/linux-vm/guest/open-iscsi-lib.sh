@@ -3,6 +3,8 @@
 # the VM, from the working directory /mnt/host; bash). Results go to ./out/ (./vm-out/ on the host).
 # Every check prints "ok - WHAT" or "not ok - WHAT"; the host job echoes these lines.
 set -euo pipefail
+# shellcheck source=scripts/lib/on-error.sh # put beside this script by tests/linux-vm/run
+. ./on-error.sh
 mkdir -p out
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 

@@ -12,6 +12,8 @@
 # writes out/ready and waits for ./checked (the host's `iscsi verify --check` runs are over).
 [ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 set -euo pipefail
+# shellcheck source=scripts/lib/on-error.sh # put beside this script by tests/linux-vm/run
+. ./on-error.sh
 mkdir -p out
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 # shellcheck disable=SC1091 # written by the host job
