@@ -9,7 +9,8 @@ probe_have() { command -v "$1" >/dev/null 2>&1; }
 
 # The font the plots of `iscsi sweep`, `iscsi model` and `iscsi pdu-cost` draw text with
 # (crates/analysis/src/plot.rs looks here first; Debian package fonts-dejavu-core).
-PROBE_PLOT_FONT=/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf
+# PROBE_PLOT_FONT set beforehand replaces it (tests/scripts/fresh-machine points it at a file that is not there).
+PROBE_PLOT_FONT=${PROBE_PLOT_FONT:-/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf}
 
 # probe_plot_font: the plot font is installed.
 probe_plot_font() { [ -f "$PROBE_PLOT_FONT" ]; }
