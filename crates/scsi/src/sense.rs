@@ -4,8 +4,17 @@
 //! Every ASC/ASCQ pair is a named constant checked against SPC-4's Annex D
 //! table ("ASC and ASCQ assignments"); nothing else in the crate writes a raw
 //! ASC number.
+//!
+//! The same types put sense data into words for people (the `Display`
+//! impls, over T10's names in [`asc_names`]): the initiator and the CLI
+//! print a CHECK CONDITION through them, so there is one table to extend.
 
-/// A sense key (SPC-4 Table 28).
+use std::fmt;
+
+mod asc_names;
+
+/// A sense key (SPC-4 Table 28): every 4-bit value has a variant, so any
+/// received sense data maps onto one ([`SenseKey::from_code`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum SenseKey {
@@ -25,16 +34,80 @@ pub enum SenseKey {
     UnitAttention = 0x6,
     /// 0x7: the medium is write-protected.
     DataProtect = 0x7,
+    /// 0x8: blank or end-of-data medium (sequential access devices).
+    BlankCheck = 0x8,
+    /// 0x9: a vendor-specific condition.
+    VendorSpecific = 0x9,
+    /// 0xA: an EXTENDED COPY was aborted.
+    CopyAborted = 0xA,
     /// 0xB: the device server aborted the command.
     AbortedCommand = 0xB,
+    /// 0xC: obsolete (EQUAL, for the SEARCH DATA commands of SCSI-2).
+    Equal = 0xC,
+    /// 0xD: the medium is full (sequential access devices).
+    VolumeOverflow = 0xD,
     /// 0xE: the source data did not match (COMPARE AND WRITE).
     Miscompare = 0xE,
+    /// 0xF: the command completed with sense data to report (SPC-5).
+    Completed = 0xF,
 }
 
 impl SenseKey {
     /// The 4-bit wire value.
     pub const fn code(self) -> u8 {
         self as u8
+    }
+
+    /// The key of a SENSE KEY field; the upper four bits are ignored (in
+    /// fixed format they hold FILEMARK, EOM, ILI and SDAT_OVFL).
+    pub const fn from_code(code: u8) -> Self {
+        match code & 0x0F {
+            0x0 => Self::NoSense,
+            0x1 => Self::RecoveredError,
+            0x2 => Self::NotReady,
+            0x3 => Self::MediumError,
+            0x4 => Self::HardwareError,
+            0x5 => Self::IllegalRequest,
+            0x6 => Self::UnitAttention,
+            0x7 => Self::DataProtect,
+            0x8 => Self::BlankCheck,
+            0x9 => Self::VendorSpecific,
+            0xA => Self::CopyAborted,
+            0xB => Self::AbortedCommand,
+            0xC => Self::Equal,
+            0xD => Self::VolumeOverflow,
+            0xE => Self::Miscompare,
+            _ => Self::Completed,
+        }
+    }
+
+    /// The key's name as sg3-utils and the Linux kernel print it ("Illegal
+    /// Request"), so a message reads the same from every tool.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::NoSense => "No Sense",
+            Self::RecoveredError => "Recovered Error",
+            Self::NotReady => "Not Ready",
+            Self::MediumError => "Medium Error",
+            Self::HardwareError => "Hardware Error",
+            Self::IllegalRequest => "Illegal Request",
+            Self::UnitAttention => "Unit Attention",
+            Self::DataProtect => "Data Protect",
+            Self::BlankCheck => "Blank Check",
+            Self::VendorSpecific => "Vendor Specific",
+            Self::CopyAborted => "Copy Aborted",
+            Self::AbortedCommand => "Aborted Command",
+            Self::Equal => "Equal",
+            Self::VolumeOverflow => "Volume Overflow",
+            Self::Miscompare => "Miscompare",
+            Self::Completed => "Completed",
+        }
+    }
+}
+
+impl fmt::Display for SenseKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -99,6 +172,38 @@ impl Asc {
     pub const fn new(asc: u8, ascq: u8) -> Self {
         Self { asc, ascq }
     }
+
+    /// What the pair means in words: T10's name where the table holds it,
+    /// the vendor-specific ranges (ASC 80h-FFh, or ASCQ 80h-FFh under a
+    /// standard ASC, SPC-4 §4.5.2.1) named as such, `None` for any other
+    /// pair.
+    pub fn description(self) -> Option<&'static str> {
+        if self.asc >= 0x80 {
+            return Some("Vendor specific");
+        }
+        if let Some(name) = asc_names::name(self.asc, self.ascq) {
+            return Some(name);
+        }
+        match self.asc {
+            // 4Dh/NNh: the ASCQ is the tag of the task that overlapped.
+            0x4D => Some("Tagged overlapped commands (ASCQ holds the task tag)"),
+            _ if self.ascq >= 0x80 => Some("Vendor specific qualifier"),
+            _ => None,
+        }
+    }
+}
+
+/// The words first, then the numbers ("Logical unit not supported (ASC
+/// 0x25, ASCQ 0x00)"): the numbers are what a vendor's manual and T10's list
+/// are searched by. A pair with no description prints as its numbers alone.
+impl fmt::Display for Asc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let codes = format_args!("ASC 0x{:02X}, ASCQ 0x{:02X}", self.asc, self.ascq);
+        match self.description() {
+            Some(words) => write!(f, "{words} ({codes})"),
+            None => write!(f, "{codes}"),
+        }
+    }
 }
 
 /// Which field of the CDB or parameter list an ILLEGAL REQUEST is about:
@@ -151,6 +256,15 @@ pub struct Sense {
     pub information: Option<u64>,
     /// The field an ILLEGAL REQUEST is about, if named.
     pub field_pointer: Option<FieldPointer>,
+}
+
+/// The key and the additional sense, e.g. "Illegal Request: Logical unit
+/// not supported (ASC 0x25, ASCQ 0x00)" (INFORMATION and the field pointer
+/// are left to whoever needs them).
+impl fmt::Display for Sense {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.key, self.asc)
+    }
 }
 
 /// Length of fixed-format sense data this crate produces.
@@ -345,6 +459,67 @@ mod tests {
     fn descriptor_layout() {
         let b = Sense::MODE_PARAMETERS_CHANGED.to_descriptor_format();
         assert_eq!(b, [0x72, 0x06, 0x2A, 0x01, 0, 0, 0, 0]);
+    }
+
+    /// The wording checked against sg3-utils' `sg_decode_sense` (1.48).
+    #[test]
+    fn words_first_then_codes() {
+        assert_eq!(
+            Sense::LUN_NOT_SUPPORTED.to_string(),
+            "Illegal Request: Logical unit not supported (ASC 0x25, ASCQ 0x00)"
+        );
+        let nexus_loss = Sense::unit_attention(Asc::I_T_NEXUS_LOSS);
+        assert_eq!(
+            nexus_loss.to_string(),
+            "Unit Attention: I_T nexus loss occurred (ASC 0x29, ASCQ 0x07)"
+        );
+        let cases = [
+            (0x21, 0x00, "Logical block address out of range"),
+            (0x24, 0x00, "Invalid field in cdb"),
+            (
+                0x04,
+                0x02,
+                "Logical unit not ready, initializing command required",
+            ),
+            (0x10, 0x01, "Logical block guard check failed"),
+            (0x47, 0x05, "Protocol service CRC error"),
+            (0x2A, 0x09, "Capacity data has changed"),
+            (0x3F, 0x0E, "Reported luns data has changed"),
+            (0x44, 0x00, "Internal target failure"),
+            (0x55, 0x03, "Insufficient resources"),
+            (0x5D, 0x00, "Failure prediction threshold exceeded"),
+        ];
+        for (asc, ascq, words) in cases {
+            assert_eq!(Asc::new(asc, ascq).description(), Some(words));
+        }
+    }
+
+    #[test]
+    fn codes_alone_where_there_are_no_words() {
+        assert_eq!(Asc::new(0x24, 0x50).to_string(), "ASC 0x24, ASCQ 0x50");
+        assert_eq!(Asc::new(0x7E, 0x00).to_string(), "ASC 0x7E, ASCQ 0x00");
+        assert_eq!(
+            Asc::new(0x80, 0x01).to_string(),
+            "Vendor specific (ASC 0x80, ASCQ 0x01)"
+        );
+        assert_eq!(
+            Asc::new(0x24, 0x85).to_string(),
+            "Vendor specific qualifier (ASC 0x24, ASCQ 0x85)"
+        );
+        assert_eq!(
+            Asc::new(0x4D, 0x12).description(),
+            Some("Tagged overlapped commands (ASCQ holds the task tag)")
+        );
+    }
+
+    #[test]
+    fn every_key_code_has_a_name() {
+        for code in 0..=0xFF_u8 {
+            let key = SenseKey::from_code(code);
+            assert_eq!(key.code(), code & 0x0F);
+            assert!(!key.name().is_empty());
+        }
+        assert_eq!(SenseKey::from_code(0x25), SenseKey::IllegalRequest);
     }
 
     #[test]
