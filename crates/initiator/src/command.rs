@@ -164,35 +164,21 @@ impl Sense {
         })
     }
 
-    fn key_name(&self) -> &'static str {
-        match self.key {
-            0x0 => "NO SENSE",
-            0x1 => "RECOVERED ERROR",
-            0x2 => "NOT READY",
-            0x3 => "MEDIUM ERROR",
-            0x4 => "HARDWARE ERROR",
-            0x5 => "ILLEGAL REQUEST",
-            0x6 => "UNIT ATTENTION",
-            0x7 => "DATA PROTECT",
-            0x8 => "BLANK CHECK",
-            0xb => "ABORTED COMMAND",
-            0xd => "VOLUME OVERFLOW",
-            0xe => "MISCOMPARE",
-            _ => "sense key",
-        }
+    /// The sense data as the SCSI crate types it, for its words.
+    fn typed(&self) -> iscsi_scsi::Sense {
+        iscsi_scsi::Sense::new(
+            iscsi_scsi::SenseKey::from_code(self.key),
+            iscsi_scsi::Asc::new(self.asc, self.ascq),
+        )
     }
 }
 
+/// In words, then the codes: "Illegal Request: Logical unit not supported
+/// (ASC 0x25, ASCQ 0x00)", through the SCSI crate's table of T10's names so
+/// that initiator and target print sense data the same way.
 impl fmt::Display for Sense {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "{} {:#x}, ASC/ASCQ {:#04x}/{:#04x}",
-            self.key_name(),
-            self.key,
-            self.asc,
-            self.ascq
-        )
+        self.typed().fmt(f)
     }
 }
 
@@ -290,7 +276,10 @@ mod tests {
         fixed[12] = 0x24;
         let sense = Sense::parse(&fixed).unwrap();
         assert_eq!((sense.key, sense.asc, sense.ascq), (5, 0x24, 0));
-        assert!(sense.to_string().contains("ILLEGAL REQUEST"));
+        assert_eq!(
+            sense.to_string(),
+            "Illegal Request: Invalid field in cdb (ASC 0x24, ASCQ 0x00)"
+        );
         let descriptor = [0x72, 0x06, 0x29, 0x00, 0, 0, 0, 0];
         assert_eq!(Sense::parse(&descriptor).unwrap().key, 6);
         assert!(Sense::parse(&[0x70, 0]).is_none());

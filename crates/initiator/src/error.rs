@@ -5,6 +5,12 @@
 //! ([`Error::Protocol`], [`Error::Rejected`]), the target refusing
 //! ([`Error::Login`], [`Error::TaskManagement`]) or the SCSI layer answering
 //! with a status other than GOOD ([`Error::Status`]).
+//!
+//! No variant both prints an inner error and returns it as its `source()`:
+//! `anyhow`'s `{:#}` (what the `iscsi` CLI prints) writes every error of the
+//! chain, so such a variant would say its cause twice ("Connection refused
+//! (os error 111): Connection refused (os error 111)"). Each message says it
+//! all instead, and the chain ends at it.
 
 use std::time::Duration;
 
@@ -29,12 +35,13 @@ pub enum Error {
     #[error("invalid setting: {0}")]
     Config(String),
     /// The TCP connection could not be made.
-    #[error("connecting to {address}: {source}")]
+    #[error("connecting to {address}: {error}")]
     Connect {
         /// The address tried.
         address: String,
-        /// The socket error.
-        source: std::io::Error,
+        /// The socket error (in the message, not a `source`: see the
+        /// module doc).
+        error: std::io::Error,
     },
     /// The login failed (refused, redirected too often, CHAP failure,
     /// negotiation failure or a target breaking the login rules). A refusal
@@ -44,8 +51,9 @@ pub enum Error {
     #[error("login: {}", describe_login_error(.0))]
     Login(InitiatorLoginError),
     /// The transport failed or delivered bytes that are not a valid PDU.
+    /// (In the message, not a `source`: see the module doc.)
     #[error("connection: {0}")]
-    Datamover(#[from] DatamoverError),
+    Datamover(DatamoverError),
     /// The connection was lost while the command was outstanding, and it
     /// could not be retried (retries exhausted or reconnection failed).
     #[error("connection lost")]
@@ -76,7 +84,7 @@ pub enum Error {
     #[error("aborted by {0:?}")]
     Aborted(TaskFunction),
     /// The SCSI command completed with a status other than GOOD.
-    #[error("SCSI status {}{status:#04x}{}", status_name(*status), sense.as_ref().map(|s| format!(" ({s})")).unwrap_or_default())]
+    #[error("SCSI status {}{status:#04x}{}", status_name(*status), sense.as_ref().map(|s| format!(": {s}")).unwrap_or_default())]
     Status {
         /// The SCSI status byte.
         status: u8,
@@ -94,6 +102,12 @@ pub enum Error {
     /// The session was logged out or closed.
     #[error("session closed")]
     SessionClosed,
+}
+
+impl From<DatamoverError> for Error {
+    fn from(error: DatamoverError) -> Self {
+        Error::Datamover(error)
+    }
 }
 
 impl From<InitiatorLoginError> for Error {
@@ -155,6 +169,36 @@ fn status_name(status: u8) -> &'static str {
 mod tests {
     use super::*;
     use iscsi_proto::pdu::login::LoginStatus;
+
+    /// What the CLI printed for a port where nothing listens: the OS error
+    /// once, not once per link of the chain.
+    #[test]
+    fn a_connect_failure_says_its_cause_once() {
+        let error = Error::Connect {
+            address: "127.0.0.1:3999".to_owned(),
+            error: std::io::Error::from(std::io::ErrorKind::ConnectionRefused),
+        };
+        assert_eq!(
+            anyhow_like(&error),
+            "connecting to 127.0.0.1:3999: connection refused"
+        );
+        let lost = Error::from(DatamoverError::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert_eq!(anyhow_like(&lost), "connection: i/o: connection reset");
+    }
+
+    #[test]
+    fn a_check_condition_is_in_words_then_codes() {
+        let missing = Error::Status {
+            status: 0x02,
+            sense: Sense::parse(&[0x72, 0x05, 0x25, 0x00, 0, 0, 0, 0]),
+        };
+        assert_eq!(
+            anyhow_like(&missing),
+            "SCSI status CHECK CONDITION 0x02: Illegal Request: Logical unit not supported (ASC 0x25, ASCQ 0x00)"
+        );
+    }
 
     #[test]
     fn a_refusal_says_what_it_means_once() {

@@ -183,9 +183,9 @@ pub(crate) async fn login(
 }
 
 async fn connect(config: &SessionConfig, portal: &str) -> Result<TcpStream, Error> {
-    let connect_error = |source| Error::Connect {
+    let connect_error = |error| Error::Connect {
         address: portal.to_owned(),
-        source,
+        error,
     };
     tokio::time::timeout(config.timeouts.connect, TcpStream::connect(portal))
         .await
@@ -247,9 +247,9 @@ async fn negotiate(
     portal: &str,
     stream: TcpStream,
 ) -> Result<(Datamover, InitiatorLoginComplete), Error> {
-    let connect_error = |source| Error::Connect {
+    let connect_error = |error| Error::Connect {
         address: portal.to_owned(),
-        source,
+        error,
     };
     let mut datamover = if params.iser {
         iser_connect(stream, config).await?
