@@ -203,7 +203,8 @@ pub struct Geometry {
 
 /// Reads the LUN's capacity (one READ CAPACITY).
 pub async fn geometry(session: &Session, lun: u64) -> anyhow::Result<Geometry> {
-    let capacity = session.read_capacity(lun).await.context("READ CAPACITY")?;
+    let capacity = session.read_capacity(lun).await;
+    let capacity = super::missing_lun::checked(session, lun, "READ CAPACITY", capacity).await?;
     let block_size = u64::from(capacity.block_size);
     if block_size == 0 {
         bail!("the target reports a block size of 0");

@@ -1,11 +1,13 @@
 //! `iscsi discover HOST[:PORT]` (SendTargets) and `iscsi ls URL` (the LUNs
-//! of a target with their size, type, vendor and product).
+//! of a target with their size, type, vendor and product; only the URL's
+//! LUN when it names one).
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use iscsi_initiator::url::{format_portal, parse_portal};
 use iscsi_initiator::{IscsiUrl, discover_url};
 
 use super::initiator_args::{SessionArgs, block_on, connect};
+use super::missing_lun;
 
 /// Options of `iscsi discover`.
 #[derive(clap::Args, Debug)]
@@ -47,7 +49,8 @@ pub fn run_discover(args: &DiscoverArgs) -> anyhow::Result<()> {
 /// Options of `iscsi ls`.
 #[derive(clap::Args, Debug)]
 pub struct LsArgs {
-    /// iscsi://[user[%secret]@]host[:port]/target-iqn[/lun]
+    /// iscsi://[user[%secret]@]host[:port]/target-iqn[/lun]: every LUN,
+    /// or only the one named.
     url: String,
     #[command(flatten)]
     session: SessionArgs,
@@ -58,7 +61,13 @@ pub fn run_ls(args: &LsArgs) -> anyhow::Result<()> {
     let url = super::initiator_args::target_url(&args.url)?;
     block_on(async {
         let session = connect(&url, &args.session).await?;
-        let luns = session.report_luns().await.context("REPORT LUNS")?;
+        let mut luns = session.report_luns().await.context("REPORT LUNS")?;
+        if names_lun(&args.url) {
+            if !luns.contains(&url.lun) {
+                bail!(missing_lun::headline(url.lun, Some(luns)));
+            }
+            luns = vec![url.lun];
+        }
         println!(
             "{:>5}  {:<8}  {:>14}  {:>6}  vendor / product",
             "LUN", "type", "bytes", "block"
@@ -68,6 +77,8 @@ pub fn run_ls(args: &LsArgs) -> anyhow::Result<()> {
                 .inquiry(lun)
                 .await
                 .with_context(|| format!("INQUIRY of LUN {lun}"))?;
+            // Listed by REPORT LUNS, yet maybe gone by now.
+            missing_lun::check_inquiry(&session, lun, &inquiry).await?;
             let (bytes, block) = if inquiry.device_type == 0 {
                 match session.read_capacity(lun).await {
                     Ok(c) => (c.bytes().to_string(), c.block_size.to_string()),
@@ -87,4 +98,26 @@ pub fn run_ls(args: &LsArgs) -> anyhow::Result<()> {
         session.logout().await.context("logout")?;
         Ok(())
     })
+}
+
+/// Whether the URL's text ends in a LUN (`.../target-iqn/lun`): `IscsiUrl`
+/// reads a missing LUN as 0, and `ls` lists every LUN unless one is named.
+fn names_lun(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
+    rest.trim_end_matches('/').split('/').count() >= 3
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_lun;
+
+    #[test]
+    fn a_lun_is_named_only_after_the_target() {
+        assert!(names_lun("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t/7"));
+        assert!(names_lun("iscsi://u%s/x@[::1]/iqn.2026-11.rs.iscsi:t/0/"));
+        assert!(!names_lun("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t"));
+        assert!(!names_lun("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t/"));
+        assert!(!names_lun("iser://127.0.0.1"));
+    }
 }

@@ -4,6 +4,7 @@
 use anyhow::Context;
 
 use super::initiator_args::{SessionArgs, block_on, connect, target_url};
+use super::missing_lun;
 
 /// Options of `iscsi inquiry` and `iscsi capacity`.
 #[derive(clap::Args, Debug)]
@@ -22,7 +23,9 @@ pub fn run_inquiry(args: &Args) -> anyhow::Result<()> {
     let url = target_url(&args.url)?;
     block_on(async {
         let session = connect(&url, &args.session).await?;
-        let inquiry = session.inquiry(url.lun).await.context("INQUIRY")?;
+        let inquiry = session.inquiry(url.lun).await;
+        let inquiry = missing_lun::checked(&session, url.lun, "INQUIRY", inquiry).await?;
+        missing_lun::check_inquiry(&session, url.lun, &inquiry).await?;
         let serial = session
             .inquiry_vpd(url.lun, 0x80)
             .await
@@ -68,10 +71,8 @@ pub fn run_capacity(args: &Args) -> anyhow::Result<()> {
     let url = target_url(&args.url)?;
     block_on(async {
         let session = connect(&url, &args.session).await?;
-        let capacity = session
-            .read_capacity(url.lun)
-            .await
-            .context("READ CAPACITY")?;
+        let capacity = session.read_capacity(url.lun).await;
+        let capacity = missing_lun::checked(&session, url.lun, "READ CAPACITY", capacity).await?;
         if args.json {
             println!(
                 "{}",

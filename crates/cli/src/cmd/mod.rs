@@ -1,4 +1,5 @@
-//! The subcommands of `iscsi`, one module each.
+//! The subcommands of `iscsi`, one module each, and what the initiator
+//! subcommands share (`initiator_args`, `missing_lun`).
 
 pub mod bench;
 pub mod crc_bench;
@@ -7,6 +8,7 @@ pub mod fault_proxy;
 pub mod initiator_args;
 pub mod inspect;
 pub mod measure;
+pub mod missing_lun;
 pub mod model;
 pub mod pdu_bench;
 pub mod pdu_cost;

@@ -87,10 +87,9 @@ impl Lun {
     async fn open(url: &str, args: &SessionArgs) -> anyhow::Result<Lun> {
         let url = target_url(url)?;
         let session = connect(&url, args).await?;
-        let capacity = session
-            .read_capacity(url.lun)
-            .await
-            .context("READ CAPACITY")?;
+        let capacity = session.read_capacity(url.lun).await;
+        let capacity =
+            super::missing_lun::checked(&session, url.lun, "READ CAPACITY", capacity).await?;
         // SBC-3 6.6.4: bytes 8..12 of page B0h, in blocks; 0 = no limit.
         let max_transfer = match session.inquiry_vpd(url.lun, 0xB0).await {
             Ok(page) if page.len() >= 12 => {
