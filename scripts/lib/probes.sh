@@ -120,3 +120,19 @@ probe_deb_available() {
     listed=$(awk -F'|' '{gsub(/ /, "", $2); print $2}' <<<"$said")
     grep -qxF -- "$2" <<<"$listed"
 }
+
+# debian_mirror: the Debian mirror this machine's apt uses (deb822 .sources first, then the
+# one-line format; never the security archive), else deb.debian.org: build-image's debootstrap and
+# build-tgt's source package come from where the machine's packages come from.
+debian_mirror() {
+    local f mirror=""
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] || continue
+        mirror=$(awk '$1=="URIs:" && $2 !~ /security/ {print $2; exit}' "$f")
+        [ -n "$mirror" ] && break
+    done
+    if [ -z "$mirror" ] && [ -f /etc/apt/sources.list ]; then
+        mirror=$(awk '$1=="deb" && $0 !~ /security/ {for (i=2;i<=NF;i++) if ($i ~ /^[a-z]+:\/\//) {print $i; exit}}' /etc/apt/sources.list)
+    fi
+    echo "${mirror:-http://deb.debian.org/debian}"
+}

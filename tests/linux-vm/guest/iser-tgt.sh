@@ -6,6 +6,8 @@
 # target on the iser LLD, LUN 1 a 1 GiB sparse file on the root disk (qemu -snapshot: not guest RAM),
 # bound to ALL addresses and to the initiator names in INITIATORS (see the ACL note below). Then writes ./ready (the share: the host sees it at once) and waits for the host's
 # ./done (or ./abort), keeping tgtd's log; at the end tgtd's view and the kernel log go to out/.
+# ./tgtd, when the host put one here (tgt with tgt/iser-login-race.patch, see jobs/iser-tgt.sh), runs
+# in place of the packaged tgtd.
 [ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 set -uo pipefail
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
@@ -26,7 +28,10 @@ say "$(tail -1 out/siw-up.txt)"
 
 # tgtd pins its RDMA pool: no memlock limit.
 ulimit -l unlimited
-tgtd -f -d "${TGTD_DEBUG:-0}" --iscsi portal=0.0.0.0:3262 --iser pool_sz_mb=64 >out/tgtd.log 2>&1 &
+tgtd_bin=tgtd
+[ -x ./tgtd ] && tgtd_bin=./tgtd
+say "tgtd: $tgtd_bin"
+"$tgtd_bin" -f -d "${TGTD_DEBUG:-0}" --iscsi portal=0.0.0.0:3262 --iser pool_sz_mb=64 >out/tgtd.log 2>&1 &
 tgtd_pid=$!
 i=0
 until tgtadm --op show --mode sys >/dev/null 2>&1; do
