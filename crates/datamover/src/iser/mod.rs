@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use bytes::{Bytes, BytesMut};
 use iscsi_iwarp::{Access, MemoryRegion, QueuePair, RecvRequest, SendOp, SendRequest};
-use iscsi_proto::pdu::{BHS_LEN, Header};
+use iscsi_proto::pdu::{BHS_LEN, Header, Pdu};
 use tokio::sync::{Semaphore, mpsc};
 
 pub use header::{Advertised, CmHeader, IserHeader};
@@ -263,6 +263,12 @@ pub enum Message {
         read: Option<Advertised>,
         /// Where its data segment lies in the message.
         data: std::ops::Range<usize>,
+        /// Immediate data the BHS counted but the message did not carry
+        /// (0 when it carried what the BHS says): a write whose data all
+        /// waits behind its Write STag (see `unsent_immediate`). The
+        /// header says DataSegmentLength 0 instead, so the write is
+        /// sequenced and fetched as one sent without immediate data.
+        unsent_immediate: u32,
     },
     /// Hello (RFC 7145 9.3).
     Hello {
@@ -285,7 +291,8 @@ pub enum Message {
 /// Parses one iSER message: the iSER header, then (for a control-type
 /// PDU) the BHS and AHS with `config`'s limits, and the data segment, which
 /// may or may not carry its padding (the Send's length delimits the PDU;
-/// RFC 7143 framing pads it). Never panics; anything else is an error.
+/// RFC 7143 framing pads it). A data segment the message lacks is an error
+/// but in the one shape `unsent_immediate` accepts. Never panics.
 pub fn parse_message(
     message: &[u8],
     config: iscsi_proto::pdu::decoder::DecoderConfig,
@@ -306,22 +313,55 @@ pub fn parse_message(
         }
     };
     let pdu = &message[header::HEADER_LEN..];
-    let (header, header_len) = crate::decode_header(pdu, config)?;
+    let (mut header, header_len) = crate::decode_header(pdu, config)?;
     let data_len = header.data_segment_length as usize;
-    let end = header_len + data_len;
-    if pdu.len() < end || pdu.len() > end + 3 {
+    // The decoder took `header_len` bytes from `pdu`: the rest is data.
+    let carried = pdu.len() - header_len;
+    let unsent = if (data_len..=data_len + 3).contains(&carried) {
+        0
+    } else if let Some(unsent) = unsent_immediate(&header, write, carried) {
+        header.data_segment_length = 0;
+        unsent
+    } else {
         return Err(transport(format!(
             "iSER message of {} bytes does not hold a PDU of {header_len} header and {data_len} data bytes",
             pdu.len()
         )));
-    }
+    };
     let start = header::HEADER_LEN + header_len;
     Ok(Message::Control {
+        data: start..start + header.data_segment_length as usize,
         header,
         write,
         read,
-        data: start..start + data_len,
+        unsent_immediate: unsent,
     })
+}
+
+/// The immediate data a SCSI Command's BHS counts but its message left out
+/// (`carried` data bytes: none), when the write is still whole behind its
+/// Write STag; `None` for any other mismatch, which stays an error.
+///
+/// Why: libiscsi 1.19 and earlier (lib/iser.c, `iser_prepare_write_cmd`;
+/// fixed upstream by dfbc669 "iser: send immediate data", in 1.20) send a
+/// write's command as the headers alone, its DataSegmentLength still the
+/// immediate data its iSCSI layer chose, and advertise the whole write by
+/// Write STag from its first byte. That is the libiscsi QEMU ships in
+/// Debian 12 (its `iser://` disks): taking the command as one without
+/// immediate data, the target's R2Ts (InitialR2T=Yes over iSER) fetch
+/// every byte from offset 0 of that buffer, which is where that libiscsi
+/// placed it.
+fn unsent_immediate(header: &Header, write: Option<Advertised>, carried: usize) -> Option<u32> {
+    let Pdu::ScsiCommand(command) = &header.pdu else {
+        return None;
+    };
+    let announced = header.data_segment_length;
+    (carried == 0
+        && announced > 0
+        && command.write
+        && write.is_some()
+        && announced <= command.expected_data_transfer_length)
+        .then_some(announced)
 }
 
 /// Locks a mutex, ignoring poisoning (no code here panics holding one).
@@ -659,5 +699,153 @@ impl IserDatamover {
     /// The two directions, to drive from separate tasks.
     pub fn split(self) -> (IserReceiver, IserSender) {
         (self.receiver, self.sender)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use iscsi_proto::pdu::decoder::DecoderConfig;
+    use iscsi_proto::pdu::encode::{MAX_HEADER_LEN, encode_header};
+    use iscsi_proto::pdu::{NopOut, ScsiCommand};
+
+    use super::*;
+
+    const WSV: Advertised = Advertised {
+        stag: 0x1234,
+        base: 0x7f00_0000_1000,
+    };
+
+    fn config() -> DecoderConfig {
+        DecoderConfig {
+            max_recv_data_segment_length: 8192,
+            ..DecoderConfig::default()
+        }
+    }
+
+    /// A WRITE of `expected` bytes whose BHS counts `announced` bytes of
+    /// immediate data.
+    fn write(announced: u32, expected: u32) -> Header {
+        let command = ScsiCommand {
+            final_flag: true,
+            write: true,
+            initiator_task_tag: 7,
+            expected_data_transfer_length: expected,
+            cdb: [0x2a, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0],
+            ..ScsiCommand::default()
+        };
+        Header::new(Pdu::ScsiCommand(command), announced)
+    }
+
+    /// The iSER header, the BHS and `data`, as one Send carries them.
+    fn message(write: Option<Advertised>, header: &Header, data: &[u8]) -> Vec<u8> {
+        let mut out = IserHeader::Control { write, read: None }.emit().to_vec();
+        let mut bhs = [0u8; MAX_HEADER_LEN];
+        let len = encode_header(header, false, &mut bhs).unwrap();
+        out.extend_from_slice(&bhs[..len]);
+        out.extend_from_slice(data);
+        out
+    }
+
+    fn parsed(bytes: &[u8]) -> (Header, std::ops::Range<usize>, u32) {
+        match parse_message(bytes, config()).expect("a valid message") {
+            Message::Control {
+                header,
+                data,
+                unsent_immediate,
+                ..
+            } => (header, data, unsent_immediate),
+            other => panic!("expected a control PDU, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn immediate_data_carried_as_announced_is_handed_up() {
+        let data = [0xA5; 512];
+        let bytes = message(Some(WSV), &write(512, 4096), &data);
+        let (header, range, unsent) = parsed(&bytes);
+        assert_eq!(header.data_segment_length, 512);
+        assert_eq!(&bytes[range], &data[..]);
+        assert_eq!(unsent, 0);
+        // With its padding (RFC 7143 framing) too.
+        let bytes = message(Some(WSV), &write(510, 4096), &[1; 512]);
+        let (header, range, unsent) = parsed(&bytes);
+        assert_eq!(
+            (header.data_segment_length, range.len(), unsent),
+            (510, 510, 0)
+        );
+    }
+
+    /// libiscsi 1.19: the headers alone, DataSegmentLength still the
+    /// immediate data, the whole write behind the Write STag. Handed up as
+    /// a write without immediate data.
+    #[test]
+    fn a_write_whose_immediate_data_stayed_behind_its_write_stag_is_taken_whole() {
+        for (announced, expected) in [(512, 512), (8192, 8192), (8192, 1 << 20)] {
+            let bytes = message(Some(WSV), &write(announced, expected), &[]);
+            assert_eq!(bytes.len(), header::HEADER_LEN + BHS_LEN);
+            let (header, range, unsent) = parsed(&bytes);
+            assert_eq!(
+                header.data_segment_length, 0,
+                "sequenced as no immediate data"
+            );
+            assert!(range.is_empty() && range.end <= bytes.len());
+            assert_eq!(unsent, announced);
+            let Pdu::ScsiCommand(command) = header.pdu else {
+                panic!("not a command");
+            };
+            assert_eq!(command.expected_data_transfer_length, expected);
+        }
+    }
+
+    /// Every other shortfall stays the error it was.
+    #[test]
+    fn any_other_missing_data_segment_is_refused() {
+        let refused = |bytes: Vec<u8>, why: &str| {
+            let error = parse_message(&bytes, config()).expect_err(why);
+            assert!(
+                error.to_string().contains("does not hold a PDU"),
+                "{why}: {error}"
+            );
+        };
+        // Part of the immediate data: not the libiscsi shape.
+        refused(
+            message(Some(WSV), &write(512, 4096), &[0; 100]),
+            "partial data",
+        );
+        // No Write STag: nothing to fetch the data from.
+        refused(message(None, &write(512, 4096), &[]), "no WSV");
+        // More immediate data than the write's whole transfer.
+        refused(message(Some(WSV), &write(1024, 512), &[]), "DSL > EDTL");
+        // A read (or any command without the W bit).
+        let mut read = write(512, 512);
+        if let Pdu::ScsiCommand(command) = &mut read.pdu {
+            command.write = false;
+            command.read = true;
+        }
+        refused(message(Some(WSV), &read, &[]), "not a write");
+        // Another PDU that announces data it does not carry.
+        let nop = Header::new(
+            Pdu::NopOut(NopOut {
+                immediate: true,
+                target_transfer_tag: 0xFFFF_FFFF,
+                ..NopOut::default()
+            }),
+            64,
+        );
+        refused(message(Some(WSV), &nop, &[]), "a NOP-Out");
+        // More data than announced, beyond padding.
+        refused(message(Some(WSV), &write(512, 4096), &[0; 516]), "too long");
+    }
+
+    /// Truncated and arbitrary messages are errors, never panics.
+    #[test]
+    fn cut_messages_are_errors() {
+        let bytes = message(Some(WSV), &write(512, 512), &[]);
+        for len in 0..bytes.len() {
+            assert!(
+                parse_message(&bytes[..len], config()).is_err(),
+                "{len} bytes"
+            );
+        }
     }
 }

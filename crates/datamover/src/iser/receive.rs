@@ -44,6 +44,9 @@ pub struct IserReceiver {
     queued: VecDeque<(Header, Current)>,
     current: Option<(Header, Current)>,
     decoder: DecoderConfig,
+    /// A write whose command left its immediate data out was logged
+    /// (once per connection: a peer that does it does it every time).
+    unsent_immediate_logged: bool,
 }
 
 impl IserReceiver {
@@ -61,6 +64,7 @@ impl IserReceiver {
                 digests: Digests::default(),
                 ..DecoderConfig::default()
             },
+            unsent_immediate_logged: false,
         }
     }
 
@@ -139,7 +143,13 @@ impl IserReceiver {
                 write,
                 read,
                 data,
-            } => (header, write, read, data),
+                unsent_immediate,
+            } => {
+                if unsent_immediate > 0 {
+                    self.log_unsent_immediate(&header, unsent_immediate);
+                }
+                (header, write, read, data)
+            }
             Message::Hello { version, .. } => {
                 // RFC 5046-style peers open with Hello; Linux does not
                 // (its CM private data says the same). Accept and answer.
@@ -192,6 +202,31 @@ impl IserReceiver {
                 wr_id,
             },
         )))
+    }
+
+    /// Says once per connection why a write whose command carried none of
+    /// the immediate data its BHS counted is taken whole by RDMA Read.
+    fn log_unsent_immediate(&mut self, header: &Header, unsent: u32) {
+        if std::mem::replace(&mut self.unsent_immediate_logged, true) {
+            return;
+        }
+        let (itt, expected) = match &header.pdu {
+            Pdu::ScsiCommand(command) => (
+                command.initiator_task_tag,
+                command.expected_data_transfer_length,
+            ),
+            _ => (0, 0),
+        };
+        tracing::warn!(
+            peer = %self.shared.qp.peer_addr(),
+            itt = format_args!("{itt:#x}"),
+            announced = unsent,
+            expected,
+            "iSER: a SCSI Command's BHS counts {unsent} bytes of immediate data its message does not \
+             carry, while its Write STag advertises the whole write (libiscsi before 1.20 does this); \
+             taking every write of this connection that comes so as one without immediate data, \
+             all of it fetched by RDMA Read"
+        );
     }
 
     /// Target: remembers the buffers a SCSI Command advertised.
