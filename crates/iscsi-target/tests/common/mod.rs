@@ -38,6 +38,8 @@ pub const PATIENCE: Duration = Duration::from_secs(10);
 /// A target on a free loopback port, shut down when dropped.
 pub struct Target {
     pub address: SocketAddr,
+    /// The iSER portal, when the tuned config names one.
+    pub iser: Option<SocketAddr>,
     pub lun: Arc<RamBackstore>,
     pub shutdown: Option<oneshot::Sender<()>>,
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
@@ -67,12 +69,14 @@ impl Target {
         tune(&mut config);
         let server = Server::bind(config).await.expect("bind");
         let address = server.local_addrs()[0];
+        let iser = server.iser_addrs().first().copied();
         let (shutdown, stop) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run_until(async {
             let _ = stop.await;
         }));
         Target {
             address,
+            iser,
             lun,
             shutdown: Some(shutdown),
             task,
