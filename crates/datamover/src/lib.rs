@@ -50,17 +50,20 @@ use iscsi_proto::pdu::Header;
 use thiserror::Error;
 
 /// Why a connection cannot go on (RFC 5047 `Connection_Terminate_Notify`).
+/// Each message says its cause and is the end of the chain (no `source()`):
+/// `anyhow`'s `{:#}`, which the CLI prints, would otherwise write the cause
+/// twice ("i/o: connection reset: connection reset").
 #[derive(Debug, Error)]
 pub enum DatamoverError {
     /// The transport failed.
     #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     /// The peer sent bytes that are not a PDU we can accept. Some decode
     /// errors leave the connection usable (a data digest error is answered
     /// with a Reject, RFC 7143 section 7.8):
     /// [`DecodeError::requires_connection_drop`] says which.
     #[error("decode: {0}")]
-    Decode(#[from] DecodeError),
+    Decode(DecodeError),
     /// The peer closed the connection in the middle of a PDU.
     #[error("connection closed in the middle of a PDU")]
     Truncated,
@@ -75,6 +78,18 @@ pub enum DatamoverError {
     /// (a message that holds no PDU, a task with no advertised buffer).
     #[error("iSER: {0}")]
     Transport(String),
+}
+
+impl From<std::io::Error> for DatamoverError {
+    fn from(error: std::io::Error) -> Self {
+        DatamoverError::Io(error)
+    }
+}
+
+impl From<DecodeError> for DatamoverError {
+    fn from(error: DecodeError) -> Self {
+        DatamoverError::Decode(error)
+    }
 }
 
 /// Decodes the BHS and AHS at the front of `bytes` (a PDU already
@@ -288,4 +303,29 @@ pub trait PduSender: Send {
 
     /// `Connection_Terminate`: flushes and closes the send direction.
     fn terminate(&mut self) -> impl Future<Output = Result<(), DatamoverError>> + Send;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DatamoverError;
+    use std::error::Error as _;
+
+    #[test]
+    fn an_io_error_is_said_once_and_ends_the_chain() {
+        let error = DatamoverError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "connection reset",
+        ));
+        assert_eq!(error.to_string(), "i/o: connection reset");
+        assert!(error.source().is_none());
+        let decode = DatamoverError::from(iscsi_proto::error::DecodeError::HeaderDigestMismatch {
+            received: 1,
+            computed: 2,
+        });
+        assert_eq!(
+            decode.to_string(),
+            "decode: header digest mismatch: received 0x00000001, computed 0x00000002"
+        );
+        assert!(decode.source().is_none());
+    }
 }

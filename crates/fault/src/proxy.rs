@@ -341,8 +341,15 @@ enum End {
     Cut,
     #[error("stream ended inside a PDU")]
     Truncated,
+    /// The message is the cause itself (and so no `source()` repeating it).
     #[error("{0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
+}
+
+impl From<io::Error> for End {
+    fn from(error: io::Error) -> Self {
+        End::Io(error)
+    }
 }
 
 /// Reads `buf` whole; `Ok(false)` at end of stream before its first byte.

@@ -31,18 +31,26 @@ use serde::{Deserialize, Serialize};
 
 use crate::TRACKS_PER_CONNECTION;
 
-/// Why a trace could not be summed.
+/// Why a trace could not be summed. The message says the cause and is the
+/// end of the chain (no `source()`): `anyhow`'s `{:#}`, which the CLI prints,
+/// would otherwise write it twice.
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
     /// Not JSON, or JSON that is not a trace.
     #[error("not a Chrome trace: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     /// An object without a `traceEvents` array.
     #[error("no \"traceEvents\" in the trace object")]
     NoTraceEvents,
     /// Events, but none with a duration.
     #[error("the trace has no complete (\"ph\":\"X\") events")]
     NoCompleteEvents,
+}
+
+impl From<serde_json::Error> for ReportError {
+    fn from(error: serde_json::Error) -> Self {
+        ReportError::Json(error)
+    }
 }
 
 /// One row of the table.

@@ -521,3 +521,12 @@ fn a_write_error_is_reported_by_finish() {
     // Reported once; later calls have nothing more to say.
     writer.finish().unwrap();
 }
+
+#[test]
+fn a_json_error_is_said_once_and_ends_the_chain() {
+    let json = serde_json::from_str::<Value>("{x").unwrap_err();
+    let said = json.to_string();
+    let error = ReportError::from(json);
+    assert_eq!(error.to_string(), format!("not a Chrome trace: {said}"));
+    assert!(std::error::Error::source(&error).is_none());
+}
