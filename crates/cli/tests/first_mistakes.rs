@@ -75,3 +75,29 @@ fn a_refused_connection_says_why_once() {
     let (_, stderr) = fails(&["discover", &format!("127.0.0.1:{port}")]);
     assert_eq!(stderr.matches("os error").count(), 1, "{stderr}");
 }
+
+/// A configuration file that is not there, or not TOML, is said once (the
+/// I/O and TOML errors were the message's text and its source both).
+#[test]
+fn a_bad_configuration_file_says_why_once() {
+    let dir = std::env::temp_dir().join(format!("first-mistakes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temporary directory");
+    let missing = dir.join("missing.toml");
+    let (_, stderr) = fails(&["target", "--config", missing.to_str().expect("path")]);
+    assert!(stderr.contains("No such file or directory"), "{stderr}");
+    assert_eq!(stderr.matches("os error").count(), 1, "{stderr}");
+    let broken = dir.join("broken.toml");
+    std::fs::write(&broken, "listen = [\n").expect("write");
+    let (_, stderr) = fails(&["target", "--config", broken.to_str().expect("path")]);
+    let first_line = stderr
+        .lines()
+        .find(|line| !line.trim().is_empty())
+        .unwrap_or("");
+    assert!(first_line.contains("broken.toml"), "{stderr}");
+    let said_twice = stderr
+        .lines()
+        .filter(|line| line.contains("TOML parse error"))
+        .count();
+    assert!(said_twice <= 1, "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}

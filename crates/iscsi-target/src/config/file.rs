@@ -40,23 +40,30 @@ use thiserror::Error;
 
 use super::{TargetConfig, TargetEntry};
 
-/// Why a configuration could not be used.
+/// Why a configuration could not be used. Each message says its cause and
+/// ends the chain (no `source()`), or `anyhow`'s `{:#}` would say it twice.
 #[derive(Debug, Error)]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("reading {path}: {source}")]
+    #[error("reading {path}: {error}")]
     Read {
         /// The file.
         path: String,
         /// The I/O error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The TOML is malformed or has unknown keys.
     #[error("{0}")]
-    Toml(#[from] toml::de::Error),
+    Toml(toml::de::Error),
     /// A value is not acceptable.
     #[error("{0}")]
     Invalid(String),
+}
+
+impl From<toml::de::Error> for ConfigError {
+    fn from(error: toml::de::Error) -> Self {
+        ConfigError::Toml(error)
+    }
 }
 
 fn invalid(message: impl Into<String>) -> ConfigError {
@@ -133,9 +140,9 @@ struct ChapFile {
 impl TargetConfig {
     /// Reads a TOML configuration file.
     pub fn from_file(path: &Path) -> Result<TargetConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
         Self::from_toml(&text)
     }
