@@ -76,53 +76,20 @@ impl IserClient {
             "InitiatorRecvDataSegmentLength",
             RECV_DATA_SEGMENT_LENGTH.to_string(),
         ));
-        let mut login = InitiatorLogin::new(
-            InitiatorLoginConfig {
-                initiator_name: INITIATOR.to_owned(),
-                target_name: Some(TARGET.to_owned()),
-                isid: Isid::from_bytes(ISID),
-                tsih: 0,
-                cid: 1,
-                negotiation,
-                chap: None,
-            },
-            0x1000,
-            CmdSn::new(1),
-            (1, vec![7; 32]),
-            Arc::new(Mutex::new(ChallengeHistory::default())),
-        )
-        .unwrap();
-        let mut step = login.start();
-        loop {
-            match step {
-                InitiatorStep::Send { request, data } => {
-                    let header = Header::new(Pdu::LoginRequest(request), data.len() as u32);
-                    dm.sender.send_control(&header, &data).await.unwrap();
-                    let reply = timeout(PATIENCE, dm.receiver.receive())
-                        .await
-                        .expect("a login response")
-                        .unwrap()
-                        .expect("a login response");
-                    let Pdu::LoginResponse(response) = &reply.header.pdu else {
-                        panic!("not a login response: {:?}", reply.header.pdu);
-                    };
-                    step = login.receive(response, &reply.data).expect("login");
-                }
-                InitiatorStep::Complete(done) => {
-                    dm.enable(RECV_DATA_SEGMENT_LENGTH);
-                    let descriptors = dm.descriptors();
-                    let (rx, tx) = dm.split();
-                    return IserClient {
-                        rx,
-                        tx,
-                        qp: raw,
-                        descriptors,
-                        cmd_sn: done.exp_cmd_sn,
-                        params: done.parameters.clone(),
-                        next_wr_id: 1 << 48,
-                    };
-                }
-            }
+        let done = log_in(&mut dm.sender, &mut dm.receiver, negotiation, 0, 1)
+            .await
+            .expect("login");
+        dm.enable(RECV_DATA_SEGMENT_LENGTH);
+        let descriptors = dm.descriptors();
+        let (rx, tx) = dm.split();
+        IserClient {
+            rx,
+            tx,
+            qp: raw,
+            descriptors,
+            cmd_sn: done.exp_cmd_sn,
+            params: done.parameters.clone(),
+            next_wr_id: 1 << 48,
         }
     }
 

@@ -11,7 +11,9 @@ pub use std::time::Duration;
 pub use iscsi_datamover::tcp::{PduBatch, StreamReceiver, StreamSender, TcpDatamover};
 pub use iscsi_datamover::{PduReceiver, PduSender, Received};
 pub use iscsi_proto::login::chap::ChallengeHistory;
-pub use iscsi_proto::login::initiator::{InitiatorLogin, InitiatorLoginConfig, InitiatorStep};
+pub use iscsi_proto::login::initiator::{
+    InitiatorLogin, InitiatorLoginComplete, InitiatorLoginConfig, InitiatorStep,
+};
 pub use iscsi_proto::pdu::login::Isid;
 pub use iscsi_proto::pdu::{
     AsyncEvent, DataOut, Digests, Header, LogoutReason, LogoutRequest, Lun, NopOut, Pdu,
@@ -139,6 +141,56 @@ pub fn erl1_offers() -> NegotiationConfig {
 
 pub const ISID: [u8; 6] = [0x80, 0x12, 0x34, 0x56, 0x00, 0x01];
 
+/// The login phase as INITIATOR to TARGET with ISID, over any datamover
+/// (TCP here, iSER in iser_wire.rs): the login state machine driven to its
+/// end, each response awaited for at most PATIENCE.
+pub async fn log_in(
+    sender: &mut impl PduSender,
+    receiver: &mut impl PduReceiver,
+    negotiation: NegotiationConfig,
+    tsih: u16,
+    cid: u16,
+) -> Result<Box<InitiatorLoginComplete>, String> {
+    let config = InitiatorLoginConfig {
+        initiator_name: INITIATOR.to_owned(),
+        target_name: Some(TARGET.to_owned()),
+        isid: Isid::from_bytes(ISID),
+        tsih,
+        cid,
+        negotiation,
+        chap: None,
+    };
+    let mut login = InitiatorLogin::new(
+        config,
+        0x1000,
+        CmdSn::new(1),
+        (1, vec![7; 32]),
+        Arc::new(Mutex::new(ChallengeHistory::default())),
+    )
+    .unwrap();
+    let mut step = login.start();
+    loop {
+        match step {
+            InitiatorStep::Send { request, data } => {
+                let header = Header::new(Pdu::LoginRequest(request), data.len() as u32);
+                sender.send_control(&header, &data).await.unwrap();
+                let reply = timeout(PATIENCE, receiver.receive())
+                    .await
+                    .expect("a login response")
+                    .unwrap()
+                    .expect("a login response");
+                let Pdu::LoginResponse(response) = &reply.header.pdu else {
+                    panic!("not a login response: {:?}", reply.header.pdu);
+                };
+                step = login
+                    .receive(response, &reply.data)
+                    .map_err(|e| format!("{e:?}"))?;
+            }
+            InitiatorStep::Complete(done) => return Ok(done),
+        }
+    }
+}
+
 impl Client {
     pub async fn login(address: SocketAddr, negotiation: NegotiationConfig, tsih: u16) -> Client {
         Self::try_login(address, negotiation, tsih, 1)
@@ -154,60 +206,29 @@ impl Client {
     ) -> Result<Client, String> {
         let stream = TcpStream::connect(address).await.unwrap();
         let mut transport = TcpDatamover::new(stream).unwrap();
-        let config = InitiatorLoginConfig {
-            initiator_name: INITIATOR.to_owned(),
-            target_name: Some(TARGET.to_owned()),
-            isid: Isid::from_bytes(ISID),
+        let done = log_in(
+            &mut transport.sender,
+            &mut transport.receiver,
+            negotiation,
             tsih,
             cid,
-            negotiation,
-            chap: None,
-        };
-        let mut login = InitiatorLogin::new(
-            config,
-            0x1000,
-            CmdSn::new(1),
-            (1, vec![7; 32]),
-            Arc::new(Mutex::new(ChallengeHistory::default())),
         )
-        .unwrap();
-        let mut step = login.start();
-        loop {
-            match step {
-                InitiatorStep::Send { request, data } => {
-                    let header = Header::new(Pdu::LoginRequest(request), data.len() as u32);
-                    transport.sender.send_control(&header, &data).await.unwrap();
-                    let reply = timeout(PATIENCE, transport.receiver.receive())
-                        .await
-                        .expect("a login response")
-                        .unwrap()
-                        .expect("a login response");
-                    let Pdu::LoginResponse(response) = &reply.header.pdu else {
-                        panic!("not a login response: {:?}", reply.header.pdu);
-                    };
-                    step = login
-                        .receive(response, &reply.data)
-                        .map_err(|e| format!("{e:?}"))?;
-                }
-                InitiatorStep::Complete(done) => {
-                    let digests = Digests {
-                        header: done.parameters.header_digest == Digest::Crc32c,
-                        data: done.parameters.data_digest == Digest::Crc32c,
-                    };
-                    transport.enable(digests, done.parameters.max_recv_data_segment_length);
-                    let (rx, tx) = transport.split();
-                    return Ok(Client {
-                        rx,
-                        tx,
-                        cmd_sn: done.exp_cmd_sn,
-                        max_cmd_sn: done.max_cmd_sn,
-                        params: done.parameters.clone(),
-                        tsih: done.tsih,
-                        next_itt: 1,
-                    });
-                }
-            }
-        }
+        .await?;
+        let digests = Digests {
+            header: done.parameters.header_digest == Digest::Crc32c,
+            data: done.parameters.data_digest == Digest::Crc32c,
+        };
+        transport.enable(digests, done.parameters.max_recv_data_segment_length);
+        let (rx, tx) = transport.split();
+        Ok(Client {
+            rx,
+            tx,
+            cmd_sn: done.exp_cmd_sn,
+            max_cmd_sn: done.max_cmd_sn,
+            params: done.parameters.clone(),
+            tsih: done.tsih,
+            next_itt: 1,
+        })
     }
 
     pub fn itt(&mut self) -> u32 {
