@@ -28,9 +28,10 @@
 #   iSCSI.iSCSIResiduals: every test gets no task back (task_ret NULL) from libiscsi over iSER (3
 #     of them fail over TCP with 1.20 too, against 0 with Debian's 1.19);
 #   iSCSI.iSCSISendTargets: segfaults over iSER (and hangs over TCP) in 1.20;
-#   iSCSI.iSCSIcmdsn: its reconnect after the ignored out-of-window command ends in "Connect
-#     timedout" over iSER in the emulated guest (over TCP both pass; this one is not settled: see
-#     the closing note of issue 33).
+#   iSCSI.iSCSIcmdsn: the target rightly ignores the out-of-window command ("CmdSN outside the
+#     window: command ignored"), and the test waits for libiscsi to time the task out; only the TCP
+#     transport's service function scans task timeouts (lib/socket.c, iscsi_timeout_scan), so over
+#     iSER the synchronous loop's own deadline ends it as "Connect timedout" instead.
 # Results: $LINUX_VM_RESULTS/iser-libiscsi/ (default <repo>/target/linux-vm-results/iser-libiscsi/):
 # cu-ours.log, cu-ours.rc, cu-ours.seconds, summary.txt, the target's log and the guest's dmesg.
 # Guest side: guest/iser-libiscsi.sh (+ guest/siw-up.sh).
