@@ -24,6 +24,10 @@ pub struct IscsiUrl {
     pub target: Option<String>,
     /// The LUN (0 when the URL names none).
     pub lun: u64,
+    /// Whether the URL names its LUN (`.../target-iqn/lun`) rather than
+    /// leaving it to the default 0: `iscsi ls` lists every LUN unless one
+    /// is named.
+    pub lun_named: bool,
     /// CHAP user name, if given.
     pub user: Option<String>,
     /// CHAP secret, if given.
@@ -117,20 +121,21 @@ impl FromStr for IscsiUrl {
         let (host, port) = parse_portal(portal).ok_or_else(|| bad("bad host or port"))?;
         let path = path.trim_end_matches('/');
         let (target, lun) = if path.is_empty() {
-            (None, 0)
+            (None, None)
         } else {
             let (target, lun) = match path.rsplit_once('/') {
                 Some((target, lun)) => (
                     target,
-                    lun.parse::<u64>().map_err(|_| bad("LUN is not a number"))?,
+                    Some(lun.parse::<u64>().map_err(|_| bad("LUN is not a number"))?),
                 ),
-                None => (path, 0),
+                None => (path, None),
             };
             if target.is_empty() || target.contains('/') {
                 return Err(bad("bad target name"));
             }
             (Some(target.to_owned()), lun)
         };
+        let (lun, lun_named) = (lun.unwrap_or(0), lun.is_some());
         if lun > 16383 {
             return Err(bad("LUN above 16383"));
         }
@@ -140,6 +145,7 @@ impl FromStr for IscsiUrl {
             port,
             target,
             lun,
+            lun_named,
             user,
             secret,
         })
@@ -198,12 +204,26 @@ mod tests {
     }
 
     #[test]
+    fn a_lun_is_named_only_after_the_target() {
+        for (url, named) in [
+            ("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t/7", true),
+            ("iscsi://u%s@[::1]/iqn.2026-11.rs.iscsi:t/0/", true),
+            ("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t", false),
+            ("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t/", false),
+            ("iser://127.0.0.1", false),
+        ] {
+            let parsed: IscsiUrl = url.parse().unwrap();
+            assert_eq!(parsed.lun_named, named, "{url}");
+        }
+    }
+
+    #[test]
     fn defaults_and_ipv6() {
         let url: IscsiUrl = "iscsi://[::1]/iqn.a:b/0".parse().unwrap();
         assert_eq!((url.host.as_str(), url.port), ("::1", DEFAULT_PORT));
         assert_eq!(url.portal(), "[::1]:3260");
         let url: IscsiUrl = "iscsi://[fe80::1]:3300/iqn.a:b".parse().unwrap();
-        assert_eq!((url.port, url.lun), (3300, 0));
+        assert_eq!((url.port, url.lun, url.lun_named), (3300, 0, false));
         let portal: IscsiUrl = "iscsi://host.example".parse().unwrap();
         assert_eq!(portal.target, None);
         assert!(portal.target_name().is_err());

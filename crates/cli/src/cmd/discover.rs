@@ -62,7 +62,7 @@ pub fn run_ls(args: &LsArgs) -> anyhow::Result<()> {
     block_on(async {
         let session = connect(&url, &args.session).await?;
         let mut luns = session.report_luns().await.context("REPORT LUNS")?;
-        if names_lun(&args.url) {
+        if url.lun_named {
             if !luns.contains(&url.lun) {
                 bail!(missing_lun::headline(url.lun, Some(luns)));
             }
@@ -98,26 +98,4 @@ pub fn run_ls(args: &LsArgs) -> anyhow::Result<()> {
         session.logout().await.context("logout")?;
         Ok(())
     })
-}
-
-/// Whether the URL's text ends in a LUN (`.../target-iqn/lun`): `IscsiUrl`
-/// reads a missing LUN as 0, and `ls` lists every LUN unless one is named.
-fn names_lun(url: &str) -> bool {
-    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
-    let rest = rest.rsplit_once('@').map_or(rest, |(_, rest)| rest);
-    rest.trim_end_matches('/').split('/').count() >= 3
-}
-
-#[cfg(test)]
-mod tests {
-    use super::names_lun;
-
-    #[test]
-    fn a_lun_is_named_only_after_the_target() {
-        assert!(names_lun("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t/7"));
-        assert!(names_lun("iscsi://u%s/x@[::1]/iqn.2026-11.rs.iscsi:t/0/"));
-        assert!(!names_lun("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t"));
-        assert!(!names_lun("iscsi://127.0.0.1:3260/iqn.2026-11.rs.iscsi:t/"));
-        assert!(!names_lun("iser://127.0.0.1"));
-    }
 }
