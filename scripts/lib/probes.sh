@@ -136,3 +136,35 @@ debian_mirror() {
     fi
     echo "${mirror:-http://deb.debian.org/debian}"
 }
+
+# apt_install WHO PACKAGE...: installs the PACKAGEs that a script's probes found missing (nothing
+# when none are given), saying so as WHO: the one install step of build-image, build-tgt and
+# build-libiscsi.
+apt_install() {
+    local who=$1
+    shift
+    (($#)) || return 0
+    echo "$who: installing $*" >&2
+    DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+# debian_source_download PACKAGE SUITE DIR: fetches Debian's source package PACKAGE of SUITE (its
+# .dsc, upstream tarball and packaging) from the machine's mirror into DIR, through a private apt
+# state under DIR/apt, so the machine's apt configuration is left as it is. apt's output goes to
+# DIR/apt.log; the status is apt's (update, then source).
+debian_source_download() {
+    local package=$1 suite=$2 dir=$3
+    mkdir -p "$dir/apt/sources" "$dir/apt/lists/partial"
+    cat >"$dir/apt/sources/$package-src.sources" <<SOURCES
+Types: deb-src
+URIs: $(debian_mirror)
+Suites: $suite
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+SOURCES
+    local private=(-o Dir::Etc::SourceList=/dev/null -o "Dir::Etc::SourceParts=$dir/apt/sources"
+        -o "Dir::State::Lists=$dir/apt/lists" -o APT::Sandbox::User=root)
+    apt-get "${private[@]}" update -qq >"$dir/apt.log" 2>&1 &&
+        (cd "$dir" && apt-get "${private[@]}" source --download-only "$package") >>"$dir/apt.log" 2>&1
+}
