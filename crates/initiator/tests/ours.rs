@@ -24,7 +24,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
     let mut entry = TargetEntry {
         name: TARGET.to_owned(),
         alias: None,
-        luns,
+        luns: iscsi_target::numbered(luns),
         chap: None,
         allowed_initiators: Vec::new(),
     };

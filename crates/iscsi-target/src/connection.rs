@@ -52,7 +52,8 @@ use tracing::{debug, info, warn};
 use crate::recovery::{Orphan, StillAllegiant};
 use crate::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
 
-use crate::session::{Admission, Session, Shared, Task, record};
+use crate::session::{Admission, Session, Task, record};
+use crate::shared::Shared;
 use crate::stats::SessionStats;
 use write::{Drain, PROTOCOL_SERVICE_CRC_ERROR, PendingWrite};
 
@@ -389,7 +390,7 @@ impl Connection {
             closed: std::sync::atomic::AtomicBool::new(false),
             retained: (error_recovery_level >= 1).then(Default::default),
         });
-        let pool_bytes = shared.config.buffer_pool_bytes;
+        let pool_bytes = shared.config().buffer_pool_bytes;
         Connection {
             shared,
             session,
@@ -447,9 +448,10 @@ impl Connection {
     ) -> (Result<(), DatamoverError>, bool, Option<Arc<Writer>>) {
         let mut stopped_by_logout = false;
         let mut shutdown = self.shared.shutdown.clone();
+        let mut logout_asked = self.session.logout_asked();
         let mut closing = self.session.closing();
         let mut logout_deadline: Option<Instant> = None;
-        let ping_interval = self.shared.config.nop_in_interval;
+        let ping_interval = self.shared.config().nop_in_interval;
         let mut quiet_since = Instant::now();
         let mut ping_outstanding = false;
         let result = loop {
@@ -468,7 +470,7 @@ impl Connection {
                 self.record(ConnectionEvent::SessionClosedElsewhere);
                 break Ok(());
             }
-            if *shutdown.borrow() && logout_deadline.is_none() {
+            if (*shutdown.borrow() || *logout_asked.borrow()) && logout_deadline.is_none() {
                 match self.request_logout().await {
                     Ok(deadline) => logout_deadline = Some(deadline),
                     Err(e) => break Err(e),
@@ -479,11 +481,12 @@ impl Connection {
             let header = tokio::select! {
                 header = receiver.receive_header() => header,
                 _ = shutdown.changed() => continue,
+                Ok(()) = logout_asked.changed() => continue,
                 _ = closing.changed() => continue,
                 Ok(()) = replaced.changed() => continue,
                 _ = async { tokio::time::sleep_until(deadline.unwrap_or_else(Instant::now)).await },
                     if deadline.is_some() => {
-                    info!(cid = self.cid, "no logout after the shutdown request: dropping the connection");
+                    info!(cid = self.cid, "no logout after the logout request: dropping the connection");
                     break Ok(());
                 }
                 _ = async { tokio::time::sleep_until(ping_at.unwrap_or_else(Instant::now)).await },
@@ -674,7 +677,10 @@ impl Connection {
     /// Asks the initiator to log out (RFC 7143 11.9.1, AsyncEvent 1) and
     /// returns when to give up waiting.
     async fn request_logout(&mut self) -> Result<Instant, DatamoverError> {
-        info!(cid = self.cid, "target shutting down: requesting logout");
+        info!(
+            cid = self.cid,
+            "requesting logout (target shutting down, or the operator asked)"
+        );
         self.record(ConnectionEvent::LogoutRequestedByTarget);
         let message = AsyncMessage {
             lun: Lun(0),
@@ -953,7 +959,7 @@ impl Connection {
         }
         if !rest.is_empty() {
             let mut negotiator =
-                Negotiator::new(Role::Target, self.shared.config.negotiation.clone(), true);
+                Negotiator::new(Role::Target, self.shared.config().negotiation.clone(), true);
             match negotiator.receive(&rest, Stage::FullFeature) {
                 Ok(more) => answers.extend(more),
                 Err(_) => return self.reject(header, RejectReason::ProtocolError).await,
@@ -998,10 +1004,11 @@ impl Connection {
             SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
             SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
         };
-        let tag = self.shared.config.portal_group_tag;
+        let config = self.shared.config();
+        let tag = config.portal_group_tag;
         let discovery = self.session.params.session_type == SessionType::Discovery;
         let mut answers = Vec::new();
-        for target in &self.shared.config.targets {
+        for target in &config.targets {
             let wanted = match value {
                 "All" => discovery,
                 "" => {
@@ -1047,6 +1054,7 @@ impl Connection {
                 }
             };
         task.allegiance.pledge(&self.writer, self.data_in_limits);
+        self.session.luns_used.note(command.lun.0);
         let Some(scsi) = self.session.scsi.clone() else {
             // SCSI commands in a discovery session.
             receiver.receive_data().await?;

@@ -18,7 +18,7 @@ use iscsi_proto::text::{Digest, TextPair};
 use tokio::net::TcpStream;
 use tracing::info;
 
-use crate::session::Shared;
+use crate::shared::Shared;
 
 /// How long a peer has to send its MPA Request.
 const MPA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -62,7 +62,7 @@ pub(crate) async fn accept(
         recv_data_segment_length: RECV_DATA_SEGMENT_LENGTH,
         // Every command may come with an immediate PDU or two beside it
         // (NOP-Out, task management): the window plus room for those.
-        receives: shared.config.command_window as usize + 64,
+        receives: shared.config().command_window as usize + 64,
         send_with_invalidate: cm.send_with_invalidate,
         send_queue: 1024,
     };

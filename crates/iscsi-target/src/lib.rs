@@ -18,17 +18,23 @@
 
 pub mod config;
 mod connection;
+pub mod control;
 mod iser;
 mod policy;
 mod recovery;
+mod registry;
+pub mod reload;
 mod retention;
 pub mod server;
 mod session;
+mod shared;
 mod stats;
+pub mod status;
 
-pub use config::file::{ConfigError, DEFAULT_NOP_IN_INTERVAL, open_lun, parse_size, unique_id};
+pub use config::file::{ConfigError, DEFAULT_NOP_IN_INTERVAL, ParsedConfig};
+pub use config::lun::{LunSpec, open_lun, parse_size, unique_id};
 pub use config::{
-    DEFAULT_BUFFER_POOL_BYTES, DEFAULT_SEND_BUFFER_BYTES, TargetConfig, TargetEntry,
-    send_buffer_from_kib,
+    DEFAULT_BUFFER_POOL_BYTES, DEFAULT_SEND_BUFFER_BYTES, LunEntry, TargetConfig, TargetEntry,
+    numbered, send_buffer_from_kib,
 };
-pub use server::{Server, serve};
+pub use server::{Server, ServerHandle, serve};

@@ -3,34 +3,33 @@
 //! log in, and which session the connection starts.
 
 use std::sync::Arc;
+
+use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use iscsi_proto::login::target::{LoginPolicy, SessionRequest, TargetSettings};
 use iscsi_proto::pdu::login::LoginStatus;
 use iscsi_proto::text::SessionType;
 
-use crate::config::{TargetConfig, TargetEntry};
-use crate::session::Registry;
+use crate::config::TargetConfig;
+use crate::registry::Registry;
 
 /// The policy of one running target.
 pub(crate) struct Policy {
-    config: Arc<TargetConfig>,
+    /// The configuration served now (shared with `Shared`, replaced by
+    /// a reload).
+    config: Arc<ArcSwap<TargetConfig>>,
     sessions: Arc<Registry>,
     next_tsih: AtomicU16,
 }
 
 impl Policy {
-    pub fn new(config: Arc<TargetConfig>, sessions: Arc<Registry>) -> Self {
+    pub fn new(config: Arc<ArcSwap<TargetConfig>>, sessions: Arc<Registry>) -> Self {
         Policy {
             config,
             sessions,
             next_tsih: AtomicU16::new(1),
         }
-    }
-
-    /// The configured target with this name.
-    pub fn target(&self, name: &str) -> Option<&TargetEntry> {
-        self.config.targets.iter().find(|t| t.name == name)
     }
 
     /// A fresh TSIH: never 0 (RFC 7143 11.12.6: 0 means "new session") and
@@ -47,6 +46,10 @@ impl Policy {
 
 impl LoginPolicy for Policy {
     fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginStatus> {
+        // One snapshot for the whole decision: a reload meanwhile does not
+        // mix two configurations in one answer.
+        let config = self.config.load();
+        let find = |name: &str| config.targets.iter().find(|t| t.name == name);
         let target = match request.session_type {
             SessionType::Discovery => None,
             SessionType::Normal => {
@@ -54,7 +57,7 @@ impl LoginPolicy for Policy {
                     .target_name
                     .as_deref()
                     .ok_or(LoginStatus::MISSING_PARAMETER)?;
-                Some(self.target(name).ok_or(LoginStatus::NOT_FOUND)?)
+                Some(find(name).ok_or(LoginStatus::NOT_FOUND)?)
             }
         };
         if let Some(target) = target
@@ -63,8 +66,8 @@ impl LoginPolicy for Policy {
         {
             return Err(LoginStatus::AUTHORIZATION_FAILURE);
         }
-        let mut negotiation = self.config.negotiation.clone();
-        negotiation.declarations = self.config.declarations(target);
+        let mut negotiation = config.negotiation.clone();
+        negotiation.declarations = config.declarations(target);
         let chap = target.and_then(|t| t.chap.clone());
         if request.tsih == 0 {
             return Ok(TargetSettings {
@@ -72,7 +75,7 @@ impl LoginPolicy for Policy {
                 chap,
                 tsih: self.allocate_tsih(),
                 leading: true,
-                command_window: self.config.command_window,
+                command_window: config.command_window,
             });
         }
         // A connection joining a running session (RFC 7143 6.3.3): same
@@ -98,7 +101,7 @@ impl LoginPolicy for Policy {
             chap,
             tsih: request.tsih,
             leading: false,
-            command_window: self.config.command_window,
+            command_window: config.command_window,
         })
     }
 }

@@ -15,7 +15,6 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use iscsi_datamover::tap::Tap;
 use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender};
-use iscsi_proto::login::chap::ChallengeHistory;
 use iscsi_proto::login::target::{LoginComplete, LoginOutcome, TargetLogin};
 use iscsi_proto::pdu::{Digests, Header, LoginRequest, Pdu};
 use iscsi_proto::serial::{CmdSn, StatSn};
@@ -29,10 +28,9 @@ use iscsi_scsi::{Nexus, ScsiTarget};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use crate::config::TargetConfig;
 use crate::connection::Connection;
-use crate::policy::Policy;
 use crate::recovery::{Allegiance, Orphan, Orphans};
+use crate::shared::Shared;
 use crate::stats::SessionStats;
 
 /// How long a login that reinstates a connection waits for the old one to
@@ -42,6 +40,8 @@ pub(crate) const CID_RELEASE_WAIT: std::time::Duration = std::time::Duration::fr
 /// The connection holding a CID.
 struct CidHolder {
     number: u64,
+    /// What status shows of it.
+    about: ConnectionAbout,
     close: watch::Sender<bool>,
     /// Closed (its sender dropped) when the connection has ended.
     ended: watch::Receiver<bool>,
@@ -61,84 +61,76 @@ impl CidHolder {
     }
 }
 
-/// How long a connection may take from accept to the end of its login.
-const LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
-
-/// What every connection of a running target shares.
-pub(crate) struct Shared {
-    pub config: Arc<TargetConfig>,
-    pub policy: Policy,
-    /// SCSI target cores, by target name.
-    pub scsi: Vec<(String, Arc<ScsiTarget>)>,
-    pub challenge_history: Arc<Mutex<ChallengeHistory>>,
-    /// Running sessions.
-    pub sessions: Arc<Registry>,
-    /// Becomes `true` when the target shuts down: every connection asks its
-    /// initiator to log out (Asynchronous Message, RFC 7143 11.9.1).
-    pub shutdown: watch::Receiver<bool>,
+/// A connection of a session as status shows it.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnectionAbout {
+    /// CID.
+    pub cid: u16,
+    /// The initiator's address.
+    pub peer: std::net::SocketAddr,
+    /// The portal's address.
+    pub local: std::net::SocketAddr,
+    /// iSER (RDMA) rather than TCP.
+    pub iser: bool,
+    /// HeaderDigest and DataDigest in force.
+    pub digests: Digests,
+    /// MaxRecvDataSegmentLength each way: what the target may send, what
+    /// it receives.
+    pub max_send_segment: u32,
+    /// What the initiator may send in one PDU.
+    pub max_recv_segment: u32,
 }
 
-/// The running sessions, by TSIH.
-#[derive(Default)]
-pub(crate) struct Registry {
-    sessions: Mutex<HashMap<u16, Arc<Session>>>,
+/// The LUNs a session has sent commands to: one bit per LUN number,
+/// set once (a load, then a store only the first time), so that a reload
+/// can tell which sessions a LUN's removal would disturb without a lock on
+/// the command path.
+pub(crate) struct LunsUsed {
+    bits: Box<[AtomicU64]>,
 }
 
-impl Registry {
-    /// The session with this TSIH.
-    pub fn get(&self, tsih: u16) -> Option<Arc<Session>> {
-        self.lock().get(&tsih).cloned()
+impl Default for LunsUsed {
+    fn default() -> Self {
+        LunsUsed {
+            bits: (0..iscsi_scsi::MAX_LUNS / 64)
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+        }
     }
+}
 
-    /// Whether a TSIH is in use.
-    pub fn contains(&self, tsih: u16) -> bool {
-        self.lock().contains_key(&tsih)
-    }
-
-    /// Every session logged in to `target_name`.
-    pub fn of_target(&self, target_name: &str) -> Vec<Arc<Session>> {
-        self.lock()
-            .values()
-            .filter(|s| s.target_name.as_deref() == Some(target_name))
-            .cloned()
-            .collect()
-    }
-
-    fn insert(&self, session: Arc<Session>) -> Vec<Arc<Session>> {
-        let mut sessions = self.lock();
-        // Session reinstatement (RFC 7143 6.3.5): a new session with the
-        // same initiator name, ISID and target replaces the old one.
-        let replaced: Vec<u16> = sessions
-            .values()
-            .filter(|s| {
-                s.initiator_name == session.initiator_name
-                    && s.isid == session.isid
-                    && s.target_name == session.target_name
-            })
-            .map(|s| s.tsih)
-            .collect();
-        let old = replaced
-            .iter()
-            .filter_map(|tsih| sessions.remove(tsih))
-            .collect();
-        sessions.insert(session.tsih, session);
-        old
-    }
-
-    fn remove(&self, session: &Session) {
-        let mut sessions = self.lock();
-        if sessions
-            .get(&session.tsih)
-            .is_some_and(|s| std::ptr::eq(Arc::as_ptr(s), session))
+impl LunsUsed {
+    /// A command reached `lun` (the LUN field as sent; an address that
+    /// names no LUN number is ignored).
+    pub fn note(&self, lun: u64) {
+        let Some(n) = iscsi_scsi::decode_lun(lun) else {
+            return;
+        };
+        let (word, bit) = (usize::from(n) / 64, 1u64 << (n % 64));
+        if let Some(slot) = self.bits.get(word)
+            && slot.load(Ordering::Relaxed) & bit == 0
         {
-            sessions.remove(&session.tsih);
+            slot.fetch_or(bit, Ordering::Relaxed);
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<Session>>> {
-        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The LUN numbers noted, ascending.
+    pub fn numbers(&self) -> Vec<u16> {
+        let mut numbers = Vec::new();
+        for (word, slot) in (0u16..).zip(self.bits.iter()) {
+            let bits = slot.load(Ordering::Relaxed);
+            for bit in 0..64u16 {
+                if bits & (1 << bit) != 0 {
+                    numbers.push(word * 64 + bit);
+                }
+            }
+        }
+        numbers
     }
 }
+
+/// How long a connection may take from accept to the end of its login.
+const LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// One command the target knows of, from its SCSI Command PDU to its
 /// status (RFC 7143 section 4.2.3: the task).
@@ -245,6 +237,14 @@ pub(crate) struct Session {
     /// Becomes `true` to close every connection (logout of the session,
     /// reinstatement, target reset).
     close: watch::Sender<bool>,
+    /// Becomes `true` when an operator asks the session to end (`iscsi
+    /// target logout`): each connection asks its initiator to log out, as
+    /// at shutdown.
+    logout_asked: watch::Sender<bool>,
+    /// The LUNs the session has sent commands to.
+    pub luns_used: LunsUsed,
+    /// When the leading login completed.
+    pub since: std::time::SystemTime,
     /// Connections in full feature phase.
     connections: AtomicU32,
     /// Per CID, the connection that has it: a number telling it from a
@@ -297,6 +297,9 @@ impl Session {
             }),
             received: Notify::new(),
             close: watch::channel(false).0,
+            logout_asked: watch::channel(false).0,
+            luns_used: LunsUsed::default(),
+            since: std::time::SystemTime::now(),
             connections: AtomicU32::new(0),
             by_cid: Mutex::new(HashMap::new()),
             orphans: Orphans::default(),
@@ -316,7 +319,11 @@ impl Session {
     /// before the new one takes a PDU; then the connection's number (for
     /// [`Session::release_cid`]), what tells it that it is to close, and
     /// what it drops when it has ended.
-    pub async fn take_cid(&self, cid: u16) -> (u64, watch::Receiver<bool>, watch::Sender<bool>) {
+    pub async fn take_cid(
+        &self,
+        about: ConnectionAbout,
+    ) -> (u64, watch::Receiver<bool>, watch::Sender<bool>) {
+        let cid = about.cid;
         let number = self.next_connection.fetch_add(1, Ordering::Relaxed);
         let (close, replaced) = watch::channel(false);
         let (ended_tx, ended) = watch::channel(false);
@@ -328,6 +335,7 @@ impl Session {
                 cid,
                 CidHolder {
                     number,
+                    about,
                     close,
                     ended,
                 },
@@ -359,6 +367,40 @@ impl Session {
             }
             None => false,
         }
+    }
+
+    /// The session's connections, by CID.
+    pub fn connections_about(&self) -> Vec<ConnectionAbout> {
+        let mut about: Vec<ConnectionAbout> = self
+            .by_cid
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(|h| h.about.clone())
+            .collect();
+        about.sort_by_key(|a| a.cid);
+        about
+    }
+
+    /// Commands received and not yet answered (the task table's size).
+    pub fn commands_in_flight(&self) -> usize {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .tasks
+            .len()
+    }
+
+    /// Asks every connection to have its initiator log out (Asynchronous
+    /// Message "logout requested", RFC 7143 11.9.1); one that does not is
+    /// dropped after the grace period.
+    pub fn ask_logout(&self) {
+        self.logout_asked.send_replace(true);
+    }
+
+    /// A receiver that sees [`Session::ask_logout`].
+    pub fn logout_asked(&self) -> watch::Receiver<bool> {
+        self.logout_asked.subscribe()
     }
 
     /// Whether a connection of the session has CID `cid`.
@@ -700,7 +742,7 @@ pub(crate) async fn serve_connection(
 ) -> Result<(), DatamoverError> {
     // Tapped from the first login PDU on, like the initiator's connections.
     let tap = shared
-        .config
+        .config()
         .tap
         .as_ref()
         .map(|tap| Tap::new(Arc::clone(tap), next_connection_number()));
@@ -757,14 +799,14 @@ pub(crate) async fn serve_connection(
         data: params.data_digest == Digest::Crc32c,
     };
     transport.enable(digests, params.max_recv_data_segment_length);
+    let config = shared.config();
     let session = if complete.leading {
         let scsi = complete
             .request
             .target_name
             .as_ref()
             .filter(|_| params.session_type == SessionType::Normal)
-            .and_then(|name| shared.scsi.iter().find(|(n, _)| n == name))
-            .map(|(_, s)| Arc::clone(s));
+            .and_then(|name| shared.scsi_target(name));
         let mut lifecycle = leading.unwrap_or_else(|| SessionStateMachine::new(Role::Target));
         record(
             &mut lifecycle,
@@ -774,8 +816,8 @@ pub(crate) async fn serve_connection(
         let session = Arc::new(Session::new(
             &complete,
             scsi,
-            shared.config.portal_group_tag,
-            shared.config.command_window,
+            config.portal_group_tag,
+            config.command_window,
             cmd_sn,
             lifecycle,
         ));
@@ -832,8 +874,17 @@ pub(crate) async fn serve_connection(
     }
     let local = transport.local_addr();
     let placed_data = transport.rdma_capable();
+    let about = ConnectionAbout {
+        cid: complete.request.cid,
+        peer: transport.peer_addr(),
+        local,
+        iser: placed_data,
+        digests,
+        max_send_segment: params.max_send_data_segment_length,
+        max_recv_segment: limits.max_recv_segment,
+    };
     let (receiver, sender) = transport.split();
-    let (number, replaced, ended) = session.take_cid(complete.request.cid).await;
+    let (number, replaced, ended) = session.take_cid(about).await;
     let connection = Connection::new(
         Arc::clone(&shared),
         Arc::clone(&session),

@@ -38,23 +38,33 @@ impl SessionStats {
     }
 }
 
+impl SessionStats {
+    /// Every counter by name, in a fixed order.
+    pub fn snapshot(&self) -> Vec<(&'static str, u64)> {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        vec![
+            ("commands", get(&self.commands)),
+            ("read_bytes", get(&self.read_bytes)),
+            ("write_bytes", get(&self.write_bytes)),
+            ("errors", get(&self.errors)),
+            ("r2ts", get(&self.r2ts)),
+            ("aborts", get(&self.aborts)),
+            ("rejects", get(&self.rejects)),
+            ("snacks", get(&self.snacks)),
+            ("resent", get(&self.resent)),
+            ("recovery_r2ts", get(&self.recovery_r2ts)),
+            ("reassigned", get(&self.reassigned)),
+        ]
+    }
+}
+
 impl fmt::Display for SessionStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        write!(
-            f,
-            "commands={} read_bytes={} write_bytes={} errors={} r2ts={} aborts={} rejects={} snacks={} resent={} recovery_r2ts={} reassigned={}",
-            get(&self.commands),
-            get(&self.read_bytes),
-            get(&self.write_bytes),
-            get(&self.errors),
-            get(&self.r2ts),
-            get(&self.aborts),
-            get(&self.rejects),
-            get(&self.snacks),
-            get(&self.resent),
-            get(&self.recovery_r2ts),
-            get(&self.reassigned),
-        )
+        let counters: Vec<String> = self
+            .snapshot()
+            .into_iter()
+            .map(|(name, value)| format!("{name}={value}"))
+            .collect();
+        f.write_str(&counters.join(" "))
     }
 }

@@ -40,6 +40,8 @@ pub mod sense;
 pub mod spc;
 
 use std::collections::HashSet;
+
+use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -172,7 +174,14 @@ pub fn decode_lun(lun: u64) -> Option<u16> {
 /// A SCSI target's set of logical units.
 pub struct ScsiTarget {
     identity: TargetIdentity,
-    luns: Vec<LogicalUnit>,
+    /// The logical units by LUN number. Replaced whole when a LUN is added
+    /// or removed while the target runs (a reload): a command loads the
+    /// table without a lock or a shared write, and one that loaded the old
+    /// table finishes on the LU it found, which lives while it is used.
+    luns: ArcSwap<LunTable>,
+    /// Serialises the writers of `luns` (add, remove), so that two changes
+    /// at once cannot lose one.
+    lun_changes: Mutex<()>,
     /// Every I_T nexus that has sent a command and not been lost: the
     /// nexuses a unit attention "for every I_T nexus" is queued for.
     nexuses: Mutex<HashSet<NexusKey>>,
@@ -182,6 +191,33 @@ pub struct ScsiTarget {
     /// RESET OCCURRED.
     power_on_ua: AtomicBool,
 }
+
+/// LUs indexed by LUN number (`None`: no LU there).
+type LunTable = Vec<Option<Arc<LogicalUnit>>>;
+
+/// The highest LUN number plus one: REPORT LUNS and `encode_lun` address
+/// 16384 LUNs (single-level flat addressing, SAM-5 §4.7.7).
+pub const MAX_LUNS: usize = 0x4000;
+
+/// Why a LUN could not be added.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LunChangeError {
+    /// The number is in use.
+    Taken(u16),
+    /// The number is not addressable (at most [`MAX_LUNS`] - 1).
+    OutOfRange(u16),
+}
+
+impl std::fmt::Display for LunChangeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Taken(n) => write!(f, "LUN {n} is in use"),
+            Self::OutOfRange(n) => write!(f, "LUN {n}: at most {} LUNs", MAX_LUNS),
+        }
+    }
+}
+
+impl std::error::Error for LunChangeError {}
 
 /// The transport's hook for PERSISTENT RESERVE OUT with PREEMPT AND ABORT
 /// (SPC-4 §5.12.11.5): called with the LUN number and the I_T nexuses whose
@@ -215,14 +251,32 @@ impl ScsiTarget {
     /// A target whose LUN numbers are 0.. in the order of `luns` (at most
     /// 16384 are addressable; the rest are ignored).
     pub fn new(identity: TargetIdentity, luns: Vec<Arc<dyn Backstore>>) -> Self {
-        let luns = luns
-            .into_iter()
-            .take(0x4000)
-            .map(LogicalUnit::new)
-            .collect();
+        let numbered = (0u16..).zip(luns.into_iter().take(MAX_LUNS));
+        Self::with_luns(identity, numbered)
+    }
+
+    /// A target whose LUs have the numbers given (numbers of
+    /// [`MAX_LUNS`] and above are ignored; a number given twice keeps the
+    /// last store).
+    pub fn with_luns(
+        identity: TargetIdentity,
+        luns: impl IntoIterator<Item = (u16, Arc<dyn Backstore>)>,
+    ) -> Self {
+        let mut table: LunTable = Vec::new();
+        for (n, store) in luns {
+            let i = usize::from(n);
+            if i >= MAX_LUNS {
+                continue;
+            }
+            if table.len() <= i {
+                table.resize(i + 1, None);
+            }
+            table[i] = Some(Arc::new(LogicalUnit::new(store)));
+        }
         Self {
             identity,
-            luns,
+            luns: ArcSwap::from_pointee(table),
+            lun_changes: Mutex::new(()),
             nexuses: Mutex::new(HashSet::new()),
             abort_handler: Mutex::new(None),
             power_on_ua: AtomicBool::new(false),
@@ -250,7 +304,73 @@ impl ScsiTarget {
 
     /// The number of logical units.
     pub fn lun_count(&self) -> usize {
-        self.luns.len()
+        self.luns.load().iter().flatten().count()
+    }
+
+    /// The LUN numbers in use, ascending.
+    pub fn lun_numbers(&self) -> Vec<u16> {
+        lun_numbers(&self.luns.load())
+    }
+
+    /// Adds a logical unit as LUN `n` while the target runs. Every nexus
+    /// that has sent this target a command gets REPORTED LUNS DATA HAS
+    /// CHANGED (3Fh/0Eh) on each other LU (SPC-4 §6.33: the inventory
+    /// changed); the new LU starts with no reservations and default mode
+    /// parameters.
+    pub fn add_lun(&self, n: u16, store: Arc<dyn Backstore>) -> Result<(), LunChangeError> {
+        let i = usize::from(n);
+        if i >= MAX_LUNS {
+            return Err(LunChangeError::OutOfRange(n));
+        }
+        let _writer = self
+            .lun_changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut table = LunTable::clone(&self.luns.load());
+        if table.get(i).is_some_and(Option::is_some) {
+            return Err(LunChangeError::Taken(n));
+        }
+        if table.len() <= i {
+            table.resize(i + 1, None);
+        }
+        table[i] = Some(Arc::new(LogicalUnit::new(store)));
+        self.luns.store(Arc::new(table));
+        self.inventory_changed(Some(n));
+        Ok(())
+    }
+
+    /// Removes LUN `n` while the target runs and returns its store.
+    /// Commands that reached the LU before finish on it; later ones get
+    /// LOGICAL UNIT NOT SUPPORTED. Every nexus that has sent this target a
+    /// command gets REPORTED LUNS DATA HAS CHANGED on each remaining LU.
+    /// Its persistent reservations go with it.
+    pub fn remove_lun(&self, n: u16) -> Option<Arc<dyn Backstore>> {
+        let _writer = self
+            .lun_changes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let mut table = LunTable::clone(&self.luns.load());
+        let removed = table.get_mut(usize::from(n))?.take()?;
+        while table.last().is_some_and(Option::is_none) {
+            table.pop();
+        }
+        self.luns.store(Arc::new(table));
+        self.inventory_changed(None);
+        Some(Arc::clone(&removed.backstore))
+    }
+
+    /// Queues REPORTED LUNS DATA HAS CHANGED on every LU but `new` for
+    /// every known nexus.
+    fn inventory_changed(&self, new: Option<u16>) {
+        let nexuses = self.known_nexuses();
+        let sense = Sense::unit_attention(Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+        for (n, lu) in self.luns.load().iter().enumerate() {
+            let Some(lu) = lu else { continue };
+            if new.is_some_and(|new| usize::from(new) == n) {
+                continue;
+            }
+            lu.state().raise_for_all(&nexuses, None, sense);
+        }
     }
 
     /// The identity this target reports.
@@ -259,8 +379,13 @@ impl ScsiTarget {
     }
 
     /// The backstore of LUN number `lun`, if it exists.
-    pub fn backstore(&self, lun: u16) -> Option<&Arc<dyn Backstore>> {
-        self.luns.get(usize::from(lun)).map(|lu| &lu.backstore)
+    pub fn backstore(&self, lun: u16) -> Option<Arc<dyn Backstore>> {
+        self.lu(lun).map(|lu| Arc::clone(&lu.backstore))
+    }
+
+    /// The LU numbered `lun`, if there is one.
+    fn lu(&self, lun: u16) -> Option<Arc<LogicalUnit>> {
+        self.luns.load().get(usize::from(lun))?.clone()
     }
 
     fn known_nexuses(&self) -> Vec<NexusKey> {
@@ -278,7 +403,7 @@ impl ScsiTarget {
     /// CHECK CONDITION with it; REQUEST SENSE returns and clears it.
     pub fn raise_unit_attention(&self, lun: u16, sense: Sense) {
         let nexuses = self.known_nexuses();
-        if let Some(lu) = self.luns.get(usize::from(lun)) {
+        if let Some(lu) = self.lu(lun) {
             lu.state().raise_for_all(&nexuses, None, sense);
         }
     }
@@ -293,7 +418,7 @@ impl ScsiTarget {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&key);
-        for lu in &self.luns {
+        for lu in self.luns.load().iter().flatten() {
             let mut st = lu.state();
             if st.spc2.as_ref() == Some(&key) {
                 st.spc2 = None;
@@ -309,8 +434,8 @@ impl ScsiTarget {
     /// reservations survive (SPC-4 §5.12.3).
     pub fn lun_reset(&self, lun: u16) {
         let nexuses = self.known_nexuses();
-        if let Some(lu) = self.luns.get(usize::from(lun)) {
-            Self::reset_lu(lu, &nexuses, Sense::unit_attention(Asc::BUS_DEVICE_RESET));
+        if let Some(lu) = self.lu(lun) {
+            Self::reset_lu(&lu, &nexuses, Sense::unit_attention(Asc::BUS_DEVICE_RESET));
         }
     }
 
@@ -323,7 +448,7 @@ impl ScsiTarget {
             TargetReset::Warm => Asc::POWER_ON_RESET,
             TargetReset::Cold => Asc::POWER_ON_OCCURRED,
         };
-        for lu in &self.luns {
+        for lu in self.luns.load().iter().flatten() {
             Self::reset_lu(lu, &nexuses, Sense::unit_attention(asc));
         }
     }
@@ -412,20 +537,24 @@ impl ScsiTarget {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(key.clone());
+        // One load per command: the LU a command starts on is the one it
+        // ends on, whatever a reload does meanwhile.
+        let table = self.luns.load();
         if new_nexus && self.power_on_ua.load(Ordering::Relaxed) {
-            for lu in &self.luns {
+            for lu in table.iter().flatten() {
                 lu.state().raise_for(&key, Sense::POWER_ON_RESET);
             }
         }
         let number = decode_lun(lun);
-        let lu = number.and_then(|n| self.luns.get(usize::from(n)).map(|lu| (n, lu)));
+        let lu = number.and_then(|n| Some((n, table.get(usize::from(n))?.as_ref()?)));
         let (result, descriptor) = match lu {
             Some((n, lu)) => {
-                let r = self.dispatch(n, lu, nexus, &key, cdb, data_out, data_in, lent);
+                let r = self.dispatch(n, lu, &table, nexus, &key, cdb, data_out, data_in, lent);
                 (r, lu.mode().d_sense)
             }
             None => (
-                self.dispatch_missing(cdb, data_in).map_err(Fail::Check),
+                self.dispatch_missing(&table, cdb, data_in)
+                    .map_err(Fail::Check),
                 false,
             ),
         };
@@ -450,6 +579,7 @@ impl ScsiTarget {
         &self,
         number: u16,
         lu: &LogicalUnit,
+        table: &LunTable,
         nexus: &Nexus,
         key: &NexusKey,
         cdb: &[u8],
@@ -481,7 +611,7 @@ impl ScsiTarget {
                 Ok(spc::request_sense(cdb, pending, data_in)?)
             }
             INQUIRY => Ok(spc::inquiry(&self.identity, Some(bs), cdb, data_in)?),
-            REPORT_LUNS => Ok(spc::report_luns(self.luns.len(), cdb, data_in)?),
+            REPORT_LUNS => Ok(spc::report_luns(&lun_numbers(table), cdb, data_in)?),
             MODE_SENSE_6 | MODE_SENSE_10 => Ok(mode::mode_sense(bs, mode, cdb, data_in)?),
             MODE_SELECT_6 | MODE_SELECT_10 => {
                 let nexuses = self.known_nexuses();
@@ -556,7 +686,12 @@ impl ScsiTarget {
         }
     }
 
-    fn dispatch_missing(&self, cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+    fn dispatch_missing(
+        &self,
+        table: &LunTable,
+        cdb: &[u8],
+        data_in: &mut Vec<u8>,
+    ) -> Result<(), Sense> {
         use cdb::opcode::*;
         let op = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
         match op {
@@ -566,7 +701,7 @@ impl ScsiTarget {
             }
             REPORT_LUNS => {
                 cdb::check_control(cdb)?;
-                spc::report_luns(self.luns.len(), cdb, data_in)
+                spc::report_luns(&lun_numbers(table), cdb, data_in)
             }
             REQUEST_SENSE => {
                 cdb::check_control(cdb)?;
@@ -575,6 +710,14 @@ impl ScsiTarget {
             _ => Err(Sense::LUN_NOT_SUPPORTED),
         }
     }
+}
+
+/// The numbers of the LUs in `table`, ascending.
+fn lun_numbers(table: &LunTable) -> Vec<u16> {
+    (0u16..)
+        .zip(table.iter())
+        .filter_map(|(n, lu)| lu.as_ref().map(|_| n))
+        .collect()
 }
 
 #[cfg(test)]

@@ -165,6 +165,9 @@ impl Asc {
     pub const RESERVATIONS_RELEASED: Self = Self::new(0x2A, 0x04);
     /// 2A/05 REGISTRATIONS PREEMPTED.
     pub const REGISTRATIONS_PREEMPTED: Self = Self::new(0x2A, 0x05);
+    /// 3F/0E REPORTED LUNS DATA HAS CHANGED: the LUN inventory changed
+    /// (a LUN added or removed while nexuses exist, SPC-4 §6.33).
+    pub const REPORTED_LUNS_DATA_HAS_CHANGED: Self = Self::new(0x3F, 0x0E);
     /// 55/04 INSUFFICIENT REGISTRATION RESOURCES.
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: Self = Self::new(0x55, 0x04);
 

@@ -209,25 +209,25 @@ fn block_limits(lu: &dyn Backstore, v: &mut Vec<u8>) {
     v.resize(4 + 0x3C, 0);
 }
 
-/// REPORT LUNS: every LUN 0..count in peripheral (< 256) or flat addressing.
-pub fn report_luns(count: usize, cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
+/// REPORT LUNS: every LUN in `numbers` (ascending), in peripheral (< 256)
+/// or flat addressing.
+pub fn report_luns(numbers: &[u16], cdb: &[u8], data_in: &mut Vec<u8>) -> Result<(), Sense> {
     let select = cdb::byte(cdb, 2)?;
     let alloc = cdb::be32(cdb, 6)?;
     if alloc < 16 {
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
-    let listed = match select {
+    let listed: &[u16] = match select {
         // 0: all LUs except well-known; 2: all. We have no well-known LUs.
-        0x00 | 0x02 => count.min(0x4000),
+        0x00 | 0x02 => numbers,
         // 1: well-known LUs only.
-        0x01 => 0,
+        0x01 => &[],
         _ => return Err(Sense::INVALID_FIELD_IN_CDB),
     };
-    let list_len = u32::try_from(listed * 8).unwrap_or(u32::MAX);
+    let list_len = u32::try_from(listed.len() * 8).unwrap_or(u32::MAX);
     put_be32(data_in, list_len);
     put_be32(data_in, 0);
-    for n in 0..listed {
-        let n = u16::try_from(n).unwrap_or(u16::MAX);
+    for &n in listed {
         data_in.extend_from_slice(&encode_lun(n).to_be_bytes());
     }
     truncate(data_in, usize::try_from(alloc).unwrap_or(usize::MAX));

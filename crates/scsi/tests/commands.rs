@@ -439,6 +439,65 @@ fn report_luns_one_and_three() {
     assert_eq!(di.len(), 32);
 }
 
+/// A LUN added and another removed while a nexus is using the target: the
+/// nexus meets REPORTED LUNS DATA HAS CHANGED once on each LU it goes on
+/// using, REPORT LUNS lists the new inventory (sparse numbers included),
+/// the removed LUN answers LOGICAL UNIT NOT SUPPORTED, and the data of the
+/// LUs that stayed is untouched.
+#[test]
+fn luns_added_and_removed_while_running() {
+    let (t, _) = target(&[(1 << 20, 512); 3]);
+    let tur = [0u8; 6];
+    let write = {
+        let mut c = rw16(0x8A, 8, 1);
+        c[1] = 0;
+        c
+    };
+    let block = vec![0x5A; 512];
+    good(&t, 2, &write, &block);
+    good(&t, 0, &tur, &[]);
+
+    let removed = t.remove_lun(1).expect("LUN 1 existed");
+    assert_eq!(removed.block_count(), 2048);
+    assert!(t.remove_lun(1).is_none(), "removed twice");
+    assert_eq!(t.lun_numbers(), [0, 2]);
+    let changed = Sense::unit_attention(Asc::REPORTED_LUNS_DATA_HAS_CHANGED);
+    check(&t, 0, &tur, &[], changed);
+    good(&t, 0, &tur, &[]);
+    check(&t, 2, &tur, &[], changed);
+    check(&t, 1, &tur, &[], Sense::LUN_NOT_SUPPORTED);
+    let d = good(&t, 0, &report_luns(4096, 0), &[]);
+    assert_eq!(&d[0..4], &16u32.to_be_bytes());
+    assert_eq!(&d[8..16], encode_lun(0).to_be_bytes());
+    assert_eq!(&d[16..24], encode_lun(2).to_be_bytes());
+    assert_eq!(good(&t, 2, &rw16(0x88, 8, 1), &[]), block);
+
+    // A LUN beyond the end: the table grows; the new LU has no pending
+    // attention for the nexus, the old ones have one.
+    let store = Arc::new(RamBackstore::new(1 << 20, 4096, 0x2000).unwrap());
+    t.add_lun(300, store).unwrap();
+    assert_eq!(
+        t.add_lun(300, Arc::new(RamBackstore::new(1 << 20, 512, 9).unwrap())),
+        Err(iscsi_scsi::LunChangeError::Taken(300))
+    );
+    assert!(
+        t.add_lun(
+            0x4000,
+            Arc::new(RamBackstore::new(1 << 20, 512, 9).unwrap())
+        )
+        .is_err()
+    );
+    good(&t, 300, &tur, &[]);
+    check(&t, 0, &tur, &[], changed);
+    assert_eq!(t.lun_numbers(), [0, 2, 300]);
+    assert_eq!(t.lun_count(), 3);
+    let d = good(&t, 0, &report_luns(4096, 0), &[]);
+    assert_eq!(&d[24..32], encode_lun(300).to_be_bytes());
+    // Removing the last LU shrinks the table; nothing else changes.
+    t.remove_lun(300).unwrap();
+    assert_eq!(t.lun_numbers(), [0, 2]);
+}
+
 #[test]
 fn read_capacity() {
     for (bs, blocks) in [(512u32, 2048u64), (4096, 300)] {

@@ -16,6 +16,7 @@ pub mod relay;
 pub mod script;
 pub mod sweep;
 pub mod target;
+pub mod target_control;
 pub mod trace_report;
 pub mod transfer;
 pub mod verify;

@@ -1,19 +1,32 @@
 //! `iscsi target`: serve block storage over iSCSI.
 //!
 //! With no arguments: one 1 GiB RAM LUN as `iqn.2026-11.rs.iscsi:target0` on
-//! 127.0.0.1:3260.
+//! 127.0.0.1:3260. With `--config FILE`, SIGHUP (or `iscsi target reload`)
+//! re-reads the file and applies the difference live; the control socket
+//! answers `iscsi target status|reload|check|logout` (`target_control`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use iscsi_target::{Server, TargetConfig, TargetEntry, open_lun, unique_id};
+use iscsi_target::{
+    LunEntry, Server, ServerHandle, TargetConfig, TargetEntry, open_lun, unique_id,
+};
 use iscsi_trace::TraceWriter;
 
 /// Command-line options of `iscsi target`.
 #[derive(clap::Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct Args {
+    /// Ask a running target instead of serving.
+    #[command(subcommand)]
+    action: Option<super::target_control::Action>,
+    /// The control socket to answer on (`none`: no socket). Default:
+    /// /run/iscsi-rs/target.sock for root, else under $XDG_RUNTIME_DIR or
+    /// /tmp/iscsi-rs-UID. Mode 0600; only the target's user is answered.
+    #[arg(long, value_name = "PATH")]
+    control: Option<PathBuf>,
     /// A portal to listen on (repeatable).
     #[arg(long = "listen", default_values_t = ["127.0.0.1:3260".parse::<SocketAddr>().expect("valid default")])]
     listen: Vec<SocketAddr>,
@@ -65,10 +78,16 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
     if args.block_size != 512 && args.block_size != 4096 {
         bail!("--block-size must be 512 or 4096");
     }
-    let mut luns = Vec::new();
-    for (i, spec) in args.luns.iter().enumerate() {
-        luns.push(
-            open_lun(spec, args.block_size, unique_id(i as u64)).map_err(anyhow::Error::msg)?,
+    let mut luns = std::collections::BTreeMap::new();
+    for (n, spec) in (0u16..).zip(&args.luns) {
+        let store =
+            open_lun(spec, args.block_size, unique_id(n.into())).map_err(anyhow::Error::msg)?;
+        luns.insert(
+            n,
+            LunEntry {
+                store,
+                spec: spec.clone(),
+            },
         );
     }
     let mut target = TargetEntry {
@@ -103,6 +122,9 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
 
 /// Runs `iscsi target`.
 pub fn run(args: &Args) -> anyhow::Result<()> {
+    if let Some(action) = &args.action {
+        return super::target_control::run(action);
+    }
     let mut config = match &args.config {
         Some(path) => TargetConfig::from_file(path)
             .with_context(|| format!("configuration {}", path.display()))?,
@@ -121,6 +143,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
     let served = runtime.block_on(async {
         let server = Server::bind(config).await.context("binding the portals")?;
+        if let Some(path) = &args.config {
+            server.set_config_file(std::path::absolute(path).unwrap_or_else(|_| path.clone()));
+        }
+        let handle = server.handle();
+        let control = start_control(args.control.as_deref(), handle.clone()).await?;
+        let reloads = tokio::spawn(reload_on_sighup(handle));
         for address in server.local_addrs() {
             for target in &names {
                 println!("iscsi target: serving {target} on {address}");
@@ -134,10 +162,16 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 println!("  inquiry:  iscsi inquiry iser://{address}/{target}/0");
             }
         }
-        server
+        let served = server
             .run_until(shutdown_requested())
             .await
-            .context("serving")
+            .context("serving");
+        reloads.abort();
+        if let Some((task, path)) = control {
+            task.abort();
+            let _ = std::fs::remove_file(path);
+        }
+        served
     });
     // Every connection has ended (or been dropped after the grace
     // period): nothing more will be traced, so the JSON can be closed.
@@ -149,6 +183,49 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         eprintln!("iscsi target: trace written to {}", path.display());
     }
     served
+}
+
+/// Answers on the control socket (`--control`, or the default path) until
+/// the target stops. With the default path already answered by another
+/// target, this one runs without a socket and says so.
+async fn start_control(
+    wanted: Option<&std::path::Path>,
+    handle: ServerHandle,
+) -> anyhow::Result<Option<(tokio::task::JoinHandle<()>, PathBuf)>> {
+    let path = match wanted {
+        Some(path) if path.as_os_str() == "none" => return Ok(None),
+        Some(path) => path.to_path_buf(),
+        None => iscsi_target::control::default_path(),
+    };
+    let listener = match iscsi_target::control::bind(&path).await {
+        Ok(listener) => listener,
+        Err(error) if wanted.is_none() => {
+            tracing::warn!(%error, "no control socket: status and reload are not available (give --control PATH)");
+            return Ok(None);
+        }
+        Err(error) => {
+            return Err(error).with_context(|| format!("--control {}", path.display()));
+        }
+    };
+    println!("iscsi target: control socket {}", path.display());
+    let task = tokio::spawn(iscsi_target::control::serve(listener, handle));
+    Ok(Some((task, path)))
+}
+
+/// Reloads the configuration file on each SIGHUP (what `systemctl reload`
+/// sends): ctld's reload, with the rollback and refusals of
+/// `ServerHandle::reload`, which logs the outcome.
+async fn reload_on_sighup(handle: ServerHandle) {
+    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+    else {
+        tracing::warn!("SIGHUP cannot be caught: reload through `iscsi target reload`");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        tracing::info!("SIGHUP: reloading the configuration");
+        // The outcome is logged by reload itself.
+        let _ = handle.reload(false).await;
+    }
 }
 
 /// Completes on Ctrl-C (SIGINT) or SIGTERM, what service managers send:

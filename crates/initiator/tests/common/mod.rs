@@ -85,7 +85,7 @@ pub async fn our_target(
         targets: vec![TargetEntry {
             name: name.to_owned(),
             alias: None,
-            luns,
+            luns: iscsi_target::numbered(luns),
             chap: None,
             allowed_initiators: Vec::new(),
         }],

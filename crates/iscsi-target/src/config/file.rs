@@ -1,8 +1,12 @@
-//! The TOML configuration file of `iscsi target` and the LUN specifications
-//! shared with the command line (`ram:SIZE`, `file:PATH[,size=SIZE]`,
-//! `block:PATH[,direct]`, each optionally `,latency=DURATION`).
+//! The TOML configuration file of `iscsi target`: the desired state, which
+//! a running target applies on a reload. [`ParsedConfig::parse`] reads and
+//! checks a whole file without opening a store, naming the line of each
+//! mistake; [`ParsedConfig::open`] opens the stores (reusing running ones).
+//! LUN specifications are those of the command line (`lun.rs`).
 //!
 //! ```toml
+//! # force = true                 # optional: a reload of this file may end
+//! #                               # sessions and remove LUNs in use
 //! listen = ["127.0.0.1:3260", "[::1]:3260"]
 //! iser = ["127.0.0.1:3262"]       # optional: iSER portals (iWARP)
 //! command_window = 128            # optional
@@ -22,23 +26,29 @@
 //! alias = "disk one"              # optional
 //! block_size = 512                # optional, 512 or 4096
 //! luns = ["ram:1G", "file:/srv/disk.img,size=10G", "block:/dev/loop0,direct"]
+//! # or, numbers that stay when a LUN before them goes (instead of luns):
+//! # [target.lun]
+//! # 0 = "ram:1G"
+//! # 2 = "file:/srv/disk.img"
 //! allowed_initiators = ["iqn.1993-08.org.debian:01:abc"]   # optional
 //! chap = { user = "alice", secret = "s3cret-s3cret",      # optional;
 //!          target_user = "disk1", target_secret = "other-s3cret" }  # mutual
 //! ```
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
 
 use iscsi_proto::login::chap::{ChapAlgorithm, Credentials};
 use iscsi_proto::login::target::ChapRequirement;
 use iscsi_proto::text::Digest;
-use iscsi_scsi::{Backstore, BlockBackstore, FileBackstore, RamBackstore, SlowBackstore};
+use iscsi_scsi::Backstore;
 use serde::Deserialize;
 use thiserror::Error;
+use toml::Spanned;
 
-use super::{TargetConfig, TargetEntry};
+use super::lun::{LunSpec, check_block_size, unique_id};
+use super::{LunEntry, TargetConfig, TargetEntry};
 
 /// Why a configuration could not be used. Each message says its cause and
 /// ends the chain (no `source()`), or `anyhow`'s `{:#}` would say it twice.
@@ -52,9 +62,17 @@ pub enum ConfigError {
         /// The I/O error.
         error: std::io::Error,
     },
-    /// The TOML is malformed or has unknown keys.
+    /// The TOML is malformed or has unknown keys (the message says where).
     #[error("{0}")]
     Toml(toml::de::Error),
+    /// A value on a known line is not acceptable.
+    #[error("line {line}: {message}")]
+    At {
+        /// 1-based.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// A value is not acceptable.
     #[error("{0}")]
     Invalid(String),
@@ -74,9 +92,11 @@ fn invalid(message: impl Into<String>) -> ConfigError {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     #[serde(default)]
-    listen: Vec<String>,
+    force: bool,
     #[serde(default)]
-    iser: Vec<String>,
+    listen: Vec<Spanned<String>>,
+    #[serde(default)]
+    iser: Vec<Spanned<String>>,
     #[serde(default)]
     command_window: Option<u32>,
     #[serde(default)]
@@ -89,7 +109,7 @@ struct FileConfig {
     send_buffer_kib: Option<usize>,
     #[serde(default)]
     negotiation: Option<NegotiationFile>,
-    #[serde(rename = "target")]
+    #[serde(rename = "target", default)]
     targets: Vec<TargetFile>,
 }
 
@@ -114,16 +134,21 @@ struct NegotiationFile {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TargetFile {
-    name: String,
+    name: Spanned<String>,
     #[serde(default)]
     alias: Option<String>,
     #[serde(default)]
-    block_size: Option<u32>,
-    luns: Vec<String>,
+    block_size: Option<Spanned<u32>>,
+    /// LUNs numbered 0.. in order.
+    #[serde(default)]
+    luns: Option<Vec<Spanned<String>>>,
+    /// LUNs by number.
+    #[serde(default)]
+    lun: Option<BTreeMap<Spanned<String>, Spanned<String>>>,
     #[serde(default)]
     allowed_initiators: Vec<String>,
     #[serde(default)]
-    chap: Option<ChapFile>,
+    chap: Option<Spanned<ChapFile>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -137,42 +162,93 @@ struct ChapFile {
     target_secret: Option<String>,
 }
 
-impl TargetConfig {
-    /// Reads a TOML configuration file.
-    pub fn from_file(path: &Path) -> Result<TargetConfig, ConfigError> {
+/// A LUN as the file gives it: parsed, not opened.
+#[derive(Clone, Debug)]
+pub struct PlannedLun {
+    /// The specification as written (what a reload compares).
+    pub spec: String,
+    /// The specification parsed.
+    pub parsed: LunSpec,
+    /// The target's logical block size.
+    pub block_size: u32,
+    /// The line it is on.
+    pub line: usize,
+}
+
+/// A configuration file read and checked whole, its stores not opened:
+/// what `iscsi target check` validates and what a reload compares with the
+/// running state before it opens or changes anything.
+#[derive(Clone, Debug)]
+pub struct ParsedConfig {
+    /// Everything but the stores: each target's `luns` is empty.
+    pub config: TargetConfig,
+    /// The LUNs of each target of `config.targets`, in the same order.
+    pub luns: Vec<BTreeMap<u16, PlannedLun>>,
+    /// `force = true`: a reload of this file may end sessions and remove
+    /// LUNs in use.
+    pub force: bool,
+}
+
+/// The 1-based line of byte `offset` of `text`.
+fn line_of(text: &str, offset: usize) -> usize {
+    text.get(..offset)
+        .map_or(1, |before| before.matches('\n').count() + 1)
+}
+
+impl ParsedConfig {
+    /// Reads and checks a configuration file.
+    pub fn from_file(path: &Path) -> Result<ParsedConfig, ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Read {
             path: path.display().to_string(),
             error,
         })?;
-        Self::from_toml(&text)
+        Self::parse(&text)
     }
 
-    /// Parses a TOML configuration and opens every backstore it names.
-    pub fn from_toml(text: &str) -> Result<TargetConfig, ConfigError> {
+    /// Parses and checks a TOML configuration, opening nothing.
+    pub fn parse(text: &str) -> Result<ParsedConfig, ConfigError> {
         let file: FileConfig = toml::from_str(text)?;
-        let mut listen = Vec::new();
-        for address in &file.listen {
-            listen.push(
-                address
-                    .parse::<SocketAddr>()
-                    .map_err(|e| invalid(format!("listen address {address:?}: {e}")))?,
-            );
-        }
-        let mut iser = Vec::new();
-        for address in &file.iser {
-            iser.push(
-                address
-                    .parse::<SocketAddr>()
-                    .map_err(|e| invalid(format!("iser address {address:?}: {e}")))?,
-            );
+        let at = |span: std::ops::Range<usize>, message: String| ConfigError::At {
+            line: line_of(text, span.start),
+            message,
+        };
+        let mut listen: Vec<SocketAddr> = Vec::new();
+        let mut iser: Vec<SocketAddr> = Vec::new();
+        for (list, key, addresses) in [
+            (&mut listen, "listen", &file.listen),
+            (&mut iser, "iser", &file.iser),
+        ] {
+            for address in addresses {
+                let parsed = address.get_ref().parse::<SocketAddr>().map_err(|e| {
+                    at(
+                        address.span(),
+                        format!("{key} address {:?}: {e}", address.get_ref()),
+                    )
+                })?;
+                if list.contains(&parsed) {
+                    return Err(at(
+                        address.span(),
+                        format!("{key}: portal {parsed} repeated"),
+                    ));
+                }
+                list.push(parsed);
+            }
         }
         if listen.is_empty() && iser.is_empty() {
             return Err(invalid("listen, iser: at least one portal is needed"));
         }
-        if let Some(both) = listen.iter().find(|a| iser.contains(a)) {
-            return Err(invalid(format!(
-                "{both} is both a TCP and an iSER portal: iWARP needs a TCP port of its own"
-            )));
+        if let Some(both) = file.iser.iter().find(|a| {
+            a.get_ref()
+                .parse::<SocketAddr>()
+                .is_ok_and(|a| listen.contains(&a))
+        }) {
+            return Err(at(
+                both.span(),
+                format!(
+                    "{} is both a TCP and an iSER portal: iWARP needs a TCP port of its own",
+                    both.get_ref()
+                ),
+            ));
         }
         let mut negotiation = TargetConfig::default_negotiation();
         if let Some(n) = file.negotiation {
@@ -204,32 +280,102 @@ impl TargetConfig {
             );
         }
         check_ranges(&negotiation)?;
-        let mut targets = Vec::new();
-        let mut unique = 0u64;
+        let mut targets: Vec<TargetEntry> = Vec::new();
+        let mut all_luns = Vec::new();
         for target in file.targets {
-            let block_size = target.block_size.unwrap_or(512);
-            let mut luns = Vec::new();
-            for spec in &target.luns {
-                unique += 1;
-                luns.push(
-                    open_lun(spec, block_size, unique_id(unique))
-                        .map_err(|e| invalid(format!("target {}: {e}", target.name)))?,
+            let name = target.name.get_ref().clone();
+            let name_at = target.name.span();
+            if name.is_empty() {
+                return Err(at(name_at, "target: an empty name".into()));
+            }
+            if targets.iter().any(|t| t.name == name) {
+                return Err(at(name_at, format!("target {name} named twice")));
+            }
+            let block_size = match &target.block_size {
+                Some(b) => {
+                    check_block_size(*b.get_ref())
+                        .map_err(|e| at(b.span(), format!("target {name}: {e}")))?;
+                    *b.get_ref()
+                }
+                None => 512,
+            };
+            let numbered: Vec<(u16, &Spanned<String>)> = match (&target.luns, &target.lun) {
+                (Some(_), Some(_)) => {
+                    return Err(at(
+                        name_at,
+                        format!(
+                            "target {name}: luns (a list) or [target.lun] (by number), not both"
+                        ),
+                    ));
+                }
+                (Some(list), None) => {
+                    if list.len() > iscsi_scsi::MAX_LUNS {
+                        return Err(at(
+                            name_at,
+                            format!("target {name}: more than {} LUNs", iscsi_scsi::MAX_LUNS),
+                        ));
+                    }
+                    (0u16..).zip(list.iter()).collect()
+                }
+                (None, Some(map)) => {
+                    let mut numbered = Vec::new();
+                    for (number, spec) in map {
+                        let n = number
+                            .get_ref()
+                            .parse::<u16>()
+                            .ok()
+                            .filter(|&n| usize::from(n) < iscsi_scsi::MAX_LUNS)
+                            .ok_or_else(|| {
+                                at(
+                                    number.span(),
+                                    format!(
+                                        "target {name}: LUN number {:?}: 0..={}",
+                                        number.get_ref(),
+                                        iscsi_scsi::MAX_LUNS - 1
+                                    ),
+                                )
+                            })?;
+                        if numbered.iter().any(|&(m, _)| m == n) {
+                            return Err(at(
+                                number.span(),
+                                format!("target {name}: LUN {n} given twice"),
+                            ));
+                        }
+                        numbered.push((n, spec));
+                    }
+                    numbered
+                }
+                (None, None) => Vec::new(),
+            };
+            if numbered.is_empty() {
+                return Err(at(name_at, format!("target {name}: no LUNs")));
+            }
+            let mut luns = BTreeMap::new();
+            for (n, spec) in numbered {
+                let parsed = LunSpec::parse(spec.get_ref())
+                    .map_err(|e| at(spec.span(), format!("target {name}: {e}")))?;
+                luns.insert(
+                    n,
+                    PlannedLun {
+                        spec: spec.get_ref().clone(),
+                        parsed,
+                        block_size,
+                        line: line_of(text, spec.span().start),
+                    },
                 );
             }
-            if luns.is_empty() {
-                return Err(invalid(format!("target {}: no LUNs", target.name)));
-            }
-            let chap = match target.chap {
+            let chap = match &target.chap {
                 None => None,
-                Some(c) => Some(chap_requirement(&c)?),
+                Some(c) => Some(
+                    chap_requirement(c.get_ref())
+                        .map_err(|e| at(c.span(), format!("target {name}: {e}")))?,
+                ),
             };
-            if targets.iter().any(|t: &TargetEntry| t.name == target.name) {
-                return Err(invalid(format!("target {} named twice", target.name)));
-            }
+            all_luns.push(luns);
             targets.push(TargetEntry {
-                name: target.name,
+                name,
                 alias: target.alias,
-                luns,
+                luns: BTreeMap::new(),
                 chap,
                 allowed_initiators: target.allowed_initiators,
             });
@@ -237,7 +383,7 @@ impl TargetConfig {
         if targets.is_empty() {
             return Err(invalid("no [[target]]"));
         }
-        Ok(TargetConfig {
+        let config = TargetConfig {
             listen,
             iser,
             targets,
@@ -259,18 +405,70 @@ impl TargetConfig {
                 super::send_buffer_from_kib,
             ),
             tap: None,
+        };
+        Ok(ParsedConfig {
+            config,
+            luns: all_luns,
+            force: file.force,
         })
+    }
+
+    /// Opens every store and returns the configuration to serve.
+    /// `reuse(target, number, lun)` may hand back a running store for a LUN
+    /// that a reload keeps; every other store is opened. On an error the
+    /// stores opened so far are dropped (closed), and the error names the
+    /// target, the LUN and its line.
+    pub fn open(
+        self,
+        reuse: &dyn Fn(&str, u16, &PlannedLun) -> Option<LunEntry>,
+    ) -> Result<TargetConfig, ConfigError> {
+        let ParsedConfig {
+            mut config, luns, ..
+        } = self;
+        let mut ordinal = 0u64;
+        for (target, planned) in config.targets.iter_mut().zip(luns) {
+            for (n, lun) in planned {
+                let entry = match reuse(&target.name, n, &lun) {
+                    Some(entry) => entry,
+                    None => {
+                        ordinal += 1;
+                        let store: std::sync::Arc<dyn Backstore> = lun
+                            .parsed
+                            .open(lun.block_size, unique_id(ordinal))
+                            .map_err(|e| ConfigError::At {
+                                line: lun.line,
+                                message: format!(
+                                    "target {} LUN {n} {:?}: {e}",
+                                    target.name, lun.spec
+                                ),
+                            })?;
+                        LunEntry {
+                            store,
+                            spec: lun.spec,
+                        }
+                    }
+                };
+                target.luns.insert(n, entry);
+            }
+        }
+        Ok(config)
+    }
+}
+
+impl TargetConfig {
+    /// Reads a TOML configuration file and opens its stores.
+    pub fn from_file(path: &Path) -> Result<TargetConfig, ConfigError> {
+        ParsedConfig::from_file(path)?.open(&|_, _, _| None)
+    }
+
+    /// Parses a TOML configuration and opens every backstore it names.
+    pub fn from_toml(text: &str) -> Result<TargetConfig, ConfigError> {
+        ParsedConfig::parse(text)?.open(&|_, _, _| None)
     }
 }
 
 /// Seconds of silence before the target pings an initiator, by default.
 pub const DEFAULT_NOP_IN_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
-
-/// A unique LU identifier: random high bits (so two targets on one
-/// network do not collide), the LU's ordinal in the low bits.
-pub fn unique_id(ordinal: u64) -> u64 {
-    (u64::from(rand::random::<u32>()) << 16) | (ordinal & 0xFFFF)
-}
 
 fn digests(names: &[String]) -> Result<Vec<Digest>, ConfigError> {
     names
@@ -338,162 +536,9 @@ fn chap_requirement(c: &ChapFile) -> Result<ChapRequirement, ConfigError> {
     })
 }
 
-/// Parses sizes like `4096`, `64K`, `256M`, `1G`, `2T` (binary units).
-pub fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let (digits, unit) = text.split_at(
-        text.find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(text.len()),
-    );
-    let value: u64 = digits
-        .parse()
-        .map_err(|_| format!("size {text:?}: a number with an optional K/M/G/T"))?;
-    let shift = match unit.to_ascii_uppercase().as_str() {
-        "" | "B" => 0,
-        "K" | "KB" | "KIB" => 10,
-        "M" | "MB" | "MIB" => 20,
-        "G" | "GB" | "GIB" => 30,
-        "T" | "TB" | "TIB" => 40,
-        other => return Err(format!("unknown size unit {other:?} in {text:?}")),
-    };
-    value
-        .checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {text:?} too large"))
-}
-
-/// Opens the backstore a LUN specification names: `ram:SIZE`,
-/// `file:PATH[,size=SIZE]` (created or extended to SIZE when given) or
-/// `block:PATH[,direct]` (a block device; `direct` opens it O_DIRECT); any
-/// of them with `,latency=DURATION` (e.g. `20ms`) behind that latency
-/// ([`SlowBackstore`]: a slow device, for tests of aborts and timeouts).
-pub fn open_lun(spec: &str, block_size: u32, id: u64) -> Result<Arc<dyn Backstore>, String> {
-    let mut latency = None;
-    let plain: Vec<&str> = spec
-        .split(',')
-        .filter(|option| match option.strip_prefix("latency=") {
-            Some(value) => {
-                latency = Some(value);
-                false
-            }
-            None => true,
-        })
-        .collect();
-    let store = open_store(spec, &plain.join(","), block_size, id)?;
-    match latency {
-        None => Ok(store),
-        Some(value) => {
-            let latency = humantime::parse_duration(value)
-                .map_err(|e| format!("LUN {spec:?}: latency {value:?}: {e}"))?;
-            Ok(Arc::new(SlowBackstore::new(store, latency)))
-        }
-    }
-}
-
-/// [`open_lun`] without the latency option (`spec` is what the user
-/// wrote, for errors; `plain` the rest).
-fn open_store(
-    spec: &str,
-    plain: &str,
-    block_size: u32,
-    id: u64,
-) -> Result<Arc<dyn Backstore>, String> {
-    if block_size != 512 && block_size != 4096 {
-        return Err(format!("block size {block_size}: 512 or 4096"));
-    }
-    let (kind, rest) = plain
-        .split_once(':')
-        .ok_or_else(|| format!("LUN {spec:?}: ram:SIZE, file:PATH[,size=SIZE] or block:PATH"))?;
-    match kind {
-        "ram" => {
-            let size = parse_size(rest)?;
-            RamBackstore::new(size, block_size, id)
-                .map(|b| Arc::new(b) as Arc<dyn Backstore>)
-                .map_err(|e| format!("LUN {spec:?}: {e}"))
-        }
-        "file" => {
-            let mut parts = rest.split(',');
-            let path = parts
-                .next()
-                .filter(|p| !p.is_empty())
-                .ok_or("file: needs a path")?;
-            let mut size = None;
-            for option in parts {
-                match option.split_once('=') {
-                    Some(("size", value)) => size = Some(parse_size(value)?),
-                    _ => return Err(format!("LUN {spec:?}: unknown option {option:?}")),
-                }
-            }
-            FileBackstore::open(path, size, block_size, id)
-                .map(|b| Arc::new(b) as Arc<dyn Backstore>)
-                .map_err(|e| format!("LUN {spec:?}: {e}"))
-        }
-        "block" => {
-            let mut parts = rest.split(',');
-            let path = parts
-                .next()
-                .filter(|p| !p.is_empty())
-                .ok_or("block: needs a path")?;
-            let mut direct = false;
-            for option in parts {
-                match option {
-                    "direct" => direct = true,
-                    _ => return Err(format!("LUN {spec:?}: unknown option {option:?}")),
-                }
-            }
-            BlockBackstore::open(path, direct, id)
-                .map(|b| Arc::new(b) as Arc<dyn Backstore>)
-                .map_err(|e| format!("LUN {spec:?}: {e}"))
-        }
-        other => Err(format!(
-            "LUN {spec:?}: unknown backstore {other:?} (ram, file or block)"
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("64K").unwrap(), 65536);
-        assert_eq!(parse_size("256M").unwrap(), 256 << 20);
-        assert_eq!(parse_size("1G").unwrap(), 1 << 30);
-        assert!(parse_size("1X").is_err());
-        assert!(parse_size("").is_err());
-        assert!(parse_size("99999999999999T").is_err());
-    }
-
-    #[test]
-    fn lun_specs() {
-        assert!(open_lun("ram:1M", 512, 1).is_ok());
-        assert!(open_lun("ram:1M", 1024, 1).is_err());
-        assert!(open_lun("nvme:1M", 512, 1).is_err());
-        assert!(open_lun("ram", 512, 1).is_err());
-        let dir = std::env::temp_dir().join(format!("iscsi-rs-spec-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("lun.img");
-        let spec = format!("file:{},size=1M", path.display());
-        let lun = open_lun(&spec, 4096, 2).unwrap();
-        assert_eq!(lun.block_count(), 256);
-        // Reopened without a size: the file's own length.
-        let again = open_lun(&format!("file:{}", path.display()), 512, 2).unwrap();
-        assert_eq!(again.block_count(), 2048);
-        assert!(open_lun(&format!("file:{},colour=red", path.display()), 512, 2).is_err());
-        // Behind a latency: the store is the same, every access slower,
-        // and its commands leave the runtime's threads (may_block).
-        let slow = open_lun(&format!("file:{},latency=5ms", path.display()), 512, 2).unwrap();
-        assert!(slow.may_block() && slow.block_count() == 2048);
-        let ram = open_lun("ram:1M,latency=1ms", 512, 3).unwrap();
-        assert!(ram.may_block() && ram.block_count() == 2048);
-        let started = std::time::Instant::now();
-        ram.flush().unwrap();
-        assert!(started.elapsed() >= std::time::Duration::from_millis(1));
-        let bad = open_lun("ram:1M,latency=soon", 512, 3).unwrap_err();
-        assert!(bad.contains("latency \"soon\""), "{bad}");
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
 
     #[test]
     fn a_full_file_parses() {
@@ -530,7 +575,7 @@ mod tests {
         assert_eq!(config.targets.len(), 2);
         assert_eq!(config.targets[0].luns.len(), 2);
         assert!(config.targets[0].chap.as_ref().unwrap().mutual.is_some());
-        assert_eq!(config.targets[1].luns[0].block_size(), 4096);
+        assert_eq!(config.targets[1].luns[&0].store.block_size(), 4096);
         assert_eq!(config.targets[1].allowed_initiators, ["iqn.x:y"]);
     }
 

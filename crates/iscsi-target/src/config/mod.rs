@@ -2,7 +2,9 @@
 //! negotiation values it offers.
 
 pub mod file;
+pub mod lun;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -19,8 +21,8 @@ pub struct TargetEntry {
     pub name: String,
     /// An alias shown to initiators.
     pub alias: Option<String>,
-    /// LUN 0, 1, ... in order.
-    pub luns: Vec<Arc<dyn Backstore>>,
+    /// The logical units by LUN number.
+    pub luns: BTreeMap<u16, LunEntry>,
     /// CHAP the initiator must pass (and, for mutual CHAP, the target's
     /// own credentials).
     pub chap: Option<ChapRequirement>,
@@ -28,7 +30,32 @@ pub struct TargetEntry {
     pub allowed_initiators: Vec<String>,
 }
 
+/// One logical unit of a target: its store, and the specification it was
+/// opened from, which a reload compares to tell a kept LUN (same
+/// specification and block size: the store stays, with its data and
+/// sessions) from a changed one.
+#[derive(Clone, Debug)]
+pub struct LunEntry {
+    /// The store.
+    pub store: Arc<dyn Backstore>,
+    /// `ram:1G`, `file:/srv/a.img`... (`lun::LunSpec`); a store built in
+    /// code has a description instead, which no file repeats.
+    pub spec: String,
+}
+
 impl TargetEntry {
+    /// A target with no alias, CHAP or ACL whose LUNs are `stores`,
+    /// numbered from 0 in order.
+    pub fn new(name: impl Into<String>, stores: Vec<Arc<dyn Backstore>>) -> Self {
+        TargetEntry {
+            name: name.into(),
+            alias: None,
+            luns: numbered(stores),
+            chap: None,
+            allowed_initiators: Vec::new(),
+        }
+    }
+
     /// A target with one-way CHAP for `user`/`secret` (every algorithm).
     pub fn require_chap(&mut self, user: &str, secret: &str) {
         self.chap = Some(ChapRequirement {
@@ -37,6 +64,17 @@ impl TargetEntry {
             mutual: None,
         });
     }
+}
+
+/// `stores` as LUNs 0, 1, ... in order, each described as built in code.
+pub fn numbered(stores: Vec<Arc<dyn Backstore>>) -> BTreeMap<u16, LunEntry> {
+    (0u16..)
+        .zip(stores)
+        .map(|(n, store)| {
+            let spec = format!("(store {n} built in code)");
+            (n, LunEntry { store, spec })
+        })
+        .collect()
 }
 
 /// Everything `iscsi target` serves.

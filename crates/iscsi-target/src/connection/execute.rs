@@ -60,8 +60,8 @@ impl Connection {
         task.start();
         let guard = self.in_flight.enter();
         let store = iscsi_scsi::decode_lun(command.lun.0).and_then(|lun| scsi.backstore(lun));
-        let may_block = store.is_some_and(|store| store.may_block());
-        let here = answered_here(store, &command, &cdb);
+        let may_block = store.as_ref().is_some_and(|store| store.may_block());
+        let here = answered_here(store.as_ref(), &command, &cdb);
         let answer = answer(
             Execution {
                 scsi,

@@ -56,7 +56,7 @@ impl Target {
             targets: vec![TargetEntry {
                 name: TARGET.to_owned(),
                 alias: None,
-                luns: vec![Arc::clone(&lun) as Arc<dyn Backstore>],
+                luns: iscsi_target::numbered(vec![Arc::clone(&lun) as Arc<dyn Backstore>]),
                 chap: None,
                 allowed_initiators: Vec::new(),
             }],

@@ -1,0 +1,248 @@
+//! `iscsi target status|reload|check|logout`: a running target's control
+//! socket from the command line (`iscsi_target::control` is the server).
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use iscsi_target::ParsedConfig;
+use iscsi_target::status::Status;
+use serde_json::{Value, json};
+
+/// What to ask a running target.
+#[derive(clap::Subcommand, Debug)]
+pub enum Action {
+    /// Show portals, targets, LUNs and sessions with their counters.
+    Status {
+        /// Print the JSON the control socket answers (for jq).
+        #[arg(long)]
+        json: bool,
+        /// The control socket (default: the one `iscsi target` uses).
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+    },
+    /// Re-read the configuration file and apply the difference live (what
+    /// SIGHUP does).
+    Reload {
+        /// Apply changes that end sessions or remove LUNs in use.
+        #[arg(long)]
+        force: bool,
+        /// The control socket.
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+    },
+    /// Check a configuration file without serving it; with a target
+    /// running, print what reloading it would change.
+    Check {
+        /// The file.
+        file: PathBuf,
+        /// The control socket.
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+    },
+    /// Ask one session to log out (its TSIH, from `status`).
+    Logout {
+        /// The session's TSIH.
+        tsih: u16,
+        /// The control socket.
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+    },
+}
+
+/// Runs one action.
+pub fn run(action: &Action) -> anyhow::Result<()> {
+    match action {
+        Action::Status { json, control } => {
+            let answer = ask(control, &json!({"command": "status"}))?;
+            let status = ok(&answer)?.get("status").cloned().unwrap_or(Value::Null);
+            if *json {
+                println!("{status}");
+            } else {
+                let status: Status =
+                    serde_json::from_value(status).context("the target's status")?;
+                print!("{}", show(&status));
+            }
+            Ok(())
+        }
+        Action::Reload { force, control } => {
+            let answer = ask(control, &json!({"command": "reload", "force": force}))?;
+            print_changes(&answer);
+            ok(&answer)?;
+            println!("reloaded");
+            Ok(())
+        }
+        Action::Check { file, control } => {
+            let text = std::fs::read_to_string(file)
+                .with_context(|| format!("reading {}", file.display()))?;
+            ParsedConfig::parse(&text).with_context(|| format!("{}", file.display()))?;
+            println!("{}: valid", file.display());
+            let path = socket(control);
+            if !path.exists() {
+                println!(
+                    "(no target running at {}: nothing to compare)",
+                    path.display()
+                );
+                return Ok(());
+            }
+            let answer = ask(control, &json!({"command": "plan", "config": text}))?;
+            ok(&answer)?;
+            println!("against the running target:");
+            print_changes(&answer);
+            if answer["changes"].as_array().is_none_or(Vec::is_empty) {
+                println!("  no changes");
+            }
+            Ok(())
+        }
+        Action::Logout { tsih, control } => {
+            let answer = ask(control, &json!({"command": "logout", "tsih": tsih}))?;
+            ok(&answer)?;
+            println!(
+                "session {tsih} ({}) asked to log out",
+                answer["initiator"].as_str().unwrap_or("?")
+            );
+            Ok(())
+        }
+    }
+}
+
+fn socket(control: &Option<PathBuf>) -> PathBuf {
+    control
+        .clone()
+        .unwrap_or_else(iscsi_target::control::default_path)
+}
+
+/// Sends one request and reads its answer.
+fn ask(control: &Option<PathBuf>, request: &Value) -> anyhow::Result<Value> {
+    let path = socket(control);
+    let stream = UnixStream::connect(&path).with_context(|| {
+        format!(
+            "connecting to the target's control socket {} (is `iscsi target` running? --control PATH names another)",
+            path.display()
+        )
+    })?;
+    exchange(stream, &path, request)
+}
+
+fn exchange(mut stream: UnixStream, path: &Path, request: &Value) -> anyhow::Result<Value> {
+    writeln!(stream, "{request}").with_context(|| format!("writing to {}", path.display()))?;
+    let mut line = String::new();
+    BufReader::new(stream)
+        .read_line(&mut line)
+        .with_context(|| format!("reading from {}", path.display()))?;
+    serde_json::from_str(&line).with_context(|| format!("the answer from {}", path.display()))
+}
+
+/// The answer if it says ok, else its error.
+fn ok(answer: &Value) -> anyhow::Result<&Value> {
+    if answer["ok"].as_bool() == Some(true) {
+        return Ok(answer);
+    }
+    bail!(
+        "{}",
+        answer["error"]
+            .as_str()
+            .unwrap_or("the target refused without a reason")
+    )
+}
+
+fn print_changes(answer: &Value) {
+    for change in answer["changes"].as_array().into_iter().flatten() {
+        let sessions: Vec<String> = change["sessions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|s| {
+                format!(
+                    "session {} ({})",
+                    s["tsih"],
+                    s["initiator"].as_str().unwrap_or("?")
+                )
+            })
+            .collect();
+        let mut line = format!(
+            "  {} {}",
+            change["action"].as_str().unwrap_or("?"),
+            change["object"].as_str().unwrap_or("?")
+        );
+        if let Some(detail) = change["detail"].as_str().filter(|d| !d.is_empty()) {
+            line.push_str(&format!(": {detail}"));
+        }
+        match change["effect"].as_str() {
+            Some("next_login") => line.push_str(" (from the next login on)"),
+            Some("lun_in_use") => {
+                line.push_str(&format!(" [LUN in use by {}]", sessions.join(", ")))
+            }
+            Some("ends_sessions") => line.push_str(&format!(" [ends {}]", sessions.join(", "))),
+            _ => {}
+        }
+        println!("{line}");
+    }
+}
+
+/// The status in words, for a terminal.
+fn show(status: &Status) -> String {
+    let mut out = String::new();
+    let config = status
+        .config_file
+        .as_deref()
+        .unwrap_or("(command-line flags)");
+    out.push_str(&format!("target process {} serving {config}\n", status.pid));
+    for portal in &status.portals {
+        out.push_str(&format!("portal {} {}\n", portal.transport, portal.address));
+    }
+    for target in &status.targets {
+        out.push_str(&format!(
+            "target {}{}  chap {}  acl {}  {} session(s)\n",
+            target.name,
+            target
+                .alias
+                .as_ref()
+                .map(|a| format!(" ({a})"))
+                .unwrap_or_default(),
+            target.chap,
+            if target.allowed_initiators.is_empty() {
+                "any".to_owned()
+            } else {
+                target.allowed_initiators.join(",")
+            },
+            target.sessions
+        ));
+        for lun in &target.luns {
+            out.push_str(&format!(
+                "  lun {:<3} {:<40} {} bytes, {} B blocks, used by {:?}\n",
+                lun.lun, lun.backstore, lun.size_bytes, lun.block_size, lun.used_by
+            ));
+        }
+    }
+    for s in &status.sessions {
+        out.push_str(&format!(
+            "session {} {} isid {} -> {} ({}, ERL {}), {} command(s) in flight, LUNs {:?}\n",
+            s.tsih,
+            s.initiator,
+            s.isid,
+            s.target.as_deref().unwrap_or("(discovery)"),
+            s.session_type,
+            s.error_recovery_level,
+            s.commands_in_flight,
+            s.luns_used
+        ));
+        for c in &s.connections {
+            out.push_str(&format!(
+                "  cid {} {} -> {} {} digests {}/{} segments {}/{}\n",
+                c.cid,
+                c.initiator_address,
+                c.portal,
+                c.transport,
+                c.header_digest,
+                c.data_digest,
+                c.max_send_data_segment_length,
+                c.max_recv_data_segment_length
+            ));
+        }
+        let counters: Vec<String> = s.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        out.push_str(&format!("  {}\n", counters.join(" ")));
+    }
+    out
+}

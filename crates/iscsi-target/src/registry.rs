@@ -1,0 +1,103 @@
+//! The running sessions: the one table that logins, status, `logout`, a
+//! reload and PREEMPT AND ABORT all ask.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::reload::plan::{SessionRef, SessionUse};
+use crate::session::Session;
+
+/// The running sessions, by TSIH.
+#[derive(Default)]
+pub(crate) struct Registry {
+    sessions: Mutex<HashMap<u16, Arc<Session>>>,
+}
+
+impl Registry {
+    /// The session with this TSIH.
+    pub fn get(&self, tsih: u16) -> Option<Arc<Session>> {
+        self.lock().get(&tsih).cloned()
+    }
+
+    /// Whether a TSIH is in use.
+    pub fn contains(&self, tsih: u16) -> bool {
+        self.lock().contains_key(&tsih)
+    }
+
+    /// Every session logged in to `target_name`.
+    pub fn of_target(&self, target_name: &str) -> Vec<Arc<Session>> {
+        self.lock()
+            .values()
+            .filter(|s| s.target_name.as_deref() == Some(target_name))
+            .cloned()
+            .collect()
+    }
+
+    /// Every session, by TSIH.
+    pub fn all(&self) -> Vec<Arc<Session>> {
+        let mut all: Vec<Arc<Session>> = self.lock().values().cloned().collect();
+        all.sort_by_key(|s| s.tsih);
+        all
+    }
+
+    /// What each session uses, for a reload's plan.
+    pub fn usage(&self) -> Vec<SessionUse> {
+        self.all()
+            .iter()
+            .map(|s| SessionUse {
+                session: s.about(),
+                target: s.target_name.clone(),
+                luns: s.luns_used.numbers(),
+            })
+            .collect()
+    }
+
+    /// Adds a session whose leading login completed; returns the sessions
+    /// it reinstates.
+    pub fn insert(&self, session: Arc<Session>) -> Vec<Arc<Session>> {
+        let mut sessions = self.lock();
+        // Session reinstatement (RFC 7143 6.3.5): a new session with the
+        // same initiator name, ISID and target replaces the old one.
+        let replaced: Vec<u16> = sessions
+            .values()
+            .filter(|s| {
+                s.initiator_name == session.initiator_name
+                    && s.isid == session.isid
+                    && s.target_name == session.target_name
+            })
+            .map(|s| s.tsih)
+            .collect();
+        let old = replaced
+            .iter()
+            .filter_map(|tsih| sessions.remove(tsih))
+            .collect();
+        sessions.insert(session.tsih, session);
+        old
+    }
+
+    /// Removes `session`, unless a later session has its TSIH.
+    pub fn remove(&self, session: &Session) {
+        let mut sessions = self.lock();
+        if sessions
+            .get(&session.tsih)
+            .is_some_and(|s| std::ptr::eq(Arc::as_ptr(s), session))
+        {
+            sessions.remove(&session.tsih);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u16, Arc<Session>>> {
+        self.sessions.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Session {
+    /// The session as a plan or a log line names it.
+    pub fn about(&self) -> SessionRef {
+        SessionRef {
+            tsih: self.tsih,
+            initiator: self.initiator_name.clone(),
+            isid: self.isid.iter().map(|b| format!("{b:02x}")).collect(),
+        }
+    }
+}

@@ -1,0 +1,265 @@
+//! Applying a configuration file to a running target: ctld's reload with a
+//! rollback and SCST's caution.
+//!
+//! 1. Parse and check the whole file (`ParsedConfig`): a file with any
+//!    mistake changes nothing.
+//! 2. Plan (`plan.rs`): every change against the running configuration and
+//!    the sessions using it. A change that would end sessions or take a
+//!    LUN in use is refused, naming them, unless the file or the command
+//!    says `force`.
+//! 3. Prepare everything that can fail, touching nothing running: open the
+//!    new stores, bind the new portals. A failure drops what was prepared
+//!    (the rollback): the target runs on as before.
+//! 4. Commit, which cannot fail: LUNs removed and added in the SCSI cores
+//!    (REPORTED LUNS DATA HAS CHANGED to the nexuses that know the target),
+//!    the configuration snapshot and the target table replaced, portals
+//!    started and stopped, sessions shut out asked to log out.
+//!
+//! So the running state is the old one or the new one, never a mix.
+
+pub mod plan;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, PoisonError};
+
+use serde::Serialize;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::config::file::{ConfigError, ParsedConfig};
+use crate::server::{Portal, ServerHandle, bind_all};
+use crate::shared::scsi_target;
+use plan::{Change, Plan, keeps};
+
+/// What a reload did.
+#[derive(Debug, Serialize)]
+pub struct ReloadReport {
+    /// Every change applied (none: the file matched what runs).
+    pub changes: Vec<Change>,
+    /// Force was given (by the command or the file).
+    pub forced: bool,
+}
+
+/// Why a reload changed nothing.
+#[derive(Debug, Error)]
+pub enum ReloadError {
+    /// The target was started without `--config`.
+    #[error("no configuration file to reload: the target was started without --config")]
+    NoFile,
+    /// The file does not parse or check: the old configuration stays.
+    #[error("the file is refused, nothing changed: {0}")]
+    Config(ConfigError),
+    /// Disruptive changes without force.
+    #[error("refused, nothing changed: {} change(s) would disturb running sessions; say force (iscsi target reload --force, or force = true in the file) to apply them: {}", .0.disruptive().count(), .0.disruptive().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
+    Refused(Plan),
+    /// A step of the apply failed: what was prepared was dropped.
+    #[error("applying failed, nothing changed: {error}")]
+    Apply {
+        /// What failed.
+        error: String,
+        /// What would have been applied.
+        plan: Plan,
+    },
+    /// The target is shutting down.
+    #[error("the target is shutting down")]
+    ShuttingDown,
+}
+
+impl ReloadError {
+    /// The plan the refusal is about, if any.
+    pub fn plan(&self) -> Option<&Plan> {
+        match self {
+            ReloadError::Refused(plan) | ReloadError::Apply { plan, .. } => Some(plan),
+            _ => None,
+        }
+    }
+}
+
+impl ServerHandle {
+    /// Re-reads the configuration file and applies it; `force` allows
+    /// changes that end sessions or remove LUNs in use.
+    pub async fn reload(&self, force: bool) -> Result<ReloadReport, ReloadError> {
+        let path = self.shared.config_file.get().ok_or(ReloadError::NoFile)?;
+        let parsed = ParsedConfig::from_file(path).map_err(ReloadError::Config);
+        let result = match parsed {
+            Ok(parsed) => self.apply(parsed, force).await,
+            Err(error) => Err(error),
+        };
+        match &result {
+            Ok(report) => info!(
+                file = %path.display(),
+                changes = report.changes.len(),
+                forced = report.forced,
+                "configuration reloaded"
+            ),
+            Err(error) => warn!(file = %path.display(), "reload: {error}"),
+        }
+        result
+    }
+
+    /// What applying `text` (a configuration file's contents) would change
+    /// now, applying nothing (`iscsi target check FILE`).
+    pub fn plan(&self, text: &str) -> Result<Plan, ConfigError> {
+        let parsed = ParsedConfig::parse(text)?;
+        Ok(plan::plan(
+            &self.shared.config(),
+            &parsed,
+            &self.shared.sessions.usage(),
+        ))
+    }
+
+    /// Applies a parsed configuration (see the module's steps).
+    pub async fn apply(
+        &self,
+        parsed: ParsedConfig,
+        force: bool,
+    ) -> Result<ReloadReport, ReloadError> {
+        let shared = &self.shared;
+        let _one_at_a_time = shared.reloading.lock().await;
+        if shared
+            .portals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .closed
+        {
+            return Err(ReloadError::ShuttingDown);
+        }
+        let old = shared.config();
+        let plan = plan::plan(&old, &parsed, &shared.sessions.usage());
+        let forced = force || parsed.force;
+        if !forced && plan.disruptive().next().is_some() {
+            return Err(ReloadError::Refused(plan));
+        }
+        if plan.changes.is_empty() {
+            return Ok(ReloadReport {
+                changes: Vec::new(),
+                forced,
+            });
+        }
+        // Prepare: stores (running ones kept where the LUN is unchanged).
+        let reuse = |target: &str, n: u16, lun: &config_file::PlannedLun| {
+            old.targets
+                .iter()
+                .find(|t| t.name == target)?
+                .luns
+                .get(&n)
+                .filter(|running| keeps(running, lun))
+                .cloned()
+        };
+        let mut new = match parsed.open(&reuse) {
+            Ok(new) => new,
+            Err(error) => {
+                return Err(ReloadError::Apply {
+                    error: error.to_string(),
+                    plan,
+                });
+            }
+        };
+        new.tap = old.tap.clone();
+        // Prepare: portals.
+        let fresh = |new: &[SocketAddr], old: &[SocketAddr]| -> Vec<SocketAddr> {
+            new.iter().filter(|a| !old.contains(a)).copied().collect()
+        };
+        let new_tcp = fresh(&new.listen, &old.listen);
+        let new_iser = fresh(&new.iser, &old.iser);
+        let bound = match bind_all(&new_tcp).await {
+            Ok(tcp) => bind_all(&new_iser).await.map(|iser| (tcp, iser)),
+            Err(error) => Err(error),
+        };
+        let (tcp, iser) = match bound {
+            Ok(bound) => bound,
+            Err(error) => {
+                return Err(ReloadError::Apply {
+                    error: error.to_string(),
+                    plan,
+                });
+            }
+        };
+        // Commit: nothing below fails.
+        let mut targets = crate::shared::Targets::clone(&shared.targets.load());
+        for target in &old.targets {
+            let Some(wanted) = new.targets.iter().find(|t| t.name == target.name) else {
+                targets.remove(&target.name);
+                continue;
+            };
+            let Some(core) = targets.get(&target.name) else {
+                continue;
+            };
+            for (&n, lun) in &target.luns {
+                let kept = wanted
+                    .luns
+                    .get(&n)
+                    .is_some_and(|w| Arc::ptr_eq(&w.store, &lun.store));
+                if !kept {
+                    core.remove_lun(n);
+                }
+            }
+            for (&n, lun) in &wanted.luns {
+                let kept = target
+                    .luns
+                    .get(&n)
+                    .is_some_and(|l| Arc::ptr_eq(&l.store, &lun.store));
+                if !kept && let Err(error) = core.add_lun(n, Arc::clone(&lun.store)) {
+                    warn!(target = %target.name, %error, "reload: LUN not added");
+                }
+            }
+        }
+        for target in &new.targets {
+            if !old.targets.iter().any(|t| t.name == target.name) {
+                targets.insert(target.name.clone(), scsi_target(target, &shared.sessions));
+            }
+        }
+        let removed_portals: Vec<(Portal, SocketAddr)> = old
+            .listen
+            .iter()
+            .filter(|a| !new.listen.contains(a))
+            .map(|&a| (Portal::Tcp, a))
+            .chain(
+                old.iser
+                    .iter()
+                    .filter(|a| !new.iser.contains(a))
+                    .map(|&a| (Portal::Iser, a)),
+            )
+            .collect();
+        shared.targets.store(Arc::new(targets));
+        shared.config.store(Arc::new(new));
+        {
+            let mut portals = shared
+                .portals
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            for (kind, address) in removed_portals {
+                portals.remove(kind, address);
+            }
+            let added = tcp
+                .into_iter()
+                .zip(new_tcp)
+                .map(|(l, a)| (l, Portal::Tcp, a))
+                .chain(
+                    iser.into_iter()
+                        .zip(new_iser)
+                        .map(|(l, a)| (l, Portal::Iser, a)),
+                );
+            for (listener, kind, address) in added {
+                if let Err(error) = portals.add(shared, listener, kind, address) {
+                    warn!(%address, %error, "reload: portal not started");
+                }
+            }
+        }
+        for tsih in plan.ended_sessions() {
+            if let Some(session) = shared.sessions.get(tsih) {
+                info!(tsih, initiator = %session.initiator_name, "reload: session shut out, asking it to log out");
+                session.ask_logout();
+            }
+        }
+        for change in &plan.changes {
+            info!("reload: {change}");
+        }
+        Ok(ReloadReport {
+            changes: plan.changes,
+            forced,
+        })
+    }
+}
+
+use crate::config::file as config_file;

@@ -1,0 +1,233 @@
+//! What `iscsi target status` shows: the running configuration (portals,
+//! targets, LUNs with their stores) and every session with its
+//! connections, negotiated keys, commands in flight and counters. Plain
+//! data, serialised as JSON on the control socket.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::PoisonError;
+
+use serde::{Deserialize, Serialize};
+
+use crate::server::{Portal, ServerHandle};
+
+/// The whole status.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Status {
+    /// The target's process.
+    pub pid: u32,
+    /// `--config FILE`, if any.
+    pub config_file: Option<String>,
+    /// Listening portals.
+    pub portals: Vec<PortalStatus>,
+    /// Targets.
+    pub targets: Vec<TargetStatus>,
+    /// Sessions, by TSIH.
+    pub sessions: Vec<SessionStatus>,
+}
+
+/// A listening portal.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct PortalStatus {
+    /// `tcp` or `iser`.
+    pub transport: String,
+    /// As bound.
+    pub address: SocketAddr,
+}
+
+/// A target.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TargetStatus {
+    /// The iSCSI name.
+    pub name: String,
+    /// Its alias.
+    pub alias: Option<String>,
+    /// Initiators allowed (empty: all).
+    pub allowed_initiators: Vec<String>,
+    /// `none`, `one-way` or `mutual`.
+    pub chap: String,
+    /// Its LUNs.
+    pub luns: Vec<LunStatus>,
+    /// Sessions logged in to it.
+    pub sessions: usize,
+}
+
+/// A LUN.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LunStatus {
+    /// The LUN number.
+    pub lun: u16,
+    /// The store's specification (`ram:1G`, `file:/srv/a.img`...).
+    pub backstore: String,
+    /// Bytes.
+    pub size_bytes: u64,
+    /// Logical block size.
+    pub block_size: u32,
+    /// Sessions that have sent it commands.
+    pub used_by: Vec<u16>,
+}
+
+/// A session.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SessionStatus {
+    /// TSIH.
+    pub tsih: u16,
+    /// InitiatorName.
+    pub initiator: String,
+    /// ISID, 12 hex digits.
+    pub isid: String,
+    /// TargetName (`None`: discovery).
+    pub target: Option<String>,
+    /// `normal` or `discovery`.
+    pub session_type: String,
+    /// ErrorRecoveryLevel.
+    pub error_recovery_level: u8,
+    /// Seconds since the Unix epoch of the leading login.
+    pub logged_in_at: u64,
+    /// Commands received and not yet answered.
+    pub commands_in_flight: usize,
+    /// LUNs it has sent commands to.
+    pub luns_used: Vec<u16>,
+    /// The session-wide keys negotiated by the leading login.
+    pub negotiated: BTreeMap<String, String>,
+    /// Its connections.
+    pub connections: Vec<ConnectionStatus>,
+    /// Its counters.
+    pub counters: BTreeMap<String, u64>,
+}
+
+/// A connection of a session.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ConnectionStatus {
+    /// CID.
+    pub cid: u16,
+    /// The initiator's address.
+    pub initiator_address: SocketAddr,
+    /// The portal it reached.
+    pub portal: SocketAddr,
+    /// `tcp` or `iser`.
+    pub transport: String,
+    /// HeaderDigest.
+    pub header_digest: String,
+    /// DataDigest.
+    pub data_digest: String,
+    /// The largest data segment the target sends.
+    pub max_send_data_segment_length: u32,
+    /// The largest data segment the target receives.
+    pub max_recv_data_segment_length: u32,
+}
+
+fn digest(on: bool) -> String {
+    if on { "CRC32C" } else { "None" }.to_owned()
+}
+
+impl ServerHandle {
+    /// The status now.
+    pub fn status(&self) -> Status {
+        let shared = &self.shared;
+        let config = shared.config();
+        let sessions = shared.sessions.all();
+        let portals = shared
+            .portals
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .running
+            .iter()
+            .map(|p| PortalStatus {
+                transport: if p.kind == Portal::Iser {
+                    "iser"
+                } else {
+                    "tcp"
+                }
+                .to_owned(),
+                address: p.local,
+            })
+            .collect();
+        let targets = config
+            .targets
+            .iter()
+            .map(|target| {
+                let of_target: Vec<_> = sessions
+                    .iter()
+                    .filter(|s| s.target_name.as_deref() == Some(target.name.as_str()))
+                    .collect();
+                TargetStatus {
+                    name: target.name.clone(),
+                    alias: target.alias.clone(),
+                    allowed_initiators: target.allowed_initiators.clone(),
+                    chap: match &target.chap {
+                        None => "none",
+                        Some(c) if c.mutual.is_some() => "mutual",
+                        Some(_) => "one-way",
+                    }
+                    .to_owned(),
+                    luns: target
+                        .luns
+                        .iter()
+                        .map(|(&n, lun)| LunStatus {
+                            lun: n,
+                            backstore: lun.spec.clone(),
+                            size_bytes: lun.store.block_count() * u64::from(lun.store.block_size()),
+                            block_size: lun.store.block_size(),
+                            used_by: of_target
+                                .iter()
+                                .filter(|s| s.luns_used.numbers().contains(&n))
+                                .map(|s| s.tsih)
+                                .collect(),
+                        })
+                        .collect(),
+                    sessions: of_target.len(),
+                }
+            })
+            .collect();
+        let sessions = sessions
+            .iter()
+            .map(|s| {
+                let p = &s.params;
+                let negotiated = crate::reload::plan::negotiation_words_of(p);
+                SessionStatus {
+                    tsih: s.tsih,
+                    initiator: s.initiator_name.clone(),
+                    isid: s.about().isid,
+                    target: s.target_name.clone(),
+                    session_type: format!("{:?}", p.session_type).to_lowercase(),
+                    error_recovery_level: p.error_recovery_level,
+                    logged_in_at: s
+                        .since
+                        .duration_since(std::time::UNIX_EPOCH)
+                        .map_or(0, |d| d.as_secs()),
+                    commands_in_flight: s.commands_in_flight(),
+                    luns_used: s.luns_used.numbers(),
+                    negotiated,
+                    connections: s
+                        .connections_about()
+                        .into_iter()
+                        .map(|c| ConnectionStatus {
+                            cid: c.cid,
+                            initiator_address: c.peer,
+                            portal: c.local,
+                            transport: if c.iser { "iser" } else { "tcp" }.to_owned(),
+                            header_digest: digest(c.digests.header),
+                            data_digest: digest(c.digests.data),
+                            max_send_data_segment_length: c.max_send_segment,
+                            max_recv_data_segment_length: c.max_recv_segment,
+                        })
+                        .collect(),
+                    counters: s
+                        .stats
+                        .snapshot()
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v))
+                        .collect(),
+                }
+            })
+            .collect();
+        Status {
+            pid: std::process::id(),
+            config_file: shared.config_file.get().map(|p| p.display().to_string()),
+            portals,
+            targets,
+            sessions,
+        }
+    }
+}
