@@ -126,11 +126,19 @@ fn ask(control: &Option<PathBuf>, request: &Value) -> anyhow::Result<Value> {
 }
 
 fn exchange(mut stream: UnixStream, path: &Path, request: &Value) -> anyhow::Result<Value> {
-    writeln!(stream, "{request}").with_context(|| format!("writing to {}", path.display()))?;
+    // A target that refuses this user answers at once and closes: the
+    // write may fail, and the answer still says why.
+    let written = writeln!(stream, "{request}");
     let mut line = String::new();
-    BufReader::new(stream)
-        .read_line(&mut line)
-        .with_context(|| format!("reading from {}", path.display()))?;
+    let read = BufReader::new(stream).read_line(&mut line);
+    if line.trim().is_empty() {
+        written.with_context(|| format!("writing to {}", path.display()))?;
+        read.with_context(|| format!("reading from {}", path.display()))?;
+        bail!(
+            "{}: the target closed the control connection without an answer",
+            path.display()
+        );
+    }
     serde_json::from_str(&line).with_context(|| format!("the answer from {}", path.display()))
 }
 

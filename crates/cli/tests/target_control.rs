@@ -1,0 +1,251 @@
+//! `iscsi target --config FILE` operated from outside (issue 34): the
+//! control socket's status, `check` printing the difference, SIGHUP and
+//! `iscsi target reload` applying a changed file, a file with a mistake
+//! refused whole with its line while the target serves on unchanged, and
+//! the socket refusing a user other than the target's.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::iscsi;
+use iscsi_test_peers::{Peer, free_port};
+use serde_json::Value;
+
+const NAME: &str = "iqn.2026-11.rs.iscsi:control";
+
+struct Running {
+    peer: Peer,
+    dir: PathBuf,
+    file: PathBuf,
+    socket: PathBuf,
+    port: u16,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.peer.terminate(Duration::from_secs(15));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn config(port: u16, luns: &str) -> String {
+    format!(
+        "listen = [\"127.0.0.1:{port}\"]\n[[target]]\nname = \"{NAME}\"\n[target.lun]\n{luns}\n"
+    )
+}
+
+fn start(test: &str) -> Running {
+    let dir = std::env::temp_dir().join(format!("iscsi-rs-control-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let port = free_port();
+    let file = dir.join("target.toml");
+    std::fs::write(&file, config(port, "0 = \"ram:8M\"")).unwrap();
+    let socket = dir.join("control.sock");
+    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+    command
+        .args(["target", "--config"])
+        .arg(&file)
+        .arg("--control")
+        .arg(&socket)
+        .env("RUST_LOG", "info");
+    let peer = Peer::spawn(command, port);
+    Running {
+        peer,
+        dir,
+        file,
+        socket,
+        port,
+    }
+}
+
+fn control(args: &[&str], socket: &Path) -> std::process::Output {
+    let mut all = vec!["target"];
+    all.extend_from_slice(args);
+    all.push("--control");
+    all.push(socket.to_str().unwrap());
+    iscsi(&all)
+}
+
+fn status(socket: &Path) -> Value {
+    let out = control(&["status", "--json"], socket);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("status is JSON")
+}
+
+fn lun_numbers(status: &Value) -> Vec<u64> {
+    status["targets"][0]["luns"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["lun"].as_u64().unwrap())
+        .collect()
+}
+
+/// Waits until `check` holds of the status (a SIGHUP is applied
+/// asynchronously).
+fn wait_for(socket: &Path, check: impl Fn(&Value) -> bool) -> Value {
+    for _ in 0..200 {
+        let now = status(socket);
+        if check(&now) {
+            return now;
+        }
+        std::thread::sleep(Duration::from_millis(25));
+    }
+    panic!("status never changed: {}", status(socket));
+}
+
+#[test]
+fn status_check_and_reloads_by_signal_and_command() {
+    let mut t = start("reload");
+    let first = status(&t.socket);
+    assert_eq!(
+        first["config_file"].as_str().map(Path::new),
+        Some(t.file.as_path())
+    );
+    assert_eq!(
+        first["portals"][0]["address"],
+        format!("127.0.0.1:{}", t.port)
+    );
+    assert_eq!(lun_numbers(&first), [0]);
+    assert_eq!(first["targets"][0]["luns"][0]["backstore"], "ram:8M");
+    let mode = std::os::unix::fs::PermissionsExt::mode(
+        &std::fs::metadata(&t.socket).unwrap().permissions(),
+    );
+    assert_eq!(mode & 0o777, 0o600);
+    let text = String::from_utf8(control(&["status"], &t.socket).stdout).unwrap();
+    assert!(
+        text.contains(&format!("target {NAME}")) && text.contains("lun 0"),
+        "{text}"
+    );
+
+    // check: valid, and the difference against the running target.
+    let next = t.dir.join("next.toml");
+    std::fs::write(&next, config(t.port, "0 = \"ram:8M\"\n4 = \"ram:2M\"")).unwrap();
+    let out = control(&["check", next.to_str().unwrap()], &t.socket);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains(&format!("+ target {NAME} LUN 4: ram:2M")),
+        "{said}"
+    );
+    assert_eq!(
+        lun_numbers(&status(&t.socket)),
+        [0],
+        "check applied nothing"
+    );
+
+    // SIGHUP applies the file.
+    std::fs::copy(&next, &t.file).unwrap();
+    let hup = Command::new("kill")
+        .args(["-HUP", &t.peer.pid().to_string()])
+        .status()
+        .unwrap();
+    assert!(hup.success());
+    wait_for(&t.socket, |s| lun_numbers(s) == [0, 4]);
+
+    // A mistake on line 5 is refused whole, by signal and by command;
+    // what runs stays.
+    std::fs::write(
+        &t.file,
+        config(t.port, "0 = \"ram:8M\"\n4 = \"ram:2M\"\n5 = \"tape:1G\""),
+    )
+    .unwrap();
+    let out = control(&["reload"], &t.socket);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{said}");
+    assert!(
+        said.contains("line 7") && said.contains("unknown backstore \"tape\""),
+        "{said}"
+    );
+    assert!(said.contains("nothing changed"), "{said}");
+    let out = control(&["check", t.file.to_str().unwrap()], &t.socket);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 7"));
+    Command::new("kill")
+        .args(["-HUP", &t.peer.pid().to_string()])
+        .status()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(lun_numbers(&status(&t.socket)), [0, 4]);
+    assert!(
+        t.peer
+            .log_so_far()
+            .contains("the file is refused, nothing changed")
+    );
+
+    // The command applies a good file and says what changed.
+    std::fs::write(&t.file, config(t.port, "4 = \"ram:2M\"")).unwrap();
+    let out = control(&["reload"], &t.socket);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains(&format!("- target {NAME} LUN 0")), "{said}");
+    assert_eq!(lun_numbers(&status(&t.socket)), [4]);
+
+    // Logout of a session that does not exist is an error in words.
+    let out = control(&["logout", "999"], &t.socket);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("no session with TSIH 999"));
+}
+
+/// The socket answers its owner only: another user is refused even when
+/// the file's mode would let it connect (root only: it needs setpriv to
+/// become another user).
+#[test]
+fn the_control_socket_refuses_anyone_but_its_owner() {
+    if !rustix_is_root() || !iscsi_test_peers::have("setpriv") {
+        eprintln!("skipped: needs root and setpriv to act as another user");
+        return;
+    }
+    let t = start("owner");
+    // As the file is (0600), another user cannot even connect.
+    let other = |socket: &Path| {
+        Command::new("setpriv")
+            .args([
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                env!("CARGO_BIN_EXE_iscsi"),
+            ])
+            .args(["target", "status", "--control"])
+            .arg(socket)
+            .output()
+            .unwrap()
+    };
+    // The directory must be passable for the other user to reach it.
+    std::fs::set_permissions(&t.dir, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let out = other(&t.socket);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("Permission denied"));
+    // Opened up by mistake: the peer's uid is still checked.
+    std::fs::set_permissions(
+        &t.socket,
+        std::os::unix::fs::PermissionsExt::from_mode(0o666),
+    )
+    .unwrap();
+    let out = other(&t.socket);
+    assert_eq!(out.status.code(), Some(1));
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(said.contains("only the target's owner"), "{said}");
+    assert!(
+        status(&t.socket)["targets"].is_array(),
+        "the owner is still answered"
+    );
+}
+
+fn rustix_is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}

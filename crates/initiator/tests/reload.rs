@@ -1,0 +1,228 @@
+//! A running target reloaded under I/O (issue 34): LUNs added and removed,
+//! an ACL changed, and files that fail at each step. Our initiator keeps a
+//! verified write/read loop on one LUN through all of it, which must see no
+//! error; a session using a LUN makes its removal a refusal until forced;
+//! a reload that fails leaves the running state exactly as it was.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
+use iscsi_target::reload::ReloadError;
+use iscsi_target::reload::plan::Effect;
+use iscsi_target::{ParsedConfig, Server, ServerHandle, TargetConfig};
+use tokio::sync::oneshot;
+
+const TARGET: &str = "iqn.2026-11.rs.iscsi:reload";
+const OTHER: &str = "iqn.2026-11.rs.iscsi:reload-other";
+const BLOCK: u32 = 512;
+
+/// The file with `listen` and the target's `[target.lun]` lines.
+fn file(port: u16, extra_listen: &str, luns: &str, acl: &str) -> String {
+    format!(
+        "listen = [\"127.0.0.1:{port}\"{extra_listen}]\nnop_in_interval_seconds = 0\n\
+         [[target]]\nname = \"{TARGET}\"\n{acl}\n[target.lun]\n{luns}\n"
+    )
+}
+
+async fn start(text: &str) -> (ServerHandle, oneshot::Sender<()>) {
+    let config = TargetConfig::from_toml(text).expect("the first file");
+    let server = Server::bind(config).await.expect("bind");
+    let handle = server.handle();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(server.run_until(async {
+        let _ = stopped.await;
+    }));
+    (handle, stop)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+async fn connect(port: u16, initiator: &str, isid: u8) -> Arc<Session> {
+    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
+        .parse()
+        .unwrap();
+    let mut config = SessionConfig::default();
+    config.initiator_name = initiator.to_owned();
+    config.isid = Some([0x80, 0, 0, 0, 0, isid]);
+    Arc::new(Session::connect(&url, config).await.expect("login"))
+}
+
+async fn luns(session: &Session) -> Vec<u64> {
+    session.report_luns().await.expect("REPORT LUNS")
+}
+
+fn parse(text: &str) -> ParsedConfig {
+    ParsedConfig::parse(text).expect("a valid file")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_under_io_loses_nothing_and_refuses_what_disturbs() {
+    let port = free_port();
+    let three = "0 = \"ram:8M\"\n1 = \"ram:8M\"\n2 = \"ram:8M\"";
+    let (handle, _stop) = start(&file(port, "", three, "")).await;
+    let a = connect(port, "iqn.2026-11.rs.iscsi:a", 1).await;
+    let b = connect(port, "iqn.2026-11.rs.iscsi:b", 2).await;
+    let tsih_a = handle
+        .status()
+        .sessions
+        .iter()
+        .find(|s| s.initiator.ends_with(":a"))
+        .map(|s| s.tsih)
+        .expect("session a");
+
+    // A uses LUNs 0 and 1; B keeps writing and verifying LUN 2 throughout.
+    let pattern = |seed: u8| vec![seed; 64 * 1024];
+    a.write(0, 0, BLOCK, &pattern(0xA0)).await.unwrap();
+    a.write(1, 0, BLOCK, &pattern(0xA1)).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let verified = Arc::new(AtomicU64::new(0));
+    let io = {
+        let (b, stop, verified) = (Arc::clone(&b), Arc::clone(&stop), Arc::clone(&verified));
+        tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let lba = (round % 64) * 128;
+                let data = pattern((round % 251) as u8);
+                b.write(2, lba, BLOCK, &data).await?;
+                let back = b.read(2, lba, BLOCK, vec![0; data.len()]).await?;
+                assert_eq!(back, data, "LUN 2 at LBA {lba}");
+                verified.fetch_add(1, Ordering::Relaxed);
+                round += 1;
+            }
+            Ok::<(), Error>(())
+        })
+    };
+
+    // Removing LUN 1, which A used: refused, naming A, and nothing moved.
+    let without_1 = file(port, "", "0 = \"ram:8M\"\n2 = \"ram:8M\"", "");
+    match handle.apply(parse(&without_1), false).await {
+        Err(ReloadError::Refused(plan)) => {
+            let change = plan.disruptive().next().expect("one disruptive change");
+            assert_eq!(change.effect, Effect::LunInUse);
+            assert!(change.object.ends_with("LUN 1"), "{change}");
+            assert_eq!(
+                change.sessions.iter().map(|s| s.tsih).collect::<Vec<_>>(),
+                [tsih_a]
+            );
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    assert_eq!(luns(&a).await, [0, 1, 2]);
+
+    // Forced: LUN 1 goes the SPC way; A's LUN 0 and B's LUN 2 stay.
+    let report = handle.apply(parse(&without_1), true).await.expect("forced");
+    assert!(report.forced && report.changes.len() == 1, "{report:?}");
+    assert_eq!(luns(&a).await, [0, 2]);
+    match a.read(1, 0, BLOCK, vec![0; 512]).await {
+        Err(Error::Status {
+            status: 0x02,
+            sense: Some(sense),
+        }) => {
+            assert_eq!((sense.key, sense.asc, sense.ascq), (0x05, 0x25, 0x00))
+        }
+        other => panic!("LUN 1 still answers: {other:?}"),
+    }
+    assert_eq!(
+        a.read(0, 0, BLOCK, vec![0; 65536]).await.unwrap(),
+        pattern(0xA0)
+    );
+
+    // Adding LUN 5 and a second portal is free.
+    let second = free_port();
+    let with_5 = file(
+        port,
+        &format!(", \"127.0.0.1:{second}\""),
+        "0 = \"ram:8M\"\n2 = \"ram:8M\"\n5 = \"ram:4M\"",
+        "",
+    );
+    let report = handle
+        .apply(parse(&with_5), false)
+        .await
+        .expect("additions");
+    assert_eq!(report.changes.len(), 2, "{report:?}");
+    assert_eq!(luns(&a).await, [0, 2, 5]);
+    a.write(5, 0, BLOCK, &pattern(0xA5)).await.unwrap();
+    let c = connect(second, "iqn.2026-11.rs.iscsi:c", 3).await;
+    assert_eq!(
+        c.read(5, 0, BLOCK, vec![0; 65536]).await.unwrap(),
+        pattern(0xA5)
+    );
+    c.logout().await.expect("logout");
+    // The target ends the session just after answering the logout.
+    for _ in 0..500 {
+        if handle.status().sessions.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(handle.status().sessions.len(), 2, "c's session ended");
+
+    // Failing reloads change nothing: a store that cannot open (beside a
+    // new target that could), then a portal that cannot bind (beside a new
+    // LUN that could).
+    let before = format!("{:?}", handle.status().targets);
+    let bad_store = format!(
+        "{}[[target]]\nname = \"{OTHER}\"\nluns = [\"ram:1M\"]\n",
+        file(
+            port,
+            &format!(", \"127.0.0.1:{second}\""),
+            "0 = \"ram:8M\"\n2 = \"ram:8M\"\n5 = \"ram:4M\"\n6 = \"file:/nonexistent/iscsi-rs/x.img,size=1M\"",
+            "",
+        )
+    );
+    match handle.apply(parse(&bad_store), true).await {
+        Err(ReloadError::Apply { error, .. }) => assert!(error.contains("LUN 6"), "{error}"),
+        other => panic!("applied: {other:?}"),
+    }
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let busy = taken.local_addr().unwrap().port();
+    let bad_portal = file(
+        port,
+        &format!(", \"127.0.0.1:{second}\", \"127.0.0.1:{busy}\""),
+        "0 = \"ram:8M\"\n2 = \"ram:8M\"\n5 = \"ram:4M\"\n7 = \"ram:1M\"",
+        "",
+    );
+    match handle.apply(parse(&bad_portal), true).await {
+        Err(ReloadError::Apply { error, .. }) => {
+            assert!(error.contains(&busy.to_string()), "{error}")
+        }
+        other => panic!("applied: {other:?}"),
+    }
+    assert_eq!(format!("{:?}", handle.status().targets), before);
+    assert_eq!(handle.status().portals.len(), 2);
+    assert_eq!(luns(&a).await, [0, 2, 5]);
+
+    // An ACL that leaves B out ends B's session: refused unless forced.
+    let acl = "allowed_initiators = [\"iqn.2026-11.rs.iscsi:a\"]";
+    let shut_b = file(
+        port,
+        &format!(", \"127.0.0.1:{second}\""),
+        "0 = \"ram:8M\"\n2 = \"ram:8M\"\n5 = \"ram:4M\"",
+        acl,
+    );
+    match handle.apply(parse(&shut_b), false).await {
+        Err(ReloadError::Refused(plan)) => {
+            let change = plan.disruptive().next().unwrap();
+            assert_eq!(change.effect, Effect::EndsSessions);
+            assert!(
+                change.sessions.iter().all(|s| s.initiator.ends_with(":b")),
+                "{change}"
+            );
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+
+    stop.store(true, Ordering::Relaxed);
+    io.await
+        .unwrap()
+        .expect("B's I/O saw no error through every reload");
+    assert!(verified.load(Ordering::Relaxed) > 0);
+    let still = b.read(2, 0, BLOCK, vec![0; 65536]).await.unwrap();
+    assert_eq!(still.len(), 65536);
+}
