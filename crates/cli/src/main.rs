@@ -4,6 +4,7 @@
 
 mod cmd;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -90,7 +91,10 @@ fn main() -> ExitCode {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colours for a person at a terminal only: a log file or journal
+        // gets plain text, which grep and the reader of the file can use.
+        .with_ansi(std::io::stderr().is_terminal());
     match cli.log_format {
         LogFormat::Text => logs.init(),
         LogFormat::Json => logs.json().init(),
