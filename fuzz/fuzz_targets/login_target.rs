@@ -1,17 +1,18 @@
 //! The target's login state machine fed arbitrary PDUs: each 48-byte
 //! header goes through the real BHS decoder, followed by a data segment of
 //! the length it names (bounded by what is left). No panic, every failure
-//! is a class 2 or 3 status, and a completed login has a non-zero TSIH.
+//! is a class 2 or 3 status with a reason in words, and a completed login
+//! has a non-zero TSIH.
 #![no_main]
 
 use std::sync::{Arc, Mutex};
 
 use iscsi_proto::login::chap::{ChallengeHistory, ChapAlgorithm, Credentials};
 use iscsi_proto::login::target::{
-    ChapRequirement, LoginOutcome, LoginPolicy, SessionRequest, TargetLogin, TargetSettings,
+    ChapRequirement, LoginOutcome, LoginPolicy, LoginRefusal, SessionRequest, TargetLogin,
+    TargetSettings,
 };
 use iscsi_proto::pdu::Pdu;
-use iscsi_proto::pdu::login::LoginStatus;
 use iscsi_proto::serial::StatSn;
 use iscsi_proto::text::NegotiationConfig;
 use libfuzzer_sys::fuzz_target;
@@ -21,9 +22,9 @@ struct Policy {
 }
 
 impl LoginPolicy for Policy {
-    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginStatus> {
+    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginRefusal> {
         if request.tsih > 1 {
-            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            return Err(LoginRefusal::session_does_not_exist(request.tsih));
         }
         Ok(TargetSettings {
             negotiation: NegotiationConfig::default(),
@@ -60,8 +61,11 @@ fuzz_target!(|data: &[u8]| {
         assert!(step.data.len() <= 8192);
         match step.outcome {
             LoginOutcome::Continue => {}
-            LoginOutcome::Failed(status) => {
-                assert!(status.class >= 2);
+            LoginOutcome::Failed(refusal) => {
+                assert!(refusal.status.class >= 2);
+                assert_eq!(step.response.status, refusal.status);
+                // The reason is words for a log line, whatever the input.
+                assert!(!refusal.reason.to_string().is_empty());
                 break;
             }
             LoginOutcome::Complete(done) => {

@@ -4,6 +4,7 @@
 
 mod cmd;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -12,8 +13,22 @@ use clap::{Parser, Subcommand};
 #[derive(Parser)]
 #[command(name = "iscsi", version, about, propagate_version = true)]
 struct Cli {
+    /// How log lines on standard error look: `text` for people, `json` for
+    /// log collectors (one JSON object a line, each event's fields as JSON
+    /// fields under "fields"). RUST_LOG chooses which lines (default info).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The format of the log on standard error.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum LogFormat {
+    /// One line of text per event.
+    Text,
+    /// One JSON object per event and line.
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -71,13 +86,19 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
-        .init();
+        // Colours for a person at a terminal only: a log file or journal
+        // gets plain text, which grep and the reader of the file can use.
+        .with_ansi(std::io::stderr().is_terminal());
+    match cli.log_format {
+        LogFormat::Text => logs.init(),
+        LogFormat::Json => logs.json().init(),
+    }
     let result = match cli.command {
         Command::Target(args) => cmd::target::run(&args),
         Command::CrcBench(args) => cmd::crc_bench::run(&args),
@@ -110,5 +131,34 @@ fn main() -> ExitCode {
             eprintln!("iscsi: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::{CommandFactory, Parser};
+
+    use super::{Cli, LogFormat};
+
+    /// clap's own checks of the whole command tree: the global
+    /// `--log-format` must clash with no subcommand's options.
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    /// `--log-format` is global: before or after the subcommand.
+    #[test]
+    fn the_log_format_goes_before_or_after_the_subcommand() {
+        for args in [
+            &["iscsi", "--log-format", "json", "target"][..],
+            &["iscsi", "target", "--log-format", "json"][..],
+        ] {
+            let cli = Cli::try_parse_from(args).expect("parses");
+            assert_eq!(cli.log_format, LogFormat::Json, "{args:?}");
+        }
+        let cli = Cli::try_parse_from(["iscsi", "target"]).expect("parses");
+        assert_eq!(cli.log_format, LogFormat::Text);
+        assert!(Cli::try_parse_from(["iscsi", "--log-format", "xml", "target"]).is_err());
     }
 }

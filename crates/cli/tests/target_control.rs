@@ -103,7 +103,7 @@ fn wait_for(socket: &Path, check: impl Fn(&Value) -> bool) -> Value {
 
 #[test]
 fn status_check_and_reloads_by_signal_and_command() {
-    let mut t = start("reload");
+    let t = start("reload");
     let first = status(&t.socket);
     assert_eq!(
         first["config_file"].as_str().map(Path::new),

@@ -123,26 +123,7 @@ fn describe_login_error(error: &InitiatorLoginError) -> String {
     let InitiatorLoginError::Refused(status) = error else {
         return error.to_string();
     };
-    let meaning = match (status.class, status.detail) {
-        (2, 0) => "initiator error",
-        (2, 1) => "authentication failure",
-        (2, 2) => "authorization failure",
-        (2, 3) => "target not found",
-        (2, 4) => "target removed",
-        (2, 5) => "unsupported version",
-        (2, 6) => "too many connections",
-        (2, 7) => "missing parameter",
-        (2, 8) => "cannot include the connection in the session",
-        (2, 9) => "session type not supported",
-        (2, 0x0a) => "session does not exist",
-        (2, 0x0b) => "invalid request during login",
-        (2, _) => "initiator error",
-        (3, 0) => "target error",
-        (3, 1) => "service unavailable",
-        (3, 2) => "out of resources",
-        (3, _) => "target error",
-        _ => "unknown status",
-    };
+    let meaning = status.meaning();
     format!(
         "refused by the target: {meaning} (status {:#04x}{:02x})",
         status.class, status.detail

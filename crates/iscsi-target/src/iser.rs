@@ -12,8 +12,7 @@ use std::time::Duration;
 use iscsi_datamover::iser::{CmHeader, IserConfig, IserDatamover, IserRole};
 use iscsi_datamover::{Datamover, DatamoverError};
 use iscsi_iwarp::{ConnectParams, QpCaps};
-use iscsi_proto::login::target::{LoginPolicy, SessionRequest, TargetSettings};
-use iscsi_proto::pdu::login::LoginStatus;
+use iscsi_proto::login::target::{LoginPolicy, LoginRefusal, SessionRequest, TargetSettings};
 use iscsi_proto::text::{Digest, TextPair};
 use tokio::net::TcpStream;
 use tracing::info;
@@ -110,7 +109,7 @@ pub(crate) struct ConnectionPolicy<'a, P> {
 }
 
 impl<P: LoginPolicy> LoginPolicy for ConnectionPolicy<'_, P> {
-    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginStatus> {
+    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginRefusal> {
         let mut settings = self.inner.settings(request)?;
         if self.iser {
             let negotiation = &mut settings.negotiation;

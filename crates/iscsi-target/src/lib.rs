@@ -8,6 +8,8 @@
 //!   iSER CM header) and what login negotiates on it (RFC 7145 section 6).
 //! - `policy`: the login decisions the protocol core asks for (which target,
 //!   which session).
+//! - `login_log`: the one WARN line of each refused or timed-out login:
+//!   initiator, address, portal, target, status and the reason in words.
 //! - `session`: the full feature phase of one connection: SCSI commands,
 //!   Data-In with phase collapse, R2T and Data-Out, NOP, Text (SendTargets),
 //!   Logout, task management, Reject.
@@ -20,6 +22,7 @@ pub mod config;
 mod connection;
 pub mod control;
 mod iser;
+mod login_log;
 mod policy;
 mod recovery;
 mod registry;

@@ -7,8 +7,7 @@ use std::sync::Arc;
 use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicU16, Ordering};
 
-use iscsi_proto::login::target::{LoginPolicy, SessionRequest, TargetSettings};
-use iscsi_proto::pdu::login::LoginStatus;
+use iscsi_proto::login::target::{LoginPolicy, LoginRefusal, SessionRequest, TargetSettings};
 use iscsi_proto::text::SessionType;
 
 use crate::config::TargetConfig;
@@ -45,7 +44,7 @@ impl Policy {
 }
 
 impl LoginPolicy for Policy {
-    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginStatus> {
+    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginRefusal> {
         // One snapshot for the whole decision: a reload meanwhile does not
         // mix two configurations in one answer.
         let config = self.config.load();
@@ -56,15 +55,18 @@ impl LoginPolicy for Policy {
                 let name = request
                     .target_name
                     .as_deref()
-                    .ok_or(LoginStatus::MISSING_PARAMETER)?;
-                Some(find(name).ok_or(LoginStatus::NOT_FOUND)?)
+                    .ok_or_else(|| LoginRefusal::missing_key("TargetName"))?;
+                Some(find(name).ok_or_else(|| LoginRefusal::unknown_target(name))?)
             }
         };
         if let Some(target) = target
             && !target.allowed_initiators.is_empty()
             && !target.allowed_initiators.contains(&request.initiator_name)
         {
-            return Err(LoginStatus::AUTHORIZATION_FAILURE);
+            return Err(LoginRefusal::not_in_acl(
+                &request.initiator_name,
+                &target.name,
+            ));
         }
         let mut negotiation = config.negotiation.clone();
         negotiation.declarations = config.declarations(target);
@@ -88,13 +90,12 @@ impl LoginPolicy for Policy {
                     && s.isid == request.isid
                     && s.target_name == request.target_name
             })
-            .ok_or(LoginStatus::SESSION_DOES_NOT_EXIST)?;
+            .ok_or_else(|| LoginRefusal::session_does_not_exist(request.tsih))?;
         // A login with a CID in use reinstates that connection (RFC 7143
         // 6.3.4): it replaces one, adds none.
-        if !session.has_cid(request.cid)
-            && session.connection_count() >= u32::from(session.params.max_connections)
-        {
-            return Err(LoginStatus::TOO_MANY_CONNECTIONS);
+        let max = u32::from(session.params.max_connections);
+        if !session.has_cid(request.cid) && session.connection_count() >= max {
+            return Err(LoginRefusal::too_many_connections(request.tsih, max));
         }
         Ok(TargetSettings {
             negotiation,

@@ -770,7 +770,11 @@ pub(crate) async fn serve_connection(
             Err(Some(error))
         }
         Err(_elapsed) => {
-            info!(peer = %transport.peer_addr(), "login timed out: connection closed");
+            crate::login_log::timed_out(
+                transport.peer_addr(),
+                transport.local_addr(),
+                LOGIN_TIMEOUT,
+            );
             record(&mut state, ConnectionEvent::LoginTimedOut, "login");
             Err(None)
         }
@@ -1013,8 +1017,8 @@ async fn login(
                 login.receive(&policy, request, &incoming.data),
                 request.cmd_sn,
             ),
-            _ => (
-                login.invalid_request(&LoginRequest::default()),
+            other => (
+                login.invalid_request(&LoginRequest::default(), other.opcode()),
                 CmdSn::new(0),
             ),
         };
@@ -1028,11 +1032,12 @@ async fn login(
             .await?;
         match step.outcome {
             LoginOutcome::Continue => {}
-            LoginOutcome::Failed(status) => {
-                info!(
-                    class = status.class,
-                    detail = status.detail,
-                    "login refused"
+            LoginOutcome::Failed(refusal) => {
+                crate::login_log::refused(
+                    transport.peer_addr(),
+                    transport.local_addr(),
+                    login.sent_names(),
+                    &refusal,
                 );
                 record(state, ConnectionEvent::LoginFailed, "login");
                 return Ok(None);

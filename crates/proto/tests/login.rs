@@ -9,7 +9,8 @@ use iscsi_proto::login::initiator::{
     InitiatorChapSettings, InitiatorLogin, InitiatorLoginConfig, InitiatorLoginError, InitiatorStep,
 };
 use iscsi_proto::login::target::{
-    ChapRequirement, LoginOutcome, LoginPolicy, SessionRequest, TargetLogin, TargetSettings,
+    ChapRequirement, LoginOutcome, LoginPolicy, LoginRefusal, RefusalReason, SentNames,
+    SessionRequest, TargetLogin, TargetSettings,
 };
 use iscsi_proto::pdu::login::{Isid, LoginRequest, LoginResponse, LoginStage, LoginStatus};
 use iscsi_proto::pdu::{Pdu, SegmentLengths};
@@ -47,20 +48,22 @@ impl Default for Policy {
 }
 
 impl LoginPolicy for Policy {
-    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginStatus> {
+    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginRefusal> {
         if request.session_type == SessionType::Normal
             && request.target_name.as_deref() != Some(TARGET)
         {
-            return Err(LoginStatus::NOT_FOUND);
+            return Err(LoginRefusal::unknown_target(
+                request.target_name.clone().unwrap_or_default(),
+            ));
         }
         if self
             .allowed_initiator
             .is_some_and(|allowed| allowed != request.initiator_name)
         {
-            return Err(LoginStatus::AUTHORIZATION_FAILURE);
+            return Err(LoginRefusal::not_in_acl(&request.initiator_name, TARGET));
         }
         if request.tsih != 0 && request.tsih != 0x1234 {
-            return Err(LoginStatus::SESSION_DOES_NOT_EXIST);
+            return Err(LoginRefusal::session_does_not_exist(request.tsih));
         }
         Ok(TargetSettings {
             negotiation: self.negotiation.clone(),
@@ -284,10 +287,18 @@ fn a_wrong_chap_secret_is_an_authentication_failure() {
         run.initiator.unwrap_err(),
         InitiatorLoginError::Refused(LoginStatus::AUTHENTICATION_FAILURE)
     );
-    assert!(matches!(
-        run.target,
-        LoginOutcome::Failed(LoginStatus::AUTHENTICATION_FAILURE)
-    ));
+    // The log names the user, never the secret.
+    let LoginOutcome::Failed(refusal) = run.target else {
+        panic!("the target did not refuse: {:?}", run.target)
+    };
+    assert_eq!(refusal.status, LoginStatus::AUTHENTICATION_FAILURE);
+    assert_eq!(
+        refusal.reason,
+        RefusalReason::ChapSecretWrong {
+            user: "alice".into()
+        }
+    );
+    assert!(!format!("{refusal} {refusal:?}").contains("secret-123"));
 }
 
 #[test]
@@ -341,6 +352,12 @@ fn the_policy_refuses_unknown_targets_strangers_and_unknown_sessions() {
         run1.initiator.unwrap_err(),
         InitiatorLoginError::Refused(LoginStatus::NOT_FOUND)
     );
+    assert_eq!(
+        refusal_reason(&run1.target),
+        RefusalReason::UnknownTarget {
+            name: "iqn.2026-11.rs.iscsi:nope".into()
+        }
+    );
     let policy = Policy {
         allowed_initiator: Some("iqn.2026-11.rs.iscsi:someone-else"),
         ..Policy::default()
@@ -349,6 +366,13 @@ fn the_policy_refuses_unknown_targets_strangers_and_unknown_sessions() {
     assert_eq!(
         run2.initiator.unwrap_err(),
         InitiatorLoginError::Refused(LoginStatus::AUTHORIZATION_FAILURE)
+    );
+    assert_eq!(
+        refusal_reason(&run2.target),
+        RefusalReason::NotInAcl {
+            initiator: INITIATOR.into(),
+            target: TARGET.into()
+        }
     );
     let run3 = run(
         &Policy::default(),
@@ -361,6 +385,18 @@ fn the_policy_refuses_unknown_targets_strangers_and_unknown_sessions() {
         run3.initiator.unwrap_err(),
         InitiatorLoginError::Refused(LoginStatus::SESSION_DOES_NOT_EXIST)
     );
+    assert_eq!(
+        refusal_reason(&run3.target),
+        RefusalReason::SessionDoesNotExist { tsih: 0x9999 }
+    );
+}
+
+/// The reason of a refused login, checking it is one.
+fn refusal_reason(outcome: &LoginOutcome) -> RefusalReason {
+    match outcome {
+        LoginOutcome::Failed(refusal) => refusal.reason.clone(),
+        other => panic!("expected a refusal, got {other:?}"),
+    }
 }
 
 #[test]
@@ -406,12 +442,18 @@ fn target() -> TargetLogin {
 }
 
 fn status_of(step: &iscsi_proto::login::target::LoginStep) -> LoginStatus {
-    match step.outcome {
-        LoginOutcome::Failed(status) => {
-            assert_eq!(step.response.status, status);
-            status
+    refusal_of(step).status
+}
+
+/// The refusal a step ended in; the response on the wire carries its
+/// status.
+fn refusal_of(step: &iscsi_proto::login::target::LoginStep) -> LoginRefusal {
+    match &step.outcome {
+        LoginOutcome::Failed(refusal) => {
+            assert_eq!(step.response.status, refusal.status);
+            refusal.clone()
         }
-        ref other => panic!("expected a failure, got {other:?}"),
+        other => panic!("expected a failure, got {other:?}"),
     }
 }
 
@@ -482,11 +524,10 @@ fn malformed_logins_get_the_rfc_status() {
     // A non-login PDU during login.
     let mut t = target();
     assert_eq!(
-        status_of(&t.invalid_request(&raw_request(
-            SecurityNegotiation,
-            SecurityNegotiation,
-            false
-        ))),
+        status_of(&t.invalid_request(
+            &raw_request(SecurityNegotiation, SecurityNegotiation, false),
+            iscsi_proto::pdu::Opcode::NopOut
+        )),
         LoginStatus::INVALID_DURING_LOGIN
     );
 }
@@ -568,4 +609,471 @@ fn a_connection_joining_a_session_sends_no_session_type() {
     // And our target accepts such a join.
     let joined = run(&Policy::default(), joining);
     assert!(joined.initiator.is_ok(), "{:?}", joined.initiator.err());
+}
+
+/// A login text of these pairs.
+fn text(pairs: &[(&str, &str)]) -> Vec<u8> {
+    let pairs: Vec<TextPair> = pairs.iter().map(|(k, v)| TextPair::new(*k, *v)).collect();
+    let mut text = Vec::new();
+    iscsi_proto::text::codec::encode(&pairs, &mut text);
+    text
+}
+
+/// Feeds `requests` to a fresh target under `policy`: every one but the
+/// last must be answered, the last refused. The refusal, and the names the
+/// target read.
+fn refusal_after(
+    policy: &Policy,
+    requests: &[(LoginRequest, Vec<u8>)],
+) -> (LoginRefusal, SentNames) {
+    let mut target = target();
+    let (last, earlier) = requests.split_last().expect("a request");
+    for (request, data) in earlier {
+        let step = target.receive(policy, request, data);
+        assert!(
+            matches!(step.outcome, LoginOutcome::Continue),
+            "{:?}",
+            step.outcome
+        );
+    }
+    let refusal = refusal_of(&target.receive(policy, &last.0, &last.1));
+    (refusal, target.sent_names().clone())
+}
+
+/// The first request of a CHAP login: names and AuthMethod=CHAP.
+fn chap_opening() -> (LoginRequest, Vec<u8>) {
+    use LoginStage::*;
+    (
+        raw_request(SecurityNegotiation, LoginOperationalNegotiation, false),
+        text(&[
+            ("InitiatorName", INITIATOR),
+            ("TargetName", TARGET),
+            ("AuthMethod", "CHAP"),
+        ]),
+    )
+}
+
+fn security(pairs: &[(&str, &str)]) -> (LoginRequest, Vec<u8>) {
+    use LoginStage::*;
+    (
+        raw_request(SecurityNegotiation, LoginOperationalNegotiation, false),
+        text(pairs),
+    )
+}
+
+/// What a case of [`every_refusal_has_its_reason`] is: what it shows, the
+/// policy, the requests, and the status and reason of the refusal.
+type RefusalCase<'a> = (
+    &'a str,
+    &'a Policy,
+    Vec<(LoginRequest, Vec<u8>)>,
+    LoginStatus,
+    RefusalReason,
+);
+
+/// Every way the target's machine refuses a login has its own reason, in
+/// words, beside the unchanged status on the wire: the log can say which
+/// of the many causes of 0x0200 or 0x0201 it was.
+#[test]
+fn every_refusal_has_its_reason() {
+    use LoginStage::*;
+    let plain = Policy::default();
+    let chap = Policy {
+        chap: Some(chap_requirement(false)),
+        ..Policy::default()
+    };
+    let one_secret = Policy {
+        chap: Some(ChapRequirement {
+            mutual: Some(Credentials::new("target0", "alice-secret-123")),
+            ..chap_requirement(false)
+        }),
+        ..Policy::default()
+    };
+    let opening = |pairs: &[(&str, &str)]| {
+        (
+            raw_request(SecurityNegotiation, LoginOperationalNegotiation, true),
+            text(pairs),
+        )
+    };
+    let names = [
+        ("InitiatorName", INITIATOR),
+        ("TargetName", TARGET),
+        ("AuthMethod", "None"),
+    ];
+    let zero_response = format!("0x{}", "00".repeat(32));
+    let cases: Vec<RefusalCase> = vec![
+        (
+            "no InitiatorName",
+            &plain,
+            vec![opening(&[("TargetName", TARGET)])],
+            LoginStatus::MISSING_PARAMETER,
+            RefusalReason::MissingKey {
+                key: "InitiatorName".into(),
+            },
+        ),
+        (
+            "no TargetName",
+            &plain,
+            vec![opening(&[("InitiatorName", INITIATOR)])],
+            LoginStatus::MISSING_PARAMETER,
+            RefusalReason::MissingKey {
+                key: "TargetName".into(),
+            },
+        ),
+        (
+            "a SessionType that does not exist",
+            &plain,
+            vec![opening(&[
+                ("InitiatorName", INITIATOR),
+                ("SessionType", "Bogus"),
+            ])],
+            LoginStatus::SESSION_TYPE_NOT_SUPPORTED,
+            RefusalReason::BadKey {
+                key: "SessionType".into(),
+                value: "Bogus".into(),
+                why: "neither Normal nor Discovery".into(),
+            },
+        ),
+        (
+            "a malformed declaration",
+            &plain,
+            vec![(
+                raw_request(LoginOperationalNegotiation, FullFeaturePhase, true),
+                text(&[
+                    ("InitiatorName", INITIATOR),
+                    ("TargetName", TARGET),
+                    ("MaxRecvDataSegmentLength", "lots"),
+                ]),
+            )],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::BadKey {
+                key: "MaxRecvDataSegmentLength".into(),
+                value: "lots".into(),
+                why: "not a valid value for this declaration".into(),
+            },
+        ),
+        (
+            "a key twice",
+            &plain,
+            vec![opening(&[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("MaxBurstLength", "512"),
+                ("MaxBurstLength", "512"),
+            ])],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::Negotiation(iscsi_proto::text::NegotiationError::DuplicateKey(
+                "MaxBurstLength".into(),
+            )),
+        ),
+        (
+            "malformed text",
+            &plain,
+            vec![(
+                raw_request(SecurityNegotiation, LoginOperationalNegotiation, true),
+                b"no equals sign\0".to_vec(),
+            )],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::MalformedText(iscsi_proto::text::TextError::MissingEquals(
+                "no equals sign".into(),
+            )),
+        ),
+        (
+            "T and C together",
+            &plain,
+            vec![{
+                let mut request =
+                    raw_request(SecurityNegotiation, LoginOperationalNegotiation, true);
+                request.continue_flag = true;
+                (request, text(&names))
+            }],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::TransitWithContinue,
+        ),
+        (
+            "a transit backwards",
+            &plain,
+            vec![(
+                raw_request(LoginOperationalNegotiation, SecurityNegotiation, true),
+                text(&names),
+            )],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::BadTransit {
+                from: LoginOperationalNegotiation,
+                to: SecurityNegotiation,
+            },
+        ),
+        (
+            "the reserved stage",
+            &plain,
+            vec![(
+                raw_request(LoginStage::from_u8(2), FullFeaturePhase, true),
+                text(&names),
+            )],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::NotALoginStage {
+                stage: LoginStage::from_u8(2),
+            },
+        ),
+        (
+            "a request for another stage",
+            &plain,
+            vec![
+                (
+                    raw_request(SecurityNegotiation, LoginOperationalNegotiation, false),
+                    text(&names),
+                ),
+                (
+                    raw_request(LoginOperationalNegotiation, FullFeaturePhase, true),
+                    Vec::new(),
+                ),
+            ],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::WrongStage {
+                sent: LoginOperationalNegotiation,
+                expected: SecurityNegotiation,
+            },
+        ),
+        (
+            "the CID changing",
+            &plain,
+            vec![
+                (
+                    raw_request(SecurityNegotiation, LoginOperationalNegotiation, false),
+                    text(&names),
+                ),
+                {
+                    let mut request =
+                        raw_request(SecurityNegotiation, LoginOperationalNegotiation, true);
+                    request.cid = 9;
+                    (request, Vec::new())
+                },
+            ],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::IdentityChanged { field: "CID" },
+        ),
+        (
+            "AuthMethod=None to a target requiring CHAP",
+            &chap,
+            vec![security(&[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("AuthMethod", "None"),
+            ])],
+            LoginStatus::AUTHENTICATION_FAILURE,
+            RefusalReason::AuthMethodUnacceptable {
+                offered: "None".into(),
+                required: "CHAP",
+            },
+        ),
+        (
+            "the security stage skipped",
+            &chap,
+            vec![(
+                raw_request(LoginOperationalNegotiation, FullFeaturePhase, true),
+                text(&[("InitiatorName", INITIATOR), ("TargetName", TARGET)]),
+            )],
+            LoginStatus::AUTHENTICATION_FAILURE,
+            RefusalReason::NotAuthenticated,
+        ),
+        (
+            "a CHAP algorithm the target does not accept",
+            &chap,
+            vec![chap_opening(), security(&[("CHAP_A", "9,15")])],
+            LoginStatus::AUTHENTICATION_FAILURE,
+            RefusalReason::ChapAlgorithmUnsupported {
+                offered: "9,15".into(),
+            },
+        ),
+        (
+            "a CHAP user the target does not know",
+            &chap,
+            vec![
+                chap_opening(),
+                security(&[("CHAP_A", "5")]),
+                security(&[("CHAP_N", "mallory"), ("CHAP_R", &zero_response)]),
+            ],
+            LoginStatus::AUTHENTICATION_FAILURE,
+            RefusalReason::ChapUserUnknown {
+                user: "mallory".into(),
+            },
+        ),
+        (
+            "a wrong CHAP response",
+            &chap,
+            vec![
+                chap_opening(),
+                security(&[("CHAP_A", "7")]),
+                security(&[("CHAP_N", "alice"), ("CHAP_R", &zero_response)]),
+            ],
+            LoginStatus::AUTHENTICATION_FAILURE,
+            RefusalReason::ChapSecretWrong {
+                user: "alice".into(),
+            },
+        ),
+        (
+            "a malformed CHAP response",
+            &chap,
+            vec![
+                chap_opening(),
+                security(&[("CHAP_A", "5")]),
+                security(&[("CHAP_N", "alice"), ("CHAP_R", "0xnothex")]),
+            ],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::BadKey {
+                key: "CHAP_R".into(),
+                value: "0xnothex".into(),
+                why: "not a valid CHAP value".into(),
+            },
+        ),
+        (
+            "a CHAP response without CHAP_N",
+            &chap,
+            vec![
+                chap_opening(),
+                security(&[("CHAP_A", "5")]),
+                security(&[("CHAP_R", &zero_response)]),
+            ],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::MissingKey {
+                key: "CHAP_N".into(),
+            },
+        ),
+        (
+            "mutual CHAP asked of a target without it",
+            &chap,
+            vec![chap_opening(), security(&[("CHAP_A", "5")]), {
+                let response = ChapAlgorithm::Md5.response(1, b"alice-secret-123", &[1; 32]);
+                let response = iscsi_proto::login::chap::encode_binary(&response);
+                let challenge = format!("0x{}", "77".repeat(32));
+                let pairs = [
+                    ("CHAP_N", "alice"),
+                    ("CHAP_R", response.as_str()),
+                    ("CHAP_I", "3"),
+                    ("CHAP_C", challenge.as_str()),
+                ];
+                security(&pairs)
+            }],
+            LoginStatus::AUTHENTICATION_FAILURE,
+            RefusalReason::Chap(iscsi_proto::login::chap::ChapError::MutualNotConfigured),
+        ),
+        (
+            "CHAP keys to a target without CHAP",
+            &plain,
+            vec![security(&[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", TARGET),
+                ("CHAP_A", "5"),
+            ])],
+            LoginStatus::INITIATOR_ERROR,
+            RefusalReason::ChapNotRequired,
+        ),
+        (
+            "a target configured with one CHAP secret both ways",
+            &one_secret,
+            vec![chap_opening()],
+            LoginStatus::TARGET_ERROR,
+            RefusalReason::TargetError("the CHAP configuration uses one secret both ways"),
+        ),
+        (
+            "an unknown target",
+            &plain,
+            vec![opening(&[
+                ("InitiatorName", INITIATOR),
+                ("TargetName", "iqn.2026-11.rs.iscsi:nope"),
+            ])],
+            LoginStatus::NOT_FOUND,
+            RefusalReason::UnknownTarget {
+                name: "iqn.2026-11.rs.iscsi:nope".into(),
+            },
+        ),
+    ];
+    // Every case is checked and every mismatch reported, not just the first.
+    let mut wrong = Vec::new();
+    for (what, policy, requests, status, reason) in cases {
+        let (refusal, _) = refusal_after(policy, &requests);
+        if refusal.status != status || refusal.reason != reason {
+            wrong.push(format!("{what}: got {refusal}, want {reason:?} ({status})"));
+        }
+        assert!(!refusal.to_string().contains("secret-123"), "{what}");
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // A request after a refusal ended the login.
+    let mut t = target();
+    let (request, data) = opening(&[("TargetName", TARGET)]);
+    refusal_of(&t.receive(&plain, &request, &data));
+    let refusal = refusal_of(&t.receive(&plain, &request, &text(&names)));
+    assert_eq!(refusal.status, LoginStatus::INVALID_DURING_LOGIN);
+    assert_eq!(refusal.reason, RefusalReason::AfterLoginEnded);
+}
+
+/// A refusal before the text is read (the version) still knows the names
+/// the initiator sent, for the log; a refusal of a text without them says
+/// so.
+#[test]
+fn the_names_sent_are_known_for_every_refusal() {
+    use LoginStage::*;
+    let mut request = raw_request(SecurityNegotiation, LoginOperationalNegotiation, true);
+    request.version_min = 1;
+    request.version_max = 2;
+    let (refusal, names) = refusal_after(&Policy::default(), &[(request, names())]);
+    assert_eq!(refusal.status, LoginStatus::UNSUPPORTED_VERSION);
+    assert_eq!(
+        refusal.reason,
+        RefusalReason::UnsupportedVersion { min: 1, max: 2 }
+    );
+    assert_eq!(names.initiator_name.as_deref(), Some(INITIATOR));
+    assert_eq!(names.target_name.as_deref(), Some(TARGET));
+
+    let request = raw_request(SecurityNegotiation, LoginOperationalNegotiation, true);
+    let (_, names) = refusal_after(
+        &Policy::default(),
+        &[(request, text(&[("TargetName", TARGET)]))],
+    );
+    assert_eq!(names.initiator_name, None);
+    assert_eq!(names.target_name.as_deref(), Some(TARGET));
+}
+
+/// While the target's long answer continues, a request must be empty: one
+/// with text is refused, and says so.
+#[test]
+fn text_while_our_answer_continues_is_refused_with_its_reason() {
+    use LoginStage::*;
+    let mut pairs = vec![
+        ("InitiatorName".to_owned(), INITIATOR.to_owned()),
+        ("TargetName".to_owned(), TARGET.to_owned()),
+    ];
+    // Unknown keys are each answered NotUnderstood: the answer to 300 of
+    // them is longer than one login PDU carries.
+    pairs.extend((0..300).map(|i| (format!("X-rs.iscsi.test.key{i:04}"), "a".repeat(20))));
+    let pairs: Vec<(&str, &str)> = pairs
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
+        .collect();
+    let first = (
+        raw_request(LoginOperationalNegotiation, FullFeaturePhase, true),
+        text(&pairs),
+    );
+    let mut target = target();
+    let step = target.receive(&Policy::default(), &first.0, &first.1);
+    assert!(step.response.continue_flag, "the answer fits one PDU");
+    let again = raw_request(LoginOperationalNegotiation, FullFeaturePhase, false);
+    let refusal = refusal_of(&target.receive(&Policy::default(), &again, b"Late=1\0"));
+    assert_eq!(refusal.status, LoginStatus::INITIATOR_ERROR);
+    assert_eq!(refusal.reason, RefusalReason::ExpectedEmptyRequest);
+}
+
+/// A PDU that is not a Login Request, during login, is named.
+#[test]
+fn a_pdu_other_than_a_login_request_is_named() {
+    let mut target = target();
+    let refusal = refusal_of(&target.invalid_request(
+        &LoginRequest::default(),
+        iscsi_proto::pdu::Opcode::ScsiCommand,
+    ));
+    assert_eq!(refusal.status, LoginStatus::INVALID_DURING_LOGIN);
+    assert_eq!(
+        refusal.to_string(),
+        "a ScsiCommand PDU (opcode 0x01) during login (status 0x020b invalid request during login)"
+    );
 }

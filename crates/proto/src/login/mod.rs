@@ -6,7 +6,10 @@
 //!   driver's decisions (which targets exist, ACLs, session placement).
 //! - [`initiator`]: the initiator's side.
 //! - [`chap`]: CHAP one-way and mutual, MD5/SHA-1/SHA-256/SHA3-256.
+//! - [`refusal`]: why the target refused a login, in words beside the
+//!   status on the wire.
 
 pub mod chap;
 pub mod initiator;
+pub mod refusal;
 pub mod target;

@@ -11,15 +11,22 @@
 //! bit). Which targets exist, who may log in and where a session goes are the
 //! driver's decisions, asked through [`LoginPolicy`]; randomness for the
 //! CHAP challenge comes in through [`TargetLogin::new`].
+//!
+//! Every refusal is a [`LoginRefusal`]: the status the Login Response
+//! carries and the reason in words, so that the driver's log can say why
+//! (one status, 0x0200 or 0x0201, covers many causes).
 
 use std::sync::{Arc, Mutex};
 
+use crate::pdu::Opcode;
 use crate::pdu::login::{LoginRequest, LoginResponse, LoginStage, LoginStatus};
 use crate::serial::{CmdSn, StatSn};
 use crate::text::codec::{self, TextAssembler, TextPair};
+use crate::text::negotiation::NegotiationError;
 use crate::text::{NegotiatedParameters, NegotiationConfig, Negotiator, Role, SessionType, Stage};
 
 use super::chap::{ChallengeHistory, ChapAlgorithm, Credentials, TargetChap};
+pub use super::refusal::{LoginRefusal, RefusalReason};
 
 /// The largest text a login PDU carries: the MaxRecvDataSegmentLength every
 /// side accepts during login (RFC 7143 13.12: its default, 8192).
@@ -71,12 +78,26 @@ pub struct TargetSettings {
 
 /// The driver's decisions during login.
 pub trait LoginPolicy {
-    /// The settings for this login, or the status to refuse it with:
-    /// [`LoginStatus::NOT_FOUND`] for an unknown target,
-    /// [`LoginStatus::AUTHORIZATION_FAILURE`] for an initiator not allowed,
-    /// [`LoginStatus::SESSION_DOES_NOT_EXIST`] for a TSIH that names no
-    /// session, [`LoginStatus::TOO_MANY_CONNECTIONS`], ...
-    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginStatus>;
+    /// The settings for this login, or the refusal: its status and why, so
+    /// that the log can tell an unknown target
+    /// ([`LoginRefusal::unknown_target`], 0x0203) from an initiator not in
+    /// the ACL ([`LoginRefusal::not_in_acl`], 0x0202), a TSIH that names no
+    /// session ([`LoginRefusal::session_does_not_exist`]), a full session
+    /// ([`LoginRefusal::too_many_connections`]), ...
+    fn settings(&self, request: &SessionRequest) -> Result<TargetSettings, LoginRefusal>;
+}
+
+/// The names the initiator's first request sent, as far as they could be
+/// read: the driver logs them with a refusal, which may come before (or
+/// because) the login's [`SessionRequest`] could be made.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SentNames {
+    /// InitiatorName.
+    pub initiator_name: Option<String>,
+    /// TargetName.
+    pub target_name: Option<String>,
+    /// SessionType, as sent.
+    pub session_type: Option<String>,
 }
 
 /// What a login step ended in.
@@ -86,9 +107,9 @@ pub enum LoginOutcome {
     Continue,
     /// The login succeeded: the connection is in full feature phase.
     Complete(Box<LoginComplete>),
-    /// The login failed with this status; close the connection after
-    /// sending the response.
-    Failed(LoginStatus),
+    /// The login failed: the response carries the refusal's status; close
+    /// the connection after sending it.
+    Failed(LoginRefusal),
 }
 
 /// A completed login.
@@ -133,6 +154,7 @@ enum Phase {
 pub struct TargetLogin {
     phase: Phase,
     identity: Option<([u8; 6], u16, u16)>,
+    names: SentNames,
     session: Option<SessionRequest>,
     settings: Option<TargetSettings>,
     negotiator: Option<Negotiator>,
@@ -145,8 +167,23 @@ pub struct TargetLogin {
     stat_sn: StatSn,
 }
 
-/// A failure found while handling a request: the status to answer with.
-type StepResult<T> = Result<T, LoginStatus>;
+/// A failure found while handling a request: the refusal to answer with.
+type StepResult<T> = Result<T, LoginRefusal>;
+
+/// A refusal with `status` for `reason`.
+fn refuse(status: LoginStatus, reason: RefusalReason) -> LoginRefusal {
+    LoginRefusal::new(status, reason)
+}
+
+/// An initiator error (0x0200) for `reason`.
+fn initiator_error(reason: RefusalReason) -> LoginRefusal {
+    refuse(LoginStatus::INITIATOR_ERROR, reason)
+}
+
+/// A target error (0x0300): something on this side failed.
+fn target_error(what: &'static str) -> LoginRefusal {
+    refuse(LoginStatus::TARGET_ERROR, RefusalReason::TargetError(what))
+}
 
 impl TargetLogin {
     /// A login starting with StatSN `initial_stat_sn`; `chap_identifier`
@@ -163,6 +200,7 @@ impl TargetLogin {
         TargetLogin {
             phase: Phase::First,
             identity: None,
+            names: SentNames::default(),
             session: None,
             settings: None,
             negotiator: None,
@@ -183,27 +221,61 @@ impl TargetLogin {
         request: &LoginRequest,
         data: &[u8],
     ) -> LoginStep {
+        let first = matches!(self.phase, Phase::First);
         match self.step(policy, request, data) {
             Ok(step) => step,
-            Err(status) => self.fail(request, status),
+            Err(refusal) => {
+                if first && self.names == SentNames::default() && !request.continue_flag {
+                    // Refused before the text was read (the version, the
+                    // stages): the names still belong in the log.
+                    if let Ok(pairs) = codec::parse(data) {
+                        self.note_names(&pairs);
+                    }
+                }
+                self.fail(request, refusal)
+            }
         }
     }
 
-    /// The answer to a PDU other than a Login Request during login: status
-    /// 0x020B "invalid request during login" (RFC 7143 11.13.5); the
-    /// connection closes.
-    pub fn invalid_request(&mut self, request_template: &LoginRequest) -> LoginStep {
-        self.fail(request_template, LoginStatus::INVALID_DURING_LOGIN)
+    /// The answer to a PDU other than a Login Request during login (its
+    /// opcode `received`): status 0x020B "invalid request during login"
+    /// (RFC 7143 11.13.5); the connection closes.
+    pub fn invalid_request(
+        &mut self,
+        request_template: &LoginRequest,
+        received: Opcode,
+    ) -> LoginStep {
+        let refusal = refuse(
+            LoginStatus::INVALID_DURING_LOGIN,
+            RefusalReason::NotALoginRequest { opcode: received },
+        );
+        self.fail(request_template, refusal)
     }
 
-    fn fail(&mut self, request: &LoginRequest, status: LoginStatus) -> LoginStep {
+    /// The names the initiator sent in its first request, as far as they
+    /// were read; all `None` before that request, or if its text did not
+    /// parse.
+    pub fn sent_names(&self) -> &SentNames {
+        &self.names
+    }
+
+    fn fail(&mut self, request: &LoginRequest, refusal: LoginRefusal) -> LoginStep {
         self.phase = Phase::Finished;
-        let response = self.response(request, false, request.current_stage, status, 1);
+        let response = self.response(request, false, request.current_stage, refusal.status, 1);
         LoginStep {
             response,
             data: Vec::new(),
-            outcome: LoginOutcome::Failed(status),
+            outcome: LoginOutcome::Failed(refusal),
         }
+    }
+
+    fn note_names(&mut self, pairs: &[TextPair]) {
+        let find = |key: &str| pairs.iter().find(|p| p.key == key).map(|p| p.value.clone());
+        self.names = SentNames {
+            initiator_name: find("InitiatorName"),
+            target_name: find("TargetName"),
+            session_type: find("SessionType"),
+        };
     }
 
     fn step(
@@ -213,11 +285,22 @@ impl TargetLogin {
         data: &[u8],
     ) -> StepResult<LoginStep> {
         let current = match self.phase {
-            Phase::Finished => return Err(LoginStatus::INVALID_DURING_LOGIN),
+            Phase::Finished => {
+                return Err(refuse(
+                    LoginStatus::INVALID_DURING_LOGIN,
+                    RefusalReason::AfterLoginEnded,
+                ));
+            }
             Phase::First => {
                 // RFC 7143 11.12.4: only version 0x00 exists.
                 if request.version_min > 0 {
-                    return Err(LoginStatus::UNSUPPORTED_VERSION);
+                    return Err(refuse(
+                        LoginStatus::UNSUPPORTED_VERSION,
+                        RefusalReason::UnsupportedVersion {
+                            min: request.version_min,
+                            max: request.version_max,
+                        },
+                    ));
                 }
                 request.current_stage
             }
@@ -230,7 +313,7 @@ impl TargetLogin {
         // the next part (RFC 7143 11.13.2).
         if !self.outgoing.is_empty() {
             if !data.is_empty() || request.transit {
-                return Err(LoginStatus::INITIATOR_ERROR);
+                return Err(initiator_error(RefusalReason::ExpectedEmptyRequest));
             }
             let part = self.outgoing.remove(0);
             let more = !self.outgoing.is_empty();
@@ -241,7 +324,7 @@ impl TargetLogin {
         let text = self
             .incoming
             .push(data, request.continue_flag)
-            .map_err(|_| LoginStatus::INITIATOR_ERROR)?;
+            .map_err(|e| initiator_error(RefusalReason::MalformedText(e)))?;
         let Some(text) = text else {
             return Ok(self.answer(
                 request,
@@ -252,8 +335,10 @@ impl TargetLogin {
                 LoginOutcome::Continue,
             ));
         };
-        let pairs = codec::parse(&text).map_err(|_| LoginStatus::INITIATOR_ERROR)?;
+        let pairs =
+            codec::parse(&text).map_err(|e| initiator_error(RefusalReason::MalformedText(e)))?;
         if matches!(self.phase, Phase::First) {
+            self.note_names(&pairs);
             self.first_request(policy, request, &pairs)?;
         }
         self.phase = Phase::Stage(current);
@@ -262,7 +347,7 @@ impl TargetLogin {
         let ready = match current {
             LoginStage::SecurityNegotiation => self.security(&pairs, &mut answers)?,
             LoginStage::LoginOperationalNegotiation => self.operational(&pairs, &mut answers)?,
-            _ => return Err(LoginStatus::INITIATOR_ERROR),
+            stage => return Err(initiator_error(RefusalReason::NotALoginStage { stage })),
         };
         let transit = request.transit && ready;
         let mut outcome = LoginOutcome::Continue;
@@ -298,7 +383,16 @@ impl TargetLogin {
                 Ok(())
             }
             Some(seen) if seen == identity => Ok(()),
-            Some(_) => Err(LoginStatus::INITIATOR_ERROR),
+            Some((isid, tsih, _)) => {
+                let field = if isid != identity.0 {
+                    "ISID"
+                } else if tsih != identity.1 {
+                    "TSIH"
+                } else {
+                    "CID"
+                };
+                Err(initiator_error(RefusalReason::IdentityChanged { field }))
+            }
         }
     }
 
@@ -311,15 +405,25 @@ impl TargetLogin {
         pairs: &[TextPair],
     ) -> StepResult<()> {
         let find = |key: &str| pairs.iter().find(|p| p.key == key).map(|p| p.value.clone());
-        let initiator_name = find("InitiatorName").ok_or(LoginStatus::MISSING_PARAMETER)?;
+        let initiator_name =
+            find("InitiatorName").ok_or_else(|| LoginRefusal::missing_key("InitiatorName"))?;
         let session_type = match find("SessionType").as_deref() {
             None | Some("Normal") => SessionType::Normal,
             Some("Discovery") => SessionType::Discovery,
-            Some(_) => return Err(LoginStatus::SESSION_TYPE_NOT_SUPPORTED),
+            Some(other) => {
+                return Err(refuse(
+                    LoginStatus::SESSION_TYPE_NOT_SUPPORTED,
+                    RefusalReason::BadKey {
+                        key: "SessionType".into(),
+                        value: other.into(),
+                        why: "neither Normal nor Discovery".into(),
+                    },
+                ));
+            }
         };
         let target_name = find("TargetName");
         if session_type == SessionType::Normal && target_name.is_none() {
-            return Err(LoginStatus::MISSING_PARAMETER);
+            return Err(LoginRefusal::missing_key("TargetName"));
         }
         let session = SessionRequest {
             initiator_name,
@@ -342,7 +446,7 @@ impl TargetLogin {
                     chap.initiator.clone(),
                     chap.mutual.clone(),
                 )
-                .map_err(|_| LoginStatus::TARGET_ERROR)?,
+                .map_err(|_| target_error("the CHAP configuration uses one secret both ways"))?,
             );
         } else {
             self.authenticated = true;
@@ -356,7 +460,10 @@ impl TargetLogin {
     /// The security stage: AuthMethod, then CHAP. Returns whether the stage
     /// may end.
     fn security(&mut self, pairs: &[TextPair], answers: &mut Vec<TextPair>) -> StepResult<bool> {
-        let negotiator = self.negotiator.as_mut().ok_or(LoginStatus::TARGET_ERROR)?;
+        let negotiator = self
+            .negotiator
+            .as_mut()
+            .ok_or_else(|| target_error("no negotiator in the security stage"))?;
         answers.extend(declarations_pending(negotiator));
         let (security, other): (Vec<TextPair>, Vec<TextPair>) = pairs
             .iter()
@@ -365,7 +472,7 @@ impl TargetLogin {
         answers.extend(
             negotiator
                 .receive(&other, Stage::Security)
-                .map_err(|_| LoginStatus::INITIATOR_ERROR)?,
+                .map_err(negotiation_refusal)?,
         );
         let find = |key: &str| security.iter().find(|p| p.key == key);
         if let Some(offer) = find("AuthMethod") {
@@ -376,7 +483,13 @@ impl TargetLogin {
                 offered.contains(&"None").then_some("None")
             };
             let Some(chosen) = chosen else {
-                return Err(LoginStatus::AUTHENTICATION_FAILURE);
+                return Err(refuse(
+                    LoginStatus::AUTHENTICATION_FAILURE,
+                    RefusalReason::AuthMethodUnacceptable {
+                        offered: offer.value.clone(),
+                        required: if self.chap.is_some() { "CHAP" } else { "None" },
+                    },
+                ));
             };
             answers.push(TextPair::new("AuthMethod", chosen));
             return Ok(self.authenticated);
@@ -385,24 +498,25 @@ impl TargetLogin {
             return if security.is_empty() {
                 Ok(true)
             } else {
-                Err(LoginStatus::INITIATOR_ERROR)
+                Err(initiator_error(RefusalReason::ChapNotRequired))
             };
         };
         let mut history = self
             .challenge_history
             .lock()
-            .map_err(|_| LoginStatus::TARGET_ERROR)?;
+            .map_err(|_| target_error("the CHAP challenge history is poisoned"))?;
+        let user = find("CHAP_N").map(|p| p.value.as_str());
         if find("CHAP_A").is_some() {
             let (identifier, challenge) = self.chap_challenge.clone();
             answers.extend(
                 chap.challenge(&security, identifier, challenge, &mut history)
-                    .map_err(|e| status_of(e.login_status()))?,
+                    .map_err(|e| LoginRefusal::chap(e, user))?,
             );
             Ok(false)
         } else if find("CHAP_N").is_some() || find("CHAP_R").is_some() {
             answers.extend(
                 chap.verify(&security, &mut history)
-                    .map_err(|e| status_of(e.login_status()))?,
+                    .map_err(|e| LoginRefusal::chap(e, user))?,
             );
             self.authenticated = true;
             Ok(true)
@@ -417,14 +531,17 @@ impl TargetLogin {
     fn operational(&mut self, pairs: &[TextPair], answers: &mut Vec<TextPair>) -> StepResult<bool> {
         if !self.authenticated {
             // Skipping the security stage of a target that requires it.
-            return Err(LoginStatus::AUTHENTICATION_FAILURE);
+            return Err(not_authenticated());
         }
-        let negotiator = self.negotiator.as_mut().ok_or(LoginStatus::TARGET_ERROR)?;
+        let negotiator = self
+            .negotiator
+            .as_mut()
+            .ok_or_else(|| target_error("no negotiator in the operational stage"))?;
         answers.extend(declarations_pending(negotiator));
         answers.extend(
             negotiator
                 .receive(pairs, Stage::Operational)
-                .map_err(|_| LoginStatus::INITIATOR_ERROR)?,
+                .map_err(negotiation_refusal)?,
         );
         let offers = negotiator.offers(Stage::Operational);
         let new_offers = offers
@@ -438,14 +555,12 @@ impl TargetLogin {
         let (Some(negotiator), Some(settings), Some(session)) =
             (&self.negotiator, &self.settings, &self.session)
         else {
-            return Err(LoginStatus::TARGET_ERROR);
+            return Err(target_error("completing a login that never started"));
         };
         if !self.authenticated {
-            return Err(LoginStatus::AUTHENTICATION_FAILURE);
+            return Err(not_authenticated());
         }
-        let parameters = negotiator
-            .finish()
-            .map_err(|_| LoginStatus::INITIATOR_ERROR)?;
+        let parameters = negotiator.finish().map_err(negotiation_refusal)?;
         Ok(LoginComplete {
             request: session.clone(),
             tsih: settings.tsih,
@@ -525,8 +640,28 @@ fn declarations_pending(negotiator: &mut Negotiator) -> Vec<TextPair> {
     negotiator.offers(Stage::Security)
 }
 
-fn status_of((class, detail): (u8, u8)) -> LoginStatus {
-    LoginStatus::new(class, detail)
+/// The refusal of a negotiation that broke section 6's rules (0x0200): a
+/// malformed declaration is a bad key, named as such.
+fn negotiation_refusal(error: NegotiationError) -> LoginRefusal {
+    let (class, detail) = NegotiationError::LOGIN_STATUS;
+    let reason = match error {
+        NegotiationError::InvalidDeclaration { key, value } => RefusalReason::BadKey {
+            key,
+            value,
+            why: "not a valid value for this declaration".into(),
+        },
+        other => RefusalReason::Negotiation(other),
+    };
+    refuse(LoginStatus::new(class, detail), reason)
+}
+
+/// 0x0201: past the security stage of a target that requires CHAP without
+/// authenticating.
+fn not_authenticated() -> LoginRefusal {
+    refuse(
+        LoginStatus::AUTHENTICATION_FAILURE,
+        RefusalReason::NotAuthenticated,
+    )
 }
 
 /// RFC 7143 11.12.1-11.12.3: the CSG is the stage we are in; with T set,
@@ -538,16 +673,29 @@ fn check_transition(request: &LoginRequest, current: LoginStage) -> StepResult<(
         LoginStage::FullFeaturePhase => Some(3),
         _ => None,
     };
-    if request.current_stage != current || rank(current).is_none_or(|r| r > 1) {
-        return Err(LoginStatus::INITIATOR_ERROR);
+    if request.current_stage != current {
+        return Err(initiator_error(RefusalReason::WrongStage {
+            sent: request.current_stage,
+            expected: current,
+        }));
+    }
+    if rank(current).is_none_or(|r| r > 1) {
+        return Err(initiator_error(RefusalReason::NotALoginStage {
+            stage: current,
+        }));
     }
     if request.transit {
         if request.continue_flag {
-            return Err(LoginStatus::INITIATOR_ERROR);
+            return Err(initiator_error(RefusalReason::TransitWithContinue));
         }
         match (rank(current), rank(request.next_stage)) {
             (Some(from), Some(to)) if to > from => {}
-            _ => return Err(LoginStatus::INITIATOR_ERROR),
+            _ => {
+                return Err(initiator_error(RefusalReason::BadTransit {
+                    from: current,
+                    to: request.next_stage,
+                }));
+            }
         }
     }
     Ok(())

@@ -234,6 +234,49 @@ impl LoginStatus {
     pub const fn status_class(self) -> StatusClass {
         StatusClass::from_u8(self.class)
     }
+
+    /// What the status means, in the words of RFC 7143 section 11.13.5
+    /// (for messages and logs: "authentication failure").
+    pub const fn meaning(self) -> &'static str {
+        match (self.class, self.detail) {
+            (0, 0) => "success",
+            (1, 1) => "target moved temporarily",
+            (1, 2) => "target moved permanently",
+            (1, _) => "redirection",
+            (2, 0) => "initiator error",
+            (2, 1) => "authentication failure",
+            (2, 2) => "authorization failure",
+            (2, 3) => "target not found",
+            (2, 4) => "target removed",
+            (2, 5) => "unsupported version",
+            (2, 6) => "too many connections",
+            (2, 7) => "missing parameter",
+            (2, 8) => "cannot include the connection in the session",
+            (2, 9) => "session type not supported",
+            (2, 0x0a) => "session does not exist",
+            (2, 0x0b) => "invalid request during login",
+            (2, _) => "initiator error",
+            (3, 0) => "target error",
+            (3, 1) => "service unavailable",
+            (3, 2) => "out of resources",
+            (3, _) => "target error",
+            _ => "unknown status",
+        }
+    }
+}
+
+/// `0x0201 authentication failure`: the status as logs and messages show
+/// it, the code first so that it can be searched for.
+impl std::fmt::Display for LoginStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{:#04x}{:02x} {}",
+            self.class,
+            self.detail,
+            self.meaning()
+        )
+    }
 }
 
 /// Login Response PDU, opcode 0x23 (RFC 7143 section 11.13).
