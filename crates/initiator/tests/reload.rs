@@ -225,4 +225,19 @@ async fn a_reload_under_io_loses_nothing_and_refuses_what_disturbs() {
     assert!(verified.load(Ordering::Relaxed) > 0);
     let still = b.read(2, 0, BLOCK, vec![0; 65536]).await.unwrap();
     assert_eq!(still.len(), 65536);
+
+    // The operator ends A's session: the target asks it to log out, and
+    // it is gone from the registry (our initiator leaves at once).
+    assert_eq!(handle.logout(tsih_a).as_deref(), Some("iqn.2026-11.rs.iscsi:a"));
+    assert_eq!(handle.logout(999), None);
+    for _ in 0..500 {
+        if handle.status().sessions.iter().all(|s| s.tsih != tsih_a) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert!(
+        handle.status().sessions.iter().all(|s| s.tsih != tsih_a),
+        "session {tsih_a} still there after logout"
+    );
 }
