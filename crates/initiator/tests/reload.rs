@@ -241,3 +241,40 @@ async fn a_reload_under_io_loses_nothing_and_refuses_what_disturbs() {
         "session {tsih_a} still there after logout"
     );
 }
+
+/// `status` against a known workload from our initiator: the session's
+/// counters move by exactly what it did, and its connection, keys and
+/// LUN use are the ones it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_counts_exactly_what_the_initiator_did() {
+    let port = free_port();
+    let (handle, _stop) = start(&file(port, "", "0 = \"ram:8M\"\n1 = \"ram:8M\"", "")).await;
+    let a = connect(port, "iqn.2026-11.rs.iscsi:counted", 9).await;
+    let counters = |h: &ServerHandle| h.status().sessions[0].counters.clone();
+    let before = counters(&handle);
+    for i in 0..10u64 {
+        a.write(1, i * 128, BLOCK, &vec![i as u8; 64 * 1024]).await.unwrap();
+    }
+    for i in 0..7u64 {
+        a.read(1, i * 32, BLOCK, vec![0; 16 * 1024]).await.unwrap();
+    }
+    let after = counters(&handle);
+    let moved = |name: &str| after[name] - before[name];
+    assert_eq!(moved("commands"), 17);
+    assert_eq!(moved("write_bytes"), 10 * 64 * 1024);
+    assert_eq!(moved("read_bytes"), 7 * 16 * 1024);
+    assert_eq!(moved("errors"), 0);
+    let status = handle.status();
+    let session = &status.sessions[0];
+    assert_eq!(session.initiator, "iqn.2026-11.rs.iscsi:counted");
+    assert_eq!(session.isid, "800000000009");
+    assert_eq!(session.target.as_deref(), Some(TARGET));
+    assert_eq!(session.commands_in_flight, 0);
+    assert!(session.luns_used.contains(&1), "{:?}", session.luns_used);
+    assert_eq!(session.negotiated["ErrorRecoveryLevel"], session.error_recovery_level.to_string());
+    assert_eq!(session.connections.len(), 1);
+    let connection = &session.connections[0];
+    assert_eq!(connection.portal.port(), port);
+    assert_eq!(connection.transport, "tcp");
+    assert_eq!(status.targets[0].luns[1].used_by, [session.tsih]);
+}

@@ -28,6 +28,7 @@ mod recovery;
 mod registry;
 pub mod reload;
 mod retention;
+mod serve;
 pub mod server;
 mod session;
 mod shared;

@@ -20,12 +20,13 @@ use iscsi_datamover::{Datamover, DatamoverError};
 use crate::config::TargetConfig;
 use crate::policy::Policy;
 use crate::registry::Registry;
-use crate::session::serve_connection;
+use crate::serve::serve_connection;
 use crate::shared::{Shared, Targets, scsi_target};
 
 /// A target bound to its portals, ready to serve.
 pub struct Server {
     shared: Arc<Shared>,
+    portals: Arc<Mutex<Portals>>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -144,20 +145,18 @@ impl Server {
             challenge_history: Arc::new(Mutex::new(ChallengeHistory::default())),
             sessions,
             shutdown: shutdown_seen,
-            portals: Mutex::new(Portals::default()),
             reloading: tokio::sync::Mutex::new(()),
             config_file: std::sync::OnceLock::new(),
         });
-        {
-            let mut running = shared
-                .portals
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            for (listener, kind, configured) in portals {
-                running.add(&shared, listener, kind, configured)?;
-            }
+        let mut running = Portals::default();
+        for (listener, kind, configured) in portals {
+            running.add(&shared, listener, kind, configured)?;
         }
-        Ok(Server { shared, shutdown })
+        Ok(Server {
+            shared,
+            portals: Arc::new(Mutex::new(running)),
+            shutdown,
+        })
     }
 
     /// The file a reload re-reads: `iscsi target --config FILE`. Without
@@ -170,6 +169,7 @@ impl Server {
     pub fn handle(&self) -> ServerHandle {
         ServerHandle {
             shared: Arc::clone(&self.shared),
+            portals: Arc::clone(&self.portals),
         }
     }
 
@@ -193,7 +193,6 @@ impl Server {
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
         {
             let mut portals = self
-                .shared
                 .portals
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
@@ -213,7 +212,6 @@ impl Server {
         let _no_reload = self.shared.reloading.lock().await;
         let mut accepts = {
             let mut portals = self
-                .shared
                 .portals
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);
@@ -231,13 +229,14 @@ impl Server {
 #[derive(Clone)]
 pub struct ServerHandle {
     pub(crate) shared: Arc<Shared>,
+    /// The listening portals and their accept loops.
+    pub(crate) portals: Arc<Mutex<Portals>>,
 }
 
 impl ServerHandle {
     /// The bound addresses of the portals of one kind.
     pub(crate) fn portal_addrs(&self, kind: Portal) -> Vec<SocketAddr> {
-        self.shared
-            .portals
+        self.portals
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .running

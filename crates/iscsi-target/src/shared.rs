@@ -1,6 +1,6 @@
 //! What every connection of a running target shares, and what a reload
 //! replaces: the configuration snapshot, the SCSI cores by target name, the
-//! session registry, the portals.
+//! session registry. (The portals are the server's: `server.rs`.)
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -14,7 +14,6 @@ use tokio::sync::watch;
 use crate::config::{TargetConfig, TargetEntry};
 use crate::policy::Policy;
 use crate::registry::Registry;
-use crate::server::Portals;
 
 /// SCSI target cores by target name.
 pub(crate) type Targets = HashMap<String, Arc<ScsiTarget>>;
@@ -33,8 +32,6 @@ pub(crate) struct Shared {
     /// Becomes `true` when the target shuts down: every connection asks its
     /// initiator to log out (Asynchronous Message, RFC 7143 11.9.1).
     pub shutdown: watch::Receiver<bool>,
-    /// The listening portals and their accept loops.
-    pub portals: Mutex<Portals>,
     /// Held by the reload in progress: one at a time.
     pub reloading: tokio::sync::Mutex<()>,
     /// The file a reload re-reads (`iscsi target --config FILE`).

@@ -127,7 +127,7 @@ impl ServerHandle {
         let shared = &self.shared;
         let config = shared.config();
         let sessions = shared.sessions.all();
-        let portals = shared
+        let portals = self
             .portals
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

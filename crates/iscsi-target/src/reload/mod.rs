@@ -116,7 +116,7 @@ impl ServerHandle {
     ) -> Result<ReloadReport, ReloadError> {
         let shared = &self.shared;
         let _one_at_a_time = shared.reloading.lock().await;
-        if shared
+        if self
             .portals
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -224,7 +224,7 @@ impl ServerHandle {
         shared.targets.store(Arc::new(targets));
         shared.config.store(Arc::new(new));
         {
-            let mut portals = shared
+            let mut portals = self
                 .portals
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner);

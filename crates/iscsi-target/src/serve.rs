@@ -1,0 +1,352 @@
+//! One accepted connection from its first PDU to its end: the login
+//! phase (driven by the protocol core's `TargetLogin` with the `Policy`'s
+//! decisions), starting a session or joining one (MC/S, reinstatement,
+//! ERL 2 continuation), running the connection's full feature phase, and
+//! ending the session with its last connection.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use iscsi_datamover::tap::Tap;
+use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender};
+use iscsi_proto::login::target::{LoginComplete, LoginOutcome, TargetLogin};
+use iscsi_proto::pdu::{Digests, Header, LoginRequest, Pdu};
+use iscsi_proto::serial::{CmdSn, StatSn};
+use iscsi_proto::state::{
+    ConnectionEvent, ConnectionState, ConnectionStateMachine, Role, SessionEvent,
+    SessionStateMachine,
+};
+use iscsi_proto::text::{Digest, SessionType};
+use iscsi_proto::transfer::Limits;
+use tracing::info;
+
+use crate::connection::Connection;
+use crate::recovery::Orphan;
+use crate::session::{ConnectionAbout, Session, record};
+use crate::shared::Shared;
+
+/// How long a connection may take from accept to the end of its login.
+const LOGIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// Numbers connections for the tap: unique within the process, so a
+/// trace tells apart connections that came and went.
+fn next_connection_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Serves one accepted connection to its end.
+pub(crate) async fn serve_connection(
+    mut transport: Datamover,
+    shared: Arc<Shared>,
+) -> Result<(), DatamoverError> {
+    // Tapped from the first login PDU on, like the initiator's connections.
+    let tap = shared
+        .config()
+        .tap
+        .as_ref()
+        .map(|tap| Tap::new(Arc::clone(tap), next_connection_number()));
+    transport.set_tap(tap.clone());
+    let mut state = ConnectionStateMachine::new(Role::Target);
+    record(&mut state, ConnectionEvent::Accepted, "login");
+    // The session a leading login creates is ACTIVE while that login runs.
+    let mut leading: Option<SessionStateMachine> = None;
+    // A login that stalls (a silent peer, a half-sent PDU) must not hold
+    // the connection forever.
+    let outcome = tokio::time::timeout(
+        LOGIN_TIMEOUT,
+        login(&mut transport, &shared, &mut state, &mut leading),
+    )
+    .await;
+    // `Err(None)`: the login failed and was answered (or the peer left),
+    // as `login` recorded; `Err(Some(_))`: the transport failed.
+    let logged_in = match outcome {
+        Ok(Ok(Some(done))) => Ok(done),
+        Ok(Ok(None)) => Err(None),
+        Ok(Err(error)) => {
+            if state.state() != ConnectionState::Free {
+                record(&mut state, ConnectionEvent::TransportLost, "login");
+            }
+            Err(Some(error))
+        }
+        Err(_elapsed) => {
+            crate::login_log::timed_out(
+                transport.peer_addr(),
+                transport.local_addr(),
+                LOGIN_TIMEOUT,
+            );
+            record(&mut state, ConnectionEvent::LoginTimedOut, "login");
+            Err(None)
+        }
+    };
+    let (complete, cmd_sn) = match logged_in {
+        Ok(done) => done,
+        Err(error) => {
+            if let Some(mut leading) = leading {
+                record(
+                    &mut leading,
+                    SessionEvent::LeadingLoginFailed,
+                    "leading login",
+                );
+            }
+            return error.map_or(Ok(()), Err);
+        }
+    };
+    let params = complete.parameters.clone();
+    if transport.rdma_capable() && !params.rdma_extensions {
+        // RFC 7145 5.1: an iSER connection is iSER-assisted or nothing.
+        info!(peer = %transport.peer_addr(), "RDMAExtensions=No on an iSER portal: connection closed");
+        return Ok(());
+    }
+    let digests = Digests {
+        header: params.header_digest == Digest::Crc32c,
+        data: params.data_digest == Digest::Crc32c,
+    };
+    transport.enable(digests, params.max_recv_data_segment_length);
+    let config = shared.config();
+    let session = if complete.leading {
+        let scsi = complete
+            .request
+            .target_name
+            .as_ref()
+            .filter(|_| params.session_type == SessionType::Normal)
+            .and_then(|name| shared.scsi_target(name));
+        let mut lifecycle = leading.unwrap_or_else(|| SessionStateMachine::new(Role::Target));
+        record(
+            &mut lifecycle,
+            SessionEvent::ConnectionLoggedIn,
+            "leading login",
+        );
+        let session = Arc::new(Session::new(
+            &complete,
+            scsi,
+            config.portal_group_tag,
+            config.command_window,
+            cmd_sn,
+            lifecycle,
+        ));
+        for old in shared.sessions.insert(Arc::clone(&session)) {
+            // Session reinstatement (6.3.5): the old instance's
+            // connections close (T8) and its tasks end; the session itself
+            // is cleared when its last connection is gone (N5, N6).
+            info!(tsih = old.tsih, "session reinstated: closing the old one");
+            old.abort_all();
+            old.close();
+        }
+        session
+    } else {
+        match shared.sessions.get(complete.tsih) {
+            Some(session) => {
+                if session.lifecycle_state() == iscsi_proto::state::SessionState::Failed {
+                    // Session continuation (ERL 2): a connection logs in to
+                    // a session whose last connection failed (N7, N10).
+                    info!(tsih = session.tsih, "session continued by a new connection");
+                    session.record(SessionEvent::ContinuationStarted);
+                }
+                session.record(SessionEvent::ConnectionLoggedIn);
+                session
+            }
+            // The session ended between the policy's check and now.
+            None => return Ok(()),
+        }
+    };
+    // A joining connection negotiated only its own keys: the leading-only
+    // ones (ErrorRecoveryLevel, the burst lengths...) are the session's.
+    let params = if complete.leading {
+        params
+    } else {
+        session.params.joined_by(&params)
+    };
+    session.connections.fetch_add(1, Ordering::AcqRel);
+    info!(
+        initiator = %complete.request.initiator_name,
+        target = session.target_name.as_deref().unwrap_or("(discovery)"),
+        tsih = complete.tsih,
+        cid = complete.request.cid,
+        leading = complete.leading,
+        ?digests,
+        max_send = params.max_send_data_segment_length,
+        "login complete"
+    );
+    let mut limits = Limits::from(&params);
+    if transport.rdma_capable() {
+        // Over iSER the solicited data is placed by RDMA Reads of up to
+        // MaxBurstLength, not received in buffers of the declared
+        // TargetRecvDataSegmentLength (RFC 7145 7.3.2): the datamover hands
+        // each burst up as one Data-Out.
+        limits.max_recv_segment = limits.max_recv_segment.max(params.max_burst_length);
+    }
+    let local = transport.local_addr();
+    let placed_data = transport.rdma_capable();
+    let about = ConnectionAbout {
+        cid: complete.request.cid,
+        peer: transport.peer_addr(),
+        local,
+        iser: placed_data,
+        digests,
+        max_send_segment: params.max_send_data_segment_length,
+        max_recv_segment: limits.max_recv_segment,
+    };
+    let (receiver, sender) = transport.split();
+    let (number, replaced, ended) = session.take_cid(about).await;
+    let connection = Connection::new(
+        Arc::clone(&shared),
+        Arc::clone(&session),
+        complete.request.cid,
+        limits,
+        local,
+        complete.next_stat_sn,
+        sender,
+        state,
+        tap,
+        placed_data,
+        params.error_recovery_level,
+        number,
+    );
+    let (result, ended_by_logout, left) = connection.run(receiver, replaced).await;
+    session.release_cid(complete.request.cid, number);
+    // What it left is in place: a login or logout waiting for its end may
+    // go on.
+    drop(ended);
+    let by_logout = ended_by_logout || session.closed_by_logout.load(Ordering::Acquire);
+    if session.connections.fetch_sub(1, Ordering::AcqRel) == 1 {
+        // The last connection is gone. Closed by a logout, that is session
+        // closure (N3); otherwise the session failed (N5). Below ERL 2 (no
+        // continuation, Time2Retain 0) it is cleared at once (N6), as it
+        // is when a reinstatement replaced it; at 2 it waits for a new
+        // connection until Time2Retain is over.
+        if by_logout {
+            session.record(SessionEvent::Closed);
+            end_session(&shared, &session);
+        } else {
+            session.record(SessionEvent::Failed);
+            if left.is_none() || *session.close.borrow() {
+                session.record(SessionEvent::TimedOutOrReinstated);
+                end_session(&shared, &session);
+            }
+        }
+    }
+    if let Some(writer) = left {
+        // ERL 2: the connection failed with tasks to reassign.
+        let session = Arc::clone(&session);
+        let shared = Arc::clone(&shared);
+        tokio::spawn(async move {
+            tokio::time::sleep(session.time2retain()).await;
+            let ended = session.expire_connection(&writer, number);
+            if ended > 0 {
+                info!(
+                    tsih = session.tsih,
+                    cid = complete.request.cid,
+                    ended,
+                    "Time2Retain over: tasks nobody reassigned ended"
+                );
+            }
+            if session.connections.load(Ordering::Acquire) == 0
+                && session.lifecycle_state() == iscsi_proto::state::SessionState::Failed
+            {
+                session.record(SessionEvent::TimedOutOrReinstated);
+                end_session(&shared, &session);
+            }
+        });
+    }
+    result
+}
+
+/// Ends a session whose last connection is gone: its tasks and what failed
+/// connections left end, it leaves the registry, and the SCSI layer
+/// forgets its nexus (unless a reinstatement already replaced it there).
+fn end_session(shared: &Shared, session: &Arc<Session>) {
+    session.abort_all();
+    for orphan in session.orphans.drain() {
+        if let Orphan::Collecting(pending) = orphan {
+            session.abort(&pending.task);
+        }
+    }
+    let registered = shared
+        .sessions
+        .get(session.tsih)
+        .is_some_and(|s| Arc::ptr_eq(&s, session));
+    shared.sessions.remove(session);
+    if let (true, Some(scsi)) = (registered, &session.scsi) {
+        scsi.nexus_lost(&session.nexus);
+    }
+    info!(tsih = session.tsih, stats = %session.stats, "session ended");
+}
+
+/// The login phase: returns the completed login and the CmdSN the session
+/// starts from, or `None` if the login failed (the response was sent) or
+/// the initiator went away.
+async fn login(
+    transport: &mut Datamover,
+    shared: &Shared,
+    state: &mut ConnectionStateMachine,
+    leading: &mut Option<SessionStateMachine>,
+) -> Result<Option<(Box<LoginComplete>, CmdSn)>, DatamoverError> {
+    let policy = crate::iser::ConnectionPolicy {
+        inner: &shared.policy,
+        iser: transport.rdma_capable(),
+    };
+    let challenge: Vec<u8> = (0..32).map(|_| rand::random::<u8>()).collect();
+    let mut login = TargetLogin::new(
+        StatSn::new(rand::random()),
+        rand::random(),
+        challenge,
+        Arc::clone(&shared.challenge_history),
+    );
+    loop {
+        let Some(incoming) = transport.receiver.receive().await? else {
+            record(state, ConnectionEvent::TransportLost, "login");
+            return Ok(None);
+        };
+        if state.state() == ConnectionState::XptUp {
+            record(state, ConnectionEvent::LoginRequestReceived, "login");
+            if let Pdu::LoginRequest(request) = &incoming.header.pdu
+                && request.tsih == 0
+            {
+                let mut session = SessionStateMachine::new(Role::Target);
+                record(
+                    &mut session,
+                    SessionEvent::LeadingLoginStarted,
+                    "leading login",
+                );
+                *leading = Some(session);
+            }
+        }
+        let (step, cmd_sn) = match &incoming.header.pdu {
+            Pdu::LoginRequest(request) => (
+                login.receive(&policy, request, &incoming.data),
+                request.cmd_sn,
+            ),
+            other => (
+                login.invalid_request(&LoginRequest::default(), other.opcode()),
+                CmdSn::new(0),
+            ),
+        };
+        let data_len = step.data.len() as u32;
+        transport
+            .sender
+            .send_control(
+                &Header::new(Pdu::LoginResponse(step.response.clone()), data_len),
+                &step.data,
+            )
+            .await?;
+        match step.outcome {
+            LoginOutcome::Continue => {}
+            LoginOutcome::Failed(refusal) => {
+                crate::login_log::refused(
+                    transport.peer_addr(),
+                    transport.local_addr(),
+                    login.sent_names(),
+                    &refusal,
+                );
+                record(state, ConnectionEvent::LoginFailed, "login");
+                return Ok(None);
+            }
+            LoginOutcome::Complete(done) => {
+                record(state, ConnectionEvent::LoginSucceeded, "login");
+                return Ok(Some((done, cmd_sn)));
+            }
+        }
+    }
+}
+
