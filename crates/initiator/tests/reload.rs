@@ -47,9 +47,11 @@ async fn connect(port: u16, initiator: &str, isid: u8) -> Arc<Session> {
     let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
         .parse()
         .unwrap();
-    let mut config = SessionConfig::default();
-    config.initiator_name = initiator.to_owned();
-    config.isid = Some([0x80, 0, 0, 0, 0, isid]);
+    let config = SessionConfig {
+        initiator_name: initiator.to_owned(),
+        isid: Some([0x80, 0, 0, 0, 0, isid]),
+        ..SessionConfig::default()
+    };
     Arc::new(Session::connect(&url, config).await.expect("login"))
 }
 
@@ -228,7 +230,10 @@ async fn a_reload_under_io_loses_nothing_and_refuses_what_disturbs() {
 
     // The operator ends A's session: the target asks it to log out, and
     // it is gone from the registry (our initiator leaves at once).
-    assert_eq!(handle.logout(tsih_a).as_deref(), Some("iqn.2026-11.rs.iscsi:a"));
+    assert_eq!(
+        handle.logout(tsih_a).as_deref(),
+        Some("iqn.2026-11.rs.iscsi:a")
+    );
     assert_eq!(handle.logout(999), None);
     for _ in 0..500 {
         if handle.status().sessions.iter().all(|s| s.tsih != tsih_a) {
@@ -253,7 +258,9 @@ async fn status_counts_exactly_what_the_initiator_did() {
     let counters = |h: &ServerHandle| h.status().sessions[0].counters.clone();
     let before = counters(&handle);
     for i in 0..10u64 {
-        a.write(1, i * 128, BLOCK, &vec![i as u8; 64 * 1024]).await.unwrap();
+        a.write(1, i * 128, BLOCK, &vec![i as u8; 64 * 1024])
+            .await
+            .unwrap();
     }
     for i in 0..7u64 {
         a.read(1, i * 32, BLOCK, vec![0; 16 * 1024]).await.unwrap();
@@ -271,7 +278,10 @@ async fn status_counts_exactly_what_the_initiator_did() {
     assert_eq!(session.target.as_deref(), Some(TARGET));
     assert_eq!(session.commands_in_flight, 0);
     assert!(session.luns_used.contains(&1), "{:?}", session.luns_used);
-    assert_eq!(session.negotiated["ErrorRecoveryLevel"], session.error_recovery_level.to_string());
+    assert_eq!(
+        session.negotiated["ErrorRecoveryLevel"],
+        session.error_recovery_level.to_string()
+    );
     assert_eq!(session.connections.len(), 1);
     let connection = &session.connections[0];
     assert_eq!(connection.portal.port(), port);

@@ -23,6 +23,7 @@ mod connection;
 pub mod control;
 mod iser;
 mod login_log;
+mod pending;
 mod policy;
 mod recovery;
 mod registry;
@@ -34,6 +35,8 @@ mod session;
 mod shared;
 mod stats;
 pub mod status;
+mod task;
+mod writer;
 
 pub use config::file::{ConfigError, DEFAULT_NOP_IN_INTERVAL, ParsedConfig};
 pub use config::lun::{LunSpec, open_lun, parse_size, unique_id};

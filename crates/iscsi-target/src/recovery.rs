@@ -3,7 +3,7 @@
 //! "remove the connection for recovery", and connection reinstatement).
 //!
 //! At ERL 2 a failed connection's tasks do not end with it. Each task has
-//! an [`Allegiance`]: the connection (its [`Writer`]) that answers it. When
+//! an `Allegiance` (`task.rs`): the connection (its [`Writer`]) that answers it. When
 //! that connection fails:
 //! - a task still being executed keeps running; its answer, finding the
 //!   writer closed, is parked in its allegiance;
@@ -24,104 +24,10 @@
 //! bookkeeping.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Mutex, PoisonError};
 
-use iscsi_proto::transfer::Limits;
-
-use crate::connection::Writer;
-use crate::connection::write::PendingWrite;
+use crate::pending::PendingWrite;
 use crate::retention::SentStatus;
-
-/// Which connection answers a task (connection allegiance: a task is
-/// answered on the connection its command came in on, until a TASK
-/// REASSIGN moves it).
-#[derive(Default)]
-pub(crate) struct Allegiance {
-    state: Mutex<AllegianceState>,
-}
-
-#[derive(Default)]
-struct AllegianceState {
-    /// The writer of the connection the task is allegiant to, and the limits
-    /// its Data-In is cut by there.
-    to: Option<(Arc<Writer>, Limits)>,
-    /// The task's answer, ready while its connection was gone: sent when
-    /// the task is reassigned.
-    parked: Option<SentStatus>,
-}
-
-/// Why a TASK REASSIGN cannot move a task (RFC 7143 11.6.1, response 3:
-/// "task still allegiant").
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct StillAllegiant;
-
-impl Allegiance {
-    fn lock(&self) -> std::sync::MutexGuard<'_, AllegianceState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Makes the task allegiant to `writer` (its command came in there).
-    pub fn pledge(&self, writer: &Arc<Writer>, limits: Limits) {
-        self.lock().to = Some((Arc::clone(writer), limits));
-    }
-
-    /// The writer that answers the task now.
-    pub fn current(&self) -> Option<(Arc<Writer>, Limits)> {
-        self.lock().to.clone()
-    }
-
-    /// Whether the task is allegiant to `writer`.
-    pub fn is_to(&self, writer: &Writer) -> bool {
-        self.lock()
-            .to
-            .as_ref()
-            .is_some_and(|(w, _)| std::ptr::eq(Arc::as_ptr(w), writer))
-    }
-
-    /// Parks `answer` if the task is still allegiant to `closed` (whose
-    /// connection is gone); if a reassignment moved it meanwhile, returns
-    /// the answer with the writer to send it on instead.
-    pub fn park(
-        &self,
-        closed: &Arc<Writer>,
-        answer: SentStatus,
-    ) -> Option<(Arc<Writer>, Limits, SentStatus)> {
-        let mut state = self.lock();
-        match &state.to {
-            Some((writer, limits)) if !Arc::ptr_eq(writer, closed) => {
-                Some((Arc::clone(writer), *limits, answer))
-            }
-            _ => {
-                state.parked = Some(answer);
-                None
-            }
-        }
-    }
-
-    /// Moves the task to `writer` if the connection it is allegiant to is
-    /// gone (its writer closed); returns the answer parked meanwhile, to
-    /// send there.
-    pub fn reassign(
-        &self,
-        writer: &Arc<Writer>,
-        limits: Limits,
-    ) -> Result<Option<SentStatus>, StillAllegiant> {
-        let mut state = self.lock();
-        if let Some((old, _)) = &state.to
-            && !old.is_closed()
-        {
-            return Err(StillAllegiant);
-        }
-        state.to = Some((Arc::clone(writer), limits));
-        Ok(state.parked.take())
-    }
-
-    /// Drops a parked answer (the task is being ended): whether there was
-    /// one.
-    pub fn forget(&self) -> bool {
-        self.lock().parked.take().is_some()
-    }
-}
 
 /// What a failed connection left for a TASK REASSIGN.
 pub(crate) enum Orphan {
@@ -232,6 +138,7 @@ mod tests {
     use iscsi_datamover::Gather;
     use iscsi_proto::pdu::{Lun, ScsiResponse};
     use iscsi_proto::serial::StatSn;
+    use iscsi_proto::transfer::Limits;
 
     fn answered(itt: u32, bytes: usize) -> Orphan {
         Orphan::Answered(SentStatus {

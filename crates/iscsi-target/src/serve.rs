@@ -349,4 +349,3 @@ async fn login(
         }
     }
 }
-

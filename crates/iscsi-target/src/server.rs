@@ -192,10 +192,7 @@ impl Server {
     /// after a grace period).
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
         {
-            let mut portals = self
-                .portals
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut portals = self.portals.lock().unwrap_or_else(PoisonError::into_inner);
             portals.started = true;
             for (listener, kind, stopped) in std::mem::take(&mut portals.waiting) {
                 portals.tasks.spawn(accept_loop(
@@ -211,10 +208,7 @@ impl Server {
         // A reload running now finishes first; none starts after.
         let _no_reload = self.shared.reloading.lock().await;
         let mut accepts = {
-            let mut portals = self
-                .portals
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut portals = self.portals.lock().unwrap_or_else(PoisonError::into_inner);
             portals.closed = true;
             std::mem::take(&mut portals.tasks)
         };

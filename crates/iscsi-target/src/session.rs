@@ -16,17 +16,17 @@ use std::sync::{Arc, Mutex, PoisonError};
 use iscsi_proto::login::target::LoginComplete;
 use iscsi_proto::pdu::Digests;
 use iscsi_proto::serial::CmdSn;
-use iscsi_proto::state::{
-    Diagram, Machine, SessionEvent,
-    SessionStateMachine,
-};
+use iscsi_proto::state::{Diagram, Machine, SessionEvent, SessionStateMachine};
 use iscsi_proto::text::NegotiatedParameters;
 use iscsi_scsi::{Nexus, ScsiTarget};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
-use crate::recovery::{Allegiance, Orphan, Orphans};
+use crate::recovery::{Orphan, Orphans};
 use crate::stats::SessionStats;
+use crate::task::Allegiance;
+pub(crate) use crate::task::Task;
+use crate::writer::{CmdWindow, Writer};
 
 /// How long a login that reinstates a connection waits for the old one to
 /// end (it closes at once unless a command is being received into it).
@@ -124,52 +124,6 @@ impl LunsUsed {
     }
 }
 
-/// One command the target knows of, from its SCSI Command PDU to its
-/// status (RFC 7143 section 4.2.3: the task).
-pub(crate) struct Task {
-    /// Initiator Task Tag.
-    pub itt: u32,
-    /// The LUN field of its command.
-    pub lun: u64,
-    /// Its CmdSN (immediate commands too).
-    pub cmd_sn: CmdSn,
-    /// Whether it holds a slot of the command window (non-immediate).
-    pub windowed: bool,
-    /// Set by task management: no status may be sent for it any more.
-    pub aborted: AtomicBool,
-    /// Set when the task is handed to the SCSI layer: an abort must then
-    /// wait for it to end.
-    executing: AtomicBool,
-    /// Set when the task is over (status sent, or abort took effect).
-    done: AtomicBool,
-    finished: Notify,
-    /// The connection that answers it (ERL 2 moves it: `recovery`).
-    pub allegiance: Allegiance,
-}
-
-impl Task {
-    /// Whether the task is over.
-    pub fn is_done(&self) -> bool {
-        self.done.load(Ordering::Acquire)
-    }
-
-    /// Marks the task as handed to the SCSI layer.
-    pub fn start(&self) {
-        self.executing.store(true, Ordering::Release);
-    }
-
-    /// Waits until the task is over.
-    pub async fn wait(&self) {
-        loop {
-            let notified = self.finished.notified();
-            if self.is_done() {
-                return;
-            }
-            notified.await;
-        }
-    }
-}
-
 /// The CmdSN window and the task table, under one lock.
 struct WindowState {
     /// ExpCmdSN: the oldest CmdSN not yet received.
@@ -193,15 +147,6 @@ pub(crate) enum Admission {
     OutOfWindow,
     /// Its Initiator Task Tag is already in use by a live task.
     TagInUse,
-}
-
-impl std::fmt::Debug for Task {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Task")
-            .field("itt", &self.itt)
-            .field("cmd_sn", &self.cmd_sn.get())
-            .finish()
-    }
 }
 
 /// One session: what its connections share.
@@ -427,7 +372,7 @@ impl Session {
     /// Connection `origin`'s Time2Retain is over: the tasks it left that
     /// nobody reassigned end (writes aborted, parked answers dropped).
     /// Returns how many.
-    pub fn expire_connection(&self, origin: &crate::connection::Writer, number: u64) -> usize {
+    pub fn expire_connection(&self, origin: &Writer, number: u64) -> usize {
         let mut ended = 0;
         for orphan in self.orphans.expire(number) {
             ended += 1;
@@ -717,6 +662,12 @@ impl Session {
                 self.finish(&task);
             }
         }
+    }
+}
+
+impl CmdWindow for Session {
+    fn window_edges(&self) -> (CmdSn, CmdSn) {
+        Session::window_edges(self)
     }
 }
 

@@ -5,21 +5,21 @@
 //! (`Drain`, 7.8); at 1 the lost bytes are asked for again with a recovery
 //! R2T, and an R2T SNACK gets the R2Ts again (11.16).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use iscsi_datamover::{DatamoverError, PduReceiver, WriteBuffer};
+use iscsi_datamover::{DatamoverError, PduReceiver};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
     DataOut, Header, Pdu, ReadyToTransfer, RejectReason, ScsiCommand, SnackRequest, SnackType,
 };
 use iscsi_proto::serial::R2tSn;
-use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, UNSOLICITED_TRANSFER_TAG};
+use iscsi_proto::transfer::{DataOutProgress, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, ScsiTarget};
 use tracing::{debug, warn};
 
 use super::{Connection, Receiver, Stat};
+pub(crate) use crate::pending::PendingWrite;
 use crate::retention::{Refusal, Resend};
 use crate::session::Task;
 use crate::stats::SessionStats;
@@ -54,21 +54,6 @@ impl Drain {
         }
         !self.unsolicited && self.transfer_tags.is_empty()
     }
-}
-
-/// A write collecting its data.
-pub(crate) struct PendingWrite {
-    pub(crate) task: Arc<Task>,
-    pub(super) command: ScsiCommand,
-    pub(super) cdb: Vec<u8>,
-    pub(super) buffer: WriteBuffer,
-    pub(super) tracker: DataOutTracker,
-    /// Solicited bursts not yet asked for: (offset, length).
-    pub(super) bursts: VecDeque<(u32, u32)>,
-    pub(super) r2ts_sent: u32,
-    /// The R2Ts sent whose data has not all arrived, as sent: what an R2T
-    /// SNACK gets again (RFC 7143 11.16: "exact replicas").
-    pub(super) r2ts: Vec<ReadyToTransfer>,
 }
 
 impl Connection {

@@ -224,10 +224,7 @@ impl ServerHandle {
         shared.targets.store(Arc::new(targets));
         shared.config.store(Arc::new(new));
         {
-            let mut portals = self
-                .portals
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut portals = self.portals.lock().unwrap_or_else(PoisonError::into_inner);
             for (kind, address) in removed_portals {
                 portals.remove(kind, address);
             }
