@@ -24,12 +24,7 @@ job=(--name=live --filename="$dev" --ioengine=libaio --direct=1 --iodepth=32 --r
     --bs=16k --size=192M --verify=crc32c --verify_fatal=1 --verify_state_save=1)
 fio "${job[@]}" --do_verify=0 --output=out/fio-write.txt >/dev/null 2>&1 &
 fio_pid=$!
-w0=$(awk '{print $5}' "/sys/block/${dev#/dev/}/stat")
-for _ in $(seq 1 100); do
-    [ "$(awk '{print $5}' "/sys/block/${dev#/dev/}/stat")" -gt $((w0 + 200)) ] && break
-    sleep 0.1
-done
-touch out/fio-started
+writes_under_way "$dev"
 note "writes under way; the host changes the configuration now"
 for _ in $(seq 1 600); do
     [ -e reload-done ] && break

@@ -66,6 +66,18 @@ disk() {
     fail "no disk for $iqn LUN $lun"
 }
 
+# writes_under_way DISK: waits (up to 10 s) until DISK has completed 200 more writes, then tells the
+# host through the share (out/fio-started): the handshake of the jobs that disturb a running fio.
+writes_under_way() {
+    local stat=/sys/block/${1#/dev/}/stat w0 _
+    w0=$(awk '{print $5}' "$stat")
+    for _ in $(seq 1 100); do
+        [ "$(awk '{print $5}' "$stat")" -gt $((w0 + 200)) ] && break
+        sleep 0.1
+    done
+    touch out/fio-started
+}
+
 # sg_of DISK: the /dev/sgN of /dev/sdX.
 sg_of() { local d; for d in /sys/block/"${1#/dev/}"/device/scsi_generic/*; do echo "/dev/${d##*/}"; return 0; done; return 1; }
 

@@ -29,12 +29,7 @@ job=(--name=restart --filename="$dev" --ioengine=libaio --direct=1 --iodepth=32 
 fio "${job[@]}" --do_verify=0 --output=out/fio-write.txt >/dev/null 2>&1 &
 fio_pid=$!
 # Tell the host once writes are really in flight.
-w0=$(awk '{print $5}' "/sys/block/${dev#/dev/}/stat")
-for _ in $(seq 1 100); do
-    [ "$(awk '{print $5}' "/sys/block/${dev#/dev/}/stat")" -gt $((w0 + 200)) ] && break
-    sleep 0.1
-done
-touch out/fio-started
+writes_under_way "$dev"
 note "writes under way; the host restarts the target now"
 fio_rc=0
 wait "$fio_pid" || fio_rc=$?
