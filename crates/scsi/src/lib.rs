@@ -383,6 +383,20 @@ impl ScsiTarget {
         self.lu(lun).map(|lu| Arc::clone(&lu.backstore))
     }
 
+    /// `f` of the backstore of LUN number `lun`, if it exists, without
+    /// touching the store's reference count: what the transport asks on
+    /// every command (a count written from every core would be a cache
+    /// line all of them share).
+    pub fn with_backstore<R>(
+        &self,
+        lun: u16,
+        f: impl FnOnce(&Arc<dyn Backstore>) -> R,
+    ) -> Option<R> {
+        let table = self.luns.load();
+        let lu = table.get(usize::from(lun))?.as_ref()?;
+        Some(f(&lu.backstore))
+    }
+
     /// The LU numbered `lun`, if there is one.
     fn lu(&self, lun: u16) -> Option<Arc<LogicalUnit>> {
         self.luns.load().get(usize::from(lun))?.clone()

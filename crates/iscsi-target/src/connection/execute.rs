@@ -59,9 +59,16 @@ impl Connection {
     ) {
         task.start();
         let guard = self.in_flight.enter();
-        let store = iscsi_scsi::decode_lun(command.lun.0).and_then(|lun| scsi.backstore(lun));
-        let may_block = store.as_ref().is_some_and(|store| store.may_block());
-        let here = answered_here(store.as_ref(), &command, &cdb);
+        let (may_block, here) = iscsi_scsi::decode_lun(command.lun.0)
+            .and_then(|lun| {
+                scsi.with_backstore(lun, |store| {
+                    (
+                        store.may_block(),
+                        answered_here(Some(store), &command, &cdb),
+                    )
+                })
+            })
+            .unwrap_or((false, false));
         let answer = answer(
             Execution {
                 scsi,
@@ -243,8 +250,8 @@ fn run_command(
     let expected = command.expected_data_transfer_length;
     if command.write {
         let block_size = iscsi_scsi::decode_lun(command.lun.0)
-            .and_then(|lun| scsi.backstore(lun))
-            .map_or(512, |b| b.block_size());
+            .and_then(|lun| scsi.with_backstore(lun, |b| b.block_size()))
+            .unwrap_or(512);
         let (_, wanted) = iscsi_scsi::command_info(cdb, block_size);
         let residual = Residual::of(u64::from(wanted), expected);
         if residual.overflow {

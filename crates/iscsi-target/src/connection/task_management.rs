@@ -151,7 +151,7 @@ pub(super) async fn task_management(
     }
     let lun = request.lun.0;
     let lun_exists = session.scsi.as_ref().is_some_and(|scsi| {
-        iscsi_scsi::decode_lun(lun).is_some_and(|n| scsi.backstore(n).is_some())
+        iscsi_scsi::decode_lun(lun).is_some_and(|n| scsi.with_backstore(n, |_| ()).is_some())
     });
     let same_target = || match &session.target_name {
         Some(name) => shared.sessions.of_target(name),
