@@ -8,6 +8,8 @@
 //!   iSER CM header) and what login negotiates on it (RFC 7145 section 6).
 //! - `policy`: the login decisions the protocol core asks for (which target,
 //!   which session).
+//! - [`metrics`]: Prometheus counters per target and LUN, summed at
+//!   scrape time, and the `GET /metrics` endpoint.
 //! - `session`: the full feature phase of one connection: SCSI commands,
 //!   Data-In with phase collapse, R2T and Data-Out, NOP, Text (SendTargets),
 //!   Logout, task management, Reject.
@@ -20,6 +22,7 @@ pub mod config;
 mod connection;
 pub mod control;
 mod iser;
+pub mod metrics;
 mod policy;
 mod recovery;
 mod registry;

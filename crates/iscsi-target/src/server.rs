@@ -147,6 +147,7 @@ impl Server {
             portals: Mutex::new(Portals::default()),
             reloading: tokio::sync::Mutex::new(()),
             config_file: std::sync::OnceLock::new(),
+            metrics: Arc::default(),
         });
         {
             let mut running = shared

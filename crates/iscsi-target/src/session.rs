@@ -29,9 +29,10 @@ use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
 use crate::connection::Connection;
+use crate::metrics::{Enrolled, LoginResult, Metrics};
 use crate::recovery::{Allegiance, Orphan, Orphans};
 use crate::shared::Shared;
-use crate::stats::SessionStats;
+use crate::stats::{SessionLabels, SessionStats};
 
 /// How long a login that reinstates a connection waits for the old one to
 /// end (it closes at once unless a command is being received into it).
@@ -153,6 +154,8 @@ pub(crate) struct Task {
     finished: Notify,
     /// The connection that answers it (ERL 2 moves it: `recovery`).
     pub allegiance: Allegiance,
+    /// When its PDU was admitted: the start of its latency (`metrics`).
+    pub arrived: std::time::Instant,
 }
 
 impl Task {
@@ -262,12 +265,16 @@ pub(crate) struct Session {
     /// A "close the session" logout succeeded (session closure, 6.3.6),
     /// as opposed to failure or reinstatement.
     closed_by_logout: AtomicBool,
-    /// Counters for the session's statistics.
-    pub stats: SessionStats,
+    /// Counters for the session's statistics, summed by the metrics
+    /// endpoint while the session lives and folded into its target's
+    /// totals when it is dropped.
+    pub stats: Enrolled,
 }
 
 impl Session {
+    #[allow(clippy::too_many_arguments)]
     fn new(
+        metrics: &Arc<Metrics>,
         complete: &LoginComplete,
         scsi: Option<Arc<ScsiTarget>>,
         target_port: u16,
@@ -306,7 +313,11 @@ impl Session {
             next_connection: AtomicU64::new(0),
             lifecycle: Mutex::new(lifecycle),
             closed_by_logout: AtomicBool::new(false),
-            stats: SessionStats::default(),
+            stats: metrics.enroll(SessionStats::new(SessionLabels {
+                target: complete.request.target_name.clone(),
+                initiator: complete.request.initiator_name.clone(),
+                tsih: complete.tsih,
+            })),
         }
     }
 
@@ -573,6 +584,7 @@ impl Session {
             done: AtomicBool::new(!task),
             finished: Notify::new(),
             allegiance: Allegiance::default(),
+            arrived: std::time::Instant::now(),
         });
         if task {
             if !immediate {
@@ -771,6 +783,7 @@ pub(crate) async fn serve_connection(
         }
         Err(_elapsed) => {
             info!(peer = %transport.peer_addr(), "login timed out: connection closed");
+            shared.metrics.login(LoginResult::OtherFail);
             record(&mut state, ConnectionEvent::LoginTimedOut, "login");
             Err(None)
         }
@@ -814,6 +827,7 @@ pub(crate) async fn serve_connection(
             "leading login",
         );
         let session = Arc::new(Session::new(
+            &shared.metrics,
             &complete,
             scsi,
             config.portal_group_tag,
@@ -966,7 +980,7 @@ fn end_session(shared: &Shared, session: &Arc<Session>) {
     if let (true, Some(scsi)) = (registered, &session.scsi) {
         scsi.nexus_lost(&session.nexus);
     }
-    info!(tsih = session.tsih, stats = %session.stats, "session ended");
+    info!(tsih = session.tsih, stats = %*session.stats, "session ended");
 }
 
 /// The login phase: returns the completed login and the CmdSN the session
@@ -1034,11 +1048,18 @@ async fn login(
                     detail = status.detail,
                     "login refused"
                 );
+                // The MIB's result from the status sent; a finer reason
+                // (the `login-reasons` branch's enum) would be a second
+                // label here.
+                shared
+                    .metrics
+                    .login(LoginResult::of_status(status.class, status.detail));
                 record(state, ConnectionEvent::LoginFailed, "login");
                 return Ok(None);
             }
             LoginOutcome::Complete(done) => {
                 record(state, ConnectionEvent::LoginSucceeded, "login");
+                shared.metrics.login(LoginResult::Accept);
                 return Ok(Some((done, cmd_sn)));
             }
         }
