@@ -270,16 +270,16 @@ impl TargetCollector {
             "Task management requests answered, by function and response (only those seen).",
             totals.iter().flat_map(|(t, s)| {
                 let mut series = Vec::new();
-                for f in 0..TMF_FUNCTIONS {
-                    for r in 0..TMF_RESPONSES {
-                        if s.task_management[f][r] > 0 {
+                for (row, function) in s.task_management.iter().zip(TMF_FUNCTION_NAMES) {
+                    for (&n, response) in row.iter().zip(TMF_RESPONSE_NAMES) {
+                        if n > 0 {
                             series.push((
                                 labels([
                                     ("target", t),
-                                    ("function", TMF_FUNCTION_NAMES[f]),
-                                    ("response", TMF_RESPONSE_NAMES[r]),
+                                    ("function", function),
+                                    ("response", response),
                                 ]),
-                                s.task_management[f][r],
+                                n,
                             ));
                         }
                     }
