@@ -351,7 +351,15 @@ impl Connection {
             let header = match header {
                 Ok(Some(header)) => header,
                 Ok(None) => break Ok(()),
-                Err(e) => break Err(e),
+                Err(e) => {
+                    if matches!(
+                        e,
+                        DatamoverError::Decode(DecodeError::HeaderDigestMismatch { .. })
+                    ) {
+                        SessionStats::add(&self.session.stats.header_digest_errors, 1);
+                    }
+                    break Err(e);
+                }
             };
             self.sweep_aborted_writes();
             match self.dispatch(&mut receiver, header).await {
@@ -640,7 +648,7 @@ impl Connection {
     }
 
     async fn reject(&self, header: &Header, reason: RejectReason) -> Result<(), DatamoverError> {
-        SessionStats::add(&self.session.stats.rejects, 1);
+        self.session.stats.rejected(reason.to_u8());
         reject(&self.writer, header, reason).await
     }
 
@@ -1007,6 +1015,7 @@ impl Connection {
                 data_in: Gather::default(),
                 residual: Residual::NONE,
                 r2ts: 0,
+                written: 0,
                 tap: tap.as_ref(),
                 hold: false,
             };

@@ -10,6 +10,8 @@
 //!   which session).
 //! - `login_log`: the one WARN line of each refused or timed-out login:
 //!   initiator, address, portal, target, status and the reason in words.
+//! - [`metrics`]: Prometheus counters per target and LUN, summed at
+//!   scrape time, and the `GET /metrics` endpoint.
 //! - `session`: the full feature phase of one connection: SCSI commands,
 //!   Data-In with phase collapse, R2T and Data-Out, NOP, Text (SendTargets),
 //!   Logout, task management, Reject.
@@ -23,6 +25,7 @@ mod connection;
 pub mod control;
 mod iser;
 mod login_log;
+pub mod metrics;
 mod pending;
 mod policy;
 mod recovery;

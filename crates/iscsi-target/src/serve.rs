@@ -21,6 +21,7 @@ use iscsi_proto::transfer::Limits;
 use tracing::info;
 
 use crate::connection::Connection;
+use crate::metrics::LoginResult;
 use crate::recovery::Orphan;
 use crate::session::{ConnectionAbout, Session, record};
 use crate::shared::Shared;
@@ -75,6 +76,7 @@ pub(crate) async fn serve_connection(
                 transport.local_addr(),
                 LOGIN_TIMEOUT,
             );
+            shared.metrics.login(LoginResult::OtherFail);
             record(&mut state, ConnectionEvent::LoginTimedOut, "login");
             Err(None)
         }
@@ -118,6 +120,7 @@ pub(crate) async fn serve_connection(
             "leading login",
         );
         let session = Arc::new(Session::new(
+            &shared.metrics,
             &complete,
             scsi,
             config.portal_group_tag,
@@ -270,7 +273,7 @@ fn end_session(shared: &Shared, session: &Arc<Session>) {
     if let (true, Some(scsi)) = (registered, &session.scsi) {
         scsi.nexus_lost(&session.nexus);
     }
-    info!(tsih = session.tsih, stats = %session.stats, "session ended");
+    info!(tsih = session.tsih, stats = %*session.stats, "session ended");
 }
 
 /// The login phase: returns the completed login and the CmdSN the session
@@ -339,11 +342,18 @@ async fn login(
                     login.sent_names(),
                     &refusal,
                 );
+                // The MIB's result from the status sent (LIO's
+                // iscsi_login_stats); the reason in words is the log's.
+                shared.metrics.login(LoginResult::of_status(
+                    refusal.status.class,
+                    refusal.status.detail,
+                ));
                 record(state, ConnectionEvent::LoginFailed, "login");
                 return Ok(None);
             }
             LoginOutcome::Complete(done) => {
                 record(state, ConnectionEvent::LoginSucceeded, "login");
+                shared.metrics.login(LoginResult::Accept);
                 return Ok(Some((done, cmd_sn)));
             }
         }

@@ -147,6 +147,7 @@ impl Server {
             shutdown: shutdown_seen,
             reloading: tokio::sync::Mutex::new(()),
             config_file: std::sync::OnceLock::new(),
+            metrics: Arc::default(),
         });
         let mut running = Portals::default();
         for (listener, kind, configured) in portals {

@@ -22,8 +22,9 @@ use iscsi_scsi::{Nexus, ScsiTarget};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
+use crate::metrics::{Enrolled, Metrics};
 use crate::recovery::{Orphan, Orphans};
-use crate::stats::SessionStats;
+use crate::stats::{SessionLabels, SessionStats};
 use crate::task::Allegiance;
 pub(crate) use crate::task::Task;
 use crate::writer::{CmdWindow, Writer};
@@ -199,12 +200,16 @@ pub(crate) struct Session {
     /// A "close the session" logout succeeded (session closure, 6.3.6),
     /// as opposed to failure or reinstatement.
     pub(crate) closed_by_logout: AtomicBool,
-    /// Counters for the session's statistics.
-    pub stats: SessionStats,
+    /// Counters for the session's statistics, summed by the metrics
+    /// endpoint while the session lives and folded into its target's
+    /// totals when it is dropped.
+    pub stats: Enrolled,
 }
 
 impl Session {
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn new(
+        metrics: &Arc<Metrics>,
         complete: &LoginComplete,
         scsi: Option<Arc<ScsiTarget>>,
         target_port: u16,
@@ -243,7 +248,11 @@ impl Session {
             next_connection: AtomicU64::new(0),
             lifecycle: Mutex::new(lifecycle),
             closed_by_logout: AtomicBool::new(false),
-            stats: SessionStats::default(),
+            stats: metrics.enroll(SessionStats::new(SessionLabels {
+                target: complete.request.target_name.clone(),
+                initiator: complete.request.initiator_name.clone(),
+                tsih: complete.tsih,
+            })),
         }
     }
 
@@ -510,6 +519,7 @@ impl Session {
             done: AtomicBool::new(!task),
             finished: Notify::new(),
             allegiance: Allegiance::default(),
+            arrived: std::time::Instant::now(),
         });
         if task {
             if !immediate {

@@ -36,6 +36,8 @@ pub(crate) struct Shared {
     pub reloading: tokio::sync::Mutex<()>,
     /// The file a reload re-reads (`iscsi target --config FILE`).
     pub config_file: OnceLock<PathBuf>,
+    /// What the metrics endpoint and `status` sum.
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Shared {

@@ -65,6 +65,27 @@ pub struct LunStatus {
     pub block_size: u32,
     /// Sessions that have sent it commands.
     pub used_by: Vec<u16>,
+    /// Its counters since it was added, from the same sums as the metrics
+    /// endpoint (sessions that ended included).
+    #[serde(default)]
+    pub counters: LunCounters,
+}
+
+/// A LUN's counters (`iscsi_target_lun_*` in the metrics).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LunCounters {
+    /// SCSI commands answered: READs (6/10/12/16).
+    pub read_commands: u64,
+    /// WRITEs and WRITE AND VERIFYs.
+    pub write_commands: u64,
+    /// Any other command.
+    pub other_commands: u64,
+    /// Data-In bytes sent.
+    pub read_bytes: u64,
+    /// Data-Out and immediate data bytes received.
+    pub written_bytes: u64,
+    /// Commands answered CHECK CONDITION.
+    pub check_conditions: u64,
 }
 
 /// A session.
@@ -126,6 +147,7 @@ impl ServerHandle {
     pub fn status(&self) -> Status {
         let shared = &self.shared;
         let config = shared.config();
+        let sums = shared.metrics.sums_for(&config);
         let sessions = shared.sessions.all();
         let portals = self
             .portals
@@ -174,6 +196,18 @@ impl ServerHandle {
                                 .filter(|s| s.luns_used.numbers().contains(&n))
                                 .map(|s| s.tsih)
                                 .collect(),
+                            counters: sums
+                                .luns
+                                .get(&(target.name.clone(), n))
+                                .map(|s| LunCounters {
+                                    read_commands: s.commands[0],
+                                    write_commands: s.commands[1],
+                                    other_commands: s.commands[2],
+                                    read_bytes: s.read_bytes,
+                                    written_bytes: s.written_bytes,
+                                    check_conditions: s.check_conditions.iter().sum(),
+                                })
+                                .unwrap_or_default(),
                         })
                         .collect(),
                     sessions: of_target.len(),

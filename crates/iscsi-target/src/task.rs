@@ -34,6 +34,8 @@ pub(crate) struct Task {
     pub(crate) finished: Notify,
     /// The connection that answers it (ERL 2 moves it: `recovery`).
     pub allegiance: Allegiance,
+    /// When its PDU was admitted: the start of its latency (`metrics`).
+    pub arrived: std::time::Instant,
 }
 
 impl Task {

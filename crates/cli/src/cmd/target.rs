@@ -71,6 +71,17 @@ pub struct Args {
     /// trace-report`); closed when the target stops on SIGINT or SIGTERM.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    /// Serve Prometheus metrics (OpenMetrics text) at
+    /// http://ADDR:PORT/metrics: per target and LUN commands, bytes,
+    /// latency histograms, errors; logins, sessions, reloads. A flag only
+    /// (not in the configuration file): a reload never moves it.
+    #[arg(long, value_name = "ADDR:PORT")]
+    metrics: Option<SocketAddr>,
+    /// With --metrics: series per session too, labelled by initiator name
+    /// and TSIH. Off by default: every login makes new series, which a
+    /// Prometheus server keeps for its retention time.
+    #[arg(long, requires = "metrics")]
+    metrics_sessions: bool,
 }
 
 /// The configuration the command-line flags describe.
@@ -148,6 +159,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         let handle = server.handle();
         let control = start_control(args.control.as_deref(), handle.clone()).await?;
+        let metrics = match args.metrics {
+            Some(address) => {
+                let endpoint = handle
+                    .serve_metrics(address, args.metrics_sessions)
+                    .await
+                    .context("--metrics")?;
+                println!("iscsi target: metrics on http://{}/metrics", endpoint.local);
+                Some(endpoint)
+            }
+            None => None,
+        };
         let reloads = tokio::spawn(reload_on_sighup(handle));
         for address in server.local_addrs() {
             for target in &names {
@@ -167,6 +189,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             .await
             .context("serving");
         reloads.abort();
+        if let Some(endpoint) = metrics {
+            endpoint.stop();
+        }
         if let Some((task, path)) = control {
             task.abort();
             let _ = std::fs::remove_file(path);

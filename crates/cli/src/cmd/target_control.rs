@@ -218,9 +218,19 @@ fn show(status: &Status) -> String {
             target.sessions
         ));
         for lun in &target.luns {
+            let c = &lun.counters;
             out.push_str(&format!(
                 "  lun {:<3} {:<40} {} bytes, {} B blocks, used by {:?}\n",
                 lun.lun, lun.backstore, lun.size_bytes, lun.block_size, lun.used_by
+            ));
+            out.push_str(&format!(
+                "          commands read {} write {} other {}; bytes read {} written {}; {} CHECK CONDITION(s)\n",
+                c.read_commands,
+                c.write_commands,
+                c.other_commands,
+                c.read_bytes,
+                c.written_bytes,
+                c.check_conditions
             ));
         }
     }

@@ -215,6 +215,11 @@ async fn answer(execution: Execution, may_block: bool, hold: bool) {
         data_in: data_in.clone(),
         residual,
         r2ts,
+        written: if command.write {
+            data_out.len() as u64
+        } else {
+            0
+        },
         tap: tap.as_ref(),
         hold,
     };

@@ -47,6 +47,9 @@ pub(super) struct Response<'a> {
     pub(super) data_in: Gather,
     pub(super) residual: Residual,
     pub(super) r2ts: u32,
+    /// The bytes of Data-Out and immediate data the command was executed
+    /// with (its written bytes, for the metrics).
+    pub(super) written: u64,
     /// Told how long the response waited for the connection's writer.
     pub(super) tap: Option<&'a Tap>,
     /// Short PDUs of the answer are held back by the datamover, to leave
@@ -63,7 +66,45 @@ pub(super) struct Response<'a> {
 /// data (11.4.7). A task aborted meanwhile gets no status (11.5.1). At ERL
 /// 2 an answer whose connection is gone is kept for a TASK REASSIGN
 /// (`recovery`).
+///
+/// Counts the command in its session's counters for its LUN once the
+/// status is out (or kept for a TASK REASSIGN), unless it was aborted.
 pub(super) async fn respond(
+    session: &Session,
+    task: &Task,
+    response: Response<'_>,
+) -> Result<(), DatamoverError> {
+    let command = response.command;
+    let lun = iscsi_scsi::decode_lun(command.lun.0);
+    let done = crate::metrics::counters::Completion {
+        op: crate::metrics::counters::Op::of(command.cdb[0]),
+        read_bytes: if command.read {
+            response
+                .data_in
+                .len()
+                .min(command.expected_data_transfer_length as usize) as u64
+        } else {
+            0
+        },
+        written_bytes: response.written,
+        sense_key: response.outcome.sense.as_ref().map(|s| s.key as u8),
+        latency: std::time::Duration::ZERO,
+    };
+    let result = send_response(session, task, response).await;
+    if let (Ok(()), Some(lun)) = (&result, lun)
+        && !task.aborted.load(Ordering::Acquire)
+    {
+        let done = crate::metrics::counters::Completion {
+            latency: task.arrived.elapsed(),
+            ..done
+        };
+        session.stats.luns.record(lun, &done);
+    }
+    result
+}
+
+/// [`respond`] without the counting.
+async fn send_response(
     session: &Session,
     task: &Task,
     response: Response<'_>,
@@ -79,6 +120,7 @@ pub(super) async fn respond(
         data_in,
         residual,
         r2ts,
+        written: _,
         tap,
         hold,
     } = response;

@@ -82,6 +82,9 @@ impl Connection {
         if response == TaskResponse::FunctionComplete {
             SessionStats::add(&self.session.stats.reassigned, 1);
         }
+        self.session
+            .stats
+            .task_management(request.function.to_u8(), response.to_u8());
         let reply = TaskManagementResponse {
             response,
             initiator_task_tag: request.initiator_task_tag,
@@ -222,6 +225,9 @@ pub(super) async fn task_management(
         ?response,
         "task management"
     );
+    session
+        .stats
+        .task_management(request.function.to_u8(), response.to_u8());
     let reply = TaskManagementResponse {
         response,
         initiator_task_tag: request.initiator_task_tag,

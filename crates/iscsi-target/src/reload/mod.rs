@@ -94,6 +94,7 @@ impl ServerHandle {
             ),
             Err(error) => warn!(file = %path.display(), "reload: {error}"),
         }
+        self.shared.metrics.reloaded(result.is_ok());
         result
     }
 
