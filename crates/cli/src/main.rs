@@ -1,8 +1,10 @@
 //! `iscsi`: the one binary of iscsi-rs, one subcommand per job. Each
 //! subcommand lives in its own module under `cmd/`; this file only parses
-//! the command line and reports errors.
+//! the command line and reports errors. `notify` is the target's side of
+//! systemd's sd_notify protocol (packaging/iscsi-target.service).
 
 mod cmd;
+mod notify;
 
 use std::io::IsTerminal;
 use std::process::ExitCode;

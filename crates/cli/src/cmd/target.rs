@@ -170,7 +170,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             }
             None => None,
         };
-        let reloads = tokio::spawn(reload_on_sighup(handle));
+        // Caught before READY=1: a `systemctl reload` right after the start
+        // must not meet SIGHUP's default action (the end of the process).
+        let hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        let reloads = tokio::spawn(reload_on_sighup(handle.clone(), hangups));
         for address in server.local_addrs() {
             for target in &names {
                 println!("iscsi target: serving {target} on {address}");
@@ -184,8 +187,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 println!("  inquiry:  iscsi inquiry iser://{address}/{target}/0");
             }
         }
+        crate::notify::serving(&handle);
         let served = server
-            .run_until(shutdown_requested())
+            .run_until(async {
+                shutdown_requested().await;
+                crate::notify::stopping();
+            })
             .await
             .context("serving");
         reloads.abort();
@@ -239,17 +246,22 @@ async fn start_control(
 
 /// Reloads the configuration file on each SIGHUP (what `systemctl reload`
 /// sends): ctld's reload, with the rollback and refusals of
-/// `ServerHandle::reload`, which logs the outcome.
-async fn reload_on_sighup(handle: ServerHandle) {
-    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-    else {
+/// `ServerHandle::reload`, which logs the outcome. systemd hears of it
+/// (RELOADING=1, then READY=1 applied or refused: `notify`).
+async fn reload_on_sighup(
+    handle: ServerHandle,
+    hangups: std::io::Result<tokio::signal::unix::Signal>,
+) {
+    let Ok(mut hangups) = hangups else {
         tracing::warn!("SIGHUP cannot be caught: reload through `iscsi target reload`");
         return;
     };
     while hangups.recv().await.is_some() {
         tracing::info!("SIGHUP: reloading the configuration");
+        crate::notify::reloading();
         // The outcome is logged by reload itself.
-        let _ = handle.reload(false).await;
+        let outcome = handle.reload(false).await;
+        crate::notify::reloaded(&handle, outcome.as_ref());
     }
 }
 
