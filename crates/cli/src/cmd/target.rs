@@ -187,10 +187,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
                 println!("  inquiry:  iscsi inquiry iser://{address}/{target}/0");
             }
         }
+        let shutdown = shutdown_requested();
         crate::notify::serving(&handle);
         let served = server
             .run_until(async {
-                shutdown_requested().await;
+                shutdown.await;
                 crate::notify::stopping();
             })
             .await
@@ -267,17 +268,25 @@ async fn reload_on_sighup(
 
 /// Completes on Ctrl-C (SIGINT) or SIGTERM, what service managers send:
 /// either way the target asks its initiators to log out and waits for them
-/// (the graceful shutdown of `Server::run_until`).
-async fn shutdown_requested() {
-    let mut terminate =
-        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).ok();
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = async {
-            match terminate.as_mut() {
-                Some(signal) => { signal.recv().await; }
-                None => std::future::pending::<()>().await,
+/// (the graceful shutdown of `Server::run_until`). Both are caught from
+/// the call on, not from the first poll: READY=1 follows it, and a stop
+/// right after the start must not meet SIGTERM's default action.
+fn shutdown_requested() -> impl Future<Output = ()> {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    async fn received(signal: Option<Signal>) {
+        match signal {
+            Some(mut signal) => {
+                signal.recv().await;
             }
-        } => {}
+            None => std::future::pending::<()>().await,
+        }
+    }
+    let terminate = received(signal(SignalKind::terminate()).ok());
+    let interrupt = received(signal(SignalKind::interrupt()).ok());
+    async move {
+        tokio::select! {
+            _ = interrupt => {}
+            _ = terminate => {}
+        }
     }
 }
