@@ -2,7 +2,8 @@
 # Guest side of jobs/service.sh, run by systemd (run --systemd: systemd is PID 1): the iscsi-rs .deb
 # installed with dpkg, the iscsi-target service started from the example configuration as
 # installed, the kernel initiator (open-iscsi) logged in through SendTargets discovery, data
-# written and read back; `systemctl reload` (SIGHUP, Type=notify-reload) with the session kept;
+# written and read back, `iscsi target status` over the control socket; a second target appended
+# to the file and `systemctl reload` (SIGHUP, Type=notify-reload): applied, the session kept;
 # `systemctl stop` with the session still logged in, which must end with Result=success (no
 # timeout, no SIGKILL). Then the hardening against real LUNs: a file LUN under /srv and a block LUN
 # (/dev/vdb) served by the same unit, written and read back, and stopped the same way.
@@ -10,8 +11,6 @@
 [ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 # shellcheck source=open-iscsi-lib.sh
 . ./open-iscsi-lib.sh
-# shellcheck disable=SC1091 # written by the host job
-. ./params.sh # RELOAD (1: check systemctl reload; 0: the binary has no SIGHUP reload yet)
 unit=iscsi-target.service
 portal=127.0.0.1:3260
 
@@ -119,21 +118,32 @@ dev=$(disk "$iqn" 0)
 sid=$(session_dir "$iqn")
 check "write and read back 1 MiB on $dev" write_read "$dev" a 0
 
+# The control socket, in the unit's RuntimeDirectory (/run/iscsi-rs, 0700), answers for the session.
+iscsi target status >out/status-1.txt 2>&1 || fail "iscsi target status: $(cat out/status-1.txt)"
+grep -q "$(sed -n 's/^InitiatorName=//p' /etc/iscsi/initiatorname.iscsi)" out/status-1.txt ||
+    fail "iscsi target status lists the session: $(cat out/status-1.txt)"
+ok "iscsi target status (control socket /run/iscsi-rs/target.sock) lists the session"
+
 # --- reload -----------------------------------------------------------------------------------------------
-if [ "$RELOAD" = 1 ]; then
-    check "systemctl reload $unit (SIGHUP, waits for RELOADING=1 ... READY=1)" systemctl reload "$unit"
-    [ "$(prop $unit ActiveState)" = active ] || fail "$unit active after the reload"
-    [ "$(prop $unit MainPID)" = "$pid" ] || fail "the same process after the reload ($pid, now $(prop $unit MainPID))"
-    [ "$(prop $unit NRestarts)" = 0 ] || fail "no restart during the reload"
-    journalctl -u "$unit" --no-pager | grep -q 'Reloaded' || fail "the journal shows the reload (systemd's 'Reloaded ...')"
-    ok "reloaded: same PID $pid, no restart, 'Reloaded' in the journal"
-    [ "$(session_dir "$iqn")" = "$sid" ] || fail "the session survives the reload"
-    [ "$(cat "$sid/state" 2>/dev/null || echo LOGGED_IN)" = LOGGED_IN ] || fail "the session is logged in"
-    check "the data written before the reload reads back" still_there "$dev" a 0
-    check "write and read back 1 MiB after the reload" write_read "$dev" b 1
-else
-    note "RELOAD=0: systemctl reload not checked"
-fi
+# A change to apply live: a second target beside the one in use.
+added=iqn.2026-11.rs.iscsi.test:service-added
+printf '\n[[target]]\nname = "%s"\nluns = ["ram:16M"]\n' "$added" >>/etc/iscsi-rs/target.toml
+check "systemctl reload $unit (SIGHUP, waits for RELOADING=1 ... READY=1)" systemctl reload "$unit"
+[ "$(prop $unit ActiveState)" = active ] || fail "$unit active after the reload"
+[ "$(prop $unit MainPID)" = "$pid" ] || fail "the same process after the reload ($pid, now $(prop $unit MainPID))"
+[ "$(prop $unit NRestarts)" = 0 ] || fail "no restart during the reload"
+journalctl -u "$unit" --no-pager | grep -q 'Reloaded' || fail "the journal shows the reload (systemd's 'Reloaded ...')"
+ok "reloaded: same PID $pid, no restart, 'Reloaded' in the journal"
+status_text=$(prop $unit StatusText)
+[[ $status_text == "serving 2 targets on $portal (reloaded: "* ]] || fail "the status line after the reload: '$status_text'"
+ok "status line: $status_text"
+iscsiadm -m discovery -t sendtargets -p "$portal" >out/discovery-2.txt 2>&1 || fail "discovery after the reload"
+grep -q " $added\$" out/discovery-2.txt || fail "discovery lists the target added by the reload: $(cat out/discovery-2.txt)"
+ok "discovery lists $added, added by the reload"
+[ "$(session_dir "$iqn")" = "$sid" ] || fail "the session survives the reload"
+[ "$(cat "$sid/state" 2>/dev/null || echo LOGGED_IN)" = LOGGED_IN ] || fail "the session is logged in"
+check "the data written before the reload reads back" still_there "$dev" a 0
+check "write and read back 1 MiB after the reload" write_read "$dev" b 1
 
 # --- stop with the session logged in ----------------------------------------------------------------------
 stop_clean "example configuration" 1
