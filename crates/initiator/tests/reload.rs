@@ -203,12 +203,18 @@ async fn a_reload_under_io_loses_nothing_and_refuses_what_disturbs() {
         Err(ReloadError::Apply { error, .. }) => assert!(error.contains("LUN 6"), "{error}"),
         other => panic!("applied: {other:?}"),
     }
+    // The portal fails after a new file LUN was created: the file goes too.
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let busy = taken.local_addr().unwrap().port();
+    let created =
+        std::env::temp_dir().join(format!("iscsi-rs-reload-{}-{port}.img", std::process::id()));
     let bad_portal = file(
         port,
         &format!(", \"127.0.0.1:{second}\", \"127.0.0.1:{busy}\""),
-        "0 = \"ram:8M\"\n2 = \"ram:8M\"\n5 = \"ram:4M\"\n7 = \"ram:1M\"",
+        &format!(
+            "0 = \"ram:8M\"\n2 = \"ram:8M\"\n5 = \"ram:4M\"\n7 = \"file:{},size=1M\"",
+            created.display()
+        ),
         "",
     );
     match handle.apply(parse(&bad_portal), true).await {
@@ -217,6 +223,11 @@ async fn a_reload_under_io_loses_nothing_and_refuses_what_disturbs() {
         }
         other => panic!("applied: {other:?}"),
     }
+    assert!(
+        !created.exists(),
+        "the failed reload left {} behind",
+        created.display()
+    );
     assert_eq!(shape(&handle), before);
     assert_eq!(handle.status().portals.len(), 2);
     assert_eq!(luns(&a).await, [0, 2, 5]);

@@ -147,9 +147,13 @@ impl ServerHandle {
                 .filter(|running| keeps(running, lun))
                 .cloned()
         };
+        // A `file:PATH,size=…` LUN creates its file when opened: the
+        // files this reload would create, removed again if it fails.
+        let created = files_to_create(&parsed, &reuse);
         let mut new = match parsed.open(&reuse) {
             Ok(new) => new,
             Err(error) => {
+                remove_created(&created);
                 return Err(ReloadError::Apply {
                     error: error.to_string(),
                     plan,
@@ -170,6 +174,8 @@ impl ServerHandle {
         let (tcp, iser) = match bound {
             Ok(bound) => bound,
             Err(error) => {
+                drop(new);
+                remove_created(&created);
                 return Err(ReloadError::Apply {
                     error: error.to_string(),
                     plan,
@@ -261,3 +267,39 @@ impl ServerHandle {
 }
 
 use crate::config::file as config_file;
+
+/// The files that opening `parsed` would create: `file:` LUNs with a size
+/// whose file does not exist yet, and which no running LUN keeps.
+fn files_to_create(
+    parsed: &ParsedConfig,
+    reuse: &dyn Fn(&str, u16, &config_file::PlannedLun) -> Option<crate::config::LunEntry>,
+) -> Vec<std::path::PathBuf> {
+    let mut created = Vec::new();
+    for (target, luns) in parsed.config.targets.iter().zip(&parsed.luns) {
+        for (&n, lun) in luns {
+            if let crate::config::lun::StoreKind::File {
+                path,
+                size: Some(_),
+            } = &lun.parsed.kind
+                && reuse(&target.name, n, lun).is_none()
+                && !std::path::Path::new(path).exists()
+            {
+                created.push(std::path::PathBuf::from(path));
+            }
+        }
+    }
+    created
+}
+
+/// Removes what a failed reload created (its stores are closed by then).
+fn remove_created(created: &[std::path::PathBuf]) {
+    for path in created {
+        match std::fs::remove_file(path) {
+            Ok(()) => info!(file = %path.display(), "reload failed: removed the file it created"),
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+            Err(error) => {
+                warn!(file = %path.display(), %error, "reload failed: could not remove the file it created")
+            }
+        }
+    }
+}
