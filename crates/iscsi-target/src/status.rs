@@ -169,9 +169,11 @@ impl ServerHandle {
             .targets
             .iter()
             .map(|target| {
+                // Each session's LUNs read once, not once per LUN.
                 let of_target: Vec<_> = sessions
                     .iter()
                     .filter(|s| s.target_name.as_deref() == Some(target.name.as_str()))
+                    .map(|s| (s, s.luns_used.numbers()))
                     .collect();
                 TargetStatus {
                     name: target.name.clone(),
@@ -193,8 +195,8 @@ impl ServerHandle {
                             block_size: lun.store.block_size(),
                             used_by: of_target
                                 .iter()
-                                .filter(|s| s.luns_used.numbers().contains(&n))
-                                .map(|s| s.tsih)
+                                .filter(|(_, used)| used.contains(&n))
+                                .map(|(s, _)| s.tsih)
                                 .collect(),
                             counters: sums
                                 .luns

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 use iscsi_target::ParsedConfig;
+use iscsi_target::reload::plan::Change;
 use iscsi_target::status::Status;
 use serde_json::{Value, json};
 
@@ -156,36 +157,10 @@ fn ok(answer: &Value) -> anyhow::Result<&Value> {
 }
 
 fn print_changes(answer: &Value) {
-    for change in answer["changes"].as_array().into_iter().flatten() {
-        let sessions: Vec<String> = change["sessions"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|s| {
-                format!(
-                    "session {} ({})",
-                    s["tsih"],
-                    s["initiator"].as_str().unwrap_or("?")
-                )
-            })
-            .collect();
-        let mut line = format!(
-            "  {} {}",
-            change["action"].as_str().unwrap_or("?"),
-            change["object"].as_str().unwrap_or("?")
-        );
-        if let Some(detail) = change["detail"].as_str().filter(|d| !d.is_empty()) {
-            line.push_str(&format!(": {detail}"));
-        }
-        match change["effect"].as_str() {
-            Some("next_login") => line.push_str(" (from the next login on)"),
-            Some("lun_in_use") => {
-                line.push_str(&format!(" [LUN in use by {}]", sessions.join(", ")))
-            }
-            Some("ends_sessions") => line.push_str(&format!(" [ends {}]", sessions.join(", "))),
-            _ => {}
-        }
-        println!("{line}");
+    let changes: Vec<Change> =
+        serde_json::from_value(answer["changes"].clone()).unwrap_or_default();
+    for change in changes {
+        println!("  {change}");
     }
 }
 

@@ -162,8 +162,14 @@ impl ServerHandle {
         };
         new.tap = old.tap.clone();
         // Prepare: portals.
-        let fresh = |new: &[SocketAddr], old: &[SocketAddr]| -> Vec<SocketAddr> {
-            new.iter().filter(|a| !old.contains(a)).copied().collect()
+        // The addresses of `these` that `those` lacks (new portals; with
+        // the arguments the other way round, removed ones).
+        let fresh = |these: &[SocketAddr], those: &[SocketAddr]| -> Vec<SocketAddr> {
+            these
+                .iter()
+                .filter(|a| !those.contains(a))
+                .copied()
+                .collect()
         };
         let new_tcp = fresh(&new.listen, &old.listen);
         let new_iser = fresh(&new.iser, &old.iser);
@@ -216,16 +222,13 @@ impl ServerHandle {
                 targets.insert(target.name.clone(), scsi_target(target, &shared.sessions));
             }
         }
-        let removed_portals: Vec<(Portal, SocketAddr)> = old
-            .listen
-            .iter()
-            .filter(|a| !new.listen.contains(a))
-            .map(|&a| (Portal::Tcp, a))
+        let removed_portals: Vec<(Portal, SocketAddr)> = fresh(&old.listen, &new.listen)
+            .into_iter()
+            .map(|a| (Portal::Tcp, a))
             .chain(
-                old.iser
-                    .iter()
-                    .filter(|a| !new.iser.contains(a))
-                    .map(|&a| (Portal::Iser, a)),
+                fresh(&old.iser, &new.iser)
+                    .into_iter()
+                    .map(|a| (Portal::Iser, a)),
             )
             .collect();
         shared.targets.store(Arc::new(targets));

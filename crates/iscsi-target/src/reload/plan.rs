@@ -8,13 +8,13 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::config::TargetConfig;
 use crate::config::file::{ParsedConfig, PlannedLun};
 
 /// A session, as a plan names it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SessionRef {
     /// TSIH.
     pub tsih: u16,
@@ -47,7 +47,7 @@ pub struct SessionUse {
 }
 
 /// What a change does to what is running.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Effect {
     /// Nothing running notices (an addition, a LUN nobody used).
@@ -61,8 +61,10 @@ pub enum Effect {
     EndsSessions,
 }
 
-/// One change of a reload.
-#[derive(Clone, Debug, Serialize)]
+/// One change of a reload: serialised on the control socket and read back
+/// by `iscsi target reload|check`, which print it with the same `Display`
+/// as the target's log.
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Change {
     /// `+` added, `-` removed, `~` changed.
     pub action: char,
@@ -99,7 +101,7 @@ impl fmt::Display for Change {
         }
         if self.disruptive() {
             let names: Vec<String> = self.sessions.iter().map(ToString::to_string).collect();
-            write!(f, " {}: needs force]", names.join(", "))?;
+            write!(f, " {}]", names.join(", "))?;
         }
         Ok(())
     }
