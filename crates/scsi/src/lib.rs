@@ -184,7 +184,13 @@ pub struct ScsiTarget {
     lun_changes: Mutex<()>,
     /// Every I_T nexus that has sent a command and not been lost: the
     /// nexuses a unit attention "for every I_T nexus" is queued for.
-    nexuses: Mutex<HashSet<NexusKey>>,
+    /// Read by every command (is this nexus new?) and changed once per
+    /// session, so it is swapped whole like `luns`: a command finds its
+    /// nexus with a load and a lookup, no lock and no write that cores
+    /// would share.
+    nexuses: ArcSwap<HashSet<NexusKey>>,
+    /// Serialises the writers of `nexuses`.
+    nexus_changes: Mutex<()>,
     /// Told which nexuses' tasks PREEMPT AND ABORT aborts.
     abort_handler: Mutex<Option<Arc<AbortHandler>>>,
     /// Whether a nexus's first command meets POWER ON, RESET, OR BUS DEVICE
@@ -277,7 +283,8 @@ impl ScsiTarget {
             identity,
             luns: ArcSwap::from_pointee(table),
             lun_changes: Mutex::new(()),
-            nexuses: Mutex::new(HashSet::new()),
+            nexuses: ArcSwap::from_pointee(HashSet::new()),
+            nexus_changes: Mutex::new(()),
             abort_handler: Mutex::new(None),
             power_on_ua: AtomicBool::new(false),
         }
@@ -403,12 +410,28 @@ impl ScsiTarget {
     }
 
     fn known_nexuses(&self) -> Vec<NexusKey> {
-        self.nexuses
+        self.nexuses.load().iter().cloned().collect()
+    }
+
+    /// Adds or removes `key` in the known nexuses; says whether the set
+    /// changed.
+    fn change_nexuses(&self, key: &NexusKey, add: bool) -> bool {
+        let _changing = self
+            .nexus_changes
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .iter()
-            .cloned()
-            .collect()
+            .unwrap_or_else(PoisonError::into_inner);
+        let current = self.nexuses.load();
+        if current.contains(key) == add {
+            return false;
+        }
+        let mut next = HashSet::clone(&current);
+        if add {
+            next.insert(key.clone());
+        } else {
+            next.remove(key);
+        }
+        self.nexuses.store(Arc::new(next));
+        true
     }
 
     /// Queues a unit attention on LUN number `lun` for every I_T nexus that
@@ -428,16 +451,13 @@ impl ScsiTarget {
     /// are kept (SPC-4 §5.12.3).
     pub fn nexus_lost(&self, nexus: &Nexus) {
         let key = nexus.key();
-        self.nexuses
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&key);
+        self.change_nexuses(key, false);
         for lu in self.luns.load().iter().flatten() {
             let mut st = lu.state();
-            if st.spc2.as_ref() == Some(&key) {
+            if st.spc2.as_ref() == Some(key) {
                 st.spc2 = None;
             }
-            st.drop_nexus(&key);
+            st.drop_nexus(key);
         }
     }
 
@@ -546,11 +566,7 @@ impl ScsiTarget {
             data_in.clear();
         }
         let key = nexus.key();
-        let new_nexus = self
-            .nexuses
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(key.clone());
+        let new_nexus = !self.nexuses.load().contains(key) && self.change_nexuses(key, true);
         // One load per command: the LU a command starts on is the one it
         // ends on, whatever a reload does meanwhile.
         let table = self.luns.load();
@@ -606,7 +622,12 @@ impl ScsiTarget {
         if !opcodes::is_supported(cdb) {
             return Err(Sense::INVALID_OPCODE.into());
         }
-        {
+        if lu.is_quiet() && !matches!(op, RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10) {
+            // Nothing pending and nothing reserved: the state would say
+            // yes, so it is not locked (a unit attention raised meanwhile
+            // is for the commands after this one).
+            cdb::check_control(cdb)?;
+        } else {
             let mut st = lu.state();
             if !matches!(op, INQUIRY | REPORT_LUNS | REQUEST_SENSE)
                 && let Some(ua) = st.take_ua(key)

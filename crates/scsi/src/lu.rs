@@ -4,7 +4,11 @@
 //! atomic against every other write.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use crate::backstore::Backstore;
 use crate::nexus::NexusKey;
@@ -36,6 +40,18 @@ impl ModeParams {
         d_sense: false,
         swp: false,
     };
+
+    fn to_bits(self) -> u8 {
+        u8::from(self.wce) | u8::from(self.d_sense) << 1 | u8::from(self.swp) << 2
+    }
+
+    fn from_bits(bits: u8) -> Self {
+        Self {
+            wce: bits & 1 != 0,
+            d_sense: bits & 2 != 0,
+            swp: bits & 4 != 0,
+        }
+    }
 }
 
 /// The mutable state of one LU.
@@ -90,6 +106,14 @@ impl LuState {
     pub fn drop_nexus(&mut self, nexus: &NexusKey) {
         self.uas.remove(nexus);
     }
+
+    /// Whether a command other than RESERVE and RELEASE (which conflict
+    /// with any registration) can run without looking at this state: no
+    /// unit attention pending for anybody, no SPC-2 or persistent
+    /// reservation.
+    fn is_quiet(&self) -> bool {
+        self.uas.is_empty() && self.spc2.is_none() && self.pr.reservation.is_none()
+    }
 }
 
 /// One logical unit.
@@ -97,10 +121,19 @@ impl LuState {
 pub(crate) struct LogicalUnit {
     pub backstore: Arc<dyn Backstore>,
     state: Mutex<LuState>,
+    /// [`LuState::is_quiet`] as of the last change of the state: every
+    /// command to the LU, from every session on every core, reads it, and
+    /// only a change (a unit attention, a reservation) writes it, so the
+    /// common command takes no lock and writes no line the cores share.
+    quiet: AtomicBool,
+    /// The state's mode parameters, for the same reason.
+    mode: AtomicU8,
     /// Writes hold it shared; COMPARE AND WRITE holds it exclusively for its
     /// read, compare and write (SBC-3 §5.2: the whole command is atomic with
-    /// respect to every other write to the LU).
-    io: RwLock<()>,
+    /// respect to every other write to the LU). Sharded by thread: a write
+    /// takes only its own thread's shard, so writes from many cores do not
+    /// share the lock's cache line; the exclusive holder takes them all.
+    io: ShardedLock<()>,
 }
 
 impl LogicalUnit {
@@ -113,26 +146,74 @@ impl LogicalUnit {
                 pr: PrState::default(),
                 mode: ModeParams::DEFAULT,
             }),
-            io: RwLock::new(()),
+            quiet: AtomicBool::new(true),
+            mode: AtomicU8::new(ModeParams::DEFAULT.to_bits()),
+            io: ShardedLock::new(()),
         }
     }
 
-    pub fn state(&self) -> MutexGuard<'_, LuState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    /// The state, locked; what the holder changes is published to
+    /// [`LogicalUnit::is_quiet`] and [`LogicalUnit::mode`] when it lets go.
+    pub fn state(&self) -> LuStateGuard<'_> {
+        LuStateGuard {
+            lu: self,
+            guard: self.state.lock().unwrap_or_else(PoisonError::into_inner),
+        }
+    }
+
+    /// Whether no unit attention or reservation is held on the LU: a
+    /// command but RESERVE and RELEASE may then skip
+    /// [`LogicalUnit::state`].
+    pub fn is_quiet(&self) -> bool {
+        self.quiet.load(Ordering::Acquire)
     }
 
     /// Shared write access (any write but COMPARE AND WRITE).
-    pub fn write_shared(&self) -> RwLockReadGuard<'_, ()> {
+    pub fn write_shared(&self) -> ShardedLockReadGuard<'_, ()> {
         self.io.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Exclusive write access (COMPARE AND WRITE).
-    pub fn write_exclusive(&self) -> RwLockWriteGuard<'_, ()> {
+    pub fn write_exclusive(&self) -> ShardedLockWriteGuard<'_, ()> {
         self.io.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The current mode parameters.
     pub fn mode(&self) -> ModeParams {
-        self.state().mode
+        ModeParams::from_bits(self.mode.load(Ordering::Acquire))
+    }
+}
+
+/// The locked state of one LU (see [`LogicalUnit::state`]).
+pub(crate) struct LuStateGuard<'a> {
+    lu: &'a LogicalUnit,
+    guard: MutexGuard<'a, LuState>,
+}
+
+impl Deref for LuStateGuard<'_> {
+    type Target = LuState;
+
+    fn deref(&self) -> &LuState {
+        &self.guard
+    }
+}
+
+impl DerefMut for LuStateGuard<'_> {
+    fn deref_mut(&mut self) -> &mut LuState {
+        &mut self.guard
+    }
+}
+
+impl Drop for LuStateGuard<'_> {
+    /// Publishes the state's summary while the lock is still held (the
+    /// guard's fields drop after this), so the last writer's summary is
+    /// the one that stays.
+    fn drop(&mut self) {
+        self.lu
+            .quiet
+            .store(self.guard.is_quiet(), Ordering::Release);
+        self.lu
+            .mode
+            .store(self.guard.mode.to_bits(), Ordering::Release);
     }
 }

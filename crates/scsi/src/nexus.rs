@@ -15,18 +15,24 @@ pub const PROTOCOL_ID_ISCSI: u8 = 0x5;
 /// Two nexuses are the same when their initiator ports match (ASCII
 /// case-insensitively: iSCSI names are case-folded, RFC 3722) and their
 /// target ports match; [`Nexus::key`] is that identity.
+///
+/// The key is made once, when the nexus is: every command looks its nexus
+/// up (unit attentions, reservations, the set of known nexuses), and a
+/// lower-cased copy of the name per command was an allocation on the I/O
+/// path of every core.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Nexus {
     /// The initiator port name: for iSCSI `"<initiator name>,i,0x<ISID>"`
     /// with the ISID as 12 hex digits (RFC 7143 §4.2.7.2).
-    pub initiator_port: String,
+    pub(crate) initiator_port: String,
     /// The relative target port identifier (SPC-4 §3.1.121; 1 for the first
     /// target portal group).
-    pub target_port: u16,
+    pub(crate) target_port: u16,
     /// The initiator's TransportID, reported by PERSISTENT RESERVE IN READ
     /// FULL STATUS: for iSCSI the initiator port format (format code 01b,
     /// SPC-4 §7.6.4.6), as [`iscsi_transport_id`] builds it.
-    pub transport_id: Vec<u8>,
+    pub(crate) transport_id: Vec<u8>,
+    key: NexusKey,
 }
 
 /// The identity of a [`Nexus`]: its lower-cased initiator port and its
@@ -60,19 +66,41 @@ impl Nexus {
             isid & 0xFFFF_FFFF_FFFF
         );
         let transport_id = iscsi_transport_id(&initiator_port);
+        Self::new(initiator_port, target_port, transport_id)
+    }
+
+    /// A nexus from its parts (a PERSISTENT RESERVE OUT's TransportID).
+    pub(crate) fn new(initiator_port: String, target_port: u16, transport_id: Vec<u8>) -> Self {
+        let key = NexusKey {
+            initiator_port: initiator_port.to_ascii_lowercase(),
+            target_port,
+        };
         Self {
             initiator_port,
             target_port,
             transport_id,
+            key,
         }
     }
 
     /// This nexus's identity.
-    pub fn key(&self) -> NexusKey {
-        NexusKey {
-            initiator_port: self.initiator_port.to_ascii_lowercase(),
-            target_port: self.target_port,
-        }
+    pub fn key(&self) -> &NexusKey {
+        &self.key
+    }
+
+    /// The initiator port name.
+    pub fn initiator_port(&self) -> &str {
+        &self.initiator_port
+    }
+
+    /// The relative target port identifier.
+    pub fn target_port(&self) -> u16 {
+        self.target_port
+    }
+
+    /// The initiator's TransportID.
+    pub fn transport_id(&self) -> &[u8] {
+        &self.transport_id
     }
 }
 

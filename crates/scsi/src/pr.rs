@@ -402,7 +402,7 @@ pub(crate) fn persistent_reserve_out(
         20
     };
     let flags = params.get(flag_byte).copied().unwrap_or(0);
-    let me = nexus.key();
+    let me = nexus.key().clone();
     if sa != PROUT_REGISTER_AND_MOVE {
         // SPEC_I_PT (bit 3), ALL_TG_PT (bit 2), APTPL (bit 0).
         if flags & 0x0D != 0 {
@@ -545,12 +545,8 @@ pub(crate) fn persistent_reserve_out(
                 .ok_or(Sense::PARAMETER_LIST_LENGTH_ERROR)?;
             let (port, used) = parse_iscsi_transport_id(tid)?;
             let tid = tid.get(..used).unwrap_or_default().to_vec();
-            let dest = Nexus {
-                initiator_port: port,
-                target_port: rtp,
-                transport_id: tid,
-            };
-            let dest_key = dest.key();
+            let dest = Nexus::new(port, rtp, tid);
+            let dest_key = dest.key().clone();
             if dest_key == me {
                 return Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST.into());
             }

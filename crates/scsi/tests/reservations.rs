@@ -203,7 +203,7 @@ fn register_reserve_conflict_preempt() {
     assert_eq!(desc[13], 0x03);
     assert_eq!(&desc[18..20], &[0, 1]);
     let tid_len = u32::from_be_bytes(desc[20..24].try_into().unwrap()) as usize;
-    assert_eq!(&desc[24..24 + tid_len], &b.transport_id[..]);
+    assert_eq!(&desc[24..24 + tid_len], &b.transport_id()[..]);
     assert_eq!(desc.len(), 24 + tid_len);
     assert_eq!(desc[24], 0x45);
     // Release with the wrong type is an error; with the right one, GOOD.
@@ -372,7 +372,7 @@ fn register_and_move() {
     let (a, b) = (nexus(1), nexus(2));
     register(&t, &a, 1);
     pr_out(&t, &a, 1, 1, 1, 0);
-    let tid = &b.transport_id;
+    let tid = b.transport_id();
     let mut p = Vec::new();
     p.extend_from_slice(&1u64.to_be_bytes());
     p.extend_from_slice(&0x55u64.to_be_bytes());
@@ -441,7 +441,7 @@ fn preempt_and_abort_reports_the_preempted_nexuses() {
     pr_out(&t, &b, 5, 3, 2, 1);
     assert_eq!(
         *seen.lock().unwrap(),
-        vec![(0, vec![a.initiator_port.clone()])]
+        vec![(0, vec![a.initiator_port().to_string()])]
     );
     // B already held the reservation; preempting another key leaves it be.
     assert_eq!(read_reservation(&t, &b), Some((2, 1)));

@@ -1,14 +1,16 @@
 //! The sparse in-memory [`RamBackstore`].
 
-use std::collections::HashMap;
+mod table;
+
 use std::fmt;
 use std::io;
-use std::sync::{Arc, LazyLock, OnceLock, PoisonError, RwLock};
+use std::sync::{Arc, LazyLock, OnceLock, PoisonError};
 
 use bytes::Bytes;
 use iscsi_crc32c::KnownCrc32c;
 
 use super::{Allocation, Backstore, Lent};
+use table::ChunkTable;
 
 /// Why a [`RamBackstore`] could not be created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -56,7 +58,7 @@ pub struct RamBackstore {
     size: u64,
     block_size: u32,
     unique_id: u64,
-    chunks: RwLock<HashMap<u64, Chunk>>,
+    chunks: ChunkTable,
 }
 
 /// One allocated chunk, shared with the reads that lent it.
@@ -160,36 +162,37 @@ fn pieces(offset: u64, len: usize) -> impl Iterator<Item = Piece> {
     })
 }
 
-/// Copies `buf` into the chunks from byte `offset` (range already checked).
-fn copy_in(chunks: &mut HashMap<u64, Chunk>, offset: u64, buf: &[u8]) {
-    for p in pieces(offset, buf.len()) {
-        let Some(src) = buf.get(p.buf_start..p.buf_start + p.len) else {
-            continue;
-        };
-        let chunk = match chunks.get_mut(&p.chunk) {
-            Some(c) => c,
-            // Zeros into an unallocated chunk change nothing.
-            None if src.iter().all(|&b| b == 0) => continue,
-            None => chunks
-                .entry(p.chunk)
-                .or_insert_with(|| Arc::new(ChunkData::zeroed())),
-        };
-        // A chunk a read still holds is copied first: the read keeps
-        // the bytes it saw (and the CRC remembered for them).
-        if let Some(dst) = Arc::make_mut(chunk)
-            .bytes_mut()
-            .get_mut(p.start..p.start + p.len)
-        {
-            dst.copy_from_slice(src);
+/// The range of chunks `[offset, offset + len)` touches (`len` > 0).
+fn chunk_range(offset: u64, len: usize) -> (u64, u64) {
+    (offset / CHUNK, (offset + len as u64 - 1) / CHUNK)
+}
+
+/// Copies `src` into `slot` at `start` (a piece of one chunk).
+fn copy_in(table: &ChunkTable, slot: &mut Option<Chunk>, start: usize, src: &[u8]) {
+    let chunk = match slot {
+        Some(c) => c,
+        // Zeros into an unallocated chunk change nothing.
+        None if src.iter().all(|&b| b == 0) => return,
+        None => {
+            table.count(true);
+            slot.insert(Arc::new(ChunkData::zeroed()))
         }
+    };
+    // A chunk a read still holds is copied first: the read keeps the
+    // bytes it saw (and the CRC remembered for them).
+    if let Some(dst) = Arc::make_mut(chunk)
+        .bytes_mut()
+        .get_mut(start..start + src.len())
+    {
+        dst.copy_from_slice(src);
     }
 }
 
-/// Makes `piece` (exactly one chunk long) chunk `index`, leaving in its
-/// place the chunk's old buffer when nothing else holds it (the caller
+/// Makes `piece` (exactly one chunk long) the chunk in `slot`, leaving in
+/// its place the chunk's old buffer when nothing else holds it (the caller
 /// reuses it), else an empty one.
-fn adopt(chunks: &mut HashMap<u64, Chunk>, index: u64, piece: &mut Vec<u8>) {
-    match chunks.get_mut(&index) {
+fn adopt(table: &ChunkTable, slot: &mut Option<Chunk>, piece: &mut Vec<u8>) {
+    match slot {
         Some(chunk) => match Arc::get_mut(chunk) {
             Some(data) => {
                 std::mem::swap(data.bytes_mut(), piece);
@@ -200,10 +203,8 @@ fn adopt(chunks: &mut HashMap<u64, Chunk>, index: u64, piece: &mut Vec<u8>) {
         // Zeros into an unallocated chunk change nothing.
         None if piece.iter().all(|&b| b == 0) => {}
         None => {
-            chunks.insert(
-                index,
-                Arc::new(ChunkData::from_bytes(std::mem::take(piece))),
-            );
+            table.count(true);
+            *slot = Some(Arc::new(ChunkData::from_bytes(std::mem::take(piece))));
         }
     }
 }
@@ -229,14 +230,13 @@ impl RamBackstore {
             size: size_bytes,
             block_size,
             unique_id,
-            chunks: RwLock::new(HashMap::new()),
+            chunks: ChunkTable::new(size_bytes.div_ceil(CHUNK)),
         })
     }
 
     /// Bytes of memory currently allocated for data.
     pub fn allocated_bytes(&self) -> u64 {
-        let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
-        chunks.len() as u64 * CHUNK
+        self.chunks.allocated() * CHUNK
     }
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -261,13 +261,18 @@ impl Backstore for RamBackstore {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.check_range(offset, buf.len() as u64)?;
-        let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let (first, last) = chunk_range(offset, buf.len());
+        let mut locked = self.chunks.read(first, last);
         for p in pieces(offset, buf.len()) {
             let Some(dst) = buf.get_mut(p.buf_start..p.buf_start + p.len) else {
                 continue;
             };
-            match chunks
-                .get(&p.chunk)
+            match locked
+                .get_mut((p.chunk - first) as usize)
+                .and_then(|slot| slot.as_ref())
                 .and_then(|c| c.bytes.get(p.start..p.start + p.len))
             {
                 Some(src) => dst.copy_from_slice(src),
@@ -279,8 +284,20 @@ impl Backstore for RamBackstore {
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.check_range(offset, buf.len() as u64)?;
-        let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
-        copy_in(&mut chunks, offset, buf);
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let (first, last) = chunk_range(offset, buf.len());
+        let mut locked = self.chunks.write(first, last);
+        for p in pieces(offset, buf.len()) {
+            let (Some(src), Some(slot)) = (
+                buf.get(p.buf_start..p.buf_start + p.len),
+                locked.get_mut((p.chunk - first) as usize),
+            ) else {
+                continue;
+            };
+            copy_in(&self.chunks, slot, p.start, src);
+        }
         Ok(())
     }
 
@@ -289,11 +306,16 @@ impl Backstore for RamBackstore {
     /// piece's place when nothing else holds it, and a chunk a READ still
     /// holds is left to the READ (it keeps the bytes it saw, as with
     /// copy-on-write). Any other piece is copied in. The whole write is one
-    /// step under the chunk map's lock, as [`Backstore::write_at`] is.
+    /// step against every other read and write, as [`Backstore::write_at`] is
+    /// (it holds all its chunks' locks at once).
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
         self.check_range(offset, len as u64)?;
         super::check_pieces(pieces, len)?;
-        let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
+        if len == 0 {
+            return Ok(());
+        }
+        let (first, last) = chunk_range(offset, len);
+        let mut locked = self.chunks.write(first, last);
         let mut at = offset;
         let mut left = len;
         for piece in pieces.iter_mut() {
@@ -308,9 +330,19 @@ impl Backstore for RamBackstore {
                 && n == RAM_CHUNK_SIZE
                 && at.is_multiple_of(CHUNK)
             {
-                adopt(&mut chunks, at / CHUNK, piece);
+                if let Some(slot) = locked.get_mut((at / CHUNK - first) as usize) {
+                    adopt(&self.chunks, slot, piece);
+                }
             } else {
-                copy_in(&mut chunks, at, &piece[..n]);
+                for p in self::pieces(at, n) {
+                    let (Some(src), Some(slot)) = (
+                        piece.get(p.buf_start..p.buf_start + p.len),
+                        locked.get_mut((p.chunk - first) as usize),
+                    ) else {
+                        continue;
+                    };
+                    copy_in(&self.chunks, slot, p.start, src);
+                }
             }
             at += n as u64;
             left -= n;
@@ -327,11 +359,18 @@ impl Backstore for RamBackstore {
         if let Err(e) = self.check_range(offset, len as u64) {
             return Some(Err(e));
         }
-        let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
+        if len == 0 {
+            return Some(Ok(Vec::new()));
+        }
+        let (first, last) = chunk_range(offset, len);
+        let mut locked = self.chunks.read(first, last);
         let lent = pieces(offset, len)
             .map(|p| {
                 let whole = p.len == RAM_CHUNK_SIZE;
-                match chunks.get(&p.chunk) {
+                match locked
+                    .get_mut((p.chunk - first) as usize)
+                    .and_then(|slot| slot.as_ref())
+                {
                     Some(c) => Lent {
                         bytes: Bytes::from_owner(LentChunk(Arc::clone(c)))
                             .slice(p.start..p.start + p.len),
@@ -353,22 +392,30 @@ impl Backstore for RamBackstore {
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
         self.check_range(offset, len)?;
-        let mut chunks = self.chunks.write().unwrap_or_else(PoisonError::into_inner);
+        // Chunk by chunk: an UNMAP may cover the whole store, too many
+        // chunks to hold at once, and SBC-3 promises no atomicity for it.
         let end = offset + len;
         let mut pos = offset;
         while pos < end {
             let chunk = pos / CHUNK;
             let start = pos % CHUNK;
             let n = (CHUNK - start).min(end - pos);
-            if n == CHUNK {
-                chunks.remove(&chunk);
-            } else if let Some(c) = chunks.get_mut(&chunk) {
-                let (s, e) = (start as usize, (start + n) as usize);
-                if let Some(dst) = Arc::make_mut(c).bytes_mut().get_mut(s..e) {
-                    dst.fill(0);
+            if let Some(slot) = self.chunks.find(chunk) {
+                let mut slot = slot.write().unwrap_or_else(PoisonError::into_inner);
+                if let Some(c) = slot.as_mut()
+                    && n != CHUNK
+                {
+                    let (s, e) = (start as usize, (start + n) as usize);
+                    if let Some(dst) = Arc::make_mut(c).bytes_mut().get_mut(s..e) {
+                        dst.fill(0);
+                    }
                 }
-                if c.bytes.iter().all(|&b| b == 0) {
-                    chunks.remove(&chunk);
+                let free = slot
+                    .as_ref()
+                    .is_some_and(|c| n == CHUNK || c.bytes.iter().all(|&b| b == 0));
+                if free {
+                    *slot = None;
+                    self.chunks.count(false);
                 }
             }
             pos += n;
@@ -398,12 +445,18 @@ impl Backstore for RamBackstore {
         if max_len == 0 {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, "empty range"));
         }
-        let chunks = self.chunks.read().unwrap_or_else(PoisonError::into_inner);
+        let mapped_at = |chunk: u64| {
+            self.chunks.find(chunk).is_some_and(|slot| {
+                slot.read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some()
+            })
+        };
         let end = offset + max_len;
         let first = offset / CHUNK;
-        let mapped = chunks.contains_key(&first);
+        let mapped = mapped_at(first);
         let mut pos = (first + 1).saturating_mul(CHUNK);
-        while pos < end && chunks.contains_key(&(pos / CHUNK)) == mapped {
+        while pos < end && mapped_at(pos / CHUNK) == mapped {
             pos = pos.saturating_add(CHUNK);
         }
         Ok(Allocation {
@@ -537,6 +590,40 @@ mod tests {
         let mut short = vec![vec![7u8; 10]];
         assert!(r.write_pieces(0, &mut short, 11).is_err());
         assert!(r.write_pieces((1 << 20) - 5, &mut short, 10).is_err());
+    }
+
+    /// A command spanning chunks is one step: readers on other threads see
+    /// one writer's bytes or the other's, never a mix, while writers to
+    /// other chunks go on beside them.
+    #[test]
+    fn commands_across_chunks_are_not_torn() {
+        let r = Arc::new(RamBackstore::new(8 * CHUNK, 512, 7).unwrap());
+        // Half a chunk either side of the boundary between chunks 0 and 1.
+        let (at, len) = (CHUNK / 2, RAM_CHUNK_SIZE);
+        std::thread::scope(|s| {
+            for v in [1u8, 2] {
+                let r = &r;
+                s.spawn(move || {
+                    for i in 0..2000 {
+                        r.write_at(at, &vec![v; len]).unwrap();
+                        // Another chunk, at the same time.
+                        r.write_at(4 * CHUNK + (i % 8) * 512, &[v; 512]).unwrap();
+                    }
+                });
+            }
+            let r = &r;
+            s.spawn(move || {
+                let mut buf = vec![0u8; len];
+                for _ in 0..2000 {
+                    r.read_at(at, &mut buf).unwrap();
+                    assert!(buf.iter().all(|&b| b == buf[0]), "a torn read");
+                    let lent = r.lend(at, len).unwrap().unwrap();
+                    let first = lent[0].bytes[0];
+                    assert!(lent.iter().all(|l| l.bytes.iter().all(|&b| b == first)));
+                }
+            });
+        });
+        assert_eq!(r.allocated_bytes(), 3 * CHUNK);
     }
 
     #[test]

@@ -1,0 +1,198 @@
+//! The RAM store's chunk table: a radix tree of 64 KiB chunk slots, one
+//! lock per chunk.
+//!
+//! Why not one map under one lock: every read took the map's read lock and
+//! every write its write lock, so with sessions on many cores each command
+//! wrote the lock's cache line (reads) or waited for all the others
+//! (writes). Here a command locks only the chunks it touches; the tree's
+//! nodes are created once (`OnceLock`) and never removed, so finding a
+//! chunk's slot is a few loads and no write. A command holds the locks of
+//! all its chunks at once, taken in ascending order (no deadlock), so a
+//! read or write spanning chunks is still one step against every other.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use super::Chunk;
+
+/// Children per node: 2^10, so a node of slots covers 64 MiB.
+const FAN_BITS: u32 = 10;
+const FAN: usize = 1 << FAN_BITS;
+
+/// One chunk's slot: empty until the chunk is first written with non-zero
+/// bytes.
+pub(super) type Slot = RwLock<Option<Chunk>>;
+
+enum Node {
+    Slots(Box<[Slot]>),
+    Inner(Box<[OnceLock<Node>]>),
+}
+
+impl Node {
+    /// A node `levels` above the slots (1: a node of slots), `width` wide.
+    fn new(levels: u32, width: usize) -> Self {
+        if levels == 1 {
+            Node::Slots((0..width).map(|_| RwLock::new(None)).collect())
+        } else {
+            Node::Inner((0..width).map(|_| OnceLock::new()).collect())
+        }
+    }
+}
+
+/// The chunk slots of one store.
+pub(super) struct ChunkTable {
+    /// Levels of nodes from the root to the slots (at least 1).
+    levels: u32,
+    root: Node,
+    /// Chunks allocated: written on allocation and release only.
+    allocated: AtomicU64,
+}
+
+impl std::fmt::Debug for ChunkTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkTable")
+            .field("levels", &self.levels)
+            .field("allocated", &self.allocated.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl ChunkTable {
+    /// A table for `chunks` chunks (at least 1); only the root is
+    /// allocated, at most [`FAN`] entries.
+    pub fn new(chunks: u64) -> Self {
+        let mut levels = 1;
+        while levels * FAN_BITS < 64 && chunks > 1u64 << (levels * FAN_BITS) {
+            levels += 1;
+        }
+        let below = (levels - 1) * FAN_BITS;
+        let width = usize::try_from(chunks.div_ceil(1u64 << below).max(1)).unwrap_or(FAN);
+        Self {
+            levels,
+            root: Node::new(levels, width.min(FAN)),
+            allocated: AtomicU64::new(0),
+        }
+    }
+
+    fn index_at(index: u64, level: u32) -> usize {
+        ((index >> ((level - 1) * FAN_BITS)) as usize) & (FAN - 1)
+    }
+
+    /// The slot of chunk `index`, if its part of the tree exists (a chunk
+    /// in a part never written is unallocated).
+    pub fn find(&self, index: u64) -> Option<&Slot> {
+        let mut node = &self.root;
+        let mut level = self.levels;
+        loop {
+            let at = Self::index_at(index, level);
+            match node {
+                Node::Slots(slots) => return slots.get(at),
+                Node::Inner(children) => node = children.get(at)?.get()?,
+            }
+            level -= 1;
+        }
+    }
+
+    /// The slot of chunk `index`, making its part of the tree if needed.
+    pub fn slot(&self, index: u64) -> Option<&Slot> {
+        let mut node = &self.root;
+        let mut level = self.levels;
+        loop {
+            let at = Self::index_at(index, level);
+            match node {
+                Node::Slots(slots) => return slots.get(at),
+                Node::Inner(children) => {
+                    node = children.get(at)?.get_or_init(|| Node::new(level - 1, FAN));
+                }
+            }
+            level -= 1;
+        }
+    }
+
+    /// How many chunks are allocated.
+    pub fn allocated(&self) -> u64 {
+        self.allocated.load(Ordering::Relaxed)
+    }
+
+    /// Records that a slot went from empty to a chunk (`true`) or back.
+    pub fn count(&self, allocated: bool) {
+        if allocated {
+            self.allocated.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.allocated.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Read locks on chunks `first..=last`, in ascending order; `None` for
+    /// a chunk whose part of the tree was never written (zeros).
+    pub fn read(&self, first: u64, last: u64) -> Locked<RwLockReadGuard<'_, Option<Chunk>>> {
+        let lock = |i| {
+            self.find(i)
+                .map(|s| s.read().unwrap_or_else(PoisonError::into_inner))
+        };
+        if first == last {
+            Locked::One(lock(first))
+        } else {
+            Locked::Many((first..=last).map(lock).collect())
+        }
+    }
+
+    /// Write locks on chunks `first..=last`, in ascending order.
+    pub fn write(&self, first: u64, last: u64) -> Locked<RwLockWriteGuard<'_, Option<Chunk>>> {
+        let lock = |i| {
+            self.slot(i)
+                .map(|s| s.write().unwrap_or_else(PoisonError::into_inner))
+        };
+        if first == last {
+            Locked::One(lock(first))
+        } else {
+            Locked::Many((first..=last).map(lock).collect())
+        }
+    }
+}
+
+/// The locks one command holds: its chunks' guards, the first chunk's at
+/// 0. One chunk (a small command) needs no allocation.
+pub(super) enum Locked<G> {
+    One(Option<G>),
+    Many(Vec<Option<G>>),
+}
+
+impl<G> Locked<G> {
+    /// The guard of the `i`-th chunk of the range.
+    pub fn get_mut(&mut self, i: usize) -> Option<&mut G> {
+        match self {
+            Locked::One(g) if i == 0 => g.as_mut(),
+            Locked::One(_) => None,
+            Locked::Many(v) => v.get_mut(i)?.as_mut(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_cover_the_size_and_the_root_stays_small() {
+        for (chunks, levels) in [
+            (1, 1),
+            (1024, 1),
+            (1025, 2),
+            (1 << 20, 2),
+            ((1 << 20) + 1, 3),
+            (u64::MAX, 7),
+        ] {
+            let t = ChunkTable::new(chunks);
+            assert_eq!(t.levels, levels, "{chunks} chunks");
+            // The last chunk has a slot, and nothing was made for it
+            // before it was asked for.
+            assert!(t.slot(chunks - 1).is_some());
+        }
+        let t = ChunkTable::new(3 << 20);
+        assert!(t.find((2 << 20) + 5).is_none(), "never written");
+        assert!(t.slot((2 << 20) + 5).is_some());
+        assert!(t.find((2 << 20) + 5).is_some());
+        assert!(t.find((2 << 20) + 1024).is_none(), "a sibling node");
+    }
+}
