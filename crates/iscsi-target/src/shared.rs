@@ -74,7 +74,7 @@ pub(crate) fn scsi_target(target: &TargetEntry, sessions: &Arc<Registry>) -> Arc
             return;
         };
         for session in registry.of_target(&name) {
-            if nexuses.contains(&session.nexus.key()) {
+            if nexuses.contains(session.nexus.key()) {
                 session.abort_lun(encode_lun(lun));
             }
         }

@@ -572,14 +572,14 @@ impl ScsiTarget {
         let table = self.luns.load();
         if new_nexus && self.power_on_ua.load(Ordering::Relaxed) {
             for lu in table.iter().flatten() {
-                lu.state().raise_for(&key, Sense::POWER_ON_RESET);
+                lu.state().raise_for(key, Sense::POWER_ON_RESET);
             }
         }
         let number = decode_lun(lun);
         let lu = number.and_then(|n| Some((n, table.get(usize::from(n))?.as_ref()?)));
         let (result, descriptor) = match lu {
             Some((n, lu)) => {
-                let r = self.dispatch(n, lu, &table, nexus, &key, cdb, data_out, data_in, lent);
+                let r = self.dispatch(n, lu, &table, nexus, key, cdb, data_out, data_in, lent);
                 (r, lu.mode().d_sense)
             }
             None => (

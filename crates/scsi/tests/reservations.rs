@@ -203,7 +203,7 @@ fn register_reserve_conflict_preempt() {
     assert_eq!(desc[13], 0x03);
     assert_eq!(&desc[18..20], &[0, 1]);
     let tid_len = u32::from_be_bytes(desc[20..24].try_into().unwrap()) as usize;
-    assert_eq!(&desc[24..24 + tid_len], &b.transport_id()[..]);
+    assert_eq!(&desc[24..24 + tid_len], b.transport_id());
     assert_eq!(desc.len(), 24 + tid_len);
     assert_eq!(desc[24], 0x45);
     // Release with the wrong type is an error; with the right one, GOOD.
