@@ -39,6 +39,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
         nop_in_interval: None,
         buffer_pool_bytes: iscsi_target::DEFAULT_BUFFER_POOL_BYTES,
         send_buffer_bytes: Some(iscsi_target::DEFAULT_SEND_BUFFER_BYTES),
+        cores: Some(2),
         tap: None,
     };
     let server = Server::bind(config).await.unwrap();

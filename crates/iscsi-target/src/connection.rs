@@ -296,6 +296,13 @@ impl Connection {
         let ping_interval = self.shared.config().nop_in_interval;
         let mut quiet_since = Instant::now();
         let mut ping_outstanding = false;
+        // One timer for the connection's life, moved only when it fires:
+        // a PDU just notes the time. (A timer armed per PDU was an insert
+        // and a removal in the runtime's timer wheel for every PDU.)
+        let far = || Instant::now() + Duration::from_secs(86_400 * 365);
+        let mut ping_timer = std::pin::pin!(tokio::time::sleep_until(
+            ping_interval.map_or_else(far, |interval| quiet_since + interval)
+        ));
         let result = loop {
             if *closing.borrow() {
                 if self.state.state() != ConnectionState::Free {
@@ -319,7 +326,6 @@ impl Connection {
                 }
             }
             let deadline = logout_deadline;
-            let ping_at = ping_interval.map(|interval| quiet_since + interval);
             let header = tokio::select! {
                 header = receiver.receive_header() => header,
                 _ = shutdown.changed() => continue,
@@ -331,8 +337,14 @@ impl Connection {
                     info!(cid = self.cid, "no logout after the logout request: dropping the connection");
                     break Ok(());
                 }
-                _ = async { tokio::time::sleep_until(ping_at.unwrap_or_else(Instant::now)).await },
-                    if ping_at.is_some() => {
+                _ = ping_timer.as_mut(), if ping_interval.is_some() => {
+                    let interval = ping_interval.unwrap_or_default();
+                    let due = quiet_since + interval;
+                    if due > Instant::now() {
+                        // Heard from since it was set: set it again.
+                        ping_timer.as_mut().reset(due);
+                        continue;
+                    }
                     if ping_outstanding {
                         warn!(cid = self.cid, "no answer to the NOP-In ping: dropping the connection");
                         break Ok(());
@@ -342,6 +354,7 @@ impl Connection {
                     }
                     ping_outstanding = true;
                     quiet_since = Instant::now();
+                    ping_timer.as_mut().reset(quiet_since + interval);
                     continue;
                 }
             };

@@ -35,6 +35,7 @@ mod retention;
 mod serve;
 pub mod server;
 mod session;
+pub mod shards;
 mod shared;
 mod stats;
 pub mod status;

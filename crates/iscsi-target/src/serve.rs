@@ -189,6 +189,7 @@ pub(crate) async fn serve_connection(
         digests,
         max_send_segment: params.max_send_data_segment_length,
         max_recv_segment: limits.max_recv_segment,
+        shard: crate::shards::current(),
     };
     let (receiver, sender) = transport.split();
     let (number, replaced, ended) = session.take_cid(about).await;

@@ -21,6 +21,7 @@ use crate::config::TargetConfig;
 use crate::policy::Policy;
 use crate::registry::Registry;
 use crate::serve::serve_connection;
+use crate::shards::Shards;
 use crate::shared::{Shared, Targets, scsi_target};
 
 /// A target bound to its portals, ready to serve.
@@ -136,6 +137,8 @@ impl Server {
                     .map(|(l, &a)| (l, Portal::Iser, a)),
             )
             .collect();
+        let shards = Shards::start(config.cores.unwrap_or_else(crate::shards::default_count))?;
+        info!(shards = shards.len(), cpus = ?shards.cpus(), "connections spread over runtime shards");
         let config = Arc::new(ArcSwap::from_pointee(config));
         let (shutdown, shutdown_seen) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -148,6 +151,7 @@ impl Server {
             reloading: tokio::sync::Mutex::new(()),
             config_file: std::sync::OnceLock::new(),
             metrics: Arc::default(),
+            shards,
         });
         let mut running = Portals::default();
         for (listener, kind, configured) in portals {
@@ -215,6 +219,9 @@ impl Server {
         };
         self.shutdown.send_replace(true);
         while accepts.join_next().await.is_some() {}
+        // Every connection has ended: what is left on the shards (an ERL 2
+        // session's Time2Retain wait) ends with them.
+        self.shared.shards.stop();
         Ok(())
     }
 }
@@ -291,8 +298,25 @@ async fn accept_loop(
                 }
             }, if listener.is_some() => match accepted {
                 Ok((stream, peer)) => {
-                    let shared = Arc::clone(&shared);
-                    connections.spawn(async move {
+                    // The socket moves to the connection's shard: it is
+                    // registered with that runtime's driver there.
+                    let stream = match stream.into_std() {
+                        Ok(stream) => stream,
+                        Err(error) => {
+                            warn!(%peer, %error, "accepted connection lost");
+                            continue;
+                        }
+                    };
+                    let task_shared = Arc::clone(&shared);
+                    shared.shards.spawn(&mut connections, async move {
+                        let shared = task_shared;
+                        let stream = match TcpStream::from_std(stream) {
+                            Ok(stream) => stream,
+                            Err(error) => {
+                                warn!(%peer, %error, "connection ended");
+                                return;
+                            }
+                        };
                         let transport = match portal {
                             Portal::Tcp => tcp_datamover(stream, &shared),
                             Portal::Iser => crate::iser::accept(stream, &shared).await,

@@ -75,6 +75,8 @@ pub(crate) struct ConnectionAbout {
     pub max_send_segment: u32,
     /// What the initiator may send in one PDU.
     pub max_recv_segment: u32,
+    /// The runtime shard it lives on (`None`: not on a shard).
+    pub shard: Option<usize>,
 }
 
 /// The LUNs a session has sent commands to: one bit per LUN number,

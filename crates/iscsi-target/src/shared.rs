@@ -38,6 +38,8 @@ pub(crate) struct Shared {
     pub config_file: OnceLock<PathBuf>,
     /// What the metrics endpoint and `status` sum.
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The runtimes, one per core, that connections live on.
+    pub shards: crate::shards::Shards,
 }
 
 impl Shared {

@@ -24,6 +24,9 @@ pub struct Status {
     pub targets: Vec<TargetStatus>,
     /// Sessions, by TSIH.
     pub sessions: Vec<SessionStatus>,
+    /// The runtime shards.
+    #[serde(default)]
+    pub shards: Vec<ShardStatus>,
 }
 
 /// A listening portal.
@@ -136,6 +139,20 @@ pub struct ConnectionStatus {
     pub max_send_data_segment_length: u32,
     /// The largest data segment the target receives.
     pub max_recv_data_segment_length: u32,
+    /// The runtime shard (one per core) the connection lives on.
+    #[serde(default)]
+    pub shard: Option<usize>,
+}
+
+/// A runtime shard: a thread and runtime per core that connections live on.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct ShardStatus {
+    /// Its index.
+    pub shard: usize,
+    /// The CPU it is pinned to (`None`: not pinned).
+    pub cpu: Option<usize>,
+    /// The connections living on it.
+    pub connections: usize,
 }
 
 fn digest(on: bool) -> String {
@@ -247,6 +264,7 @@ impl ServerHandle {
                             data_digest: digest(c.digests.data),
                             max_send_data_segment_length: c.max_send_segment,
                             max_recv_data_segment_length: c.max_recv_segment,
+                            shard: c.shard,
                         })
                         .collect(),
                     counters: s
@@ -264,6 +282,18 @@ impl ServerHandle {
             portals,
             targets,
             sessions,
+            shards: shared
+                .shards
+                .cpus()
+                .into_iter()
+                .zip(shared.shards.loads())
+                .enumerate()
+                .map(|(shard, (cpu, connections))| ShardStatus {
+                    shard,
+                    cpu,
+                    connections,
+                })
+                .collect(),
         }
     }
 }

@@ -45,6 +45,7 @@ async fn a_write_cut_halfway_through_its_data_is_reassigned_and_asked_for_the_re
     let target = Target::start(|_| {}).await;
     let mut first = Client::login(target.address, erl2_offers(), 0).await;
     assert_eq!(first.params.error_recovery_level, 2);
+    let old_shard = target.shards_of(first.tsih)[0].1;
     let data = pattern(64 * BLOCK, 41);
     let itt = first.itt();
     first.write10(itt, 100, 64, &[]).await;
@@ -72,6 +73,12 @@ async fn a_write_cut_halfway_through_its_data_is_reassigned_and_asked_for_the_re
     let mut second = Client::try_login(target.address, erl2_offers(), tsih, 1)
         .await
         .expect("the CID is reinstated");
+    // The task moves to a connection on another runtime shard (core).
+    let new_shard = target.shards_of(tsih)[0].1;
+    assert!(
+        old_shard.is_some() && new_shard != old_shard,
+        "{old_shard:?} {new_shard:?}"
+    );
     second.cmd_sn = cmd_sn;
     second.send(reassign(0x700, itt, &second), &[]).await;
     assert_eq!(

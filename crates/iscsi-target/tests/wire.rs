@@ -704,6 +704,14 @@ async fn a_second_connection_joins_the_session() {
         .await
         .expect("a non-leading login joins the session");
     assert_eq!(second.tsih, first.tsih);
+    // The two connections live on different runtime shards (cores): what
+    // follows crosses them.
+    let shards = target.shards_of(first.tsih);
+    assert_eq!(shards.len(), 2, "{shards:?}");
+    assert!(
+        shards[0].1.is_some() && shards[0].1 != shards[1].1,
+        "{shards:?}"
+    );
     // CmdSN is session-wide: the second connection continues the sequence.
     second.cmd_sn = first.cmd_sn;
     let data = pattern(4 * BLOCK, 21);
@@ -745,6 +753,11 @@ async fn a_task_set_function_waits_for_a_command_numbered_before_it_on_another_c
     let mut second = Client::try_login(target.address, offers(), first.tsih, 2)
         .await
         .expect("a second connection joins");
+    let shards = target.shards_of(first.tsih);
+    assert!(
+        shards.len() == 2 && shards[0].1 != shards[1].1,
+        "one shard: {shards:?}"
+    );
     let before = target.lun_bytes(70 * BLOCK as u64, 4 * BLOCK);
     // The write will take CmdSN n on the first connection; the function
     // carries n + 1 on the second and gets there first.

@@ -66,6 +66,12 @@ pub struct Args {
     #[arg(long, value_name = "KIB", default_value_t = iscsi_target::DEFAULT_SEND_BUFFER_BYTES >> 10,
           conflicts_with = "config")]
     send_buffer_kib: usize,
+    /// Runtime shards to spread connections over, one thread pinned per
+    /// core (the configuration file's `cores`, which this overrides).
+    /// Default: one per CPU the process may run on, so `taskset -c 0-3`
+    /// gives four.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    cores: Option<u16>,
     /// Write a trace of every PDU, command and SCSI execution to FILE
     /// (Chrome Trace Event Format: Perfetto, chrome://tracing, `iscsi
     /// trace-report`); closed when the target stops on SIGINT or SIGTERM.
@@ -127,6 +133,7 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         nop_in_interval: Some(iscsi_target::DEFAULT_NOP_IN_INTERVAL),
         buffer_pool_bytes: args.buffer_pool_mib.saturating_mul(1 << 20),
         send_buffer_bytes: iscsi_target::send_buffer_from_kib(args.send_buffer_kib),
+        cores: None,
         tap: None,
     })
 }
@@ -150,6 +157,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         }
         None => None,
     };
+    if let Some(cores) = args.cores {
+        config.cores = Some(usize::from(cores));
+    }
     config.tap = trace.clone().map(|t| t as _);
     let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;
     let served = runtime.block_on(async {

@@ -175,6 +175,17 @@ fn show(status: &Status) -> String {
     for portal in &status.portals {
         out.push_str(&format!("portal {} {}\n", portal.transport, portal.address));
     }
+    if !status.shards.is_empty() {
+        let shards: Vec<String> = status
+            .shards
+            .iter()
+            .map(|s| match s.cpu {
+                Some(cpu) => format!("{} on cpu {cpu}: {}", s.shard, s.connections),
+                None => format!("{}: {}", s.shard, s.connections),
+            })
+            .collect();
+        out.push_str(&format!("shards (connections) {}\n", shards.join(", ")));
+    }
     for target in &status.targets {
         out.push_str(&format!(
             "target {}{}  chap {}  acl {}  {} session(s)\n",
@@ -223,7 +234,7 @@ fn show(status: &Status) -> String {
         ));
         for c in &s.connections {
             out.push_str(&format!(
-                "  cid {} {} -> {} {} digests {}/{} segments {}/{}\n",
+                "  cid {} {} -> {} {} digests {}/{} segments {}/{}{}\n",
                 c.cid,
                 c.initiator_address,
                 c.portal,
@@ -231,7 +242,8 @@ fn show(status: &Status) -> String {
                 c.header_digest,
                 c.data_digest,
                 c.max_send_data_segment_length,
-                c.max_recv_data_segment_length
+                c.max_recv_data_segment_length,
+                c.shard.map(|s| format!(" shard {s}")).unwrap_or_default()
             ));
         }
         let counters: Vec<String> = s.counters.iter().map(|(k, v)| format!("{k}={v}")).collect();

@@ -14,6 +14,8 @@
 //! nop_in_interval_seconds = 30    # optional; 0 turns the pings off
 //! buffer_pool_mib = 64            # optional: idle buffers kept per connection
 //! send_buffer_kib = 4096          # optional: SO_SNDBUF per TCP connection; 0: autotuning
+//! cores = 4                       # optional: runtime shards, one per core (default: every
+//!                                 # CPU the process may use); read at start
 //!
 //! [negotiation]                   # optional: what the target offers
 //! header_digest = ["None", "CRC32C"]
@@ -107,6 +109,8 @@ struct FileConfig {
     buffer_pool_mib: Option<usize>,
     #[serde(default)]
     send_buffer_kib: Option<usize>,
+    #[serde(default)]
+    cores: Option<Spanned<usize>>,
     #[serde(default)]
     negotiation: Option<NegotiationFile>,
     #[serde(rename = "target", default)]
@@ -383,6 +387,12 @@ impl ParsedConfig {
         if targets.is_empty() {
             return Err(invalid("no [[target]]"));
         }
+        let cores = match &file.cores {
+            Some(c) if !(1..=4096).contains(c.get_ref()) => {
+                return Err(at(c.span(), "cores: 1 to 4096".into()));
+            }
+            c => c.as_ref().map(|c| *c.get_ref()),
+        };
         let config = TargetConfig {
             listen,
             iser,
@@ -404,6 +414,7 @@ impl ParsedConfig {
                 Some(super::DEFAULT_SEND_BUFFER_BYTES),
                 super::send_buffer_from_kib,
             ),
+            cores,
             tap: None,
         };
         Ok(ParsedConfig {

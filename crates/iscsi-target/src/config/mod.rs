@@ -108,6 +108,11 @@ pub struct TargetConfig {
     /// Linux doubles it and caps it at `net.core.wmem_max`). `None`: the
     /// kernel's autotuning. [`DEFAULT_SEND_BUFFER_BYTES`].
     pub send_buffer_bytes: Option<usize>,
+    /// Runtime shards (one thread and runtime per core, `shards.rs`) the
+    /// connections are spread over. `None`: one per CPU the process may
+    /// run on (its affinity mask: `taskset -c 0-3 iscsi target` runs
+    /// four). Read when the target starts.
+    pub cores: Option<usize>,
     /// Told of every PDU each connection sends and receives and of the
     /// steps between them (SCSI execution, the wait for the connection's
     /// writer): `iscsi target --trace`. `None`: connections are not tapped.

@@ -55,6 +55,9 @@ pub enum Effect {
     /// Applies to logins and connections made from now on; the ones
     /// running keep what they negotiated or were allowed.
     NextLogin,
+    /// Read only when the target starts (the runtime shards): applies
+    /// at the next start; nothing running changes.
+    Restart,
     /// Sessions lose a LUN they used: needs force.
     LunInUse,
     /// Sessions are ended: needs force.
@@ -96,6 +99,7 @@ impl fmt::Display for Change {
         match self.effect {
             Effect::Free => {}
             Effect::NextLogin => write!(f, " (from the next login on)")?,
+            Effect::Restart => write!(f, " (at the next start of the target)")?,
             Effect::LunInUse => write!(f, " [LUN in use by")?,
             Effect::EndsSessions => write!(f, " [ends")?,
         }
@@ -401,6 +405,16 @@ fn same_secrets(a: &crate::config::TargetEntry, b: &crate::config::TargetEntry) 
 /// The settings that apply to every target: new connections and logins
 /// take them.
 fn settings(changes: &mut Vec<Change>, old: &TargetConfig, new: &TargetConfig) {
+    if old.cores != new.cores {
+        let words = |c: Option<usize>| c.map_or("one per CPU".to_owned(), |c| c.to_string());
+        changes.push(Change {
+            action: '~',
+            object: "cores".into(),
+            detail: format!("{} -> {}", words(old.cores), words(new.cores)),
+            effect: Effect::Restart,
+            sessions: Vec::new(),
+        });
+    }
     let mut setting = |name: &str, before: String, after: String| {
         if before != after {
             changes.push(Change {

@@ -45,6 +45,7 @@ pub struct Target {
     pub lun: Arc<RamBackstore>,
     pub shutdown: Option<oneshot::Sender<()>>,
     pub task: tokio::task::JoinHandle<std::io::Result<()>>,
+    pub handle: iscsi_target::server::ServerHandle,
 }
 
 impl Target {
@@ -66,12 +67,17 @@ impl Target {
             nop_in_interval: None,
             buffer_pool_bytes: iscsi_target::DEFAULT_BUFFER_POOL_BYTES,
             send_buffer_bytes: Some(iscsi_target::DEFAULT_SEND_BUFFER_BYTES),
+            // Two shards whatever the machine: a session's second connection
+            // lands on the other one, so MC/S, task reassignment and aborts
+            // are tested across cores.
+            cores: Some(2),
             tap: None,
         };
         tune(&mut config);
         let server = Server::bind(config).await.expect("bind");
         let address = server.local_addrs()[0];
         let iser = server.iser_addrs().first().copied();
+        let handle = server.handle();
         let (shutdown, stop) = oneshot::channel::<()>();
         let task = tokio::spawn(server.run_until(async {
             let _ = stop.await;
@@ -82,7 +88,20 @@ impl Target {
             lun,
             shutdown: Some(shutdown),
             task,
+            handle,
         }
+    }
+
+    /// The runtime shard each connection of session `tsih` lives on, by
+    /// CID (what `iscsi target status` shows).
+    pub fn shards_of(&self, tsih: u16) -> Vec<(u16, Option<usize>)> {
+        self.handle
+            .status()
+            .sessions
+            .iter()
+            .filter(|s| s.tsih == tsih)
+            .flat_map(|s| s.connections.iter().map(|c| (c.cid, c.shard)))
+            .collect()
     }
 
     pub fn lun_bytes(&self, offset: u64, len: usize) -> Vec<u8> {
