@@ -85,6 +85,71 @@ fn every_fused_copy_agrees_at_every_length_and_alignment() {
     }
 }
 
+/// Both paths of the fused copy, the one `copy_append` chooses by length
+/// (copy then CRC below the single-pass threshold, single pass above) and the
+/// single pass forced at every length, copy exactly and give the reference
+/// CRC at every length 0..=4096 (across the threshold and every 64/256-byte
+/// step and tail of the 512-bit loop), with source and destination at
+/// unaligned offsets, and continuing a non-zero CRC.
+#[test]
+fn chosen_and_single_pass_copies_agree_at_every_length_and_offset() {
+    let reference = Algorithm::Slicing8
+        .engine()
+        .expect("slicing-by-8 runs everywhere");
+    let engines = engines();
+    let source = random_bytes(MAX_LEN + ALIGNMENTS, 0x5EED);
+    let mut destination = vec![0u8; MAX_LEN + ALIGNMENTS];
+    let offsets = [(0, 0), (1, 0), (0, 3), (17, 33), (63, 62)];
+    for len in 0..=MAX_LEN {
+        for (i, &(src_offset, dst_offset)) in offsets.iter().enumerate() {
+            let src = &source[src_offset..src_offset + len];
+            let prior = if i % 2 == 0 { 0 } else { 0xDEAD_BEEF };
+            let expected = reference.append(prior, src);
+            for engine in &engines {
+                for (path, single_pass) in [("chosen", false), ("single pass", true)] {
+                    destination.fill(0xEE);
+                    let dst = &mut destination[dst_offset..dst_offset + len];
+                    let got = if single_pass {
+                        engine.copy_append_single_pass(prior, dst, src)
+                    } else {
+                        engine.copy_append(prior, dst, src)
+                    };
+                    let what = format!(
+                        "{} {path} len {len} offsets {src_offset}/{dst_offset}",
+                        engine.algorithm()
+                    );
+                    assert_eq!(got, expected, "{what}");
+                    assert_eq!(dst, src, "{what}: copied wrongly");
+                    assert!(
+                        destination[..dst_offset].iter().all(|&b| b == 0xEE),
+                        "{what}"
+                    );
+                    assert!(
+                        destination[dst_offset + len..].iter().all(|&b| b == 0xEE),
+                        "{what}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn the_single_pass_threshold_is_a_fixed_size() {
+    for engine in engines() {
+        assert_eq!(
+            engine.single_pass_min_len().is_some(),
+            engine.has_single_pass_copy(),
+            "{}",
+            engine.algorithm()
+        );
+        assert_eq!(
+            engine.single_pass_min_len(),
+            engine.algorithm().engine().unwrap().single_pass_min_len()
+        );
+    }
+}
+
 #[test]
 fn large_buffers_agree_across_the_three_way_and_folding_block_sizes() {
     // Lengths around the stream and fold unit boundaries, well beyond 4 KiB.
@@ -93,6 +158,7 @@ fn large_buffers_agree_across_the_three_way_and_folding_block_sizes() {
     for len in [
         24_575, 24_576, 24_577, 49_151, 49_152, 49_153, 65_536, 73_000, 74_728,
     ] {
+        let mut landed = vec![0u8; len];
         let expected = reference.checksum(&data[..len]);
         for engine in engines() {
             assert_eq!(
@@ -101,6 +167,14 @@ fn large_buffers_agree_across_the_three_way_and_folding_block_sizes() {
                 "{} {len}",
                 engine.algorithm()
             );
+            landed.fill(0);
+            assert_eq!(
+                engine.copy_append(0, &mut landed, &data[..len]),
+                expected,
+                "{} copy {len}",
+                engine.algorithm()
+            );
+            assert_eq!(landed, &data[..len]);
         }
     }
 }

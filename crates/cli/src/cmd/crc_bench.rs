@@ -152,14 +152,20 @@ fn subjects() -> Vec<Subject> {
             fastest.checksum(dst)
         },
     ));
-    let fused = if fastest.has_single_pass_copy() {
-        "single pass over registers"
-    } else {
-        "4 KiB chunks"
+    let fused = match fastest.single_pass_min_len() {
+        Some(min) => format!("single pass from {min} B, copy then CRC below"),
+        None => "4 KiB chunks".to_owned(),
     };
-    subjects.push(Subject::copy("fused_copy_crc", fused, move |dst, src| {
+    subjects.push(Subject::copy("fused_copy_crc", &fused, move |dst, src| {
         fastest.copy_append(0, dst, src)
     }));
+    if fastest.has_single_pass_copy() {
+        subjects.push(Subject::copy(
+            "fused_copy_crc_1pass",
+            "single pass at every size",
+            move |dst, src| fastest.copy_append_single_pass(0, dst, src),
+        ));
+    }
     subjects.push(Subject::copy(
         "fused_copy_crc_chunked",
         "4 KiB chunks",
