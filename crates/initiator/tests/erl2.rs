@@ -134,7 +134,9 @@ async fn the_only_connection_cut_is_recovered_by_session_continuation() {
 /// gives what the initiator asks).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_erl_1_a_cut_still_reinstates_the_session() {
-    let (portal, _stop) = target(Duration::from_millis(5)).await;
+    // Each write held 250 ms: `in_flight` must see 8 of them out at once,
+    // and a target on its own cores finished 5 ms ones between two polls.
+    let (portal, _stop) = target(Duration::from_millis(250)).await;
     let url: IscsiUrl = format!("iscsi://{portal}/{TARGET}/0").parse().unwrap();
     let mut config = SessionConfig::default();
     config.set("ErrorRecoveryLevel", "1").unwrap();
