@@ -79,3 +79,56 @@ fn four_mixed_sessions_report_both_kinds_and_none_starves() {
     }
     assert!(report["kinds"].is_null(), "{report}");
 }
+
+/// `--threads 2`: the sessions run on two shards (a current-thread runtime
+/// each, pinned where the affinity mask allows); the report is the same,
+/// with every session's own count, none starved.
+#[test]
+fn sharded_sessions_report_every_session() {
+    let (_target, url) = our_target("iqn.2026-11.rs.iscsi:bench-shards", &[]);
+    let out = succeeds(&[
+        "bench",
+        &url,
+        "--sessions",
+        "5",
+        "--mix",
+        "--qd",
+        "2",
+        "--time",
+        "1",
+        "--threads",
+        "2",
+        "--pin",
+        "--json",
+    ]);
+    let report: Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!(report["sessions"], 5, "{report}");
+    assert_eq!(report["connections"], 1, "{report}");
+    for key in ["mib_per_s", "iops", "seconds", "login_seconds"] {
+        assert!(
+            report[key].as_f64().is_some_and(|v| v > 0.0),
+            "{key} in {report}"
+        );
+    }
+    let kinds = report["kinds"].as_array().expect("kinds");
+    let counts: Vec<usize> = kinds
+        .iter()
+        .map(|k| k["sessions"].as_u64().unwrap() as usize)
+        .collect();
+    assert_eq!(counts, [3, 2], "{report}");
+    for kind in kinds {
+        let per_session = kind["session_commands"]
+            .as_array()
+            .expect("session_commands");
+        assert_eq!(
+            per_session.len(),
+            kind["sessions"].as_u64().unwrap() as usize
+        );
+        assert!(
+            per_session
+                .iter()
+                .all(|c| c.as_u64().is_some_and(|c| c > 0)),
+            "a session completed nothing: {kind}"
+        );
+    }
+}

@@ -38,9 +38,19 @@ pub struct Args {
     /// pool) instead of dropping it once checked.
     #[arg(long)]
     keep_data: bool,
-    /// Runtime worker threads.
+    /// Threads. 1: everything on one current-thread runtime. More, with
+    /// several sessions (--sessions, --mix): that many shards (at most one
+    /// per session), each an OS thread with a current-thread runtime of its
+    /// own; session i logs in, runs and logs out on shard i % N, its
+    /// connections' tasks with it. More with one session: a work-stealing
+    /// runtime of that many worker threads.
     #[arg(long, default_value_t = 1)]
     threads: usize,
+    /// With shards (--threads N, several sessions): pin shard i to the i-th
+    /// CPU of the process's affinity mask (`taskset` sets it), wrapping when
+    /// the mask has fewer; where pinning fails the shard runs unpinned.
+    #[arg(long)]
+    pin: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -478,7 +488,8 @@ const LOGIN_CONCURRENCY: usize = 16;
 const RETRIES: usize = 4;
 
 /// `--sessions N` / `--mix`: N sessions, each its own initiator, logged in
-/// 16 at a time, then all loads started together.
+/// 16 at a time, then all loads started together. With `--threads 1` all on
+/// one current-thread runtime; with more, on shards (`run_sharded`).
 fn run_sessions(
     args: &Args,
     url: &iscsi_initiator::IscsiUrl,
@@ -490,139 +501,405 @@ fn run_sessions(
     let loads: Vec<Load> = (0..args.sessions)
         .map(|i| session_load(args, i, write, random, bs))
         .collect();
-    let report = runtime(args.threads)?.block_on(async {
-        let login_start = Instant::now();
-        let mut sessions: Vec<Option<Session>> = vec![None; args.sessions];
-        let indexes: Vec<usize> = (0..args.sessions).collect();
-        for chunk in indexes.chunks(LOGIN_CONCURRENCY) {
-            let mut logins = tokio::task::JoinSet::new();
-            for &i in chunk {
-                let mut config = base.clone();
-                if args.sessions > 1 {
-                    config.initiator_name = format!("{}:s{i}", base.initiator_name);
-                }
+    let report = if args.threads > 1 {
+        run_sharded(args, url, &base, &loads)?
+    } else {
+        runtime(1)?.block_on(run_one_runtime(args, url, &base, &loads))?
+    };
+    print_multi(args, &report)
+}
+
+/// The configuration of session `i` of `sessions`: its own initiator name
+/// (`NAME:s<i>`) when there are several.
+fn session_config(
+    base: &iscsi_initiator::SessionConfig,
+    sessions: usize,
+    i: usize,
+) -> iscsi_initiator::SessionConfig {
+    let mut config = base.clone();
+    if sessions > 1 {
+        config.initiator_name = format!("{}:s{i}", base.initiator_name);
+    }
+    config
+}
+
+/// Logs session `i` in and reads the LUN's geometry on it.
+async fn login(
+    url: &iscsi_initiator::IscsiUrl,
+    config: iscsi_initiator::SessionConfig,
+    i: usize,
+) -> anyhow::Result<(Session, Geometry)> {
+    let session = Session::connect(url, config)
+        .await
+        .with_context(|| format!("logging in session {i} to {url}"))?;
+    // A new I_T nexus may hold a unit attention (tgtd reports POWER ON to
+    // each): READ CAPACITY takes it before the load's first command would.
+    let geometry = geometry(&session, url.lun)
+        .await
+        .with_context(|| format!("session {i}"))?;
+    Ok((session, geometry))
+}
+
+/// Every session on the caller's runtime (`--threads 1`).
+async fn run_one_runtime(
+    args: &Args,
+    url: &iscsi_initiator::IscsiUrl,
+    base: &iscsi_initiator::SessionConfig,
+    loads: &[Load],
+) -> anyhow::Result<MultiReport> {
+    let login_start = Instant::now();
+    let mut sessions: Vec<Option<Session>> = vec![None; args.sessions];
+    let indexes: Vec<usize> = (0..args.sessions).collect();
+    for chunk in indexes.chunks(LOGIN_CONCURRENCY) {
+        let mut logins = tokio::task::JoinSet::new();
+        for &i in chunk {
+            let config = session_config(base, args.sessions, i);
+            let url = url.clone();
+            logins.spawn(async move { (i, login(&url, config, i).await) });
+        }
+        while let Some(done) = logins.join_next().await {
+            let (i, session) = done.context("login task")?;
+            sessions[i] = Some(session?.0);
+        }
+    }
+    let login_seconds = login_start.elapsed().as_secs_f64();
+    let sessions: Vec<Session> = sessions.into_iter().flatten().collect();
+    let geometry = geometry(&sessions[0], url.lun).await?;
+    for load in loads {
+        check_load(load, &geometry)?;
+    }
+    let start = Instant::now();
+    let mut runs = tokio::task::JoinSet::new();
+    for (i, (session, load)) in sessions.iter().zip(loads).enumerate() {
+        let session = session.clone();
+        let load = load.clone();
+        let lun = url.lun;
+        runs.spawn(async move { (i, run_load(&session, lun, &geometry, &load).await) });
+    }
+    let mut measured: Vec<Option<Measured>> = vec![None; args.sessions];
+    while let Some(done) = runs.join_next().await {
+        let (i, result) = done.context("session task")?;
+        measured[i] = Some(result.with_context(|| format!("session {i}"))?);
+    }
+    let seconds = start.elapsed().as_secs_f64();
+    let measured: Vec<Measured> = measured.into_iter().flatten().collect();
+    let connections = sessions[0].connection_count();
+    let mut logouts = tokio::task::JoinSet::new();
+    for session in sessions {
+        logouts.spawn(async move {
+            let _ = session.logout().await;
+        });
+    }
+    while logouts.join_next().await.is_some() {}
+    Ok(multi_report(
+        args,
+        loads,
+        &measured,
+        seconds,
+        login_seconds,
+        connections,
+    ))
+}
+
+/// The sessions each of `shards` shards runs, round-robin: session `i` on
+/// shard `i % shards`, so that no two shards differ by more than one
+/// session (and, with `--mix`, each shard gets both kinds when it has two
+/// sessions or more).
+pub fn shard_sessions(sessions: usize, shards: usize) -> Vec<Vec<usize>> {
+    let shards = shards.max(1);
+    let mut out = vec![Vec::new(); shards];
+    for i in 0..sessions {
+        out[i % shards].push(i);
+    }
+    out
+}
+
+/// The CPUs of the calling thread's affinity mask, in order (empty when it
+/// cannot be read).
+fn affinity_cpus() -> Vec<usize> {
+    use nix::sched::{CpuSet, sched_getaffinity};
+    use nix::unistd::Pid;
+    match sched_getaffinity(Pid::from_raw(0)) {
+        Ok(set) => (0..CpuSet::count())
+            .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
+            .collect(),
+        Err(error) => {
+            tracing::debug!(%error, "sched_getaffinity failed: shards left unpinned");
+            Vec::new()
+        }
+    }
+}
+
+/// Pins the calling thread to `cpu`; a failure (a CPU taken away since,
+/// a kernel without affinity) leaves it where it is, said at debug level.
+fn pin_to(cpu: usize) {
+    use nix::sched::{CpuSet, sched_setaffinity};
+    use nix::unistd::Pid;
+    let mut set = CpuSet::new();
+    let pinned = set
+        .set(cpu)
+        .and_then(|()| sched_setaffinity(Pid::from_raw(0), &set));
+    if let Err(error) = pinned {
+        tracing::debug!(cpu, %error, "sched_setaffinity failed: shard left unpinned");
+    }
+}
+
+/// Runs `shard(i)` for each of `shards` shards, each on an OS thread of its
+/// own with a current-thread runtime (`enable_all`): every task the future
+/// spawns with `tokio::spawn` (the initiator's connection tasks among them)
+/// runs on that thread. With `pin`, shard i is pinned to the i-th CPU of
+/// the process's affinity mask (wrapping when the mask has fewer CPUs than
+/// there are shards). Returns each shard's result, in shard order.
+pub fn on_shards<F, Fut, R>(shards: usize, pin: bool, shard: F) -> anyhow::Result<Vec<R>>
+where
+    F: Fn(usize) -> Fut + Sync,
+    Fut: std::future::Future<Output = anyhow::Result<R>>,
+    R: Send,
+{
+    let cpus = if pin { affinity_cpus() } else { Vec::new() };
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..shards)
+            .map(|i| {
+                let shard = &shard;
+                let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
+                std::thread::Builder::new()
+                    .name(format!("bench-shard-{i}"))
+                    .spawn_scoped(scope, move || {
+                        if let Some(cpu) = cpu {
+                            pin_to(cpu);
+                        }
+                        tokio::runtime::Builder::new_current_thread()
+                            .enable_all()
+                            .build()
+                            .context("starting a shard's runtime")?
+                            .block_on(shard(i))
+                    })
+                    .context("starting a shard's thread")
+            })
+            .collect();
+        let mut results = Vec::with_capacity(shards);
+        for (i, handle) in handles.into_iter().enumerate() {
+            let result = handle?
+                .join()
+                .map_err(|_| anyhow::anyhow!("shard {i} panicked"))?;
+            results.push(result.with_context(|| format!("shard {i}"))?);
+        }
+        Ok(results)
+    })
+}
+
+/// What one shard of a sharded run measured: its sessions' loads and the
+/// instant its last load completed.
+struct ShardOutcome {
+    measured: Vec<(usize, Measured)>,
+    end: Instant,
+    /// The connections of its first session.
+    connections: usize,
+}
+
+/// `--threads N` (N > 1) with several sessions: N shards (`on_shards`, at
+/// most one per session), session i on shard i % N, each session's login,
+/// load and logout on its shard. Logins are 16 at a time over all shards;
+/// the loads start together once every shard has logged in (an async
+/// barrier, which every shard reaches even when a login failed, so that
+/// a failure ends the run instead of hanging it).
+fn run_sharded(
+    args: &Args,
+    url: &iscsi_initiator::IscsiUrl,
+    base: &iscsi_initiator::SessionConfig,
+    loads: &[Load],
+) -> anyhow::Result<MultiReport> {
+    let shards = args.threads.min(args.sessions);
+    let assignment = shard_sessions(args.sessions, shards);
+    let logins = Arc::new(tokio::sync::Semaphore::new(LOGIN_CONCURRENCY));
+    let barrier = tokio::sync::Barrier::new(shards);
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    let start = std::sync::OnceLock::new();
+    let login_start = Instant::now();
+    let outcomes = on_shards(shards, args.pin, |shard| {
+        let (assignment, logins, barrier, failed, start) =
+            (&assignment, &logins, &barrier, &failed, &start);
+        async move {
+            let mine = &assignment[shard];
+            let mut tasks = tokio::task::JoinSet::new();
+            for &i in mine {
+                let config = session_config(base, args.sessions, i);
                 let url = url.clone();
-                logins.spawn(async move {
-                    let session = async {
-                        let session = Session::connect(&url, config)
-                            .await
-                            .with_context(|| format!("logging in session {i} to {url}"))?;
-                        // A new I_T nexus may hold a unit attention (tgtd
-                        // reports POWER ON to each): READ CAPACITY takes it
-                        // before the load's first command would.
-                        geometry(&session, url.lun)
-                            .await
-                            .with_context(|| format!("session {i}"))?;
-                        Ok::<_, anyhow::Error>(session)
-                    }
-                    .await;
-                    (i, session)
+                let logins = logins.clone();
+                tasks.spawn(async move {
+                    let _permit = logins.acquire().await;
+                    (i, login(&url, config, i).await)
                 });
             }
-            while let Some(done) = logins.join_next().await {
-                let (i, session) = done.context("login task")?;
-                sessions[i] = Some(session?);
+            let mut sessions: Vec<(usize, Session, Geometry)> = Vec::with_capacity(mine.len());
+            let mut error = None;
+            while let Some(done) = tasks.join_next().await {
+                match done.context("login task") {
+                    Ok((i, Ok((session, geometry)))) => sessions.push((i, session, geometry)),
+                    Ok((_, Err(e))) | Err(e) => error = error.or(Some(e)),
+                }
+            }
+            sessions.sort_by_key(|(i, _, _)| *i);
+            if error.is_none() {
+                for (i, _, geometry) in &sessions {
+                    if let Err(e) = check_load(&loads[*i], geometry) {
+                        error = Some(e);
+                        break;
+                    }
+                }
+            }
+            if error.is_some() {
+                failed.store(true, Ordering::SeqCst);
+            }
+            barrier.wait().await;
+            start.get_or_init(Instant::now);
+            if failed.load(Ordering::SeqCst) {
+                for (_, session, _) in sessions {
+                    let _ = session.logout().await;
+                }
+                return Err(error.unwrap_or_else(|| anyhow::anyhow!("another shard failed")));
+            }
+            let mut runs = tokio::task::JoinSet::new();
+            for (i, session, geometry) in &sessions {
+                let (i, session, geometry) = (*i, session.clone(), *geometry);
+                let load = loads[i].clone();
+                let lun = url.lun;
+                runs.spawn(async move { (i, run_load(&session, lun, &geometry, &load).await) });
+            }
+            let mut measured = Vec::with_capacity(sessions.len());
+            let mut error = None;
+            while let Some(done) = runs.join_next().await {
+                match done.context("session task") {
+                    Ok((i, Ok(m))) => measured.push((i, m)),
+                    Ok((i, Err(e))) => {
+                        error = error.or(Some(e.context(format!("session {i}"))));
+                    }
+                    Err(e) => error = error.or(Some(e)),
+                }
+            }
+            let end = Instant::now();
+            let connections = sessions.first().map_or(0, |(_, s, _)| s.connection_count());
+            let mut logouts = tokio::task::JoinSet::new();
+            for (_, session, _) in sessions {
+                logouts.spawn(async move {
+                    let _ = session.logout().await;
+                });
+            }
+            while logouts.join_next().await.is_some() {}
+            match error {
+                Some(e) => Err(e),
+                None => Ok(ShardOutcome {
+                    measured,
+                    end,
+                    connections,
+                }),
             }
         }
-        let login_seconds = login_start.elapsed().as_secs_f64();
-        let sessions: Vec<Session> = sessions.into_iter().flatten().collect();
-        let geometry = geometry(&sessions[0], url.lun).await?;
-        for load in &loads {
-            check_load(load, &geometry)?;
-        }
-        let start = Instant::now();
-        let mut runs = tokio::task::JoinSet::new();
-        for (i, (session, load)) in sessions.iter().zip(&loads).enumerate() {
-            let session = session.clone();
-            let load = load.clone();
-            let lun = url.lun;
-            runs.spawn(async move { (i, run_load(&session, lun, &geometry, &load).await) });
-        }
-        let mut measured: Vec<Option<Measured>> = vec![None; args.sessions];
-        while let Some(done) = runs.join_next().await {
-            let (i, result) = done.context("session task")?;
-            measured[i] = Some(result.with_context(|| format!("session {i}"))?);
-        }
-        let seconds = start.elapsed().as_secs_f64();
-        let measured: Vec<Measured> = measured.into_iter().flatten().collect();
-        let connections = sessions[0].connection_count();
-        let mut logouts = tokio::task::JoinSet::new();
-        for session in sessions {
-            logouts.spawn(async move {
-                let _ = session.logout().await;
-            });
-        }
-        while logouts.join_next().await.is_some() {}
-
-        // Group the sessions by kind (rw and bs), in order of first use.
-        let mut kinds: Vec<KindReport> = Vec::new();
-        let mut kind_latencies: Vec<Vec<u32>> = Vec::new();
-        for (load, measured) in loads.iter().zip(&measured) {
-            let rw = rw_name(load);
-            let at = match kinds.iter().position(|k| k.rw == rw && k.bs == load.bs) {
-                Some(at) => at,
-                None => {
-                    kinds.push(KindReport {
-                        rw: rw.to_owned(),
-                        bs: load.bs,
-                        qd: load.qd,
-                        sessions: 0,
-                        commands: 0,
-                        mib_per_s: 0.0,
-                        iops: 0.0,
-                        mean_us: 0.0,
-                        p50_us: 0.0,
-                        p99_us: 0.0,
-                        p999_us: 0.0,
-                        max_us: 0.0,
-                        min_session_commands: 0,
-                        median_session_commands: 0,
-                        max_session_commands: 0,
-                        session_commands: Vec::new(),
-                    });
-                    kind_latencies.push(Vec::new());
-                    kinds.len() - 1
-                }
-            };
-            kinds[at].sessions += 1;
-            kinds[at].session_commands.push(measured.commands());
-            kind_latencies[at].extend_from_slice(&measured.latencies);
-        }
-        for (kind, mut latencies) in kinds.iter_mut().zip(kind_latencies) {
-            latencies.sort_unstable();
-            let commands = latencies.len() as u64;
-            kind.commands = commands;
-            kind.mib_per_s = (commands * kind.bs) as f64 / (1 << 20) as f64 / seconds;
-            kind.iops = commands as f64 / seconds;
-            kind.mean_us =
-                latencies.iter().map(|&l| f64::from(l)).sum::<f64>() / commands.max(1) as f64;
-            kind.p50_us = percentile(&latencies, 50.0);
-            kind.p99_us = percentile(&latencies, 99.0);
-            kind.p999_us = percentile(&latencies, 99.9);
-            kind.max_us = latencies.last().copied().map(f64::from).unwrap_or(0.0);
-            let mut counts = kind.session_commands.clone();
-            counts.sort_unstable();
-            kind.min_session_commands = counts.first().copied().unwrap_or(0);
-            kind.median_session_commands = counts[counts.len() / 2];
-            kind.max_session_commands = counts.last().copied().unwrap_or(0);
-        }
-        let commands = kinds.iter().map(|k| k.commands).sum::<u64>();
-        Ok::<_, anyhow::Error>(MultiReport {
-            rw: if args.mix {
-                "mix".to_owned()
-            } else {
-                args.rw.clone()
-            },
-            sessions: args.sessions,
-            connections,
-            seconds,
-            login_seconds,
-            commands,
-            mib_per_s: kinds.iter().map(|k| k.mib_per_s).sum(),
-            iops: commands as f64 / seconds,
-            kinds,
-        })
     })?;
+    let start = *start.get().context("no shard started its load")?;
+    let login_seconds = start.duration_since(login_start).as_secs_f64();
+    let end = outcomes.iter().map(|o| o.end).max().unwrap_or(start);
+    let seconds = end.duration_since(start).as_secs_f64();
+    let connections = outcomes[0].connections;
+    let mut measured: Vec<Option<Measured>> = vec![None; args.sessions];
+    for outcome in outcomes {
+        for (i, m) in outcome.measured {
+            measured[i] = Some(m);
+        }
+    }
+    let measured: Vec<Measured> = measured.into_iter().flatten().collect();
+    Ok(multi_report(
+        args,
+        loads,
+        &measured,
+        seconds,
+        login_seconds,
+        connections,
+    ))
+}
+
+/// The report of a multi-session run from every session's measurements
+/// (in session order).
+fn multi_report(
+    args: &Args,
+    loads: &[Load],
+    measured: &[Measured],
+    seconds: f64,
+    login_seconds: f64,
+    connections: usize,
+) -> MultiReport {
+    // Group the sessions by kind (rw and bs), in order of first use.
+    let mut kinds: Vec<KindReport> = Vec::new();
+    let mut kind_latencies: Vec<Vec<u32>> = Vec::new();
+    for (load, measured) in loads.iter().zip(measured) {
+        let rw = rw_name(load);
+        let at = match kinds.iter().position(|k| k.rw == rw && k.bs == load.bs) {
+            Some(at) => at,
+            None => {
+                kinds.push(KindReport {
+                    rw: rw.to_owned(),
+                    bs: load.bs,
+                    qd: load.qd,
+                    sessions: 0,
+                    commands: 0,
+                    mib_per_s: 0.0,
+                    iops: 0.0,
+                    mean_us: 0.0,
+                    p50_us: 0.0,
+                    p99_us: 0.0,
+                    p999_us: 0.0,
+                    max_us: 0.0,
+                    min_session_commands: 0,
+                    median_session_commands: 0,
+                    max_session_commands: 0,
+                    session_commands: Vec::new(),
+                });
+                kind_latencies.push(Vec::new());
+                kinds.len() - 1
+            }
+        };
+        kinds[at].sessions += 1;
+        kinds[at].session_commands.push(measured.commands());
+        kind_latencies[at].extend_from_slice(&measured.latencies);
+    }
+    for (kind, mut latencies) in kinds.iter_mut().zip(kind_latencies) {
+        latencies.sort_unstable();
+        let commands = latencies.len() as u64;
+        kind.commands = commands;
+        kind.mib_per_s = (commands * kind.bs) as f64 / (1 << 20) as f64 / seconds;
+        kind.iops = commands as f64 / seconds;
+        kind.mean_us =
+            latencies.iter().map(|&l| f64::from(l)).sum::<f64>() / commands.max(1) as f64;
+        kind.p50_us = percentile(&latencies, 50.0);
+        kind.p99_us = percentile(&latencies, 99.0);
+        kind.p999_us = percentile(&latencies, 99.9);
+        kind.max_us = latencies.last().copied().map(f64::from).unwrap_or(0.0);
+        let mut counts = kind.session_commands.clone();
+        counts.sort_unstable();
+        kind.min_session_commands = counts.first().copied().unwrap_or(0);
+        kind.median_session_commands = counts[counts.len() / 2];
+        kind.max_session_commands = counts.last().copied().unwrap_or(0);
+    }
+    let commands = kinds.iter().map(|k| k.commands).sum::<u64>();
+    MultiReport {
+        rw: if args.mix {
+            "mix".to_owned()
+        } else {
+            args.rw.clone()
+        },
+        sessions: args.sessions,
+        connections,
+        seconds,
+        login_seconds,
+        commands,
+        mib_per_s: kinds.iter().map(|k| k.mib_per_s).sum(),
+        iops: commands as f64 / seconds,
+        kinds,
+    }
+}
+
+/// Prints a multi-session report (JSON with `--json`).
+fn print_multi(args: &Args, report: &MultiReport) -> anyhow::Result<()> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
@@ -658,4 +935,73 @@ fn run_sessions(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_spread_round_robin_and_evenly() {
+        assert_eq!(shard_sessions(5, 2), vec![vec![0, 2, 4], vec![1, 3]]);
+        for sessions in 0..40 {
+            for shards in 1..9 {
+                let assignment = shard_sessions(sessions, shards);
+                assert_eq!(assignment.len(), shards);
+                let sizes: Vec<usize> = assignment.iter().map(Vec::len).collect();
+                let (min, max) = (sizes.iter().min().unwrap(), sizes.iter().max().unwrap());
+                assert!(max - min <= 1, "{sessions} over {shards}: {sizes:?}");
+                let mut all: Vec<usize> = assignment.iter().flatten().copied().collect();
+                all.sort_unstable();
+                assert_eq!(all, (0..sessions).collect::<Vec<_>>());
+                for (shard, mine) in assignment.iter().enumerate() {
+                    assert!(mine.iter().all(|i| i % shards == shard));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_shards_tasks_run_on_its_own_thread() {
+        let caller = std::thread::current().id();
+        let shards = on_shards(3, true, |shard| async move {
+            let me = std::thread::current().id();
+            // What the initiator does for its connections: tokio::spawn,
+            // with timers.
+            let mut tasks = tokio::task::JoinSet::new();
+            for _ in 0..8 {
+                tasks.spawn(async {
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    tokio::task::yield_now().await;
+                    std::thread::current().id()
+                });
+            }
+            let mut ran_on = vec![tokio::spawn(async { std::thread::current().id() }).await?];
+            while let Some(id) = tasks.join_next().await {
+                ran_on.push(id?);
+            }
+            assert!(ran_on.iter().all(|&id| id == me), "shard {shard}");
+            Ok((shard, me))
+        })
+        .unwrap();
+        assert_eq!(shards.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2]);
+        let threads: std::collections::HashSet<_> = shards.iter().map(|s| s.1).collect();
+        assert!(!threads.contains(&caller));
+        assert_eq!(threads.len(), 3, "one thread per shard");
+    }
+
+    #[test]
+    fn a_failing_shard_fails_the_run() {
+        let result = on_shards(2, false, |shard| async move {
+            if shard == 1 {
+                bail!("refused");
+            }
+            Ok(())
+        });
+        let error = format!("{:#}", result.unwrap_err());
+        assert!(
+            error.contains("shard 1") && error.contains("refused"),
+            "{error}"
+        );
+    }
 }
