@@ -757,7 +757,9 @@ fn run_sharded(
                 for (_, session, _) in sessions {
                     let _ = session.logout().await;
                 }
-                return Err(error.unwrap_or_else(|| anyhow::anyhow!("another shard failed")));
+                // The shard that failed reports why; the others step
+                // aside (Ok(None)) so as not to hide it.
+                return error.map_or(Ok(None), Err);
             }
             let mut runs = tokio::task::JoinSet::new();
             for (i, session, geometry) in &sessions {
@@ -788,14 +790,20 @@ fn run_sharded(
             while logouts.join_next().await.is_some() {}
             match error {
                 Some(e) => Err(e),
-                None => Ok(ShardOutcome {
+                None => Ok(Some(ShardOutcome {
                     measured,
                     end,
                     connections,
-                }),
+                })),
             }
         }
     })?;
+    // Ok(None) only where another shard failed, and on_shards returned
+    // that shard's error.
+    let outcomes: Vec<ShardOutcome> = outcomes
+        .into_iter()
+        .collect::<Option<_>>()
+        .context("a shard stopped without saying why")?;
     let start = *start.get().context("no shard started its load")?;
     let login_seconds = start.duration_since(login_start).as_secs_f64();
     let end = outcomes.iter().map(|o| o.end).max().unwrap_or(start);
