@@ -657,9 +657,22 @@ where
     R: Send,
 {
     let cpus = if pin { affinity_cpus() } else { Vec::new() };
+    // Every runtime is made before any shard starts: a shard that failed
+    // to start its runtime would never reach the barrier the others wait
+    // at.
+    let runtimes = (0..shards)
+        .map(|_| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting a shard's runtime")
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..shards)
-            .map(|i| {
+        let handles: Vec<_> = runtimes
+            .into_iter()
+            .enumerate()
+            .map(|(i, runtime)| {
                 let shard = &shard;
                 let cpu = (!cpus.is_empty()).then(|| cpus[i % cpus.len()]);
                 std::thread::Builder::new()
@@ -668,11 +681,7 @@ where
                         if let Some(cpu) = cpu {
                             pin_to(cpu);
                         }
-                        tokio::runtime::Builder::new_current_thread()
-                            .enable_all()
-                            .build()
-                            .context("starting a shard's runtime")?
-                            .block_on(shard(i))
+                        runtime.block_on(shard(i))
                     })
                     .context("starting a shard's thread")
             })

@@ -603,6 +603,23 @@ mod tests {
     }
 
     #[test]
+    fn cores_are_one_to_4096_or_one_per_cpu() {
+        let minimal = "listen = [\"127.0.0.1:1\"]\n[[target]]\nname = \"a\"\nluns = [\"ram:1M\"]\n";
+        assert_eq!(TargetConfig::from_toml(minimal).unwrap().cores, None);
+        let four = TargetConfig::from_toml(&format!("cores = 4\n{minimal}")).unwrap();
+        assert_eq!(four.cores, Some(4));
+        for bad in ["cores = 0", "cores = 5000", "cores = -1"] {
+            let error = ParsedConfig::parse(&format!("{bad}\n{minimal}"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains("line 1") && error.contains("cores"),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
     fn mistakes_are_reported() {
         let bad = [
             "listen = []\n[[target]]\nname = \"a\"\nluns = [\"ram:1M\"]",

@@ -516,3 +516,37 @@ pub(crate) fn negotiation_words_of(
 fn yes_no(b: bool) -> String {
     if b { "Yes" } else { "No" }.to_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FILE: &str =
+        "listen = [\"127.0.0.1:1\"]\n[[target]]\nname = \"a\"\nluns = [\"ram:1M\"]\n";
+
+    /// The shard count is read at start: a reload says when it applies and
+    /// does not need force for it.
+    #[test]
+    fn a_change_of_cores_applies_at_the_next_start() {
+        let old = TargetConfig::from_toml(FILE).unwrap();
+        let new = ParsedConfig::parse(&format!("cores = 3\n{FILE}")).unwrap();
+        let plan = plan(&old, &new, &[]);
+        let change = plan
+            .changes
+            .iter()
+            .find(|c| c.object == "cores")
+            .expect("cores listed");
+        assert_eq!(change.effect, Effect::Restart);
+        assert!(!change.disruptive());
+        assert_eq!(
+            change.to_string(),
+            "~ cores: one per CPU -> 3 (at the next start of the target)"
+        );
+        let same = ParsedConfig::parse(FILE).unwrap();
+        assert!(plan_of(&old, &same).is_empty());
+    }
+
+    fn plan_of(old: &TargetConfig, new: &ParsedConfig) -> Vec<Change> {
+        plan(old, new, &[]).changes
+    }
+}
