@@ -918,7 +918,7 @@ impl Connection {
             };
         task.allegiance.pledge(&self.writer, self.data_in_limits);
         self.session.luns_used.note(command.lun.0);
-        let Some(scsi) = self.session.scsi.clone() else {
+        if self.session.scsi.is_none() {
             // SCSI commands in a discovery session.
             receiver.receive_data().await?;
             self.session.finish(&task);
@@ -931,7 +931,7 @@ impl Connection {
                 self.session.finish(&task);
                 return self.reject(header, RejectReason::ProtocolError).await;
             }
-            self.execute(scsi, task, command, cdb, WriteBuffer::default(), 0)
+            self.execute(task, command, cdb, WriteBuffer::default(), 0)
                 .await;
             return Ok(());
         }

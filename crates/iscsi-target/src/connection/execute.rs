@@ -48,9 +48,13 @@ impl Connection {
     /// task, as if it had come a moment later. The reader then waits for
     /// the writer as the answer to a NOP-Out does: if the initiator stops
     /// reading, the target stops reading too (TCP's own back-pressure).
+    ///
+    /// The SCSI core is reached through the session, never cloned: its
+    /// reference count is shared by every session of the target on every
+    /// core, and a count written per command was a cache line they all
+    /// wrote.
     pub(super) async fn execute(
         &mut self,
-        scsi: Arc<ScsiTarget>,
         task: Arc<Task>,
         command: ScsiCommand,
         cdb: Vec<u8>,
@@ -61,7 +65,7 @@ impl Connection {
         let guard = self.in_flight.enter();
         let (may_block, here) = iscsi_scsi::decode_lun(command.lun.0)
             .and_then(|lun| {
-                scsi.with_backstore(lun, |store| {
+                self.session.scsi.as_ref()?.with_backstore(lun, |store| {
                     (
                         store.may_block(),
                         answered_here(Some(store), &command, &cdb),
@@ -71,7 +75,6 @@ impl Connection {
             .unwrap_or((false, false));
         let answer = answer(
             Execution {
-                scsi,
                 session: Arc::clone(&self.session),
                 task,
                 command,
@@ -100,7 +103,7 @@ impl Connection {
 
 /// A command admitted and ready to run, with what answering it needs.
 struct Execution {
-    scsi: Arc<ScsiTarget>,
+    /// Its SCSI core is the session's.
     session: Arc<Session>,
     task: Arc<Task>,
     command: ScsiCommand,
@@ -118,7 +121,6 @@ struct Execution {
 /// (`Response::hold`).
 async fn answer(execution: Execution, may_block: bool, hold: bool) {
     let Execution {
-        scsi,
         session,
         task,
         command,
@@ -160,18 +162,24 @@ async fn answer(execution: Execution, may_block: bool, hold: bool) {
             // Aborted while it waited for a thread: it never reaches the
             // SCSI layer, so the abort is not held up by a slow store (no
             // status goes out: `respond` sees the abort).
-            let (outcome, residual) = if task.aborted.load(Ordering::Acquire) {
-                (CommandOutcome::GOOD, Residual::NONE)
-            } else {
-                run_command(
-                    &scsi,
+            let (outcome, residual) = match session.scsi.as_deref() {
+                Some(_) if task.aborted.load(Ordering::Acquire) => {
+                    (CommandOutcome::GOOD, Residual::NONE)
+                }
+                // A discovery session's commands are refused before here.
+                None => (
+                    CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_OPCODE),
+                    Residual::NONE,
+                ),
+                Some(scsi) => run_command(
+                    scsi,
                     &session.nexus,
                     &command,
                     &cdb,
                     &mut data_out,
                     &mut data_in,
                     &mut lent,
-                )
+                ),
             };
             if let (Some(tap), Some(started)) = (&tap, started) {
                 tap.step("execute", itt, started, std::time::Instant::now());

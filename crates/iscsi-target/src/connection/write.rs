@@ -15,7 +15,7 @@ use iscsi_proto::pdu::{
 };
 use iscsi_proto::serial::R2tSn;
 use iscsi_proto::transfer::{DataOutProgress, UNSOLICITED_TRANSFER_TAG};
-use iscsi_scsi::{CommandOutcome, ScsiTarget};
+use iscsi_scsi::CommandOutcome;
 use tracing::{debug, warn};
 
 use super::{Connection, Receiver, Stat};
@@ -219,11 +219,10 @@ impl Connection {
         mut pending: PendingWrite,
     ) -> Result<(), DatamoverError> {
         let sent = self.solicit(&mut pending).await;
-        match self.session.scsi.clone() {
-            Some(scsi) if pending.tracker.is_complete() => self.start_write(scsi, pending).await,
-            _ => {
-                self.pending_writes.insert(itt, pending);
-            }
+        if self.session.scsi.is_some() && pending.tracker.is_complete() {
+            self.start_write(pending).await;
+        } else {
+            self.pending_writes.insert(itt, pending);
         }
         sent
     }
@@ -291,7 +290,7 @@ impl Connection {
         self.draining.insert(itt, drain);
     }
 
-    pub(super) async fn start_write(&mut self, scsi: Arc<ScsiTarget>, pending: PendingWrite) {
+    pub(super) async fn start_write(&mut self, pending: PendingWrite) {
         let PendingWrite {
             task,
             command,
@@ -300,8 +299,7 @@ impl Connection {
             r2ts_sent,
             ..
         } = pending;
-        self.execute(scsi, task, command, cdb, buffer, r2ts_sent)
-            .await;
+        self.execute(task, command, cdb, buffer, r2ts_sent).await;
     }
 
     /// The answer to an R2T SNACK for a write still collecting its data
