@@ -126,28 +126,18 @@ impl ChunkTable {
     /// Read locks on chunks `first..=last`, in ascending order; `None` for
     /// a chunk whose part of the tree was never written (zeros).
     pub fn read(&self, first: u64, last: u64) -> Locked<RwLockReadGuard<'_, Option<Chunk>>> {
-        let lock = |i| {
+        Locked::range(first, last, |i| {
             self.find(i)
                 .map(|s| s.read().unwrap_or_else(PoisonError::into_inner))
-        };
-        if first == last {
-            Locked::One(lock(first))
-        } else {
-            Locked::Many((first..=last).map(lock).collect())
-        }
+        })
     }
 
     /// Write locks on chunks `first..=last`, in ascending order.
     pub fn write(&self, first: u64, last: u64) -> Locked<RwLockWriteGuard<'_, Option<Chunk>>> {
-        let lock = |i| {
+        Locked::range(first, last, |i| {
             self.slot(i)
                 .map(|s| s.write().unwrap_or_else(PoisonError::into_inner))
-        };
-        if first == last {
-            Locked::One(lock(first))
-        } else {
-            Locked::Many((first..=last).map(lock).collect())
-        }
+        })
     }
 }
 
@@ -159,6 +149,15 @@ pub(super) enum Locked<G> {
 }
 
 impl<G> Locked<G> {
+    /// `lock` of each chunk of `first..=last`, in ascending order.
+    fn range(first: u64, last: u64, mut lock: impl FnMut(u64) -> Option<G>) -> Self {
+        if first == last {
+            Locked::One(lock(first))
+        } else {
+            Locked::Many((first..=last).map(lock).collect())
+        }
+    }
+
     /// The guard of the `i`-th chunk of the range.
     pub fn get_mut(&mut self, i: usize) -> Option<&mut G> {
         match self {
