@@ -4,13 +4,13 @@ mod table;
 
 use std::fmt;
 use std::io;
-use std::sync::{Arc, LazyLock, OnceLock, PoisonError};
+use std::sync::{Arc, LazyLock, OnceLock, PoisonError, RwLockWriteGuard};
 
 use bytes::Bytes;
 use iscsi_crc32c::KnownCrc32c;
 
 use super::{Allocation, Backstore, Lent};
-use table::ChunkTable;
+use table::{ChunkTable, Locked};
 
 /// Why a [`RamBackstore`] could not be created.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -167,6 +167,24 @@ fn chunk_range(offset: u64, len: usize) -> (u64, u64) {
     (offset / CHUNK, (offset + len as u64 - 1) / CHUNK)
 }
 
+/// Copies `buf` into the locked chunks from byte `offset`.
+fn copy_range(
+    table: &ChunkTable,
+    locked: &mut Locked<RwLockWriteGuard<'_, Option<Chunk>>>,
+    offset: u64,
+    buf: &[u8],
+) {
+    for p in pieces(offset, buf.len()) {
+        let (Some(src), Some(slot)) = (
+            buf.get(p.buf_start..p.buf_start + p.len),
+            locked.get_mut(p.chunk),
+        ) else {
+            continue;
+        };
+        copy_in(table, slot, p.start, src);
+    }
+}
+
 /// Copies `src` into `slot` at `start` (a piece of one chunk).
 fn copy_in(table: &ChunkTable, slot: &mut Option<Chunk>, start: usize, src: &[u8]) {
     let chunk = match slot {
@@ -271,8 +289,7 @@ impl Backstore for RamBackstore {
                 continue;
             };
             match locked
-                .get_mut((p.chunk - first) as usize)
-                .and_then(|slot| slot.as_ref())
+                .chunk(p.chunk)
                 .and_then(|c| c.bytes.get(p.start..p.start + p.len))
             {
                 Some(src) => dst.copy_from_slice(src),
@@ -289,15 +306,7 @@ impl Backstore for RamBackstore {
         }
         let (first, last) = chunk_range(offset, buf.len());
         let mut locked = self.chunks.write(first, last);
-        for p in pieces(offset, buf.len()) {
-            let (Some(src), Some(slot)) = (
-                buf.get(p.buf_start..p.buf_start + p.len),
-                locked.get_mut((p.chunk - first) as usize),
-            ) else {
-                continue;
-            };
-            copy_in(&self.chunks, slot, p.start, src);
-        }
+        copy_range(&self.chunks, &mut locked, offset, buf);
         Ok(())
     }
 
@@ -330,19 +339,11 @@ impl Backstore for RamBackstore {
                 && n == RAM_CHUNK_SIZE
                 && at.is_multiple_of(CHUNK)
             {
-                if let Some(slot) = locked.get_mut((at / CHUNK - first) as usize) {
+                if let Some(slot) = locked.get_mut(at / CHUNK) {
                     adopt(&self.chunks, slot, piece);
                 }
             } else {
-                for p in self::pieces(at, n) {
-                    let (Some(src), Some(slot)) = (
-                        piece.get(p.buf_start..p.buf_start + p.len),
-                        locked.get_mut((p.chunk - first) as usize),
-                    ) else {
-                        continue;
-                    };
-                    copy_in(&self.chunks, slot, p.start, src);
-                }
+                copy_range(&self.chunks, &mut locked, at, &piece[..n]);
             }
             at += n as u64;
             left -= n;
@@ -367,10 +368,7 @@ impl Backstore for RamBackstore {
         let lent = pieces(offset, len)
             .map(|p| {
                 let whole = p.len == RAM_CHUNK_SIZE;
-                match locked
-                    .get_mut((p.chunk - first) as usize)
-                    .and_then(|slot| slot.as_ref())
-                {
+                match locked.chunk(p.chunk) {
                     Some(c) => Lent {
                         bytes: Bytes::from_owner(LentChunk(Arc::clone(c)))
                             .slice(p.start..p.start + p.len),

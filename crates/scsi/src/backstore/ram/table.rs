@@ -81,20 +81,17 @@ impl ChunkTable {
     /// The slot of chunk `index`, if its part of the tree exists (a chunk
     /// in a part never written is unallocated).
     pub fn find(&self, index: u64) -> Option<&Slot> {
-        let mut node = &self.root;
-        let mut level = self.levels;
-        loop {
-            let at = Self::index_at(index, level);
-            match node {
-                Node::Slots(slots) => return slots.get(at),
-                Node::Inner(children) => node = children.get(at)?.get()?,
-            }
-            level -= 1;
-        }
+        self.walk(index, false)
     }
 
     /// The slot of chunk `index`, making its part of the tree if needed.
     pub fn slot(&self, index: u64) -> Option<&Slot> {
+        self.walk(index, true)
+    }
+
+    /// From the root down to chunk `index`'s slot, making the nodes on the
+    /// way where `make`, else stopping at the first one missing.
+    fn walk(&self, index: u64, make: bool) -> Option<&Slot> {
         let mut node = &self.root;
         let mut level = self.levels;
         loop {
@@ -102,7 +99,12 @@ impl ChunkTable {
             match node {
                 Node::Slots(slots) => return slots.get(at),
                 Node::Inner(children) => {
-                    node = children.get(at)?.get_or_init(|| Node::new(level - 1, FAN));
+                    let child = children.get(at)?;
+                    node = if make {
+                        child.get_or_init(|| Node::new(level - 1, FAN))
+                    } else {
+                        child.get()?
+                    };
                 }
             }
             level -= 1;
@@ -141,9 +143,14 @@ impl ChunkTable {
     }
 }
 
-/// The locks one command holds: its chunks' guards, the first chunk's at
-/// 0. One chunk (a small command) needs no allocation.
-pub(super) enum Locked<G> {
+/// The locks one command holds: the guards of its chunks `first..`, by
+/// chunk number. One chunk (a small command) needs no allocation.
+pub(super) struct Locked<G> {
+    first: u64,
+    guards: Guards<G>,
+}
+
+enum Guards<G> {
     One(Option<G>),
     Many(Vec<Option<G>>),
 }
@@ -151,20 +158,30 @@ pub(super) enum Locked<G> {
 impl<G> Locked<G> {
     /// `lock` of each chunk of `first..=last`, in ascending order.
     fn range(first: u64, last: u64, mut lock: impl FnMut(u64) -> Option<G>) -> Self {
-        if first == last {
-            Locked::One(lock(first))
+        let guards = if first == last {
+            Guards::One(lock(first))
         } else {
-            Locked::Many((first..=last).map(lock).collect())
-        }
+            Guards::Many((first..=last).map(lock).collect())
+        };
+        Self { first, guards }
     }
 
-    /// The guard of the `i`-th chunk of the range.
-    pub fn get_mut(&mut self, i: usize) -> Option<&mut G> {
-        match self {
-            Locked::One(g) if i == 0 => g.as_mut(),
-            Locked::One(_) => None,
-            Locked::Many(v) => v.get_mut(i)?.as_mut(),
+    /// The guard of chunk `chunk` (`None`: outside the range, or a chunk
+    /// whose part of the tree was never made).
+    pub fn get_mut(&mut self, chunk: u64) -> Option<&mut G> {
+        let i = usize::try_from(chunk.checked_sub(self.first)?).ok()?;
+        match &mut self.guards {
+            Guards::One(g) if i == 0 => g.as_mut(),
+            Guards::One(_) => None,
+            Guards::Many(v) => v.get_mut(i)?.as_mut(),
         }
+    }
+}
+
+impl<G: std::ops::Deref<Target = Option<Chunk>>> Locked<G> {
+    /// Chunk `chunk`, if it is allocated.
+    pub fn chunk(&mut self, chunk: u64) -> Option<&Chunk> {
+        self.get_mut(chunk)?.as_ref()
     }
 }
 
