@@ -41,14 +41,23 @@ pub(crate) fn current() -> Option<usize> {
     CURRENT.with(Cell::get)
 }
 
-/// The CPUs this process may run on, in order (its affinity mask), or
-/// `None` where the mask cannot be read.
-fn allowed_cpus() -> Option<Vec<usize>> {
+/// The CPUs the calling thread may run on, in order (its affinity mask),
+/// or `None` where the mask cannot be read. Also what `iscsi bench`'s
+/// shards are pinned by.
+pub fn allowed_cpus() -> Option<Vec<usize>> {
     let set = rustix::thread::sched_getaffinity(None).ok()?;
     let cpus: Vec<usize> = (0..rustix::thread::CpuSet::MAX_CPU)
         .filter(|&i| set.is_set(i))
         .collect();
     (!cpus.is_empty()).then_some(cpus)
+}
+
+/// Pins the calling thread to `cpu`.
+pub fn pin_current_thread(cpu: usize) -> std::io::Result<()> {
+    let mut set = rustix::thread::CpuSet::new();
+    set.set(cpu);
+    rustix::thread::sched_setaffinity(None, &set)?;
+    Ok(())
 }
 
 /// How many shards to run by default: one per CPU the process may use.
@@ -106,12 +115,10 @@ impl Shards {
                 .name(format!("iscsi-shard-{index}"))
                 .spawn(move || {
                     CURRENT.with(|c| c.set(Some(index)));
-                    if let Some(cpu) = cpu {
-                        let mut set = rustix::thread::CpuSet::new();
-                        set.set(cpu);
-                        if let Err(error) = rustix::thread::sched_setaffinity(None, &set) {
-                            warn!(index, cpu, %error, "shard not pinned to its CPU");
-                        }
+                    if let Some(cpu) = cpu
+                        && let Err(error) = pin_current_thread(cpu)
+                    {
+                        warn!(index, cpu, %error, "shard not pinned to its CPU");
                     }
                     let _ = runtime.block_on(stopped);
                     // Dropping the runtime cancels what is left on it

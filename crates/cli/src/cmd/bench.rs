@@ -614,32 +614,10 @@ pub fn shard_sessions(sessions: usize, shards: usize) -> Vec<Vec<usize>> {
     out
 }
 
-/// The CPUs of the calling thread's affinity mask, in order (empty when it
-/// cannot be read).
-fn affinity_cpus() -> Vec<usize> {
-    use nix::sched::{CpuSet, sched_getaffinity};
-    use nix::unistd::Pid;
-    match sched_getaffinity(Pid::from_raw(0)) {
-        Ok(set) => (0..CpuSet::count())
-            .filter(|&cpu| set.is_set(cpu).unwrap_or(false))
-            .collect(),
-        Err(error) => {
-            tracing::debug!(%error, "sched_getaffinity failed: shards left unpinned");
-            Vec::new()
-        }
-    }
-}
-
 /// Pins the calling thread to `cpu`; a failure (a CPU taken away since,
 /// a kernel without affinity) leaves it where it is, said at debug level.
 fn pin_to(cpu: usize) {
-    use nix::sched::{CpuSet, sched_setaffinity};
-    use nix::unistd::Pid;
-    let mut set = CpuSet::new();
-    let pinned = set
-        .set(cpu)
-        .and_then(|()| sched_setaffinity(Pid::from_raw(0), &set));
-    if let Err(error) = pinned {
+    if let Err(error) = iscsi_target::shards::pin_current_thread(cpu) {
         tracing::debug!(cpu, %error, "sched_setaffinity failed: shard left unpinned");
     }
 }
@@ -656,7 +634,13 @@ where
     Fut: std::future::Future<Output = anyhow::Result<R>>,
     R: Send,
 {
-    let cpus = if pin { affinity_cpus() } else { Vec::new() };
+    // The CPUs of the calling thread's affinity mask, in order (none when
+    // it cannot be read: the shards are left unpinned).
+    let cpus = if pin {
+        iscsi_target::shards::allowed_cpus().unwrap_or_default()
+    } else {
+        Vec::new()
+    };
     // Every runtime is made before any shard starts: a shard that failed
     // to start its runtime would never reach the barrier the others wait
     // at.
