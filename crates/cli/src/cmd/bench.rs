@@ -488,8 +488,8 @@ const LOGIN_CONCURRENCY: usize = 16;
 const RETRIES: usize = 4;
 
 /// `--sessions N` / `--mix`: N sessions, each its own initiator, logged in
-/// 16 at a time, then all loads started together. With `--threads 1` all on
-/// one current-thread runtime; with more, on shards (`run_sharded`).
+/// 16 at a time, then all loads started together, on `--threads` shards
+/// (`run_sharded`; one shard is one current-thread runtime).
 fn run_sessions(
     args: &Args,
     url: &iscsi_initiator::IscsiUrl,
@@ -501,11 +501,7 @@ fn run_sessions(
     let loads: Vec<Load> = (0..args.sessions)
         .map(|i| session_load(args, i, write, random, bs))
         .collect();
-    let report = if args.threads > 1 {
-        run_sharded(args, url, &base, &loads)?
-    } else {
-        runtime(1)?.block_on(run_one_runtime(args, url, &base, &loads))?
-    };
+    let report = run_sharded(args, url, &base, &loads)?;
     print_multi(args, &report)
 }
 
@@ -538,67 +534,6 @@ async fn login(
         .await
         .with_context(|| format!("session {i}"))?;
     Ok((session, geometry))
-}
-
-/// Every session on the caller's runtime (`--threads 1`).
-async fn run_one_runtime(
-    args: &Args,
-    url: &iscsi_initiator::IscsiUrl,
-    base: &iscsi_initiator::SessionConfig,
-    loads: &[Load],
-) -> anyhow::Result<MultiReport> {
-    let login_start = Instant::now();
-    let mut sessions: Vec<Option<Session>> = vec![None; args.sessions];
-    let indexes: Vec<usize> = (0..args.sessions).collect();
-    for chunk in indexes.chunks(LOGIN_CONCURRENCY) {
-        let mut logins = tokio::task::JoinSet::new();
-        for &i in chunk {
-            let config = session_config(base, args.sessions, i);
-            let url = url.clone();
-            logins.spawn(async move { (i, login(&url, config, i).await) });
-        }
-        while let Some(done) = logins.join_next().await {
-            let (i, session) = done.context("login task")?;
-            sessions[i] = Some(session?.0);
-        }
-    }
-    let login_seconds = login_start.elapsed().as_secs_f64();
-    let sessions: Vec<Session> = sessions.into_iter().flatten().collect();
-    let geometry = geometry(&sessions[0], url.lun).await?;
-    for load in loads {
-        check_load(load, &geometry)?;
-    }
-    let start = Instant::now();
-    let mut runs = tokio::task::JoinSet::new();
-    for (i, (session, load)) in sessions.iter().zip(loads).enumerate() {
-        let session = session.clone();
-        let load = load.clone();
-        let lun = url.lun;
-        runs.spawn(async move { (i, run_load(&session, lun, &geometry, &load).await) });
-    }
-    let mut measured: Vec<Option<Measured>> = vec![None; args.sessions];
-    while let Some(done) = runs.join_next().await {
-        let (i, result) = done.context("session task")?;
-        measured[i] = Some(result.with_context(|| format!("session {i}"))?);
-    }
-    let seconds = start.elapsed().as_secs_f64();
-    let measured: Vec<Measured> = measured.into_iter().flatten().collect();
-    let connections = sessions[0].connection_count();
-    let mut logouts = tokio::task::JoinSet::new();
-    for session in sessions {
-        logouts.spawn(async move {
-            let _ = session.logout().await;
-        });
-    }
-    while logouts.join_next().await.is_some() {}
-    Ok(multi_report(
-        args,
-        loads,
-        &measured,
-        seconds,
-        login_seconds,
-        connections,
-    ))
 }
 
 /// The sessions each of `shards` shards runs, round-robin: session `i` on
@@ -690,7 +625,7 @@ struct ShardOutcome {
     connections: usize,
 }
 
-/// `--threads N` (N > 1) with several sessions: N shards (`on_shards`, at
+/// `--threads N` with several sessions: N shards (`on_shards`, at
 /// most one per session), session i on shard i % N, each session's login,
 /// load and logout on its shard. Logins are 16 at a time over all shards;
 /// the loads start together once every shard has logged in (an async
@@ -702,7 +637,7 @@ fn run_sharded(
     base: &iscsi_initiator::SessionConfig,
     loads: &[Load],
 ) -> anyhow::Result<MultiReport> {
-    let shards = args.threads.min(args.sessions);
+    let shards = args.threads.clamp(1, args.sessions.max(1));
     let assignment = shard_sessions(args.sessions, shards);
     let logins = Arc::new(tokio::sync::Semaphore::new(LOGIN_CONCURRENCY));
     let barrier = tokio::sync::Barrier::new(shards);
