@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use iscsi_datamover::tap::Tap;
 use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender};
 use iscsi_proto::login::target::{LoginComplete, LoginOutcome, TargetLogin};
-use iscsi_proto::pdu::{Digests, Header, LoginRequest, Pdu};
+use iscsi_proto::pdu::{Digests, Header, LoginRequest, LoginResponse, Pdu};
 use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::state::{
     ConnectionEvent, ConnectionState, ConnectionStateMachine, Role, SessionEvent,
@@ -81,7 +81,7 @@ pub(crate) async fn serve_connection(
             Err(None)
         }
     };
-    let (complete, cmd_sn) = match logged_in {
+    let (complete, cmd_sn, last) = match logged_in {
         Ok(done) => done,
         Err(error) => {
             if let Some(mut leading) = leading {
@@ -104,7 +104,6 @@ pub(crate) async fn serve_connection(
         header: params.header_digest == Digest::Crc32c,
         data: params.data_digest == Digest::Crc32c,
     };
-    transport.enable(digests, params.max_recv_data_segment_length);
     let config = shared.config();
     let session = if complete.leading {
         let scsi = complete
@@ -136,10 +135,18 @@ pub(crate) async fn serve_connection(
             old.abort_all();
             old.close();
         }
+        if let Err(error) = send_login_response(&mut transport, &last.response, &last.data).await {
+            record(&mut state, ConnectionEvent::TransportLost, "login");
+            session.record(SessionEvent::Failed);
+            session.record(SessionEvent::TimedOutOrReinstated);
+            end_session(&shared, &session);
+            return Err(error);
+        }
         session
     } else {
         match shared.sessions.get(complete.tsih) {
             Some(session) => {
+                send_login_response(&mut transport, &last.response, &last.data).await?;
                 if session.lifecycle_state() == iscsi_proto::state::SessionState::Failed {
                     // Session continuation (ERL 2): a connection logs in to
                     // a session whose last connection failed (N7, N10).
@@ -149,10 +156,13 @@ pub(crate) async fn serve_connection(
                 session.record(SessionEvent::ConnectionLoggedIn);
                 session
             }
-            // The session ended between the policy's check and now.
+            // The session ended between the policy's check and now: the
+            // connection closes before the initiator was told it joined.
             None => return Ok(()),
         }
     };
+    // From the first PDU after the final Login Response (RFC 7143 13.1).
+    transport.enable(digests, params.max_recv_data_segment_length);
     // A joining connection negotiated only its own keys: the leading-only
     // ones (ErrorRecoveryLevel, the burst lengths...) are the session's.
     let params = if complete.leading {
@@ -285,7 +295,7 @@ async fn login(
     shared: &Shared,
     state: &mut ConnectionStateMachine,
     leading: &mut Option<SessionStateMachine>,
-) -> Result<Option<(Box<LoginComplete>, CmdSn)>, DatamoverError> {
+) -> Result<Option<(Box<LoginComplete>, CmdSn, FinalResponse)>, DatamoverError> {
     let policy = crate::iser::ConnectionPolicy {
         inner: &shared.policy,
         iser: transport.rdma_capable(),
@@ -326,17 +336,12 @@ async fn login(
                 CmdSn::new(0),
             ),
         };
-        let data_len = step.data.len() as u32;
-        transport
-            .sender
-            .send_control(
-                &Header::new(Pdu::LoginResponse(step.response.clone()), data_len),
-                &step.data,
-            )
-            .await?;
         match step.outcome {
-            LoginOutcome::Continue => {}
+            LoginOutcome::Continue => {
+                send_login_response(transport, &step.response, &step.data).await?;
+            }
             LoginOutcome::Failed(refusal) => {
+                send_login_response(transport, &step.response, &step.data).await?;
                 crate::login_log::refused(
                     transport.peer_addr(),
                     transport.local_addr(),
@@ -353,10 +358,38 @@ async fn login(
                 return Ok(None);
             }
             LoginOutcome::Complete(done) => {
+                // Not sent yet: the session must be findable (by status,
+                // by a connection joining with this TSIH) before the
+                // initiator learns it is logged in.
                 record(state, ConnectionEvent::LoginSucceeded, "login");
                 shared.metrics.login(LoginResult::Accept);
-                return Ok(Some((done, cmd_sn)));
+                let last = FinalResponse {
+                    response: step.response,
+                    data: step.data,
+                };
+                return Ok(Some((done, cmd_sn, last)));
             }
         }
     }
+}
+
+/// The Login Response that ends a successful login, held back until the
+/// session it names is registered.
+struct FinalResponse {
+    response: LoginResponse,
+    data: Vec<u8>,
+}
+
+async fn send_login_response(
+    transport: &mut Datamover,
+    response: &LoginResponse,
+    data: &[u8],
+) -> Result<(), DatamoverError> {
+    transport
+        .sender
+        .send_control(
+            &Header::new(Pdu::LoginResponse(response.clone()), data.len() as u32),
+            data,
+        )
+        .await
 }
