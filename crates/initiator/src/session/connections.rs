@@ -73,9 +73,6 @@ impl Inner {
         Ok(connections)
     }
 
-    /// Starts a logged-in connection. A joining one (or a reinstated one)
-    /// negotiated only its own keys: the leading-only ones (ErrorRecoveryLevel,
-    /// the burst lengths...) are the session's, from `session`.
     /// Logs in a connection with CID `cid` to the session (a further MC/S
     /// connection, or a connection reinstatement if `cid` is in use) and
     /// takes the command window its login response gives.
@@ -87,6 +84,9 @@ impl Inner {
         Ok(joined)
     }
 
+    /// Starts a logged-in connection. A joining one (or a reinstated one)
+    /// negotiated only its own keys: the leading-only ones (ErrorRecoveryLevel,
+    /// the burst lengths...) are the session's, from `session`.
     pub(super) fn start(
         &self,
         cid: u16,
