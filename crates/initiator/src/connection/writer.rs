@@ -188,7 +188,7 @@ impl Connection {
     }
 
     /// Whether the writer should write what is posted now, rather than
-    /// hold new commands back for others (see [`Coalescing`]).
+    /// hold new commands back for others (see [`Coalescing`](crate::config::Coalescing)).
     fn should_write(&self) -> bool {
         let outbox = self.lock_outbox();
         if outbox.batch.is_empty() {
