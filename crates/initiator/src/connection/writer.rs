@@ -49,7 +49,7 @@ const BATCH_RETAIN: usize = 256 * 1024;
 pub(crate) struct SendCounters {
     pub(crate) pdus: AtomicU64,
     pub(crate) writes: AtomicU64,
-    /// Data SNACKs sent for Data-In lost to digest errors (ERL 1).
+    /// SNACK Requests sent, of every type (ERL 1 and up).
     pub(crate) snacks: AtomicU64,
     /// Recovery R2Ts answered: Data-Out sent again after the target lost
     /// it to a digest error (ERL 1).

@@ -229,9 +229,10 @@ impl Session {
         self.inner.wire.counts()
     }
 
-    /// How many Data SNACKs the session sent: at ErrorRecoveryLevel 1, one
-    /// per Data-In whose data digest failed, recovered within the
-    /// connection (RFC 7143 7.3).
+    /// How many SNACK Requests the session sent at ErrorRecoveryLevel 1 or
+    /// more (RFC 7143 7.3): Data/R2T SNACKs for a gap or a Data-In whose
+    /// data digest failed, and Status SNACKs. One SNACK may cover a run of
+    /// lost PDUs, so this counts requests, not lost PDUs.
     pub fn snacks_sent(&self) -> u64 {
         self.inner.sends.snacks.load(Ordering::Relaxed)
     }
