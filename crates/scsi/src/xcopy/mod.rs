@@ -20,7 +20,7 @@
 
 pub mod parse;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::backstore::{Backstore, COPY_PIECE};
@@ -66,6 +66,10 @@ struct CopyStatus {
 #[derive(Debug, Default)]
 pub(crate) struct Held {
     by_nexus: HashMap<(NexusKey, u16), VecDeque<CopyStatus>>,
+    /// The list identifiers of copies running now, by nexus and LU: a
+    /// second copy with one of them is OPERATION IN PROGRESS (SPC-4
+    /// §6.4.3.2).
+    running: HashSet<(NexusKey, u16, u8)>,
 }
 
 impl Held {
@@ -154,6 +158,10 @@ impl ScsiTarget {
                 return Err(Sense::WRITE_PROTECTED.into());
             }
         }
+        let _running = match list.usage {
+            ListIdUsage::None => None,
+            _ => Some(self.start_list(key, number, list.list_id)?),
+        };
         let mut status = CopyStatus {
             list_id: list.list_id,
             ok: true,
@@ -178,6 +186,26 @@ impl ScsiTarget {
                 .keep(key, number, status);
         }
         result
+    }
+
+    /// Marks list `id` of `key` on LU `number` running until the guard
+    /// drops; OPERATION IN PROGRESS if it already is.
+    fn start_list(&self, key: &NexusKey, number: u16, id: u8) -> Result<Running<'_>, Sense> {
+        let entry = (key.clone(), number, id);
+        let mut held = self
+            .copies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if !held.running.insert(entry.clone()) {
+            return Err(Sense::new(
+                SenseKey::IllegalRequest,
+                Asc::OPERATION_IN_PROGRESS,
+            ));
+        }
+        Ok(Running {
+            target: self,
+            entry,
+        })
     }
 
     /// Whether LU `r` is still LU `r.number` of this target: a copy stops
@@ -261,6 +289,23 @@ impl ScsiTarget {
         }
         data_in.truncate(alloc);
         Ok(())
+    }
+}
+
+/// A list identifier in use while a copy runs (see [`ScsiTarget::start_list`]).
+struct Running<'a> {
+    target: &'a ScsiTarget,
+    entry: (NexusKey, u16, u8),
+}
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.target
+            .copies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .running
+            .remove(&self.entry);
     }
 }
 

@@ -371,3 +371,41 @@ fn inquiry_sets_3pc_and_the_opcodes_are_reported() {
         assert_eq!(din[1] & 0x07, 0x03, "{op:#x}/{sa}");
     }
 }
+
+#[test]
+fn the_fuzz_seeds_copy() {
+    // The seeds name the LUs of unique ids 1 and 2, as the fuzz target
+    // makes them: both must run whole, so the fuzzer starts from copies
+    // that reach the data path.
+    let luns: Vec<Arc<dyn Backstore>> = (1..=2)
+        .map(|id| Arc::new(RamBackstore::new(1 << 20, 512, id).unwrap()) as Arc<dyn Backstore>)
+        .collect();
+    let t = ScsiTarget::new(TargetIdentity::new("t"), luns);
+    for seed in [
+        &include_bytes!("../../../../fuzz/seeds/xcopy_parameters/lun0-to-lun1")[..],
+        &include_bytes!("../../../../fuzz/seeds/xcopy_parameters/two-segments-within-lun1")[..],
+    ] {
+        assert_eq!(xcopy(&t, &nexus(1), 0, seed), CommandOutcome::GOOD);
+    }
+}
+
+#[test]
+fn a_list_identifier_in_use_is_operation_in_progress() {
+    let (t, a, b) = two_luns();
+    let n = nexus(1);
+    let running = t.start_list(n.key(), 0, 7).unwrap();
+    let p = list(&[naa(&a), naa(&b)], &[(0, 1, 8, 0, 0)]);
+    let o = xcopy(&t, &n, 0, &p);
+    assert_eq!(
+        sense_of(o),
+        (SenseKey::IllegalRequest, Asc::OPERATION_IN_PROGRESS)
+    );
+    // Another nexus, or no list identifier (usage 11b), is not in the way.
+    assert!(xcopy(&t, &nexus(2), 0, &p).is_good());
+    let mut none = p.clone();
+    none[0] = 0;
+    none[1] = 0x18;
+    assert!(xcopy(&t, &n, 0, &none).is_good());
+    drop(running);
+    assert!(xcopy(&t, &n, 0, &p).is_good());
+}
