@@ -104,7 +104,7 @@ async fn xcopy(session: &Session, lun: u64, data: &[u8]) -> Response {
             .execute(Command::write(lun, &cdb, data))
             .await
             .expect("EXTENDED COPY answered");
-        if !r.sense().is_some_and(|s| s.key == 0x06) {
+        if r.sense().is_none_or(|s| s.key != 0x06) {
             return r;
         }
     }
