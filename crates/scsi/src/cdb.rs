@@ -86,6 +86,10 @@ pub mod opcode {
     pub const WRITE_AND_VERIFY_16: u8 = 0x8E;
     /// VERIFY(16).
     pub const VERIFY_16: u8 = 0x8F;
+    /// EXTENDED COPY (service action 0: LID1).
+    pub const EXTENDED_COPY: u8 = 0x83;
+    /// RECEIVE COPY RESULTS.
+    pub const RECEIVE_COPY_RESULTS: u8 = 0x84;
     /// WRITE SAME(16).
     pub const WRITE_SAME_16: u8 = 0x93;
     /// MAINTENANCE IN; service actions 0x0C (REPORT SUPPORTED OPERATION
@@ -321,6 +325,8 @@ pub fn command_info(cdb: &[u8], block_size: u32) -> (DataDirection, u32) {
             return write(be32(cdb, 10).map(|n| u64::from(n) * bs));
         }
         READ_DEFECT_DATA_10 => be16(cdb, 7).map(u32::from),
+        EXTENDED_COPY => return write(be32(cdb, 10).map(u64::from)),
+        RECEIVE_COPY_RESULTS => be32(cdb, 10),
         READ_DEFECT_DATA_12 => be32(cdb, 6),
         VERIFY_10 | VERIFY_12 | VERIFY_16 => {
             return write(crate::sbc::verify_data_len(cdb, block_size));

@@ -23,6 +23,7 @@
 //! | [`mode`] | MODE SENSE(6/10), MODE SELECT(6/10): caching, control, informational exceptions pages |
 //! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules |
 //! | [`sbc`] | block commands: READ/WRITE(6/10/12/16), READ CAPACITY(10/16), GET LBA STATUS, SYNCHRONIZE CACHE(10/16), UNMAP, WRITE SAME(10/16), COMPARE AND WRITE, VERIFY(10/12/16), WRITE AND VERIFY(10/12/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
+//! | [`xcopy`] | EXTENDED COPY (LID1) between this target's LUs and RECEIVE COPY RESULTS; `xcopy/parse.rs` the parameter list |
 //! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
 //! | `data_out.rs` | [`DataOut`]: a command's Data-Out, in one buffer or in pieces a WRITE hands to [`Backstore::write_pieces`] |
 //! | [`backstore`] | the [`Backstore`] trait; [`RamBackstore`] (sparse), [`FileBackstore`], [`BlockBackstore`] |
@@ -38,6 +39,7 @@ pub mod pr;
 pub mod sbc;
 pub mod sense;
 pub mod spc;
+pub mod xcopy;
 
 use std::collections::HashSet;
 
@@ -196,6 +198,8 @@ pub struct ScsiTarget {
     /// Whether a nexus's first command meets POWER ON, RESET, OR BUS DEVICE
     /// RESET OCCURRED.
     power_on_ua: AtomicBool,
+    /// EXTENDED COPY statuses held for RECEIVE COPY RESULTS (COPY STATUS).
+    copies: Mutex<xcopy::Held>,
 }
 
 /// LUs indexed by LUN number (`None`: no LU there).
@@ -287,6 +291,7 @@ impl ScsiTarget {
             nexus_changes: Mutex::new(()),
             abort_handler: Mutex::new(None),
             power_on_ua: AtomicBool::new(false),
+            copies: Mutex::new(xcopy::Held::default()),
         }
     }
 
@@ -452,6 +457,10 @@ impl ScsiTarget {
     pub fn nexus_lost(&self, nexus: &Nexus) {
         let key = nexus.key();
         self.change_nexuses(key, false);
+        self.copies
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drop_nexus(key);
         for lu in self.luns.load().iter().flatten() {
             let mut st = lu.state();
             if st.spc2.as_ref() == Some(key) {
@@ -680,6 +689,10 @@ impl ScsiTarget {
                 Ok(())
             }
             MAINTENANCE_IN => Ok(opcodes::maintenance_in(cdb, bs.is_thin(), data_in)?),
+            EXTENDED_COPY => self.extended_copy(number, table, key, cdb, &data_out.flat()),
+            RECEIVE_COPY_RESULTS => {
+                Ok(self.receive_copy_results(number, bs.block_size(), key, cdb, data_in)?)
+            }
             READ_CAPACITY_10 => Ok(sbc::read_capacity_10(bs, cdb, data_in)?),
             SERVICE_ACTION_IN_16 => Ok(sbc::service_action_in_16(bs, cdb, data_in)?),
             SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => Ok(sbc::synchronize_cache(bs, cdb)?),

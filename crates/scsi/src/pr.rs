@@ -179,7 +179,7 @@ fn access(cdb: &[u8]) -> Access {
         PREVENT_ALLOW_MEDIUM_REMOVAL if cdb.get(4).is_some_and(|b| b & 0x03 == 0) => Access::Always,
         READ_6 | READ_10 | READ_12 | READ_16 | VERIFY_10 | VERIFY_12 | VERIFY_16 | MODE_SENSE_6
         | MODE_SENSE_10 | SERVICE_ACTION_IN_16 | PRE_FETCH_10 | PRE_FETCH_16
-        | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => Access::Read,
+        | READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 | RECEIVE_COPY_RESULTS => Access::Read,
         _ => Access::Write,
     }
 }

@@ -123,6 +123,20 @@ pub struct Asc {
 impl Asc {
     /// 00/00 NO ADDITIONAL SENSE INFORMATION.
     pub const NO_ADDITIONAL_SENSE: Self = Self::new(0x00, 0x00);
+    /// 08/04 UNREACHABLE COPY TARGET.
+    pub const UNREACHABLE_COPY_TARGET: Self = Self::new(0x08, 0x04);
+    /// 0D/02 COPY TARGET DEVICE NOT REACHABLE.
+    pub const COPY_TARGET_DEVICE_NOT_REACHABLE: Self = Self::new(0x0D, 0x02);
+    /// 26/06 TOO MANY TARGET DESCRIPTORS.
+    pub const TOO_MANY_TARGET_DESCRIPTORS: Self = Self::new(0x26, 0x06);
+    /// 26/07 UNSUPPORTED TARGET DESCRIPTOR TYPE CODE.
+    pub const UNSUPPORTED_TARGET_DESCRIPTOR_TYPE: Self = Self::new(0x26, 0x07);
+    /// 26/08 TOO MANY SEGMENT DESCRIPTORS.
+    pub const TOO_MANY_SEGMENT_DESCRIPTORS: Self = Self::new(0x26, 0x08);
+    /// 26/09 UNSUPPORTED SEGMENT DESCRIPTOR TYPE CODE.
+    pub const UNSUPPORTED_SEGMENT_DESCRIPTOR_TYPE: Self = Self::new(0x26, 0x09);
+    /// 00/16 OPERATION IN PROGRESS.
+    pub const OPERATION_IN_PROGRESS: Self = Self::new(0x00, 0x16);
     /// 0C/00 WRITE ERROR.
     pub const WRITE_ERROR: Self = Self::new(0x0C, 0x00);
     /// 11/00 UNRECOVERED READ ERROR.
@@ -227,6 +241,16 @@ impl FieldPointer {
     pub const fn cdb(byte: u16, bit: Option<u8>) -> Self {
         Self {
             in_cdb: true,
+            byte,
+            bit,
+        }
+    }
+
+    /// A field of the parameter list (Data-Out): `byte`, and `bit` when it
+    /// does not start the byte.
+    pub const fn param(byte: u16, bit: Option<u8>) -> Self {
+        Self {
+            in_cdb: false,
             byte,
             bit,
         }

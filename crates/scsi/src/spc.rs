@@ -135,9 +135,10 @@ pub fn inquiry(
 
 fn standard_inquiry(id: &TargetIdentity, pdt: u8, v: &mut Vec<u8>) {
     // Byte 1 RMB 0; version 0x06 (SPC-4); HiSup + response data format 2;
-    // additional length filled below; byte 5 no TPGS/3PC/PROTECT; byte 6 0;
+    // additional length filled below; byte 5 3PC (EXTENDED COPY and
+    // RECEIVE COPY RESULTS, `crate::xcopy`), no TPGS/PROTECT; byte 6 0;
     // byte 7 CmdQue.
-    v.extend_from_slice(&[pdt, 0x00, 0x06, 0x12, 0, 0x00, 0x00, 0x02]);
+    v.extend_from_slice(&[pdt, 0x00, 0x06, 0x12, 0, 0x08, 0x00, 0x02]);
     put_ascii(v, &id.vendor, 8);
     put_ascii(v, &id.product, 16);
     put_ascii(v, &id.revision, 4);
@@ -165,14 +166,23 @@ fn vpd_page(v: &mut Vec<u8>, pdt: u8, page: u8, body: impl FnOnce(&mut Vec<u8>))
 fn device_identification(id: &TargetIdentity, lu: &dyn Backstore, v: &mut Vec<u8>) {
     // NAA 6 (IEEE Registered Extended), logical unit association, binary.
     v.extend_from_slice(&[0x01, 0x03, 0x00, 16]);
-    let high = (6u64 << 60) | (u64::from(NAA_COMPANY_ID & 0xFF_FFFF) << 36);
-    v.extend_from_slice(&high.to_be_bytes());
-    v.extend_from_slice(&lu.unique_id().to_be_bytes());
+    v.extend_from_slice(&naa_designator(lu.unique_id()));
     // Relative target port identifier 1: iSCSI, PIV, target port association.
     v.extend_from_slice(&[0x51, 0x94, 0x00, 4, 0, 0, 0, 1]);
     // SCSI name strings: the target device, then the target port.
     scsi_name_string(v, 0xA8, &id.target_name);
     scsi_name_string(v, 0x98, &format!("{},t,0x0001", id.target_name));
+}
+
+/// The 16-byte NAA 6 designator of the LU whose store has `unique_id`: what
+/// VPD page 0x83 reports, and what an EXTENDED COPY identification CSCD
+/// descriptor must name to reach that LU (`crate::xcopy`).
+pub fn naa_designator(unique_id: u64) -> [u8; 16] {
+    let high = (6u64 << 60) | (u64::from(NAA_COMPANY_ID & 0xFF_FFFF) << 36);
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&high.to_be_bytes());
+    d[8..].copy_from_slice(&unique_id.to_be_bytes());
+    d
 }
 
 /// A SCSI name string designator (type 8, UTF-8, iSCSI, PIV set) with

@@ -66,8 +66,12 @@ impl Connection {
         let (may_block, here) = iscsi_scsi::decode_lun(command.lun.0)
             .and_then(|lun| {
                 self.session.scsi.as_ref()?.with_backstore(lun, |store| {
+                    // EXTENDED COPY may read and write other LUs than
+                    // this one, stores that block among them, and moves
+                    // far more than its data: always off the shard.
+                    let copy = cdb.first() == Some(&iscsi_scsi::cdb::opcode::EXTENDED_COPY);
                     (
-                        store.may_block(),
+                        store.may_block() || copy,
                         answered_here(Some(store), &command, &cdb),
                     )
                 })

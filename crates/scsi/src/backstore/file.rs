@@ -56,6 +56,34 @@ pub(crate) fn read_full(file: &File, mut offset: u64, mut buf: &mut [u8]) -> io:
     Ok(())
 }
 
+/// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`
+/// with `copy_file_range` (the kernel moves the bytes, or shares extents on
+/// a filesystem that can). `Ok(n)`: the bytes copied, fewer than `len` when
+/// the source ended early or the kernel cannot copy between these files
+/// (another filesystem, a block device): the caller copies the rest another
+/// way.
+pub fn copy_file_range_all(
+    src: &File,
+    src_offset: u64,
+    dst: &File,
+    dst_offset: u64,
+    len: u64,
+) -> io::Result<u64> {
+    let (mut from, mut to) = (src_offset, dst_offset);
+    let mut done = 0u64;
+    while done < len {
+        let want = usize::try_from(len - done).unwrap_or(usize::MAX);
+        match rustix::fs::copy_file_range(src, Some(&mut from), dst, Some(&mut to), want) {
+            Ok(0) => break,
+            Ok(n) => done += n as u64,
+            Err(Errno::INTR) => {}
+            Err(Errno::XDEV | Errno::NOSYS | Errno::INVAL | Errno::OPNOTSUPP) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(done)
+}
+
 /// Whether an `fallocate` error means "this file cannot punch holes".
 fn punch_unsupported(e: Errno) -> bool {
     matches!(
@@ -176,6 +204,29 @@ impl Backstore for FileBackstore {
 
     fn flush(&self) -> io::Result<()> {
         self.file.sync_data()
+    }
+
+    fn file(&self) -> Option<&File> {
+        Some(&self.file)
+    }
+
+    /// `copy_file_range` from another file store; through memory from
+    /// anything else, or for what the kernel would not copy.
+    fn copy_from(
+        &self,
+        src: &dyn Backstore,
+        src_offset: u64,
+        dst_offset: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        check_range(dst_offset, len, self.size)?;
+        let src_size = src.block_count() * u64::from(src.block_size());
+        check_range(src_offset, len, src_size)?;
+        let done = match src.file() {
+            Some(f) => copy_file_range_all(f, src_offset, &self.file, dst_offset, len)?,
+            None => 0,
+        };
+        super::copy_through_memory(src, src_offset + done, self, dst_offset + done, len - done)
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {

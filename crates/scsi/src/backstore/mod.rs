@@ -23,6 +23,7 @@ use std::io;
 
 pub use block::{BlockBackstore, MEM_ALIGN};
 pub use file::FileBackstore;
+pub use file::copy_file_range_all;
 pub use ram::{RAM_CHUNK_SIZE, RamBackstore, RamBackstoreError};
 pub use slow::SlowBackstore;
 
@@ -144,6 +145,29 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// page.
     fn unmap_granularity(&self) -> u64 {
         u64::from(self.block_size())
+    }
+
+    /// The open regular file behind this store, if it is one: an EXTENDED
+    /// COPY between two such stores is left to the kernel
+    /// (`copy_file_range`), which may share extents instead of moving bytes.
+    fn file(&self) -> Option<&std::fs::File> {
+        None
+    }
+
+    /// Copies `len` bytes from `src` at `src_offset` into this store at
+    /// `dst_offset` (EXTENDED COPY, `crate::xcopy`; the caller has
+    /// range-checked both and keeps `len` to a few MiB so that a LUN removed
+    /// meanwhile is noticed between calls). The default is
+    /// [`copy_through_memory`]: a store that lends (RAM) hands over its
+    /// chunks with no copy, anything else is read into one bounded buffer.
+    fn copy_from(
+        &self,
+        src: &dyn Backstore,
+        src_offset: u64,
+        dst_offset: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        copy_through_memory(src, src_offset, self, dst_offset, len)
     }
 
     /// The provisioning status of the run of bytes starting at `offset`, at
@@ -305,6 +329,52 @@ pub(crate) fn copy_from_pieces(pieces: &[Vec<u8>], from: usize, dst: &mut [u8]) 
         done += n;
         skip = 0;
     }
+}
+
+/// The largest buffer [`copy_through_memory`] reads into at once: a copy
+/// never holds a whole segment in memory.
+pub const COPY_PIECE: usize = 4 << 20;
+
+/// Copies `len` bytes from `src` at `src_offset` to `dst` at `dst_offset`
+/// through memory, at most [`COPY_PIECE`] at a time: the lent pieces of a
+/// store that lends (RAM chunks, shared rather than copied out), else one
+/// reused buffer. What every store can do; the fallback of
+/// [`Backstore::copy_from`].
+pub fn copy_through_memory<D: Backstore + ?Sized>(
+    src: &dyn Backstore,
+    src_offset: u64,
+    dst: &D,
+    dst_offset: u64,
+    len: u64,
+) -> io::Result<()> {
+    let mut buf = Vec::new();
+    let mut done = 0u64;
+    while done < len {
+        let n = usize::try_from((len - done).min(COPY_PIECE as u64)).unwrap_or(COPY_PIECE);
+        let (from, to) = (src_offset + done, dst_offset + done);
+        match src.lend(from, n) {
+            Some(lent) => {
+                let mut at = to;
+                for piece in lent? {
+                    dst.write_at(at, &piece.bytes)?;
+                    at += piece.bytes.len() as u64;
+                }
+                if at != to + n as u64 {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "a store lent fewer bytes than asked for",
+                    ));
+                }
+            }
+            None => {
+                buf.resize(n, 0);
+                src.read_at(from, &mut buf)?;
+                dst.write_at(to, &buf)?;
+            }
+        }
+        done += n as u64;
+    }
+    Ok(())
 }
 
 /// Zero-fill granule for stores that cannot deallocate.
