@@ -135,18 +135,10 @@ pub(crate) async fn serve_connection(
             old.abort_all();
             old.close();
         }
-        if let Err(error) = send_login_response(&mut transport, &last.response, &last.data).await {
-            record(&mut state, ConnectionEvent::TransportLost, "login");
-            session.record(SessionEvent::Failed);
-            session.record(SessionEvent::TimedOutOrReinstated);
-            end_session(&shared, &session);
-            return Err(error);
-        }
         session
     } else {
         match shared.sessions.get(complete.tsih) {
             Some(session) => {
-                send_login_response(&mut transport, &last.response, &last.data).await?;
                 if session.lifecycle_state() == iscsi_proto::state::SessionState::Failed {
                     // Session continuation (ERL 2): a connection logs in to
                     // a session whose last connection failed (N7, N10).
@@ -161,8 +153,6 @@ pub(crate) async fn serve_connection(
             None => return Ok(()),
         }
     };
-    // From the first PDU after the final Login Response (RFC 7143 13.1).
-    transport.enable(digests, params.max_recv_data_segment_length);
     // A joining connection negotiated only its own keys: the leading-only
     // ones (ErrorRecoveryLevel, the burst lengths...) are the session's.
     let params = if complete.leading {
@@ -201,23 +191,39 @@ pub(crate) async fn serve_connection(
         max_recv_segment: limits.max_recv_segment,
         shard: crate::shards::current(),
     };
-    let (receiver, sender) = transport.split();
+    // The session is registered and an old connection with this CID has
+    // ended (its implicit logout, RFC 7143 6.3.4): only now is the
+    // initiator told it is logged in, so that status, a connection joining
+    // with this TSIH and a reinstatement all find this connection.
     let (number, replaced, ended) = session.take_cid(about).await;
-    let connection = Connection::new(
-        Arc::clone(&shared),
-        Arc::clone(&session),
-        complete.request.cid,
-        limits,
-        local,
-        complete.next_stat_sn,
-        sender,
-        state,
-        tap,
-        placed_data,
-        params.error_recovery_level,
-        number,
-    );
-    let (result, ended_by_logout, left) = connection.run(receiver, replaced).await;
+    let sent = send_login_response(&mut transport, &last.response, &last.data).await;
+    let (result, ended_by_logout, left) = match sent {
+        Ok(()) => {
+            // From the first PDU after the final Login Response (RFC 7143
+            // 13.1).
+            transport.enable(digests, params.max_recv_data_segment_length);
+            let (receiver, sender) = transport.split();
+            let connection = Connection::new(
+                Arc::clone(&shared),
+                Arc::clone(&session),
+                complete.request.cid,
+                limits,
+                local,
+                complete.next_stat_sn,
+                sender,
+                state,
+                tap,
+                placed_data,
+                params.error_recovery_level,
+                number,
+            );
+            connection.run(receiver, replaced).await
+        }
+        Err(error) => {
+            record(&mut state, ConnectionEvent::TransportLost, "login");
+            (Err(error), false, None)
+        }
+    };
     session.release_cid(complete.request.cid, number);
     // What it left is in place: a login or logout waiting for its end may
     // go on.

@@ -424,7 +424,12 @@ mod tests {
     fn attribution_inherits_encloses_and_adds_up() {
         let functions = vec![
             function(BIN, "main.rs", "(below main)", 10), // 0
-            function(BIN, "/crates/initiator/src/connection/tasks.rs", "route", 20), // 1
+            function(
+                BIN,
+                "/crates/initiator/src/connection/tasks.rs",
+                "route",
+                20,
+            ), // 1
             function(BIN, "map.rs", "hashbrown::HashMap::get", 40), // 2
             function(LIBC, "memmove.S", "memcpy", 300),   // 3
             function(BIN, "lib.rs", "iscsi_scsi::backstore::ram::Ram::read", 5), // 4
