@@ -437,6 +437,21 @@ impl Backstore for RamBackstore {
         CHUNK
     }
 
+    /// Any length: a write holds the locks of all its chunks at once
+    /// (taken in ascending order) and a read holds all of its own, so
+    /// neither sees part of the other (`table.rs`, which also closes the
+    /// race with chunks not yet made). A crash loses the whole store, so
+    /// no write survives in part either.
+    fn atomic_write_max(&self) -> u64 {
+        u64::MAX
+    }
+
+    /// Unmapping drops the chunks: the bytes are freed to the allocator
+    /// and every block reads as zeros.
+    fn can_block_erase(&self) -> bool {
+        true
+    }
+
     /// A chunk is mapped exactly when it is allocated.
     fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
         self.check_range(offset, max_len)?;
