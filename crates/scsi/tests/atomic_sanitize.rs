@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use iscsi_scsi::{
-    Asc, Backstore, BlockBackstore, CommandOutcome, FileBackstore, Nexus, RamBackstore, ScsiTarget,
-    SenseKey, SlowBackstore, status,
+    Asc, Backstore, BlockBackstore, CommandOutcome, DataOut, FileBackstore, Nexus, RamBackstore,
+    ScsiTarget, SenseKey, SlowBackstore, encode_lun, status,
 };
 
 /// WRITE ATOMIC(16): byte 1 flags, LBA, ATOMIC BOUNDARY, TRANSFER LENGTH.
@@ -186,7 +186,8 @@ fn write_atomic_conflicts_as_write_16_does() {
 }
 
 /// Writers send WRITE ATOMIC of whole-range patterns across chunk
-/// boundaries; readers never see two patterns in one READ.
+/// boundaries (one in one buffer, one in chunk-sized pieces as the
+/// transport receives them); readers never see two patterns in one READ.
 #[test]
 fn a_reader_never_sees_a_torn_atomic_write() {
     let (t, _) = ram_target(16 << 20, 512);
@@ -201,10 +202,34 @@ fn a_reader_never_sees_a_torn_atomic_write() {
             std::thread::spawn(move || {
                 let n = nexus(10 + u64::from(w));
                 let mut i = 0u8;
+                let (mut data_in, mut lent) = (Vec::new(), Vec::new());
                 while !stop.load(Ordering::Relaxed) {
                     i = i.wrapping_add(1);
                     let fill = (i << 1) | w | 1;
-                    good(&t, &n, &wa16(0, lba, 0, blocks), &vec![fill; len]);
+                    if w == 0 {
+                        good(&t, &n, &wa16(0, lba, 0, blocks), &vec![fill; len]);
+                    } else {
+                        // In pieces of a chunk, as the transport hands a
+                        // large write over (`Backstore::write_pieces`).
+                        let mut pieces: Vec<Vec<u8>> = vec![fill; len]
+                            .chunks(iscsi_scsi::backstore::RAM_CHUNK_SIZE)
+                            .map(<[u8]>::to_vec)
+                            .collect();
+                        let data = DataOut::Pieces {
+                            pieces: &mut pieces,
+                            len,
+                        };
+                        let cdb = wa16(0, lba, 0, blocks);
+                        let o = t.execute_lending(
+                            &n,
+                            encode_lun(0),
+                            &cdb,
+                            data,
+                            &mut data_in,
+                            &mut lent,
+                        );
+                        assert_eq!(o, CommandOutcome::GOOD);
+                    }
                 }
             })
         })
