@@ -99,6 +99,11 @@ pub mod opcode {
     pub const WRITE_AND_VERIFY_12: u8 = 0xAE;
     /// VERIFY(12).
     pub const VERIFY_12: u8 = 0xAF;
+    /// WRITE ATOMIC(16) (SBC-4).
+    pub const WRITE_ATOMIC_16: u8 = 0x9C;
+    /// SANITIZE (SBC-4); service actions OVERWRITE, BLOCK ERASE,
+    /// CRYPTOGRAPHIC ERASE, EXIT FAILURE MODE.
+    pub const SANITIZE: u8 = 0x48;
 }
 
 /// Service action of SERVICE ACTION IN(16) selecting GET LBA STATUS.
@@ -324,6 +329,9 @@ pub fn command_info(cdb: &[u8], block_size: u32) -> (DataDirection, u32) {
         WRITE_AND_VERIFY_16 | ORWRITE_16 => {
             return write(be32(cdb, 10).map(|n| u64::from(n) * bs));
         }
+        // TRANSFER LENGTH is bytes 12-13 (bytes 10-11 are ATOMIC BOUNDARY).
+        WRITE_ATOMIC_16 => return write(be16(cdb, 12).map(|n| u64::from(n) * bs)),
+        SANITIZE => return write(be16(cdb, 7).map(u64::from)),
         READ_DEFECT_DATA_10 => be16(cdb, 7).map(u32::from),
         EXTENDED_COPY => return write(be32(cdb, 10).map(u64::from)),
         RECEIVE_COPY_RESULTS => be32(cdb, 10),

@@ -24,10 +24,13 @@
 //! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules |
 //! | [`sbc`] | block commands: READ/WRITE(6/10/12/16), READ CAPACITY(10/16), GET LBA STATUS, SYNCHRONIZE CACHE(10/16), UNMAP, WRITE SAME(10/16), COMPARE AND WRITE, VERIFY(10/12/16), WRITE AND VERIFY(10/12/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
 //! | [`xcopy`] | EXTENDED COPY (LID1) between this target's LUs and RECEIVE COPY RESULTS; `xcopy/parse.rs` the parameter list |
+//! | [`atomic`] | WRITE ATOMIC(16) and the atomic limits of the Block Limits page (SBC-4 §4.29, §5.48), from what each store promises |
+//! | [`sanitize`] | SANITIZE OVERWRITE, BLOCK ERASE, EXIT FAILURE MODE (SBC-4 §4.11, §5.30); the LU's sanitize state that gates other commands |
 //! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
 //! | `data_out.rs` | [`DataOut`]: a command's Data-Out, in one buffer or in pieces a WRITE hands to [`Backstore::write_pieces`] |
 //! | [`backstore`] | the [`Backstore`] trait; [`RamBackstore`] (sparse), [`FileBackstore`], [`BlockBackstore`] |
 
+pub mod atomic;
 pub mod backstore;
 pub mod cdb;
 mod data_out;
@@ -36,6 +39,7 @@ pub mod mode;
 pub mod nexus;
 pub mod opcodes;
 pub mod pr;
+pub mod sanitize;
 pub mod sbc;
 pub mod sense;
 pub mod spc;
@@ -617,7 +621,7 @@ impl ScsiTarget {
     fn dispatch(
         &self,
         number: u16,
-        lu: &LogicalUnit,
+        lu: &Arc<LogicalUnit>,
         table: &LunTable,
         nexus: &Nexus,
         key: &NexusKey,
@@ -644,6 +648,7 @@ impl ScsiTarget {
                 return Err(ua.into());
             }
             cdb::check_control(cdb)?;
+            st.sanitize.gate(cdb)?;
             pr::check_access(&st, key, cdb)?;
         }
         let bs = lu.backstore.as_ref();
@@ -651,7 +656,11 @@ impl ScsiTarget {
         match op {
             TEST_UNIT_READY => Ok(()),
             REQUEST_SENSE => {
-                let pending = lu.state().take_ua(key);
+                // A sanitize's progress (or failure) first: the unit
+                // attention waits for when the LU is usable.
+                let mut st = lu.state();
+                let pending = st.sanitize.sense().or_else(|| st.take_ua(key));
+                drop(st);
                 Ok(spc::request_sense(cdb, pending, data_in)?)
             }
             INQUIRY => Ok(spc::inquiry(&self.identity, Some(bs), cdb, data_in)?),
@@ -688,7 +697,11 @@ impl ScsiTarget {
                 }
                 Ok(())
             }
-            MAINTENANCE_IN => Ok(opcodes::maintenance_in(cdb, bs.is_thin(), data_in)?),
+            MAINTENANCE_IN => Ok(opcodes::maintenance_in(
+                cdb,
+                opcodes::Offered::of(bs),
+                data_in,
+            )?),
             EXTENDED_COPY => self.extended_copy(number, table, key, cdb, &data_out.flat()),
             RECEIVE_COPY_RESULTS => {
                 Ok(self.receive_copy_results(number, bs.block_size(), key, cdb, data_in)?)
@@ -726,6 +739,11 @@ impl ScsiTarget {
                 let _w = lu.write_shared();
                 Ok(sbc::write_and_verify(bs, mode, cdb, &data_out.flat())?)
             }
+            WRITE_ATOMIC_16 => {
+                let _w = lu.write_shared();
+                Ok(atomic::write_atomic_16(bs, mode, cdb, data_out)?)
+            }
+            SANITIZE => Ok(sanitize::sanitize(lu, cdb, &data_out.flat())?),
             WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => {
                 let _w = lu.write_shared();
                 Ok(sbc::read_write(bs, mode, cdb, data_out, data_in, None)?)

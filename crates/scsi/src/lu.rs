@@ -13,6 +13,7 @@ use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteG
 use crate::backstore::Backstore;
 use crate::nexus::NexusKey;
 use crate::pr::PrState;
+use crate::sanitize::SanitizeState;
 use crate::sense::Sense;
 
 /// Most unit attentions queued for one nexus; older ones are dropped first
@@ -65,6 +66,8 @@ pub(crate) struct LuState {
     pub pr: PrState,
     /// Current mode parameters.
     pub mode: ModeParams,
+    /// SANITIZE running or failed: every command is checked against it.
+    pub sanitize: SanitizeState,
 }
 
 impl LuState {
@@ -110,9 +113,12 @@ impl LuState {
     /// Whether a command other than RESERVE and RELEASE (which conflict
     /// with any registration) can run without looking at this state: no
     /// unit attention pending for anybody, no SPC-2 or persistent
-    /// reservation.
+    /// reservation, no sanitize running or failed.
     fn is_quiet(&self) -> bool {
-        self.uas.is_empty() && self.spc2.is_none() && self.pr.reservation.is_none()
+        self.uas.is_empty()
+            && self.spc2.is_none()
+            && self.pr.reservation.is_none()
+            && self.sanitize.is_idle()
     }
 }
 
@@ -145,6 +151,7 @@ impl LogicalUnit {
                 spc2: None,
                 pr: PrState::default(),
                 mode: ModeParams::DEFAULT,
+                sanitize: SanitizeState::Idle,
             }),
             quiet: AtomicBool::new(true),
             mode: AtomicU8::new(ModeParams::DEFAULT.to_bits()),
@@ -173,7 +180,7 @@ impl LogicalUnit {
         self.io.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Exclusive write access (COMPARE AND WRITE).
+    /// Exclusive write access (COMPARE AND WRITE, ORWRITE, SANITIZE).
     pub fn write_exclusive(&self) -> ShardedLockWriteGuard<'_, ()> {
         self.io.write().unwrap_or_else(PoisonError::into_inner)
     }

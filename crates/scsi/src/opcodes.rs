@@ -6,7 +6,11 @@
 //! The dispatcher accepts exactly the opcodes listed here, so the report
 //! and the behaviour cannot drift apart.
 
+use crate::backstore::Backstore;
 use crate::cdb::{self, SA_REPORT_SUPPORTED_OPCODES, SA_REPORT_SUPPORTED_TMFS, opcode::*};
+use crate::sanitize::{
+    SA_SANITIZE_BLOCK_ERASE, SA_SANITIZE_EXIT_FAILURE_MODE, SA_SANITIZE_OVERWRITE,
+};
 use crate::sense::{FieldPointer, Sense};
 
 /// INVALID FIELD IN CDB pointing at REPORTING OPTIONS (byte 2, bits 2-0).
@@ -415,7 +419,81 @@ pub const COMMANDS: &[CommandDescriptor] = &[
         &[WRITE_AND_VERIFY_12, 0x12, F, F, F, F, F, F, F, F, 0, 0],
     ),
     cmd(VERIFY_12, &[VERIFY_12, 0x16, F, F, F, F, F, F, F, F, 0, 0]),
+    // SANITIZE: IMMED (bit 7), AUSE (bit 5), SERVICE ACTION; PARAMETER
+    // LIST LENGTH. CRYPTOGRAPHIC ERASE (03h) is not listed: no store here
+    // is encrypted.
+    cmd_sa(
+        SANITIZE,
+        SA_SANITIZE_OVERWRITE,
+        &[SANITIZE, 0xBF, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd_sa(
+        SANITIZE,
+        SA_SANITIZE_BLOCK_ERASE,
+        &[SANITIZE, 0xBF, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd_sa(
+        SANITIZE,
+        SA_SANITIZE_EXIT_FAILURE_MODE,
+        &[SANITIZE, 0xBF, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    // WRITE ATOMIC(16): DPO, FUA; LBA; ATOMIC BOUNDARY; TRANSFER LENGTH.
+    cmd(
+        WRITE_ATOMIC_16,
+        &[
+            WRITE_ATOMIC_16,
+            0x18,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            F,
+            0,
+            0,
+        ],
+    ),
 ];
+
+/// What one LU offers of the commands that depend on its store: the
+/// dispatcher refuses the rest as unsupported, and REPORT SUPPORTED
+/// OPERATION CODES leaves them out, from this one value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Offered {
+    /// Logical block provisioning (UNMAP).
+    pub thin: bool,
+    /// WRITE ATOMIC(16): the store promises atomic writes.
+    pub atomic: bool,
+    /// SANITIZE BLOCK ERASE.
+    pub block_erase: bool,
+}
+
+impl Offered {
+    /// What `lu`'s store offers.
+    pub fn of(lu: &dyn Backstore) -> Self {
+        Self {
+            thin: lu.is_thin(),
+            atomic: crate::atomic::AtomicLimits::of(lu).supported(),
+            block_erase: lu.can_block_erase(),
+        }
+    }
+
+    /// Whether the LU offers command `c`.
+    pub fn offers(&self, c: &CommandDescriptor) -> bool {
+        match (c.opcode, c.service_action) {
+            (UNMAP, _) => self.thin,
+            (WRITE_ATOMIC_16, _) => self.atomic,
+            (SANITIZE, Some(SA_SANITIZE_BLOCK_ERASE)) => self.block_erase,
+            _ => true,
+        }
+    }
+}
 
 /// Nominal and recommended command timeouts reported in command timeouts
 /// descriptors, in seconds.
@@ -446,9 +524,9 @@ fn timeouts(v: &mut Vec<u8>) {
 
 /// MAINTENANCE IN: REPORT SUPPORTED OPERATION CODES or REPORT SUPPORTED
 /// TASK MANAGEMENT FUNCTIONS.
-pub fn maintenance_in(cdb: &[u8], thin: bool, data_in: &mut Vec<u8>) -> Result<(), Sense> {
+pub fn maintenance_in(cdb: &[u8], offered: Offered, data_in: &mut Vec<u8>) -> Result<(), Sense> {
     match cdb::byte(cdb, 1)? & 0x1F {
-        SA_REPORT_SUPPORTED_OPCODES => report_supported_opcodes(cdb, thin, data_in),
+        SA_REPORT_SUPPORTED_OPCODES => report_supported_opcodes(cdb, offered, data_in),
         SA_REPORT_SUPPORTED_TMFS => report_supported_tmfs(cdb, data_in),
         _ => Err(Sense::INVALID_FIELD_IN_CDB),
     }
@@ -459,14 +537,15 @@ pub fn maintenance_in(cdb: &[u8], thin: bool, data_in: &mut Vec<u8>) -> Result<(
 /// opcode and service action) and 011b (one opcode, with its service action
 /// if it has them); RCTD adds command timeouts descriptors.
 ///
-/// `thin` says whether the LU offers logical block provisioning: UNMAP is
-/// listed only then, as the dispatcher accepts it only then.
+/// `offered` says which of the commands that depend on the store this LU
+/// has (UNMAP, WRITE ATOMIC(16), SANITIZE BLOCK ERASE): they are listed
+/// exactly when the dispatcher accepts them.
 pub fn report_supported_opcodes(
     cdb: &[u8],
-    thin: bool,
+    offered: Offered,
     data_in: &mut Vec<u8>,
 ) -> Result<(), Sense> {
-    let offered = |c: &&CommandDescriptor| thin || c.opcode != UNMAP;
+    let offered = |c: &&CommandDescriptor| offered.offers(c);
     let b2 = cdb::byte(cdb, 2)?;
     let rctd = b2 & 0x80 != 0;
     let options = b2 & 0x07;

@@ -151,6 +151,10 @@ impl Asc {
     pub const INVALID_FIELD_IN_CDB: Self = Self::new(0x24, 0x00);
     /// 25/00 LOGICAL UNIT NOT SUPPORTED.
     pub const LOGICAL_UNIT_NOT_SUPPORTED: Self = Self::new(0x25, 0x00);
+    /// 04/1B LOGICAL UNIT NOT READY, SANITIZE IN PROGRESS.
+    pub const SANITIZE_IN_PROGRESS: Self = Self::new(0x04, 0x1B);
+    /// 31/03 SANITIZE COMMAND FAILED.
+    pub const SANITIZE_COMMAND_FAILED: Self = Self::new(0x31, 0x03);
     /// 26/00 INVALID FIELD IN PARAMETER LIST.
     pub const INVALID_FIELD_IN_PARAMETER_LIST: Self = Self::new(0x26, 0x00);
     /// 29/00 POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
@@ -283,6 +287,10 @@ pub struct Sense {
     pub information: Option<u64>,
     /// The field an ILLEGAL REQUEST is about, if named.
     pub field_pointer: Option<FieldPointer>,
+    /// PROGRESS INDICATION (SPC-4 §4.5.2.4.4): how much of a long
+    /// operation (SANITIZE) is done, in 65536ths; sent as sense-key
+    /// specific data when there is no field pointer.
+    pub progress: Option<u16>,
 }
 
 /// The key and the additional sense, e.g. "Illegal Request: Logical unit
@@ -305,6 +313,28 @@ impl Sense {
             asc,
             information: None,
             field_pointer: None,
+            progress: None,
+        }
+    }
+
+    /// The same sense with a progress indication (`done` in 65536ths).
+    pub const fn with_progress(self, done: u16) -> Self {
+        Self {
+            progress: Some(done),
+            ..self
+        }
+    }
+
+    /// The sense-key specific bytes: a field pointer, else a progress
+    /// indication (SKSV set in both).
+    const fn key_specific(&self) -> Option<[u8; 3]> {
+        match (self.field_pointer, self.progress) {
+            (Some(field), _) => Some(field.bytes()),
+            (None, Some(p)) => {
+                let p = p.to_be_bytes();
+                Some([0x80, p[0], p[1]])
+            }
+            (None, None) => None,
         }
     }
 
@@ -408,8 +438,8 @@ impl Sense {
         b[7] = (FIXED_SENSE_LEN - 8) as u8;
         b[12] = self.asc.asc;
         b[13] = self.asc.ascq;
-        if let Some(field) = self.field_pointer {
-            b[15..18].copy_from_slice(&field.bytes());
+        if let Some(sks) = self.key_specific() {
+            b[15..18].copy_from_slice(&sks);
         }
         b
     }
@@ -433,8 +463,7 @@ impl Sense {
             v.extend_from_slice(&[0x00, 0x0A, 0x80, 0x00]);
             v.extend_from_slice(&info.to_be_bytes());
         }
-        if let Some(field) = self.field_pointer {
-            let [first, high, low] = field.bytes();
+        if let Some([first, high, low]) = self.key_specific() {
             v.extend_from_slice(&[0x02, 0x06, 0x00, 0x00, first, high, low, 0x00]);
         }
         v[7] = (v.len() - 8) as u8;

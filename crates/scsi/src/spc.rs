@@ -110,10 +110,17 @@ pub fn inquiry(
             }),
             (0x83, Some(lu)) => vpd_page(data_in, pdt, 0x83, |v| device_identification(id, lu, v)),
             (0xB0, Some(lu)) => vpd_page(data_in, pdt, 0xB0, |v| block_limits(lu, v)),
-            (0xB1, Some(_)) => vpd_page(data_in, pdt, 0xB1, |v| {
+            (0xB1, Some(lu)) => vpd_page(data_in, pdt, 0xB1, |v| {
                 // MEDIUM ROTATION RATE 1: non-rotating medium.
                 put_be16(v, 0x0001);
-                v.resize(v.len() + 0x3C - 2, 0);
+                // Byte 6 PRODUCT TYPE 0; byte 7 WABEREQ (bits 7-6) 01b
+                // where SANITIZE BLOCK ERASE exists: a block not written
+                // since the erase reads with GOOD status (as zeros,
+                // LBPRZ); WACEREQ 00b, no CRYPTOGRAPHIC ERASE (SBC-4
+                // §6.6.2).
+                let wabereq = if lu.can_block_erase() { 0x40 } else { 0x00 };
+                v.extend_from_slice(&[0x00, wabereq]);
+                v.resize(v.len() + 0x3C - 4, 0);
             }),
             (0xB2, Some(lu)) => vpd_page(data_in, pdt, 0xB2, |v| {
                 // Logical Block Provisioning (SBC-3 §6.5.4): threshold
@@ -216,6 +223,9 @@ fn block_limits(lu: &dyn Backstore, v: &mut Vec<u8>) {
     put_be32(v, unmap_granularity); // OPTIMAL UNMAP GRANULARITY
     put_be32(v, 0x8000_0000); // UGAVALID, alignment 0
     v.extend_from_slice(&u64::from(MAX_WRITE_SAME_BLOCKS).to_be_bytes());
+    // Bytes 44-63 (SBC-4): the atomic write limits, what the store can
+    // promise (see `crate::atomic`); all zero where it promises nothing.
+    v.extend_from_slice(&crate::atomic::AtomicLimits::of(lu).vpd_bytes());
     v.resize(4 + 0x3C, 0);
 }
 

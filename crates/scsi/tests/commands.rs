@@ -647,7 +647,7 @@ fn missing_lun() {
 #[test]
 fn unknown_opcodes() {
     let (t, _) = target(&[(1 << 20, 512)]);
-    for op in [0x01u8, 0x04, 0x3B, 0x48, 0x7F, 0xC0, 0xFF] {
+    for op in [0x01u8, 0x04, 0x3B, 0x49, 0x7F, 0xC0, 0xFF] {
         check(
             &t,
             0,

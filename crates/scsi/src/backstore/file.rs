@@ -248,6 +248,14 @@ impl Backstore for FileBackstore {
         true
     }
 
+    /// Unmapping punches holes (or, where the filesystem cannot, writes
+    /// zeros) and `flush` makes that durable: the data is gone from the
+    /// LU and from the file. What the filesystem then does with the freed
+    /// blocks on its device is beyond the store's reach.
+    fn can_block_erase(&self) -> bool {
+        true
+    }
+
     fn unmap_granularity(&self) -> u64 {
         // Filesystems punch whole filesystem blocks; 4 KiB is the common one.
         u64::from(self.block_size).max(4096)

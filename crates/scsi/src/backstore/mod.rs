@@ -170,6 +170,29 @@ pub trait Backstore: Send + Sync + fmt::Debug {
         copy_through_memory(src, src_offset, self, dst_offset, len)
     }
 
+    /// The longest write, in bytes, that this store makes all-or-nothing:
+    /// a concurrent read sees all of it or none of it, and after a crash
+    /// or power loss the range holds all of it or none of it. Reported
+    /// (in blocks, bounded by the transfer limits) as the MAXIMUM ATOMIC
+    /// TRANSFER LENGTH of the Block Limits VPD page; WRITE ATOMIC(16)
+    /// exists on the LU only when it is at least one block. The default,
+    /// 0: a store that writes through the kernel's page cache or to a
+    /// device cannot promise even one block to a concurrent `pread`
+    /// (buffered reads take no lock against a write copying into the same
+    /// page), nor to a crash what the device's own atomic unit does not.
+    fn atomic_write_max(&self) -> u64 {
+        0
+    }
+
+    /// Whether SANITIZE BLOCK ERASE (SBC-4 §4.11) is honest on this store:
+    /// [`Backstore::unmap`] of the whole store then [`Backstore::flush`]
+    /// leaves the old data neither in the LU's view nor in the store's own
+    /// medium as far as the store can reach it. Requires a thin store
+    /// (libiscsi and SBC-4 read a block erase as "everything deallocated").
+    fn can_block_erase(&self) -> bool {
+        false
+    }
+
     /// The provisioning status of the run of bytes starting at `offset`, at
     /// most `max_len` (> 0) long. The default: everything mapped.
     fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {

@@ -91,6 +91,14 @@ impl Backstore for SlowBackstore {
         self.inner.write_through(offset, buf)
     }
 
+    fn atomic_write_max(&self) -> u64 {
+        self.inner.atomic_write_max()
+    }
+
+    fn can_block_erase(&self) -> bool {
+        self.inner.can_block_erase()
+    }
+
     fn is_thin(&self) -> bool {
         self.inner.is_thin()
     }

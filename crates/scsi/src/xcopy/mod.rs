@@ -379,13 +379,16 @@ fn plan_segment(cscds: &[Resolved], s: &Segment) -> Result<Step, Sense> {
     })
 }
 
-/// The reservation check a READ or WRITE (`as_cdb`) from `key` to `lu`
-/// would meet.
+/// The checks a READ or WRITE (`as_cdb`) from `key` to `lu` would meet:
+/// a sanitize running or failed there (NOT READY / MEDIUM ERROR, as the
+/// command itself would get), then reservations.
 fn check_access(lu: &LogicalUnit, key: &NexusKey, as_cdb: &[u8]) -> Result<(), Fail> {
     if lu.is_quiet() {
         return Ok(());
     }
-    pr::check_access(&lu.state(), key, as_cdb)
+    let state = lu.state();
+    state.sanitize.gate(as_cdb)?;
+    pr::check_access(&state, key, as_cdb)
 }
 
 /// Copies `n` bytes within one store from `from` to `to` when the two

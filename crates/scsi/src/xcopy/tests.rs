@@ -276,6 +276,30 @@ fn write_protected_destination_is_data_protect() {
 }
 
 #[test]
+fn a_sanitize_failed_on_either_lu_refuses_the_copy() {
+    let (t, a, b) = two_luns();
+    a.write_at(0, &[0xAA; 4096]).unwrap();
+    let n = nexus(1);
+    let p = list(&[naa(&a), naa(&b)], &[(0, 1, 8, 0, 0)]);
+    // Addressed to LUN 0, writing to LUN 1 whose sanitize failed.
+    t.luns.load()[1].as_ref().unwrap().state().sanitize =
+        crate::sanitize::SanitizeState::Failed { ause: false };
+    assert_eq!(
+        sense_of(xcopy(&t, &n, 0, &p)),
+        (SenseKey::MediumError, Asc::SANITIZE_COMMAND_FAILED)
+    );
+    let mut copied = [0u8; 4096];
+    b.read_at(0, &mut copied).unwrap();
+    assert_eq!(copied, [0; 4096], "nothing reached the sanitized LU");
+    // Reading from it is refused as well.
+    let back = list(&[naa(&a), naa(&b)], &[(1, 0, 8, 0, 0)]);
+    assert_eq!(sense_of(xcopy(&t, &n, 0, &back)).0, SenseKey::MediumError);
+    // Once it is idle again, the copy goes through.
+    t.luns.load()[1].as_ref().unwrap().state().sanitize = crate::sanitize::SanitizeState::Idle;
+    assert!(xcopy(&t, &n, 0, &p).is_good());
+}
+
+#[test]
 fn ranges_and_lengths_are_checked_before_anything_moves() {
     let (t, a, b) = two_luns();
     let blocks = b.block_count();

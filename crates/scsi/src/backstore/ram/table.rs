@@ -127,11 +127,33 @@ impl ChunkTable {
 
     /// Read locks on chunks `first..=last`, in ascending order; `None` for
     /// a chunk whose part of the tree was never written (zeros).
+    ///
+    /// A chunk without a slot has no lock to hold, so a write could make
+    /// its slot and fill it after this read passed it by, while the read
+    /// still waits for a later chunk's lock that the write holds: the read
+    /// would see the old first part and the new second part of one write
+    /// (torn, which WRITE ATOMIC and the one-step promise forbid). So once
+    /// every lock is held, the chunks found missing are looked up again:
+    /// parts of the tree are never removed, so if each is still missing no
+    /// write has touched them up to now, and what is held is one moment's
+    /// contents; if one appeared, the read lets go and starts again (a part
+    /// of the tree appears once, so this ends).
     pub fn read(&self, first: u64, last: u64) -> Locked<RwLockReadGuard<'_, Option<Chunk>>> {
-        Locked::range(first, last, |i| {
-            self.find(i)
-                .map(|s| s.read().unwrap_or_else(PoisonError::into_inner))
-        })
+        loop {
+            let locked = Locked::range(first, last, |i| {
+                self.find(i)
+                    .map(|s| s.read().unwrap_or_else(PoisonError::into_inner))
+            });
+            if self.settled(&locked) {
+                return locked;
+            }
+        }
+    }
+
+    /// Whether every chunk `locked` found without a slot still has none
+    /// (see [`ChunkTable::read`]).
+    fn settled<G>(&self, locked: &Locked<G>) -> bool {
+        locked.missing().all(|i| self.find(i).is_none())
     }
 
     /// Write locks on chunks `first..=last`, in ascending order.
@@ -164,6 +186,19 @@ impl<G> Locked<G> {
             Guards::Many((first..=last).map(lock).collect())
         };
         Self { first, guards }
+    }
+
+    /// The chunks of the range that have no guard (their part of the tree
+    /// did not exist when they were locked). A range of one chunk has none
+    /// to report: a read of one chunk cannot be torn by a missing slot.
+    fn missing(&self) -> impl Iterator<Item = u64> + '_ {
+        let many: &[Option<G>] = match &self.guards {
+            Guards::One(_) => &[],
+            Guards::Many(v) => v,
+        };
+        (self.first..)
+            .zip(many)
+            .filter_map(|(i, g)| g.is_none().then_some(i))
     }
 
     /// The guard of chunk `chunk` (`None`: outside the range, or a chunk
@@ -210,5 +245,32 @@ mod tests {
         assert!(t.slot((2 << 20) + 5).is_some());
         assert!(t.find((2 << 20) + 5).is_some());
         assert!(t.find((2 << 20) + 1024).is_none(), "a sibling node");
+    }
+
+    /// The interleaving a timing test can hardly hit: a read passes chunk
+    /// 1023 (its node missing), then a write makes the nodes of 1023 and
+    /// 1024 before the read reaches 1024. The read must see that and
+    /// start again rather than return zeros beside the new chunk.
+    #[test]
+    fn a_read_that_raced_a_new_node_starts_again() {
+        let t = ChunkTable::new(4096);
+        let locked = Locked::range(1023, 1024, |i| {
+            if i == 1024 {
+                // The writer runs here.
+                t.slot(1023).unwrap();
+                t.slot(1024).unwrap();
+            }
+            t.find(i)
+                .map(|s| s.read().unwrap_or_else(PoisonError::into_inner))
+        });
+        assert_eq!(locked.missing().collect::<Vec<_>>(), [1023]);
+        assert!(!t.settled(&locked), "a slot appeared: read again");
+        drop(locked);
+        let again = t.read(1023, 1024);
+        assert_eq!(again.missing().count(), 0);
+        assert!(
+            t.settled(&t.read(4000, 4095)),
+            "never written: zeros, settled"
+        );
     }
 }
