@@ -367,6 +367,10 @@ pub(crate) fn write_same(
     if count > u64::from(MAX_WRITE_SAME_BLOCKS) {
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
+    // Before the Data-Out is looked at: a write-protected medium refuses
+    // the command whatever it carries (libiscsi's ReadOnly.ReadOnlySBC
+    // sends WRITE SAME with UNMAP and no block).
+    check_writable(mode)?;
     let bs = lu.block_size();
     let block_len = bs as usize;
     let zero_block;
@@ -378,7 +382,6 @@ pub(crate) fn write_same(
             .get(..block_len)
             .ok_or(Sense::INVALID_FIELD_IN_CDB)?
     };
-    check_writable(mode)?;
     if count == 0 {
         return Ok(());
     }
