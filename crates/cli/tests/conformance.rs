@@ -406,7 +406,7 @@ fn whole_suite(name: &'static str, spec: String) -> Run<'static> {
 /// of them, but for the commands other branches are adding.
 #[test]
 fn the_suite_passes_and_every_test_runs_somewhere() {
-    let runs = vec![
+    let runs = [
         whole_suite("RAM LUN", "ram:256M".into()),
         Run {
             name: "read-only LUN",
