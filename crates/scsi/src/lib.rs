@@ -658,7 +658,13 @@ impl ScsiTarget {
         match op {
             TEST_UNIT_READY => Ok(()),
             REQUEST_SENSE => {
-                let pending = lu.state().take_ua(key);
+                // Nothing pending: the LU's state, which without a medium
+                // is NOT READY / MEDIUM NOT PRESENT (SPC-4 §6.39).
+                let mut st = lu.state();
+                let pending = st
+                    .take_ua(key)
+                    .or_else(|| st.medium.ejected.then_some(Sense::MEDIUM_NOT_PRESENT));
+                drop(st);
                 Ok(spc::request_sense(cdb, pending, data_in)?)
             }
             INQUIRY => Ok(spc::inquiry(&self.identity, Some(bs), cdb, data_in)?),

@@ -102,8 +102,11 @@ fn a_removable_lu_ejects_and_loads_with_its_data() {
             &[],
             Sense::MEDIUM_NOT_PRESENT,
         );
-        // What describes the LU still answers.
+        // What describes the LU still answers; REQUEST SENSE says why
+        // the medium cannot be reached.
         good(&t, n, &[0x12, 0, 0, 0, 96, 0], &[]);
+        let sense = good(&t, n, &[0x03, 0, 0, 0, 18, 0], &[]);
+        assert_eq!((sense[2] & 0x0F, sense[12], sense[13]), (0x02, 0x3A, 0x00));
         good(&t, n, &[0x1A, 0, 0x3F, 0, 255, 0], &[]);
     }
     // Load: LOEJ 1, START 1. The loader goes on; the other nexus hears
