@@ -40,6 +40,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
         buffer_pool_bytes: iscsi_target::DEFAULT_BUFFER_POOL_BYTES,
         send_buffer_bytes: Some(iscsi_target::DEFAULT_SEND_BUFFER_BYTES),
         cores: Some(2),
+        naa_company_id: iscsi_scsi::spc::NAA_COMPANY_ID,
         tap: None,
     };
     let server = Server::bind(config).await.unwrap();

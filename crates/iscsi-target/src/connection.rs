@@ -76,6 +76,9 @@ const GOOD: u8 = 0x00;
 const MAX_WRITE_BUFFER: u32 = 32 << 20;
 /// COMPARE AND WRITE (SBC-3 5.2).
 const COMPARE_AND_WRITE: u8 = 0x89;
+/// WRITE SAME(10) and (16): their Data-Out is exactly one block.
+const WRITE_SAME_10: u8 = 0x41;
+const WRITE_SAME_16: u8 = 0x93;
 /// Seconds an initiator is given to log out when the target shuts down
 /// (Parameter3 of the Asynchronous Message).
 const LOGOUT_GRACE_SECONDS: u16 = 3;

@@ -125,7 +125,10 @@ impl Server {
         let targets: Targets = config
             .targets
             .iter()
-            .map(|target| (target.name.clone(), scsi_target(target, &sessions)))
+            .map(|target| {
+                let core = scsi_target(target, config.naa_company_id, &sessions);
+                (target.name.clone(), core)
+            })
             .collect();
         let portals: Vec<(TcpListener, Portal, SocketAddr)> = tcp
             .into_iter()

@@ -57,12 +57,18 @@ impl Shared {
 /// The SCSI core of `target`, with the PERSISTENT RESERVE OUT / PREEMPT AND
 /// ABORT hook (SPC-4 5.12.11.2.6): the preempted nexuses' tasks on that LUN
 /// are aborted. Weak: the registry holds sessions, which hold the core.
-pub(crate) fn scsi_target(target: &TargetEntry, sessions: &Arc<Registry>) -> Arc<ScsiTarget> {
+/// `naa_company_id` is the IEEE company ID of its LUs' NAA designators.
+pub(crate) fn scsi_target(
+    target: &TargetEntry,
+    naa_company_id: u32,
+    sessions: &Arc<Registry>,
+) -> Arc<ScsiTarget> {
     let identity = TargetIdentity {
         target_name: target.name.clone(),
         vendor: "ISCSI-RS".to_owned(),
         product: "VIRTUAL DISK".to_owned(),
         revision: "0001".to_owned(),
+        naa_company_id,
     };
     let luns = target
         .luns

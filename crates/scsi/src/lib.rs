@@ -15,7 +15,8 @@
 //! | module | owns |
 //! |---|---|
 //! | `lib.rs` | [`ScsiTarget`], [`CommandOutcome`], LUN addressing, resets, dispatch by opcode (unit attention, then reservation check, then the command) |
-//! | `lu.rs` | per-LU state: unit attention queues per nexus, the SPC-2 reservation, PR state, mode parameters, the COMPARE AND WRITE lock |
+//! | `lu.rs` | per-LU state: unit attention queues per nexus, the SPC-2 reservation, PR state, mode parameters, the removable medium, the COMPARE AND WRITE lock |
+//! | [`medium`] | [`LuOptions`] (read-only, removable, physical block size) and the removable medium's load/eject and prevent state |
 //! | [`nexus`] | [`Nexus`], [`NexusKey`], iSCSI TransportIDs (SPC-4 §7.6.4.6) |
 //! | [`cdb`] | opcodes, bounds-checked field readers, [`cdb::Lba`]/[`cdb::Blocks`], READ/WRITE decoding, [`command_info`] (Data-Out and allocation lengths of every command) |
 //! | [`sense`] | sense keys, named ASC/ASCQ constants, INFORMATION, fixed and descriptor formats |
@@ -28,13 +29,14 @@
 //! | [`sanitize`] | SANITIZE OVERWRITE, BLOCK ERASE, EXIT FAILURE MODE (SBC-4 §4.11, §5.30); the LU's sanitize state that gates other commands |
 //! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
 //! | `data_out.rs` | [`DataOut`]: a command's Data-Out, in one buffer or in pieces a WRITE hands to [`Backstore::write_pieces`] |
-//! | [`backstore`] | the [`Backstore`] trait; [`RamBackstore`] (sparse), [`FileBackstore`], [`BlockBackstore`] |
+//! | [`backstore`] | the [`Backstore`] trait; [`RamBackstore`] (sparse), [`FileBackstore`], [`BlockBackstore`]; [`WithOptions`] (any store with [`LuOptions`]) |
 
 pub mod atomic;
 pub mod backstore;
 pub mod cdb;
 mod data_out;
 mod lu;
+pub mod medium;
 pub mod mode;
 pub mod nexus;
 pub mod opcodes;
@@ -53,8 +55,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
     Allocation, Backstore, BackstoreOpenError, BlockBackstore, FileBackstore, Lent, RamBackstore,
-    RamBackstoreError, SlowBackstore,
+    RamBackstoreError, SlowBackstore, WithOptions,
 };
+pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};
 pub use pr::PrType;
 
@@ -138,6 +141,9 @@ pub struct TargetIdentity {
     pub product: String,
     /// Product revision level (4 ASCII characters, space-padded).
     pub revision: String,
+    /// The IEEE company ID (24-bit OUI or CID) of the LUs' NAA designators
+    /// (VPD page 83h); [`spc::NAA_COMPANY_ID`] unless configured.
+    pub naa_company_id: u32,
 }
 
 impl TargetIdentity {
@@ -149,6 +155,7 @@ impl TargetIdentity {
             vendor: "ISCSI-RS".into(),
             product: "DISK".into(),
             revision: "0001".into(),
+            naa_company_id: spc::NAA_COMPANY_ID,
         }
     }
 }
@@ -470,6 +477,7 @@ impl ScsiTarget {
             if st.spc2.as_ref() == Some(key) {
                 st.spc2 = None;
             }
+            st.medium.prevented.remove(key);
             st.drop_nexus(key);
         }
     }
@@ -504,6 +512,9 @@ impl ScsiTarget {
         let mut st = lu.state();
         st.spc2 = None;
         st.mode = lu::ModeParams::DEFAULT;
+        // A reset ends every prevention of medium removal (SBC-3 §5.11);
+        // the medium stays loaded or ejected as it was.
+        st.medium.prevented.clear();
         st.raise_for_all(nexuses, None, ua);
     }
 
@@ -650,22 +661,33 @@ impl ScsiTarget {
             cdb::check_control(cdb)?;
             st.sanitize.gate(cdb)?;
             pr::check_access(&st, key, cdb)?;
+            if st.medium.ejected && !medium::runs_without_medium(op) {
+                return Err(Sense::MEDIUM_NOT_PRESENT.into());
+            }
         }
         let bs = lu.backstore.as_ref();
-        let mode = lu.mode();
+        // What the commands that write see: SWP set for a read-only LU, so
+        // that each refuses its write where it checks SWP.
+        let mode = lu.io_mode();
         match op {
             TEST_UNIT_READY => Ok(()),
             REQUEST_SENSE => {
                 // A sanitize's progress (or failure) first: the unit
-                // attention waits for when the LU is usable.
+                // attention waits for when the LU is usable. Then, with
+                // nothing pending, the LU's state, which without a medium
+                // is NOT READY / MEDIUM NOT PRESENT (SPC-4 §6.39).
                 let mut st = lu.state();
-                let pending = st.sanitize.sense().or_else(|| st.take_ua(key));
+                let pending = st
+                    .sanitize
+                    .sense()
+                    .or_else(|| st.take_ua(key))
+                    .or_else(|| st.medium.ejected.then_some(Sense::MEDIUM_NOT_PRESENT));
                 drop(st);
                 Ok(spc::request_sense(cdb, pending, data_in)?)
             }
             INQUIRY => Ok(spc::inquiry(&self.identity, Some(bs), cdb, data_in)?),
             REPORT_LUNS => Ok(spc::report_luns(&lun_numbers(table), cdb, data_in)?),
-            MODE_SENSE_6 | MODE_SENSE_10 => Ok(mode::mode_sense(bs, mode, cdb, data_in)?),
+            MODE_SENSE_6 | MODE_SENSE_10 => Ok(mode::mode_sense(bs, lu.mode(), cdb, data_in)?),
             MODE_SELECT_6 | MODE_SELECT_10 => {
                 let nexuses = self.known_nexuses();
                 let mut st = lu.state();
@@ -709,8 +731,29 @@ impl ScsiTarget {
             READ_CAPACITY_10 => Ok(sbc::read_capacity_10(bs, cdb, data_in)?),
             SERVICE_ACTION_IN_16 => Ok(sbc::service_action_in_16(bs, cdb, data_in)?),
             SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => Ok(sbc::synchronize_cache(bs, cdb)?),
-            START_STOP_UNIT => Ok(sbc::start_stop_unit(bs, cdb)?),
-            PREVENT_ALLOW_MEDIUM_REMOVAL => Ok(sbc::prevent_allow(cdb)?),
+            START_STOP_UNIT => {
+                // LOEJ loads and ejects only a removable medium; a fixed
+                // one ignores it.
+                let action = sbc::start_stop_unit(bs, cdb)?;
+                if let Some(action) = action.filter(|_| lu.options.removable) {
+                    let nexuses = self.known_nexuses();
+                    let mut st = lu.state();
+                    // A medium loaded: NOT READY TO READY CHANGE for every
+                    // other nexus (the medium may have changed); the one that loaded it
+                    // knows, as with MODE SELECT's unit attention.
+                    if st.medium.load_eject(action)? {
+                        st.raise_for_all(&nexuses, Some(key), Sense::MEDIUM_MAY_HAVE_CHANGED);
+                    }
+                }
+                Ok(())
+            }
+            PREVENT_ALLOW_MEDIUM_REMOVAL => {
+                let prevent = sbc::prevent_allow(cdb)?;
+                if lu.options.removable {
+                    lu.state().medium.prevent(key, prevent);
+                }
+                Ok(())
+            }
             // Logical block provisioning (SBC-3 4.7) is only offered by
             // thin stores (LBPME=1): on a fully provisioned one UNMAP does
             // not exist, as VPD B2 says.

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use crate::backstore::Backstore;
+use crate::medium::{LuOptions, Medium};
 use crate::nexus::NexusKey;
 use crate::pr::PrState;
 use crate::sanitize::SanitizeState;
@@ -68,6 +69,8 @@ pub(crate) struct LuState {
     pub mode: ModeParams,
     /// SANITIZE running or failed: every command is checked against it.
     pub sanitize: SanitizeState,
+    /// A removable medium's state (loaded or not, who prevents removal).
+    pub medium: Medium,
 }
 
 impl LuState {
@@ -114,11 +117,13 @@ impl LuState {
     /// with any registration) can run without looking at this state: no
     /// unit attention pending for anybody, no SPC-2 or persistent
     /// reservation, no sanitize running or failed.
+    /// An ejected medium is not quiet either: every command must look.
     fn is_quiet(&self) -> bool {
         self.uas.is_empty()
             && self.spc2.is_none()
             && self.pr.reservation.is_none()
             && self.sanitize.is_idle()
+            && !self.medium.ejected
     }
 }
 
@@ -126,6 +131,8 @@ impl LuState {
 #[derive(Debug)]
 pub(crate) struct LogicalUnit {
     pub backstore: Arc<dyn Backstore>,
+    /// The store's [`Backstore::lu_options`], read once.
+    pub options: LuOptions,
     state: Mutex<LuState>,
     /// [`LuState::is_quiet`] as of the last change of the state: every
     /// command to the LU, from every session on every core, reads it, and
@@ -145,6 +152,7 @@ pub(crate) struct LogicalUnit {
 impl LogicalUnit {
     pub fn new(backstore: Arc<dyn Backstore>) -> Self {
         Self {
+            options: backstore.lu_options(),
             backstore,
             state: Mutex::new(LuState {
                 uas: HashMap::new(),
@@ -152,6 +160,7 @@ impl LogicalUnit {
                 pr: PrState::default(),
                 mode: ModeParams::DEFAULT,
                 sanitize: SanitizeState::Idle,
+                medium: Medium::default(),
             }),
             quiet: AtomicBool::new(true),
             mode: AtomicU8::new(ModeParams::DEFAULT.to_bits()),
@@ -188,6 +197,16 @@ impl LogicalUnit {
     /// The current mode parameters.
     pub fn mode(&self) -> ModeParams {
         ModeParams::from_bits(self.mode.load(Ordering::Acquire))
+    }
+
+    /// The mode parameters the commands that write obey: the current ones,
+    /// with SWP set on a read-only LU (every write then ends in DATA
+    /// PROTECT / WRITE PROTECTED where it checks SWP). MODE SENSE reports
+    /// the current ones.
+    pub fn io_mode(&self) -> ModeParams {
+        let mut mode = self.mode();
+        mode.swp |= self.options.read_only;
+        mode
     }
 }
 

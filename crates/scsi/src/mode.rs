@@ -119,13 +119,14 @@ pub(crate) fn mode_sense(
     }
 
     // Header: mode data length, medium type 0, device-specific parameter
-    // (WP from SWP, DPOFUA 1), block descriptor length.
+    // (WP from SWP or a read-only LU, DPOFUA 1), block descriptor length.
     let bd_len: u8 = match (dbd, llbaa) {
         (true, _) => 0,
         (false, true) => 16,
         (false, false) => 8,
     };
-    let dsp = 0x10 | if current.swp { 0x80 } else { 0 };
+    let wp = current.swp || lu.lu_options().read_only;
+    let dsp = 0x10 | if wp { 0x80 } else { 0 };
     let v = data_in;
     if ten {
         v.extend_from_slice(&[0, 0, 0x00, dsp, u8::from(llbaa), 0, 0, bd_len]);

@@ -248,7 +248,8 @@ pub(crate) fn sanitize(lu: &Arc<LogicalUnit>, cdb: &[u8], data_out: &[u8]) -> Re
     if let SanitizeState::Running(p) = &st.sanitize {
         return Err(IN_PROGRESS.with_progress(p.get()));
     }
-    if st.mode.swp {
+    // SWP, or a read-only LU (`,readonly`), whose SWP `io_mode` sets.
+    if st.mode.swp || lu.io_mode().swp {
         return Err(Sense::WRITE_PROTECTED);
     }
     let progress = Arc::new(Progress::default());

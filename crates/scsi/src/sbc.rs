@@ -10,6 +10,7 @@
 use crate::backstore::Backstore;
 use crate::cdb::{self, Blocks, Lba, SA_GET_LBA_STATUS, SA_READ_CAPACITY_16, check_range, opcode};
 use crate::lu::ModeParams;
+use crate::medium::LoadEject;
 use crate::sense::Sense;
 use crate::spc::{
     MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BYTES, MAX_UNMAP_DESCRIPTORS, MAX_UNMAP_LBA_COUNT,
@@ -163,11 +164,13 @@ fn read_capacity_16(lu: &dyn Backstore, cdb: &[u8], data_in: &mut Vec<u8>) -> Re
     let last = lu.block_count().saturating_sub(1);
     data_in.extend_from_slice(&last.to_be_bytes());
     data_in.extend_from_slice(&lu.block_size().to_be_bytes());
-    // Byte 12: no protection; byte 13: one logical block per physical block;
-    // bytes 14-15: LBPME (thin provisioned), LBPRZ (unmapped blocks read as
-    // zeros, true of every store), lowest aligned LBA 0.
+    // Byte 12: no protection; byte 13: LOGICAL BLOCKS PER PHYSICAL BLOCK
+    // EXPONENT (3 for 512e); bytes 14-15: LBPME (thin provisioned), LBPRZ
+    // (unmapped blocks read as zeros, true of every store), lowest aligned
+    // LBA 0.
     let lbpme = if lu.is_thin() { 0x80 } else { 0 };
-    data_in.extend_from_slice(&[0x00, 0x00, lbpme | 0x40, 0x00]);
+    let lbppbe = lu.lu_options().lbppbe(lu.block_size());
+    data_in.extend_from_slice(&[0x00, lbppbe, lbpme | 0x40, 0x00]);
     data_in.resize(32, 0);
     data_in.truncate(usize::try_from(alloc).unwrap_or(usize::MAX));
     Ok(())
@@ -364,6 +367,10 @@ pub(crate) fn write_same(
     if count > u64::from(MAX_WRITE_SAME_BLOCKS) {
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
+    // Before the Data-Out is looked at: a write-protected medium refuses
+    // the command whatever it carries (libiscsi's ReadOnly.ReadOnlySBC
+    // sends WRITE SAME with UNMAP and no block).
+    check_writable(mode)?;
     let bs = lu.block_size();
     let block_len = bs as usize;
     let zero_block;
@@ -375,7 +382,6 @@ pub(crate) fn write_same(
             .get(..block_len)
             .ok_or(Sense::INVALID_FIELD_IN_CDB)?
     };
-    check_writable(mode)?;
     if count == 0 {
         return Ok(());
     }
@@ -570,37 +576,43 @@ pub(crate) fn write_and_verify(
     Ok(())
 }
 
-/// START STOP UNIT (SBC-3 §5.25). The medium is not removable and always
-/// ready, so every valid request succeeds; stopping (START 0) without
-/// NO_FLUSH first synchronizes the cache.
-pub fn start_stop_unit(lu: &dyn Backstore, cdb: &[u8]) -> Result<(), Sense> {
+/// START STOP UNIT (SBC-3 §5.25): stopping (START 0) without NO_FLUSH
+/// first synchronizes the cache. Says whether LOEJ asks to load or eject
+/// the medium (POWER CONDITION 0 only: any other ignores LOEJ and START),
+/// which the caller does for a removable LU and ignores for a fixed one.
+pub(crate) fn start_stop_unit(lu: &dyn Backstore, cdb: &[u8]) -> Result<Option<LoadEject>, Sense> {
     let b1 = cdb::byte(cdb, 1)?;
     let b3 = cdb::byte(cdb, 3)?;
     let b4 = cdb::byte(cdb, 4)?;
     if b1 & 0xFE != 0 || b3 & 0xF0 != 0 || b4 & 0x08 != 0 {
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
-    // POWER CONDITION: START_VALID, ACTIVE, IDLE, STANDBY, LU_CONTROL,
-    // FORCE_IDLE_0, FORCE_STANDBY_0.
-    if !matches!(b4 >> 4, 0x0 | 0x1 | 0x2 | 0x3 | 0x7 | 0xA | 0xB) {
-        return Err(Sense::INVALID_FIELD_IN_CDB);
-    }
+    // POWER CONDITION: every value is accepted and none changes anything
+    // (there is no power to manage); a value other than 0 makes LOEJ and
+    // START ignored. libiscsi's StartStopUnit.PwrCnd expects GOOD for all
+    // fifteen, and that the medium stays.
     let start = b4 & 0x01 != 0;
+    let loej = b4 & 0x02 != 0;
     let no_flush = b4 & 0x04 != 0;
     if !start && !no_flush {
         lu.flush().map_err(|_| Sense::WRITE_ERROR)?;
     }
-    Ok(())
+    Ok(match (b4 >> 4, loej, start) {
+        (0, true, false) => Some(LoadEject::Eject),
+        (0, true, true) => Some(LoadEject::Load),
+        _ => None,
+    })
 }
 
-/// PREVENT ALLOW MEDIUM REMOVAL (SBC-3 §5.11): the medium is not removable,
-/// so PREVENT has nothing to prevent and every value is accepted.
-pub fn prevent_allow(cdb: &[u8]) -> Result<(), Sense> {
+/// PREVENT ALLOW MEDIUM REMOVAL (SBC-3 §5.11): says whether the PREVENT
+/// field asks to prevent removal (01b; the obsolete 1xb values count as
+/// their low bit). Only a removable LU keeps it.
+pub(crate) fn prevent_allow(cdb: &[u8]) -> Result<bool, Sense> {
     let b4 = cdb::byte(cdb, 4)?;
     if b4 & 0xFC != 0 {
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
-    Ok(())
+    Ok(b4 & 0x01 != 0)
 }
 
 /// PRE-FETCH(10/16) (SBC-3 5.9, 5.10): the range is checked; the data is

@@ -167,6 +167,10 @@ impl Asc {
     pub const MEDIUM_NOT_PRESENT: Self = Self::new(0x3A, 0x00);
     /// 27/00 WRITE PROTECTED.
     pub const WRITE_PROTECTED: Self = Self::new(0x27, 0x00);
+    /// 28/00 NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED.
+    pub const MEDIUM_MAY_HAVE_CHANGED: Self = Self::new(0x28, 0x00);
+    /// 53/02 MEDIUM REMOVAL PREVENTED.
+    pub const MEDIUM_REMOVAL_PREVENTED: Self = Self::new(0x53, 0x02);
     /// 1D/00 MISCOMPARE DURING VERIFY OPERATION.
     pub const MISCOMPARE_DURING_VERIFY: Self = Self::new(0x1D, 0x00);
     /// 26/04 INVALID RELEASE OF PERSISTENT RESERVATION.
@@ -422,6 +426,14 @@ impl Sense {
     pub const WRITE_PROTECTED: Self = Self::new(SenseKey::DataProtect, Asc::WRITE_PROTECTED);
     /// NOT READY / MEDIUM NOT PRESENT.
     pub const MEDIUM_NOT_PRESENT: Self = Self::new(SenseKey::NotReady, Asc::MEDIUM_NOT_PRESENT);
+    /// ILLEGAL REQUEST / MEDIUM REMOVAL PREVENTED (an eject while an I_T
+    /// nexus prevents it, SBC-3 §5.25).
+    pub const MEDIUM_REMOVAL_PREVENTED: Self =
+        Self::new(SenseKey::IllegalRequest, Asc::MEDIUM_REMOVAL_PREVENTED);
+    /// UNIT ATTENTION / NOT READY TO READY CHANGE, MEDIUM MAY HAVE CHANGED
+    /// (a medium was loaded).
+    pub const MEDIUM_MAY_HAVE_CHANGED: Self =
+        Self::new(SenseKey::UnitAttention, Asc::MEDIUM_MAY_HAVE_CHANGED);
 
     /// Fixed-format sense data (SPC-4 §4.5.3): response code 0x70 (current
     /// error), sense key in byte 2, additional sense length 10, ASC/ASCQ in

@@ -16,10 +16,28 @@ const PDT_DISK: u8 = 0x00;
 /// Peripheral qualifier 3 / device type 0x1F: no logical unit here.
 const PQ_NO_LUN: u8 = 0x7F;
 
-/// The IEEE company ID placed in NAA 6 designators. Zero is a placeholder
-/// until the project registers an OUI; uniqueness comes from the backstore's
-/// unique id in the vendor-specific extension.
-pub const NAA_COMPANY_ID: u32 = 0x00_0000;
+/// The IEEE company ID (OUI) placed in NAA 6 designators unless the target
+/// is configured with its own ([`TargetIdentity::naa_company_id`]):
+/// 00-14-05, the one Linux's LIO target puts in its NAA 6 designators
+/// ("OpenFabrics IEEE Company ID" in target_core_spc.c). The project has no
+/// OUI of its own; this one makes our designators look like those of the
+/// most widely deployed software target, which every initiator already
+/// meets, instead of 00-00-00 (an OUI assigned to somebody else). A site
+/// that owns an OUI or CID should configure it.
+pub const NAA_COMPANY_ID: u32 = 0x00_1405;
+
+/// The 16-byte NAA IEEE Registered Extended designator (NAA 6, SPC-4
+/// §7.8.6.6.5) of the LU whose store has `unique_id`: the company id, 36
+/// bits of vendor-specific identifier (zero) and the unique id as the
+/// 64-bit extension. Stable as long as the unique id is (the target
+/// derives it from the target name, LUN number and store).
+pub fn naa_designator(company_id: u32, unique_id: u64) -> [u8; 16] {
+    let high = (6u64 << 60) | (u64::from(company_id & 0xFF_FFFF) << 36);
+    let mut d = [0u8; 16];
+    d[..8].copy_from_slice(&high.to_be_bytes());
+    d[8..].copy_from_slice(&unique_id.to_be_bytes());
+    d
+}
 
 /// Largest READ/WRITE transfer accepted, in bytes (reported in the Block
 /// Limits VPD page; larger requests end in INVALID FIELD IN CDB).
@@ -98,7 +116,8 @@ pub fn inquiry(
         if page != 0 {
             return Err(Sense::INVALID_FIELD_IN_CDB);
         }
-        standard_inquiry(id, pdt, data_in);
+        let removable = lu.is_some_and(|lu| lu.lu_options().removable);
+        standard_inquiry(id, pdt, removable, data_in);
     } else {
         match (page, lu) {
             (0x00, Some(_)) => vpd_page(data_in, pdt, 0x00, |v| {
@@ -140,12 +159,13 @@ pub fn inquiry(
     Ok(())
 }
 
-fn standard_inquiry(id: &TargetIdentity, pdt: u8, v: &mut Vec<u8>) {
-    // Byte 1 RMB 0; version 0x06 (SPC-4); HiSup + response data format 2;
-    // additional length filled below; byte 5 3PC (EXTENDED COPY and
-    // RECEIVE COPY RESULTS, `crate::xcopy`), no TPGS/PROTECT; byte 6 0;
-    // byte 7 CmdQue.
-    v.extend_from_slice(&[pdt, 0x00, 0x06, 0x12, 0, 0x08, 0x00, 0x02]);
+fn standard_inquiry(id: &TargetIdentity, pdt: u8, removable: bool, v: &mut Vec<u8>) {
+    // Byte 1 RMB (a removable LU); version 0x06 (SPC-4); HiSup + response
+    // data format 2; additional length filled below; byte 5 3PC (EXTENDED
+    // COPY and RECEIVE COPY RESULTS, `crate::xcopy`), no TPGS/PROTECT;
+    // byte 6 0; byte 7 CmdQue.
+    let rmb = if removable { 0x80 } else { 0x00 };
+    v.extend_from_slice(&[pdt, rmb, 0x06, 0x12, 0, 0x08, 0x00, 0x02]);
     put_ascii(v, &id.vendor, 8);
     put_ascii(v, &id.product, 16);
     put_ascii(v, &id.revision, 4);
@@ -173,23 +193,12 @@ fn vpd_page(v: &mut Vec<u8>, pdt: u8, page: u8, body: impl FnOnce(&mut Vec<u8>))
 fn device_identification(id: &TargetIdentity, lu: &dyn Backstore, v: &mut Vec<u8>) {
     // NAA 6 (IEEE Registered Extended), logical unit association, binary.
     v.extend_from_slice(&[0x01, 0x03, 0x00, 16]);
-    v.extend_from_slice(&naa_designator(lu.unique_id()));
+    v.extend_from_slice(&naa_designator(id.naa_company_id, lu.unique_id()));
     // Relative target port identifier 1: iSCSI, PIV, target port association.
     v.extend_from_slice(&[0x51, 0x94, 0x00, 4, 0, 0, 0, 1]);
     // SCSI name strings: the target device, then the target port.
     scsi_name_string(v, 0xA8, &id.target_name);
     scsi_name_string(v, 0x98, &format!("{},t,0x0001", id.target_name));
-}
-
-/// The 16-byte NAA 6 designator of the LU whose store has `unique_id`: what
-/// VPD page 0x83 reports, and what an EXTENDED COPY identification CSCD
-/// descriptor must name to reach that LU (`crate::xcopy`).
-pub fn naa_designator(unique_id: u64) -> [u8; 16] {
-    let high = (6u64 << 60) | (u64::from(NAA_COMPANY_ID & 0xFF_FFFF) << 36);
-    let mut d = [0u8; 16];
-    d[..8].copy_from_slice(&high.to_be_bytes());
-    d[8..].copy_from_slice(&unique_id.to_be_bytes());
-    d
 }
 
 /// A SCSI name string designator (type 8, UTF-8, iSCSI, PIV set) with
@@ -209,7 +218,10 @@ fn scsi_name_string(v: &mut Vec<u8>, assoc_type: u8, name: &str) {
 fn block_limits(lu: &dyn Backstore, v: &mut Vec<u8>) {
     let bs = u64::from(lu.block_size().max(1));
     let max_blocks = u32::try_from(MAX_TRANSFER_BYTES / bs).unwrap_or(u32::MAX);
-    let granularity = u16::try_from((4096 / bs).max(1)).unwrap_or(1);
+    // OPTIMAL TRANSFER LENGTH GRANULARITY: a physical block (512e: 8), and
+    // never below 4 KiB, the page size initiators' I/O comes in anyway.
+    let physical = u64::from(lu.lu_options().physical_block_size.unwrap_or(0));
+    let granularity = u16::try_from((physical.max(4096) / bs).max(1)).unwrap_or(1);
     let unmap_granularity = u32::try_from((lu.unmap_granularity() / bs).max(1)).unwrap_or(1);
     let thin = lu.is_thin();
     v.push(0); // WSNZ 0: WRITE SAME with 0 blocks means "to the end"

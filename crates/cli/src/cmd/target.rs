@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use iscsi_target::{
-    LunEntry, Server, ServerHandle, TargetConfig, TargetEntry, open_lun, unique_id,
+    LunEntry, Server, ServerHandle, TargetConfig, TargetEntry, open_lun, parse_company_id,
 };
 use iscsi_trace::TraceWriter;
 
@@ -41,7 +41,10 @@ pub struct Args {
     /// 256M or 1G), `file:PATH[,size=SIZE]` (created or extended to SIZE),
     /// `block:PATH[,direct]` (a block device, optionally O_DIRECT); any of
     /// them with `,latency=DURATION` (e.g. 20ms) waits that long on every
-    /// access, as a slow device would.
+    /// access, as a slow device would; `,readonly` refuses writes (DATA
+    /// PROTECT); `,removable` makes the medium removable (START STOP UNIT
+    /// ejects and loads it, PREVENT ALLOW MEDIUM REMOVAL holds it);
+    /// `,physical-block=4096` reports 4 KiB physical blocks (512e).
     #[arg(long = "lun", default_values_t = ["ram:1G".to_owned()])]
     luns: Vec<String>,
     /// A TOML configuration file (targets, portals, LUNs, CHAP, ACLs,
@@ -72,6 +75,12 @@ pub struct Args {
     /// gives four.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
     cores: Option<u16>,
+    /// The IEEE company ID (OUI or CID, hex: 0x001405 or 00-14-05) in
+    /// every LU's NAA designator (VPD page 83h; the configuration file's
+    /// `naa_company_id`, which this overrides). Default 00-14-05, the one
+    /// Linux's LIO target uses: this project has no OUI of its own.
+    #[arg(long, value_name = "OUI", value_parser = parse_company_id)]
+    naa_company_id: Option<u32>,
     /// Write a trace of every PDU, command and SCSI execution to FILE
     /// (Chrome Trace Event Format: Perfetto, chrome://tracing, `iscsi
     /// trace-report`); closed when the target stops on SIGINT or SIGTERM.
@@ -97,8 +106,7 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
     }
     let mut luns = std::collections::BTreeMap::new();
     for (n, spec) in (0u16..).zip(&args.luns) {
-        let store =
-            open_lun(spec, args.block_size, unique_id(n.into())).map_err(anyhow::Error::msg)?;
+        let store = open_lun(spec, args.block_size, &args.name, n).map_err(anyhow::Error::msg)?;
         luns.insert(
             n,
             LunEntry {
@@ -134,6 +142,7 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         buffer_pool_bytes: args.buffer_pool_mib.saturating_mul(1 << 20),
         send_buffer_bytes: iscsi_target::send_buffer_from_kib(args.send_buffer_kib),
         cores: None,
+        naa_company_id: iscsi_scsi::spc::NAA_COMPANY_ID,
         tap: None,
     })
 }
@@ -159,6 +168,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     };
     if let Some(cores) = args.cores {
         config.cores = Some(usize::from(cores));
+    }
+    if let Some(id) = args.naa_company_id {
+        config.naa_company_id = id;
     }
     config.tap = trace.clone().map(|t| t as _);
     let runtime = tokio::runtime::Runtime::new().context("starting the runtime")?;

@@ -16,6 +16,8 @@
 //! send_buffer_kib = 4096          # optional: SO_SNDBUF per TCP connection; 0: autotuning
 //! cores = 4                       # optional: runtime shards, one per core (default: every
 //!                                 # CPU the process may use); read at start
+//! naa_company_id = 0x001405       # optional: IEEE OUI/CID of the LUs' NAA designators
+//!                                 # (VPD 83h); read at start
 //!
 //! [negotiation]                   # optional: what the target offers
 //! header_digest = ["None", "CRC32C"]
@@ -28,6 +30,7 @@
 //! alias = "disk one"              # optional
 //! block_size = 512                # optional, 512 or 4096
 //! luns = ["ram:1G", "file:/srv/disk.img,size=10G", "block:/dev/loop0,direct"]
+//! # any LUN may add ,readonly ,removable ,physical-block=4096 ,latency=5ms
 //! # or, numbers that stay when a LUN before them goes (instead of luns):
 //! # [target.lun]
 //! # 0 = "ram:1G"
@@ -49,7 +52,7 @@ use serde::Deserialize;
 use thiserror::Error;
 use toml::Spanned;
 
-use super::lun::{LunSpec, check_block_size, unique_id};
+use super::lun::{LunSpec, check_block_size};
 use super::{LunEntry, TargetConfig, TargetEntry};
 
 /// Why a configuration could not be used. Each message says its cause and
@@ -111,6 +114,8 @@ struct FileConfig {
     send_buffer_kib: Option<usize>,
     #[serde(default)]
     cores: Option<Spanned<usize>>,
+    #[serde(default)]
+    naa_company_id: Option<Spanned<u32>>,
     #[serde(default)]
     negotiation: Option<NegotiationFile>,
     #[serde(rename = "target", default)]
@@ -393,6 +398,11 @@ impl ParsedConfig {
             }
             c => c.as_ref().map(|c| *c.get_ref()),
         };
+        let naa_company_id = match &file.naa_company_id {
+            Some(id) => super::check_company_id(*id.get_ref())
+                .map_err(|e| at(id.span(), format!("naa_company_id: {e}")))?,
+            None => iscsi_scsi::spc::NAA_COMPANY_ID,
+        };
         let config = TargetConfig {
             listen,
             iser,
@@ -415,6 +425,7 @@ impl ParsedConfig {
                 super::send_buffer_from_kib,
             ),
             cores,
+            naa_company_id,
             tap: None,
         };
         Ok(ParsedConfig {
@@ -436,16 +447,15 @@ impl ParsedConfig {
         let ParsedConfig {
             mut config, luns, ..
         } = self;
-        let mut ordinal = 0u64;
         for (target, planned) in config.targets.iter_mut().zip(luns) {
             for (n, lun) in planned {
                 let entry = match reuse(&target.name, n, &lun) {
                     Some(entry) => entry,
                     None => {
-                        ordinal += 1;
+                        let id = lun.parsed.unique_id(&target.name, n);
                         let store: std::sync::Arc<dyn Backstore> = lun
                             .parsed
-                            .open(lun.block_size, unique_id(ordinal))
+                            .open(lun.block_size, id)
                             .map_err(|e| ConfigError::At {
                                 line: lun.line,
                                 message: format!(
@@ -617,6 +627,64 @@ mod tests {
                 "{bad}: {error}"
             );
         }
+    }
+
+    #[test]
+    fn lun_options_parse_for_every_store_with_line_numbered_errors() {
+        let config = TargetConfig::from_toml(
+            "listen = [\"127.0.0.1:1\"]\n[[target]]\nname = \"a\"\n\
+             luns = [\"ram:1M,readonly\", \"ram:1M,removable,physical-block=4096\"]\n",
+        )
+        .unwrap();
+        let luns = &config.targets[0].luns;
+        assert!(luns[&0].store.lu_options().read_only);
+        let second = luns[&1].store.lu_options();
+        assert!(second.removable && second.lbppbe(512) == 3);
+        // Refused while parsing (nothing opened), with the line.
+        let error = ParsedConfig::parse(
+            "listen = [\"127.0.0.1:1\"]\n[[target]]\nname = \"a\"\n[target.lun]\n\
+             0 = \"ram:1M\"\n3 = \"file:/x.img,physical-block=1000\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("line 6") && error.contains("physical-block"),
+            "{error}"
+        );
+        // A physical block smaller than the target's logical block: found
+        // when the store opens, still with its line.
+        let error = TargetConfig::from_toml(
+            "listen = [\"127.0.0.1:1\"]\n[[target]]\nname = \"a\"\nblock_size = 4096\n\
+             luns = [\"ram:1M\",\n  \"ram:1M,physical-block=2048\"]\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.contains("line 6") && error.contains("power-of-two multiple"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn the_naa_company_id_is_24_bits_and_defaults_to_lios() {
+        let minimal = "[[target]]\nname = \"a\"\nluns = [\"ram:1M\"]\n";
+        let listen = "listen = [\"127.0.0.1:1\"]\n";
+        let default = TargetConfig::from_toml(&format!("{listen}{minimal}")).unwrap();
+        assert_eq!(default.naa_company_id, 0x00_1405);
+        let own = TargetConfig::from_toml(&format!("{listen}naa_company_id = 0xACDE48\n{minimal}"))
+            .unwrap();
+        assert_eq!(own.naa_company_id, 0xAC_DE48);
+        let error = ParsedConfig::parse(&format!("{listen}naa_company_id = 0x1000000\n{minimal}"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("line 2") && error.contains("24-bit"),
+            "{error}"
+        );
+        assert_eq!(crate::parse_company_id("00-14-05"), Ok(0x00_1405));
+        assert_eq!(crate::parse_company_id("0xACDE48"), Ok(0xAC_DE48));
+        assert!(crate::parse_company_id("0x1234567").is_err());
+        assert!(crate::parse_company_id("xyz").is_err());
     }
 
     #[test]

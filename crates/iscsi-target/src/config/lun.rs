@@ -1,13 +1,17 @@
 //! LUN specifications, shared by the command line and the file:
 //! `ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH[,direct]`, each
-//! optionally `,latency=DURATION`. Parsing ([`LunSpec::parse`]) opens
-//! nothing, so `iscsi target check` and a reload can refuse a bad file
-//! before anything is touched; [`LunSpec::open`] opens the store.
+//! optionally with the options of any store: `,latency=DURATION`,
+//! `,readonly`, `,removable`, `,physical-block=SIZE`. Parsing
+//! ([`LunSpec::parse`]) opens nothing, so `iscsi target check` and a reload
+//! can refuse a bad file before anything is touched; [`LunSpec::open`]
+//! opens the store.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use iscsi_scsi::{Backstore, BlockBackstore, FileBackstore, RamBackstore, SlowBackstore};
+use iscsi_scsi::{
+    Backstore, BlockBackstore, FileBackstore, LuOptions, RamBackstore, SlowBackstore, WithOptions,
+};
 
 /// What a LUN specification names, parsed but not opened.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -16,7 +20,14 @@ pub struct LunSpec {
     pub kind: StoreKind,
     /// `latency=DURATION`: every access waits this long first.
     pub latency: Option<Duration>,
+    /// `readonly`, `removable`, `physical-block=SIZE`: what the LU reports
+    /// and allows, whatever the store.
+    pub options: LuOptions,
 }
+
+/// The largest `physical-block`: LOGICAL BLOCKS PER PHYSICAL BLOCK
+/// EXPONENT is 4 bits, and no device has physical blocks near 1 MiB.
+const MAX_PHYSICAL_BLOCK: u64 = 1 << 20;
 
 /// The kinds of backstore.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -48,16 +59,33 @@ impl LunSpec {
     /// what is wrong with it.
     pub fn parse(spec: &str) -> Result<LunSpec, String> {
         let mut latency = None;
+        let mut lu_options = LuOptions::DEFAULT;
         let mut plain = Vec::new();
-        for option in spec.split(',') {
-            match option.strip_prefix("latency=") {
-                Some(value) => {
+        // The options every store takes; what is left is the store's own.
+        for (i, option) in spec.split(',').enumerate() {
+            match option.split_once('=') {
+                _ if i == 0 => plain.push(option),
+                Some(("latency", value)) => {
                     latency = Some(
                         humantime::parse_duration(value)
                             .map_err(|e| format!("LUN {spec:?}: latency {value:?}: {e}"))?,
                     );
                 }
-                None => plain.push(option),
+                Some(("physical-block", value)) => {
+                    let size = parse_size(value)
+                        .ok()
+                        .filter(|&s| (512..=MAX_PHYSICAL_BLOCK).contains(&s) && s.is_power_of_two())
+                        .ok_or_else(|| {
+                            format!(
+                                "LUN {spec:?}: physical-block {value:?}: a power of two \
+                                 from 512 to 1M (a power-of-two multiple of the logical block size)"
+                            )
+                        })?;
+                    lu_options.physical_block_size = u32::try_from(size).ok();
+                }
+                None if option == "readonly" => lu_options.read_only = true,
+                None if option == "removable" => lu_options.removable = true,
+                _ => plain.push(option),
             }
         }
         let (kind, rest) = plain
@@ -66,11 +94,11 @@ impl LunSpec {
             .ok_or_else(|| {
                 format!("LUN {spec:?}: ram:SIZE, file:PATH[,size=SIZE] or block:PATH")
             })?;
-        let options = &plain[1..];
+        let own = &plain[1..];
         let unknown = |option: &str| format!("LUN {spec:?}: unknown option {option:?}");
         let kind = match kind {
             "ram" => {
-                if let Some(option) = options.first() {
+                if let Some(option) = own.first() {
                     return Err(unknown(option));
                 }
                 StoreKind::Ram {
@@ -82,7 +110,7 @@ impl LunSpec {
                     return Err(format!("LUN {spec:?}: file: needs a path"));
                 }
                 let mut size = None;
-                for option in options {
+                for option in own {
                     match option.split_once('=') {
                         Some(("size", value)) => {
                             size =
@@ -101,7 +129,7 @@ impl LunSpec {
                     return Err(format!("LUN {spec:?}: block: needs a path"));
                 }
                 let mut direct = false;
-                for option in options {
+                for option in own {
                     match *option {
                         "direct" => direct = true,
                         _ => return Err(unknown(option)),
@@ -118,7 +146,11 @@ impl LunSpec {
                 ));
             }
         };
-        Ok(LunSpec { kind, latency })
+        Ok(LunSpec {
+            kind,
+            latency,
+            options: lu_options,
+        })
     }
 
     /// Opens the store with logical blocks of `block_size` bytes (512 or
@@ -136,10 +168,31 @@ impl LunSpec {
                 Arc::new(BlockBackstore::open(path, *direct, id).map_err(|e| e.to_string())?)
             }
         };
-        Ok(match self.latency {
+        let store: Arc<dyn Backstore> = match self.latency {
             None => store,
             Some(latency) => Arc::new(SlowBackstore::new(store, latency)),
-        })
+        };
+        if self.options == LuOptions::DEFAULT {
+            return Ok(store);
+        }
+        Ok(Arc::new(WithOptions::new(store, self.options)?))
+    }
+
+    /// What identifies the medium: the kind of store and its path (a RAM
+    /// store has none), without sizes or options, so that a LUN keeps its
+    /// identifiers when it is made read-only or grown.
+    fn medium(&self) -> String {
+        match &self.kind {
+            StoreKind::Ram { .. } => "ram".to_owned(),
+            StoreKind::File { path, .. } => format!("file:{path}"),
+            StoreKind::Block { path, .. } => format!("block:{path}"),
+        }
+    }
+
+    /// The LU identifier of this LUN numbered `lun` of target `target`
+    /// (see [`unique_id`]).
+    pub fn unique_id(&self, target: &str, lun: u16) -> u64 {
+        unique_id(target, lun, &self.medium())
     }
 }
 
@@ -155,18 +208,42 @@ pub(crate) fn check_block_size(block_size: u32) -> Result<(), String> {
 /// `file:PATH[,size=SIZE]` (created or extended to SIZE when given) or
 /// `block:PATH[,direct]` (a block device; `direct` opens it O_DIRECT); any
 /// of them with `,latency=DURATION` (e.g. `20ms`) behind that latency
-/// ([`SlowBackstore`]: a slow device, for tests of aborts and timeouts).
-pub fn open_lun(spec: &str, block_size: u32, id: u64) -> Result<Arc<dyn Backstore>, String> {
+/// ([`SlowBackstore`]: a slow device, for tests of aborts and timeouts),
+/// and with `,readonly`, `,removable` or `,physical-block=SIZE`
+/// ([`LuOptions`]).
+///
+/// The store's LU identifier comes from `target` and `lun`
+/// ([`LunSpec::unique_id`]).
+pub fn open_lun(
+    spec: &str,
+    block_size: u32,
+    target: &str,
+    lun: u16,
+) -> Result<Arc<dyn Backstore>, String> {
     check_block_size(block_size)?;
-    LunSpec::parse(spec)?
-        .open(block_size, id)
+    let parsed = LunSpec::parse(spec)?;
+    parsed
+        .open(block_size, parsed.unique_id(target, lun))
         .map_err(|e| format!("LUN {spec:?}: {e}"))
 }
 
-/// A unique LU identifier: random high bits (so two targets on one
-/// network do not collide), the LU's ordinal in the low bits.
-pub fn unique_id(ordinal: u64) -> u64 {
-    (u64::from(rand::random::<u32>()) << 16) | (ordinal & 0xFFFF)
+/// The identifier of the LU numbered `lun` of target `target` whose medium
+/// is `medium` (`ram`, `file:PATH`, `block:PATH`): the extension of its NAA
+/// designator and its unit serial number (VPD 83h, 80h). A hash (64-bit
+/// FNV-1a, fixed by its definition, unlike std's hasher) of the three, so
+/// it is the same at every start of the target (multipath and udev name
+/// devices by it) and differs between LUs, targets (iSCSI names are
+/// unique on a network) and media.
+pub fn unique_id(target: &str, lun: u16, medium: &str) -> u64 {
+    let mut hash: u64 = 0xCBF2_9CE4_8422_2325;
+    let lun = lun.to_be_bytes();
+    for part in [target.as_bytes(), &[0], &lun, &[0], medium.as_bytes()] {
+        for &byte in part {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01B3);
+        }
+    }
+    hash
 }
 
 /// Parses sizes like `4096`, `64K`, `256M`, `1G`, `2T` (binary units).
@@ -217,7 +294,27 @@ mod tests {
                     size: Some(1 << 30)
                 },
                 latency: Some(Duration::from_millis(2)),
+                options: LuOptions::DEFAULT,
             }
+        );
+        assert_eq!(
+            LunSpec::parse("ram:64M,readonly,removable,physical-block=4K")
+                .unwrap()
+                .options,
+            LuOptions {
+                read_only: true,
+                removable: true,
+                physical_block_size: Some(4096),
+            }
+        );
+        let block = LunSpec::parse("block:/dev/x,direct,readonly").unwrap();
+        assert!(
+            block.options.read_only
+                && block.kind
+                    == StoreKind::Block {
+                        path: "/dev/x".into(),
+                        direct: true
+                    }
         );
         for bad in [
             "ram",
@@ -226,6 +323,10 @@ mod tests {
             "block:/dev/x,fast",
             "nvme:1M",
             "ram:1Q",
+            "ram:1M,physical-block=3000",
+            "ram:1M,physical-block=256",
+            "ram:1M,read-only",
+            "file:/x,removable=yes",
         ] {
             let error = LunSpec::parse(bad).unwrap_err();
             assert!(error.contains(&format!("{bad:?}")), "{error}");
@@ -234,31 +335,61 @@ mod tests {
 
     #[test]
     fn lun_specs() {
-        assert!(open_lun("ram:1M", 512, 1).is_ok());
-        assert!(open_lun("ram:1M", 1024, 1).is_err());
-        assert!(open_lun("nvme:1M", 512, 1).is_err());
-        assert!(open_lun("ram", 512, 1).is_err());
+        assert!(open_lun("ram:1M", 512, "t", 1).is_ok());
+        assert!(open_lun("ram:1M", 1024, "t", 1).is_err());
+        assert!(open_lun("nvme:1M", 512, "t", 1).is_err());
+        assert!(open_lun("ram", 512, "t", 1).is_err());
+        // The options reach the LU whatever the store, and a physical
+        // block must be a power-of-two multiple of the logical one.
+        let ro = open_lun("ram:1M,readonly,physical-block=4096", 512, "t", 1).unwrap();
+        assert!(ro.lu_options().read_only);
+        assert_eq!(ro.lu_options().lbppbe(512), 3);
+        let small = open_lun("ram:1M,physical-block=512", 4096, "t", 1).unwrap_err();
+        assert!(small.contains("power-of-two multiple"), "{small}");
         let dir = std::env::temp_dir().join(format!("iscsi-rs-spec-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("lun.img");
         let spec = format!("file:{},size=1M", path.display());
-        let lun = open_lun(&spec, 4096, 2).unwrap();
+        let lun = open_lun(&spec, 4096, "t", 2).unwrap();
         assert_eq!(lun.block_count(), 256);
         // Reopened without a size: the file's own length.
-        let again = open_lun(&format!("file:{}", path.display()), 512, 2).unwrap();
+        let again = open_lun(&format!("file:{}", path.display()), 512, "t", 2).unwrap();
         assert_eq!(again.block_count(), 2048);
-        assert!(open_lun(&format!("file:{},colour=red", path.display()), 512, 2).is_err());
+        // The same LU at the next start: the same identifier.
+        assert_eq!(again.unique_id(), lun.unique_id());
+        let removable = format!("file:{},removable,size=1M", path.display());
+        assert!(
+            open_lun(&removable, 512, "t", 2)
+                .unwrap()
+                .lu_options()
+                .removable
+        );
+        assert!(open_lun(&format!("file:{},colour=red", path.display()), 512, "t", 2).is_err());
         // Behind a latency: the store is the same, every access slower,
         // and its commands leave the runtime's threads (may_block).
-        let slow = open_lun(&format!("file:{},latency=5ms", path.display()), 512, 2).unwrap();
+        let slow = open_lun(&format!("file:{},latency=5ms", path.display()), 512, "t", 2).unwrap();
         assert!(slow.may_block() && slow.block_count() == 2048);
-        let ram = open_lun("ram:1M,latency=1ms", 512, 3).unwrap();
+        let ram = open_lun("ram:1M,latency=1ms", 512, "t", 3).unwrap();
         assert!(ram.may_block() && ram.block_count() == 2048);
         let started = std::time::Instant::now();
         ram.flush().unwrap();
         assert!(started.elapsed() >= std::time::Duration::from_millis(1));
-        let bad = open_lun("ram:1M,latency=soon", 512, 3).unwrap_err();
+        let bad = open_lun("ram:1M,latency=soon", 512, "t", 3).unwrap_err();
         assert!(bad.contains("latency \"soon\""), "{bad}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unique_ids_are_stable_and_tell_lus_apart() {
+        let id = unique_id("iqn.a", 0, "ram");
+        assert_eq!(id, unique_id("iqn.a", 0, "ram"));
+        assert_ne!(id, unique_id("iqn.a", 1, "ram"));
+        assert_ne!(id, unique_id("iqn.b", 0, "ram"));
+        assert_ne!(id, unique_id("iqn.a", 0, "file:/x"));
+        // Pinned: a change here renames every LU of every user.
+        assert_eq!(id, 0x3d9d_1c0e_f550_5d9a);
+        let a = LunSpec::parse("ram:1G,readonly").unwrap();
+        let b = LunSpec::parse("ram:2G").unwrap();
+        assert_eq!(a.unique_id("t", 4), b.unique_id("t", 4));
     }
 }

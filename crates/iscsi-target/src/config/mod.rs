@@ -113,6 +113,11 @@ pub struct TargetConfig {
     /// run on (its affinity mask: `taskset -c 0-3 iscsi target` runs
     /// four). Read when the target starts.
     pub cores: Option<usize>,
+    /// The IEEE company ID (24-bit OUI or CID) in the NAA designator of
+    /// every LU (VPD page 83h): `--naa-company-id`, `naa_company_id` in the
+    /// file; [`iscsi_scsi::spc::NAA_COMPANY_ID`] (LIO's) unless configured.
+    /// Read when the target starts.
+    pub naa_company_id: u32,
     /// Told of every PDU each connection sends and receives and of the
     /// steps between them (SCSI execution, the wait for the connection's
     /// writer): `iscsi target --trace`. `None`: connections are not tapped.
@@ -137,6 +142,34 @@ pub const DEFAULT_SEND_BUFFER_BYTES: usize = 4 << 20;
 /// to the kernel's autotuning.
 pub fn send_buffer_from_kib(kib: usize) -> Option<usize> {
     (kib > 0).then(|| kib.saturating_mul(1 << 10))
+}
+
+/// `id` if it fits the 24 bits of an IEEE company ID.
+pub fn check_company_id(id: u32) -> Result<u32, String> {
+    if id > 0xFF_FFFF {
+        return Err(format!(
+            "{id:#x} is not a 24-bit IEEE company ID (OUI or CID)"
+        ));
+    }
+    Ok(id)
+}
+
+/// Parses an IEEE company ID as `--naa-company-id` takes it: hex, as
+/// `0x001405`, `001405` or `00-14-05` (`:` also separates).
+pub fn parse_company_id(text: &str) -> Result<u32, String> {
+    let digits: String = text
+        .trim()
+        .trim_start_matches("0x")
+        .trim_start_matches("0X")
+        .chars()
+        .filter(|&c| c != '-' && c != ':')
+        .collect();
+    if digits.is_empty() || digits.len() > 6 {
+        return Err(format!("{text:?}: 6 hex digits (0x001405, 00-14-05)"));
+    }
+    let id = u32::from_str_radix(&digits, 16)
+        .map_err(|_| format!("{text:?}: 6 hex digits (0x001405, 00-14-05)"))?;
+    check_company_id(id)
 }
 
 impl TargetConfig {

@@ -295,10 +295,16 @@ fn run_command(
                 }
             };
         }
-        if residual.underflow && cdb.first() == Some(&COMPARE_AND_WRITE) {
+        let exact = matches!(
+            cdb.first(),
+            Some(&(COMPARE_AND_WRITE | WRITE_SAME_10 | WRITE_SAME_16))
+        );
+        if residual.underflow && exact {
             // The compare and the write halves are located by the CDB's
             // block count: a Data-Out of another size cannot be split
-            // (what Linux's target and libiscsi's suite expect).
+            // (what Linux's target and libiscsi's suite expect). WRITE
+            // SAME's Data-Out is one block, or none with NDOB: more is
+            // not a block (libiscsi's WriteSame*.InvalidDataOutSize).
             data_in.clear();
             let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
             return (outcome, residual);

@@ -219,7 +219,10 @@ impl ServerHandle {
         }
         for target in &new.targets {
             if !old.targets.iter().any(|t| t.name == target.name) {
-                targets.insert(target.name.clone(), scsi_target(target, &shared.sessions));
+                // The company ID is read at start: a target added now
+                // names its LUs as the running ones do.
+                let core = scsi_target(target, old.naa_company_id, &shared.sessions);
+                targets.insert(target.name.clone(), core);
             }
         }
         let removed_portals: Vec<(Portal, SocketAddr)> = fresh(&old.listen, &new.listen)

@@ -415,6 +415,15 @@ fn settings(changes: &mut Vec<Change>, old: &TargetConfig, new: &TargetConfig) {
             sessions: Vec::new(),
         });
     }
+    if old.naa_company_id != new.naa_company_id {
+        changes.push(Change {
+            action: '~',
+            object: "naa_company_id".into(),
+            detail: format!("{:#08x} -> {:#08x}", old.naa_company_id, new.naa_company_id),
+            effect: Effect::Restart,
+            sessions: Vec::new(),
+        });
+    }
     let mut setting = |name: &str, before: String, after: String| {
         if before != after {
             changes.push(Change {
@@ -544,6 +553,59 @@ mod tests {
         );
         let same = ParsedConfig::parse(FILE).unwrap();
         assert!(plan_of(&old, &same).is_empty());
+    }
+
+    /// A LUN whose options change is a changed LUN, as any other change
+    /// of its specification: a new store, refused without force while a
+    /// session uses it; the same options in the same place change nothing.
+    #[test]
+    fn a_change_of_lun_options_is_a_new_store() {
+        let with = |spec: &str| {
+            format!("listen = [\"127.0.0.1:1\"]\n[[target]]\nname = \"a\"\nluns = [\"{spec}\"]\n")
+        };
+        let old = TargetConfig::from_toml(&with("ram:1M,readonly")).unwrap();
+        let same = ParsedConfig::parse(&with("ram:1M,readonly")).unwrap();
+        assert!(plan_of(&old, &same).is_empty());
+        for changed in [
+            "ram:1M",
+            "ram:1M,readonly,removable",
+            "ram:1M,readonly,physical-block=4096",
+        ] {
+            let new = ParsedConfig::parse(&with(changed)).unwrap();
+            let changes = plan_of(&old, &new);
+            assert_eq!(changes.len(), 1, "{changed}: {changes:?}");
+            assert_eq!(changes[0].action, '~');
+            assert_eq!(changes[0].object, "target a LUN 0");
+            assert!(
+                changes[0].detail.contains("a new store"),
+                "{}",
+                changes[0].detail
+            );
+            assert_eq!(changes[0].effect, Effect::Free);
+            let using = SessionUse {
+                session: SessionRef {
+                    tsih: 1,
+                    initiator: "iqn.i".into(),
+                    isid: "000000000001".into(),
+                },
+                target: Some("a".into()),
+                luns: vec![0],
+            };
+            let busy = plan(&old, &new, &[using]);
+            assert!(busy.changes[0].disruptive(), "{changed} in use needs force");
+        }
+    }
+
+    /// The company ID is read at start, like cores.
+    #[test]
+    fn a_change_of_the_naa_company_id_applies_at_the_next_start() {
+        let old = TargetConfig::from_toml(FILE).unwrap();
+        let new = ParsedConfig::parse(&format!("naa_company_id = 0xACDE48\n{FILE}")).unwrap();
+        let changes = plan_of(&old, &new);
+        assert_eq!(changes.len(), 1);
+        assert_eq!(changes[0].effect, Effect::Restart);
+        assert!(!changes[0].disruptive());
+        assert_eq!(changes[0].object, "naa_company_id");
     }
 
     fn plan_of(old: &TargetConfig, new: &ParsedConfig) -> Vec<Change> {

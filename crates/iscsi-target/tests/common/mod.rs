@@ -71,6 +71,7 @@ impl Target {
             // lands on the other one, so MC/S, task reassignment and aborts
             // are tested across cores.
             cores: Some(2),
+            naa_company_id: iscsi_scsi::spc::NAA_COMPANY_ID,
             tap: None,
         };
         tune(&mut config);

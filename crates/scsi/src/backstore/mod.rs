@@ -8,6 +8,7 @@
 //! | `file.rs` | [`FileBackstore`]: a regular (possibly sparse) file, UNMAP punches holes |
 //! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
 //! | `slow.rs` | [`SlowBackstore`]: any store behind a fixed latency (a slow device, for tests) |
+//! | `options.rs` | [`WithOptions`]: any store with LU options (read-only, removable, physical block size) |
 //!
 //! The SCSI layer has already range-checked every request in LBAs before it
 //! reaches a backstore; a backstore still refuses out-of-range byte ranges
@@ -15,6 +16,7 @@
 
 mod block;
 mod file;
+mod options;
 mod ram;
 mod slow;
 
@@ -24,6 +26,7 @@ use std::io;
 pub use block::{BlockBackstore, MEM_ALIGN};
 pub use file::FileBackstore;
 pub use file::copy_file_range_all;
+pub use options::WithOptions;
 pub use ram::{RAM_CHUNK_SIZE, RamBackstore, RamBackstoreError};
 pub use slow::SlowBackstore;
 
@@ -191,6 +194,13 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// (libiscsi and SBC-4 read a block erase as "everything deallocated").
     fn can_block_erase(&self) -> bool {
         false
+    }
+
+    /// The options of the LU this store is the medium of (read-only,
+    /// removable, physical block size): [`WithOptions`] sets them, any
+    /// other store has none.
+    fn lu_options(&self) -> crate::LuOptions {
+        crate::LuOptions::DEFAULT
     }
 
     /// The provisioning status of the run of bytes starting at `offset`, at

@@ -115,6 +115,10 @@ impl Backstore for SlowBackstore {
     fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
         self.inner.allocation_status(offset, max_len)
     }
+
+    fn lu_options(&self) -> crate::LuOptions {
+        self.inner.lu_options()
+    }
 }
 
 #[cfg(test)]

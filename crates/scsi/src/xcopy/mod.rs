@@ -144,7 +144,7 @@ impl ScsiTarget {
         let cscds = list
             .cscds
             .iter()
-            .map(|d| resolve(table, d))
+            .map(|d| resolve(table, self.identity.naa_company_id, d))
             .collect::<Result<Vec<_>, _>>()?;
         let plan = list
             .segments
@@ -154,7 +154,7 @@ impl ScsiTarget {
         for step in &plan {
             check_access(&step.src.lu, key, &AS_READ)?;
             check_access(&step.dst.lu, key, &AS_WRITE)?;
-            if step.dst.lu.mode().swp {
+            if step.dst.lu.io_mode().swp {
                 return Err(Sense::WRITE_PROTECTED.into());
             }
         }
@@ -320,7 +320,7 @@ struct Step {
 
 /// The LU of `table` that `d` names, by the NAA designator VPD page 83h
 /// reports for it; COPY TARGET DEVICE NOT REACHABLE for any other.
-fn resolve(table: &LunTable, d: &Designation) -> Result<Resolved, Sense> {
+fn resolve(table: &LunTable, company_id: u32, d: &Designation) -> Result<Resolved, Sense> {
     let Designation::Naa(c) = d else {
         return Err(UNREACHABLE);
     };
@@ -328,7 +328,8 @@ fn resolve(table: &LunTable, d: &Designation) -> Result<Resolved, Sense> {
         .zip(table.iter())
         .find_map(|(n, lu)| {
             let lu = lu.as_ref()?;
-            (crate::spc::naa_designator(lu.backstore.unique_id()) == c.naa).then_some((n, lu))
+            (crate::spc::naa_designator(company_id, lu.backstore.unique_id()) == c.naa)
+                .then_some((n, lu))
         })
         .ok_or(UNREACHABLE)?;
     if c.block_length != lu.backstore.block_size() {

@@ -20,7 +20,7 @@ fn ram(mib: u64) -> Arc<dyn Backstore> {
 }
 
 fn naa(store: &Arc<dyn Backstore>) -> [u8; 16] {
-    crate::spc::naa_designator(store.unique_id())
+    crate::spc::naa_designator(crate::spc::NAA_COMPANY_ID, store.unique_id())
 }
 
 /// A parameter list: identification CSCDs for `ids`, then b2b segments

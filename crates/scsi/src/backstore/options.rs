@@ -1,0 +1,128 @@
+//! [`WithOptions`]: any store, with the options of the LU it is the medium
+//! of. A LUN specification's `readonly`, `removable` and
+//! `physical-block=SIZE` apply to every kind of store alike, so they wrap
+//! the store instead of each store learning them; the SCSI layer reads them
+//! once, when it makes the LU ([`Backstore::lu_options`]).
+
+use std::io;
+use std::sync::Arc;
+
+use super::{Allocation, Backstore, Lent};
+use crate::LuOptions;
+
+/// `inner`, reporting `options`; every access goes straight through.
+#[derive(Debug)]
+pub struct WithOptions {
+    inner: Arc<dyn Backstore>,
+    options: LuOptions,
+}
+
+impl WithOptions {
+    /// `inner` with `options`. The error says why the options do not suit
+    /// the store (a physical block size that is not a power-of-two
+    /// multiple of its logical block size).
+    pub fn new(inner: Arc<dyn Backstore>, options: LuOptions) -> Result<Self, String> {
+        options.check(inner.block_size())?;
+        Ok(WithOptions { inner, options })
+    }
+}
+
+impl Backstore for WithOptions {
+    fn block_size(&self) -> u32 {
+        self.inner.block_size()
+    }
+
+    fn block_count(&self) -> u64 {
+        self.inner.block_count()
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_at(offset, buf)
+    }
+
+    fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<Lent>>> {
+        self.inner.lend(offset, len)
+    }
+
+    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
+        self.inner.write_pieces(offset, pieces, len)
+    }
+
+    fn write_pieces_through(
+        &self,
+        offset: u64,
+        pieces: &mut [Vec<u8>],
+        len: usize,
+    ) -> io::Result<()> {
+        self.inner.write_pieces_through(offset, pieces, len)
+    }
+
+    fn flush(&self) -> io::Result<()> {
+        self.inner.flush()
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.inner.unmap(offset, len)
+    }
+
+    fn unique_id(&self) -> u64 {
+        self.inner.unique_id()
+    }
+
+    fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
+        self.inner.write_through(offset, buf)
+    }
+
+    fn is_thin(&self) -> bool {
+        self.inner.is_thin()
+    }
+
+    fn may_block(&self) -> bool {
+        self.inner.may_block()
+    }
+
+    fn unmap_granularity(&self) -> u64 {
+        self.inner.unmap_granularity()
+    }
+
+    fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
+        self.inner.allocation_status(offset, max_len)
+    }
+
+    fn lu_options(&self) -> LuOptions {
+        self.options
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RamBackstore;
+
+    #[test]
+    fn options_are_reported_and_checked_against_the_block_size() {
+        let ram: Arc<dyn Backstore> = Arc::new(RamBackstore::new(1 << 20, 512, 7).unwrap());
+        let options = LuOptions {
+            read_only: true,
+            physical_block_size: Some(4096),
+            ..LuOptions::DEFAULT
+        };
+        let with = WithOptions::new(ram.clone(), options).unwrap();
+        assert_eq!(with.lu_options(), options);
+        assert_eq!(ram.lu_options(), LuOptions::DEFAULT);
+        assert_eq!((with.block_size(), with.unique_id()), (512, 7));
+        with.write_at(0, &[1; 512]).unwrap();
+        let mut back = [0; 512];
+        ram.read_at(0, &mut back).unwrap();
+        assert_eq!(back, [1; 512]);
+        let odd = LuOptions {
+            physical_block_size: Some(1536),
+            ..LuOptions::DEFAULT
+        };
+        assert!(WithOptions::new(ram, odd).is_err());
+    }
+}
