@@ -68,10 +68,12 @@ impl Connection {
                 self.session.scsi.as_ref()?.with_backstore(lun, |store| {
                     // EXTENDED COPY may read and write other LUs than
                     // this one, stores that block among them, and moves
-                    // far more than its data: always off the shard.
-                    let copy = cdb.first() == Some(&iscsi_scsi::cdb::opcode::EXTENDED_COPY);
+                    // far more than its data; SANITIZE (without IMMED)
+                    // writes or frees the whole LU: always off the shard.
+                    use iscsi_scsi::cdb::opcode::{EXTENDED_COPY, SANITIZE};
+                    let long = matches!(cdb.first(), Some(&EXTENDED_COPY | &SANITIZE));
                     (
-                        store.may_block() || copy,
+                        store.may_block() || long,
                         answered_here(Some(store), &command, &cdb),
                     )
                 })
