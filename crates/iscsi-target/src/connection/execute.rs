@@ -122,6 +122,10 @@ struct Execution {
     tap: Option<Tap>,
 }
 
+/// How often an aborted SANITIZE's command looks whether it was aborted
+/// (a poll: an abort sets a flag, it does not wake the command).
+const ABANDON_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// Runs the command (on the blocking pool when `may_block`) and sends its
 /// Data-In and status; `hold` when the connection's reader answers it
 /// (`Response::hold`).
@@ -145,6 +149,8 @@ async fn answer(execution: Execution, may_block: bool, hold: bool) {
     } else {
         Vec::new()
     };
+    let sanitize = cdb.first() == Some(&iscsi_scsi::cdb::opcode::SANITIZE);
+    let watched = Arc::clone(&task);
     let run = {
         let command = command.clone();
         let session = Arc::clone(&session);
@@ -192,7 +198,25 @@ async fn answer(execution: Execution, may_block: bool, hold: bool) {
             }
             (outcome, residual, data_out, data_in, lent)
         };
-        if may_block {
+        if may_block && sanitize {
+            // A SANITIZE goes on after its task is aborted or reset
+            // (SBC-4 4.11.2; LUN and target resets, a lost nexus): the
+            // command ends at the abort while the operation finishes on
+            // its thread, gating the LU meanwhile. Without this, an ABORT
+            // TASK, a reset or a logout would wait for the whole overwrite.
+            let mut running = tokio::task::spawn_blocking(work);
+            loop {
+                tokio::select! {
+                    done = &mut running => break done,
+                    () = tokio::time::sleep(ABANDON_POLL) => {
+                        if watched.aborted.load(Ordering::Acquire) {
+                            let empty = WriteBuffer::flat(&buffers, 0);
+                            break Ok((CommandOutcome::GOOD, Residual::NONE, empty, Vec::new(), Vec::new()));
+                        }
+                    }
+                }
+            }
+        } else if may_block {
             tokio::task::spawn_blocking(work).await
         } else {
             // Memory only: no thread hand-off (a 4 KiB command costs less
