@@ -309,38 +309,49 @@ fn parse_segments(
     Ok(out)
 }
 
+/// A parameter list as an initiator sends it (for tests): list identifier
+/// `list_id`, an identification CSCD descriptor per designator of `ids`,
+/// then a block-to-block segment per (source CSCD, destination CSCD,
+/// blocks, source LBA, destination LBA) of `segs`.
+#[cfg(test)]
+pub(super) fn encode_list(
+    list_id: u8,
+    ids: &[[u8; 16]],
+    segs: &[(u16, u16, u16, u64, u64)],
+) -> Vec<u8> {
+    let mut v = vec![0u8; HEADER_LEN];
+    v[0] = list_id;
+    v[2..4].copy_from_slice(&u16::try_from(ids.len() * CSCD_LEN).unwrap().to_be_bytes());
+    v[8..12].copy_from_slice(&u32::try_from(segs.len() * B2B_LEN).unwrap().to_be_bytes());
+    for id in ids {
+        let mut d = [0u8; CSCD_LEN];
+        d[0] = CSCD_IDENTIFICATION;
+        d[4..8].copy_from_slice(&[0x01, 0x03, 0x00, 16]);
+        d[8..24].copy_from_slice(id);
+        d[29..32].copy_from_slice(&[0, 0x02, 0x00]);
+        v.extend_from_slice(&d);
+    }
+    for &(src, dst, blocks, src_lba, dst_lba) in segs {
+        let mut d = [0u8; B2B_LEN];
+        d[0] = SEGMENT_BLOCK_TO_BLOCK;
+        d[2..4].copy_from_slice(&24u16.to_be_bytes());
+        d[4..6].copy_from_slice(&src.to_be_bytes());
+        d[6..8].copy_from_slice(&dst.to_be_bytes());
+        d[10..12].copy_from_slice(&blocks.to_be_bytes());
+        d[12..20].copy_from_slice(&src_lba.to_be_bytes());
+        d[20..28].copy_from_slice(&dst_lba.to_be_bytes());
+        v.extend_from_slice(&d);
+    }
+    v
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// A header, then `cscds` identification descriptors naming `naa`,
-    /// then `segs` segments copying 8 blocks from LBA 0 of CSCD 0 to LBA
-    /// 100 of CSCD `dst`.
+    /// A list of identification descriptors naming `naa` and segments.
     fn list(naa: &[[u8; 16]], segs: &[(u16, u16, u16, u64, u64)]) -> Vec<u8> {
-        let mut v = vec![0u8; HEADER_LEN];
-        v[0] = 1;
-        v[2..4].copy_from_slice(&u16::try_from(naa.len() * CSCD_LEN).unwrap().to_be_bytes());
-        v[8..12].copy_from_slice(&u32::try_from(segs.len() * B2B_LEN).unwrap().to_be_bytes());
-        for id in naa {
-            let mut d = [0u8; CSCD_LEN];
-            d[0] = CSCD_IDENTIFICATION;
-            d[4..8].copy_from_slice(&[0x01, 0x03, 0x00, 16]);
-            d[8..24].copy_from_slice(id);
-            d[29..32].copy_from_slice(&[0, 0x02, 0x00]);
-            v.extend_from_slice(&d);
-        }
-        for &(src, dst, blocks, src_lba, dst_lba) in segs {
-            let mut d = [0u8; B2B_LEN];
-            d[0] = SEGMENT_BLOCK_TO_BLOCK;
-            d[2..4].copy_from_slice(&24u16.to_be_bytes());
-            d[4..6].copy_from_slice(&src.to_be_bytes());
-            d[6..8].copy_from_slice(&dst.to_be_bytes());
-            d[10..12].copy_from_slice(&blocks.to_be_bytes());
-            d[12..20].copy_from_slice(&src_lba.to_be_bytes());
-            d[20..28].copy_from_slice(&dst_lba.to_be_bytes());
-            v.extend_from_slice(&d);
-        }
-        v
+        encode_list(1, naa, segs)
     }
 
     const A: [u8; 16] = [0x60, 0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8];

@@ -1,7 +1,7 @@
 //! EXTENDED COPY and RECEIVE COPY RESULTS through [`ScsiTarget::execute`]:
 //! good copies, and each refusal.
 
-use super::parse::{B2B_LEN, CSCD_IDENTIFICATION, CSCD_LEN, HEADER_LEN, SEGMENT_BLOCK_TO_BLOCK};
+use super::parse::HEADER_LEN;
 use super::*;
 use crate::{CommandOutcome, Nexus, RamBackstore, TargetIdentity, status};
 
@@ -23,33 +23,10 @@ fn naa(store: &Arc<dyn Backstore>) -> [u8; 16] {
     crate::spc::naa_designator(crate::spc::NAA_COMPANY_ID, store.unique_id())
 }
 
-/// A parameter list: identification CSCDs for `ids`, then b2b segments
-/// (src index, dst index, blocks, src LBA, dst LBA).
+/// A parameter list (list identifier 7): identification CSCDs for `ids`,
+/// then b2b segments (src index, dst index, blocks, src LBA, dst LBA).
 fn list(ids: &[[u8; 16]], segs: &[(u16, u16, u16, u64, u64)]) -> Vec<u8> {
-    let mut v = vec![0u8; HEADER_LEN];
-    v[0] = 7;
-    v[2..4].copy_from_slice(&u16::try_from(ids.len() * CSCD_LEN).unwrap().to_be_bytes());
-    v[8..12].copy_from_slice(&u32::try_from(segs.len() * B2B_LEN).unwrap().to_be_bytes());
-    for id in ids {
-        let mut d = [0u8; CSCD_LEN];
-        d[0] = CSCD_IDENTIFICATION;
-        d[4..8].copy_from_slice(&[0x01, 0x03, 0x00, 16]);
-        d[8..24].copy_from_slice(id);
-        d[29..32].copy_from_slice(&[0, 0x02, 0x00]);
-        v.extend_from_slice(&d);
-    }
-    for &(src, dst, blocks, src_lba, dst_lba) in segs {
-        let mut d = [0u8; B2B_LEN];
-        d[0] = SEGMENT_BLOCK_TO_BLOCK;
-        d[2..4].copy_from_slice(&24u16.to_be_bytes());
-        d[4..6].copy_from_slice(&src.to_be_bytes());
-        d[6..8].copy_from_slice(&dst.to_be_bytes());
-        d[10..12].copy_from_slice(&blocks.to_be_bytes());
-        d[12..20].copy_from_slice(&src_lba.to_be_bytes());
-        d[20..28].copy_from_slice(&dst_lba.to_be_bytes());
-        v.extend_from_slice(&d);
-    }
-    v
+    super::parse::encode_list(7, ids, segs)
 }
 
 fn xcopy_cdb(len: usize) -> [u8; 16] {
