@@ -96,6 +96,30 @@ impl Backstore for WithOptions {
     fn lu_options(&self) -> LuOptions {
         self.options
     }
+
+    // What the store promises or offers stays what it is under options:
+    // atomic writes, block erase, its file for `copy_file_range`.
+    fn atomic_write_max(&self) -> u64 {
+        self.inner.atomic_write_max()
+    }
+
+    fn can_block_erase(&self) -> bool {
+        self.inner.can_block_erase()
+    }
+
+    fn file(&self) -> Option<&std::fs::File> {
+        self.inner.file()
+    }
+
+    fn copy_from(
+        &self,
+        src: &dyn Backstore,
+        src_offset: u64,
+        dst_offset: u64,
+        len: u64,
+    ) -> io::Result<()> {
+        self.inner.copy_from(src, src_offset, dst_offset, len)
+    }
 }
 
 #[cfg(test)]
@@ -124,5 +148,36 @@ mod tests {
             ..LuOptions::DEFAULT
         };
         assert!(WithOptions::new(ram, odd).is_err());
+    }
+
+    #[test]
+    fn what_the_store_offers_passes_through() {
+        let ram: Arc<dyn Backstore> = Arc::new(RamBackstore::new(1 << 20, 512, 7).unwrap());
+        let removable = LuOptions {
+            removable: true,
+            ..LuOptions::DEFAULT
+        };
+        let with = WithOptions::new(Arc::clone(&ram), removable).unwrap();
+        assert!(with.atomic_write_max() > 0);
+        assert_eq!(with.atomic_write_max(), ram.atomic_write_max());
+        assert_eq!(with.can_block_erase(), ram.can_block_erase());
+        assert!(with.can_block_erase());
+        // A copy into it reaches the store.
+        let src: Arc<dyn Backstore> = Arc::new(RamBackstore::new(1 << 20, 512, 8).unwrap());
+        src.write_at(0, &[9; 512]).unwrap();
+        with.copy_from(src.as_ref(), 0, 512, 512).unwrap();
+        let mut back = [0; 512];
+        ram.read_at(512, &mut back).unwrap();
+        assert_eq!(back, [9; 512]);
+        let path =
+            std::env::temp_dir().join(format!("iscsi-rs-options-{}.img", std::process::id()));
+        let file: Arc<dyn Backstore> =
+            Arc::new(crate::FileBackstore::open(&path, Some(1 << 20), 512, 9).unwrap());
+        let with_file = WithOptions::new(file, removable).unwrap();
+        assert!(
+            with_file.file().is_some(),
+            "copy_file_range still sees the file"
+        );
+        let _ = std::fs::remove_file(&path);
     }
 }
