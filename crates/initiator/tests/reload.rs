@@ -4,14 +4,17 @@
 //! error; a session using a LUN makes its removal a refusal until forced;
 //! a reload that fails leaves the running state exactly as it was.
 
+mod common;
+
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use common::start_from_toml as start;
 use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
 use iscsi_target::reload::ReloadError;
 use iscsi_target::reload::plan::Effect;
-use iscsi_target::{ParsedConfig, Server, ServerHandle, TargetConfig};
-use tokio::sync::oneshot;
+use iscsi_target::{ParsedConfig, ServerHandle};
+use iscsi_test_peers::free_port;
 
 const TARGET: &str = "iqn.2026-11.rs.iscsi:reload";
 const OTHER: &str = "iqn.2026-11.rs.iscsi:reload-other";
@@ -23,24 +26,6 @@ fn file(port: u16, extra_listen: &str, luns: &str, acl: &str) -> String {
         "listen = [\"127.0.0.1:{port}\"{extra_listen}]\nnop_in_interval_seconds = 0\n\
          [[target]]\nname = \"{TARGET}\"\n{acl}\n[target.lun]\n{luns}\n"
     )
-}
-
-async fn start(text: &str) -> (ServerHandle, oneshot::Sender<()>) {
-    let config = TargetConfig::from_toml(text).expect("the first file");
-    let server = Server::bind(config).await.expect("bind");
-    let handle = server.handle();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(server.run_until(async {
-        let _ = stopped.await;
-    }));
-    (handle, stop)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 async fn connect(port: u16, initiator: &str, isid: u8) -> Arc<Session> {

@@ -7,11 +7,14 @@
 //! (Here rather than in `crates/iscsi-target/tests`: this crate's tests
 //! already run `iscsi target` in process behind the initiator library.)
 
+mod common;
+
 use std::sync::Arc;
 
+use common::start_from_toml as start;
 use iscsi_initiator::{Command, IscsiUrl, Response, Session, SessionConfig};
-use iscsi_target::{ParsedConfig, Server, ServerHandle, TargetConfig};
-use tokio::sync::oneshot;
+use iscsi_target::ParsedConfig;
+use iscsi_test_peers::free_port;
 
 const A: &str = "iqn.2026-11.rs.iscsi:xcopy-a";
 const B: &str = "iqn.2026-11.rs.iscsi:xcopy-b";
@@ -28,24 +31,6 @@ fn file(port: u16, a_luns: &str) -> String {
 }
 
 const THREE: &str = "0 = \"ram:8M\"\n1 = \"ram:8M\"\n2 = \"ram:8M\"";
-
-async fn start(text: &str) -> (ServerHandle, oneshot::Sender<()>) {
-    let config = TargetConfig::from_toml(text).expect("the file");
-    let server = Server::bind(config).await.expect("bind");
-    let handle = server.handle();
-    let (stop, stopped) = oneshot::channel::<()>();
-    tokio::spawn(server.run_until(async {
-        let _ = stopped.await;
-    }));
-    (handle, stop)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
 
 async fn connect(port: u16, target: &str, isid: u8) -> Arc<Session> {
     let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{target}/0")

@@ -108,3 +108,16 @@ pub async fn our_target(
     }));
     (tcp.to_string(), iser.to_string(), stop)
 }
+
+/// `iscsi target` from a configuration file's text, on this runtime; the
+/// server stops when the returned sender is used or dropped.
+pub async fn start_from_toml(text: &str) -> (iscsi_target::ServerHandle, oneshot::Sender<()>) {
+    let config = TargetConfig::from_toml(text).expect("the configuration file");
+    let server = Server::bind(config).await.expect("bind");
+    let handle = server.handle();
+    let (stop, stopped) = oneshot::channel::<()>();
+    tokio::spawn(server.run_until(async {
+        let _ = stopped.await;
+    }));
+    (handle, stop)
+}
