@@ -19,6 +19,7 @@
 //! | [`config`] | [`SessionConfig`]: names, every negotiation key, CHAP, timeouts, connections and their scheduling |
 //! | [`error`] | [`Error`]: whose fault a failure was (ours, the network's, the target's protocol, SCSI status) |
 //! | `login` | one connection's TCP connect and login phase (RFC 7143 section 6), driving `iscsi_proto::login::initiator` |
+//! | [`disk`] | [`Disk`]: a LUN addressed in bytes as an operating system's disk is (partial blocks, maximum transfer, discard, write-zeroes), its limits, and failures as errno values: what `iscsi mount` and `iscsi attach` share |
 //! | [`discovery`] | SendTargets in a discovery session (RFC 7143 section 11.10, Appendix C) |
 //! | `connection` | one full feature phase connection: the reader task, the task table, Data-In placement, R2T routing, NOP-In answers |
 //! | [`session`] | [`Session`]: the CmdSN window, ITT allocation, command execution with immediate/unsolicited/solicited data, task management, logout, ERL 0 reinstatement and retry, MC/S scheduling |
@@ -31,6 +32,7 @@ pub mod command;
 pub mod config;
 mod connection;
 pub mod discovery;
+pub mod disk;
 pub mod error;
 mod login;
 pub mod scsi;
@@ -41,6 +43,7 @@ pub mod url;
 pub use command::{Command, DataTransfer, Residual, Response, Sense};
 pub use config::{ChapConfig, Coalescing, Scheduling, SessionConfig, Timeouts};
 pub use discovery::{DiscoveredTarget, discover, discover_url};
+pub use disk::{Disk, DiskLimits};
 pub use error::Error;
 pub use scsi::{Capacity, InquiryData};
 pub use session::{InFlight, SendStatistics, Session};

@@ -76,6 +76,11 @@ pub struct Capacity {
     pub block_size: u32,
     /// Thin provisioning enabled (LBPME; READ CAPACITY 16 only).
     pub thin_provisioned: bool,
+    /// Unmapped blocks read as zeros (LBPRZ; READ CAPACITY 16 only).
+    pub unmapped_read_zeros: bool,
+    /// Logical blocks per physical block, as a power of two (LOGICAL
+    /// BLOCKS PER PHYSICAL BLOCK EXPONENT; READ CAPACITY 16 only, else 0).
+    pub physical_block_exponent: u8,
 }
 
 impl Capacity {
@@ -115,7 +120,7 @@ pub fn rw16_cdb(write: bool, lba: u64, blocks: u32) -> [u8; 16] {
 impl Session {
     /// Runs `command` built by `make` until it is not a UNIT ATTENTION,
     /// then requires GOOD.
-    async fn run_checked<'a>(
+    pub(crate) async fn run_checked<'a>(
         &self,
         mut make: impl FnMut(Vec<u8>) -> Command<'a>,
         mut buffer: Vec<u8>,
@@ -177,6 +182,8 @@ impl Session {
             blocks: u64::from(last) + 1,
             block_size: u32::from_be_bytes([d[4], d[5], d[6], d[7]]),
             thin_provisioned: false,
+            unmapped_read_zeros: false,
+            physical_block_exponent: 0,
         })
     }
 
@@ -198,6 +205,12 @@ impl Session {
             blocks: last.saturating_add(1),
             block_size: u32::from_be_bytes([d[8], d[9], d[10], d[11]]),
             thin_provisioned: response.received > 14 && d[14] & 0x80 != 0,
+            unmapped_read_zeros: response.received > 14 && d[14] & 0x40 != 0,
+            physical_block_exponent: if response.received > 13 {
+                d[13] & 0x0f
+            } else {
+                0
+            },
         })
     }
 

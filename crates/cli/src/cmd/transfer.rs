@@ -6,7 +6,9 @@
 use std::io::{Read, Write};
 
 use anyhow::{Context, bail};
-use iscsi_initiator::{Capacity, Session};
+use std::sync::Arc;
+
+use iscsi_initiator::Disk;
 use tokio::task::JoinSet;
 
 use super::initiator_args::{SessionArgs, block_on, connect, parse_size, target_url};
@@ -29,7 +31,8 @@ pub struct ReadArgs {
     #[arg(long, short)]
     output: Option<String>,
     /// Bytes per command (K/M suffixes): at most this, and never more
-    /// than the LUN's Block Limits MAXIMUM TRANSFER LENGTH.
+    /// than the LUN's maximum transfer (Block Limits MAXIMUM TRANSFER
+    /// LENGTH; 1 MiB where the LUN states none).
     #[arg(long, default_value = "1M")]
     chunk: String,
     #[command(flatten)]
@@ -48,7 +51,8 @@ pub struct WriteArgs {
     #[arg(long, default_value = "0")]
     offset: String,
     /// Bytes per command (K/M suffixes): at most this, and never more
-    /// than the LUN's Block Limits MAXIMUM TRANSFER LENGTH.
+    /// than the LUN's maximum transfer (Block Limits MAXIMUM TRANSFER
+    /// LENGTH; 1 MiB where the LUN states none).
     #[arg(long, default_value = "1M")]
     chunk: String,
     #[command(flatten)]
@@ -66,100 +70,74 @@ pub struct CopyArgs {
     #[arg(long)]
     quiet: bool,
     /// Bytes per command (K/M suffixes): at most this, and never more
-    /// than the LUN's Block Limits MAXIMUM TRANSFER LENGTH.
+    /// than the LUN's maximum transfer (Block Limits MAXIMUM TRANSFER
+    /// LENGTH; 1 MiB where the LUN states none).
     #[arg(long, default_value = "1M")]
     chunk: String,
     #[command(flatten)]
     session: SessionArgs,
 }
 
-/// A LUN with its geometry.
+/// A LUN end of a transfer: the initiator's [`Disk`], which does the
+/// partial blocks and the splitting into commands, with byte ranges checked
+/// here so that a mistake is said in the user's terms.
 struct Lun {
-    session: Session,
-    lun: u64,
-    capacity: Capacity,
-    /// The Block Limits VPD page's MAXIMUM TRANSFER LENGTH in bytes (SBC-3
-    /// 6.6.4), when the LUN reports one.
-    max_transfer: Option<u64>,
+    disk: Disk,
 }
 
 impl Lun {
     async fn open(url: &str, args: &SessionArgs) -> anyhow::Result<Lun> {
         let url = target_url(url)?;
-        let session = connect(&url, args).await?;
-        let capacity = session.read_capacity(url.lun).await;
-        let capacity =
-            super::missing_lun::checked(&session, url.lun, "READ CAPACITY", capacity).await?;
-        // SBC-3 6.6.4: bytes 8..12 of page B0h, in blocks; 0 = no limit.
-        let max_transfer = match session.inquiry_vpd(url.lun, 0xB0).await {
-            Ok(page) if page.len() >= 12 => {
-                let blocks = u32::from_be_bytes([page[8], page[9], page[10], page[11]]);
-                (blocks > 0).then(|| u64::from(blocks) * u64::from(capacity.block_size))
-            }
-            _ => None,
-        };
-        Ok(Lun {
-            session,
-            lun: url.lun,
-            capacity,
-            max_transfer,
-        })
+        let session = Arc::new(connect(&url, args).await?);
+        let disk = Disk::open(Arc::clone(&session), url.lun).await;
+        let disk = super::missing_lun::checked(&session, url.lun, "READ CAPACITY", disk).await?;
+        Ok(Lun { disk })
     }
 
-    /// Bytes per command: `wanted`, within the LUN's maximum transfer
-    /// length, in whole blocks, at least one block.
+    fn bytes(&self) -> u64 {
+        self.disk.limits().bytes()
+    }
+
+    /// Bytes per step: `wanted`, within the LUN's maximum transfer, in
+    /// whole blocks, at least one block.
     fn chunk(&self, wanted: u64) -> u64 {
-        let bs = u64::from(self.capacity.block_size).max(1);
-        let limit = self.max_transfer.map_or(wanted, |m| wanted.min(m));
-        (limit / bs).max(1) * bs
+        let limits = self.disk.limits();
+        let bs = u64::from(limits.block_size);
+        (wanted.min(u64::from(limits.max_transfer)) / bs).max(1) * bs
     }
 
     fn check_range(&self, offset: u64, length: u64) -> anyhow::Result<()> {
         match offset.checked_add(length) {
-            Some(end) if end <= self.capacity.bytes() => Ok(()),
+            Some(end) if end <= self.bytes() => Ok(()),
             _ => bail!(
                 "{offset}+{length} is beyond the LUN's {} bytes",
-                self.capacity.bytes()
+                self.bytes()
             ),
         }
     }
 
     /// Reads `length` bytes at byte `offset` (any alignment).
     async fn read_bytes(&self, offset: u64, length: u64) -> anyhow::Result<Vec<u8>> {
-        let bs = u64::from(self.capacity.block_size);
-        let first = offset / bs;
-        let end = (offset + length).div_ceil(bs);
-        let buffer = vec![0u8; ((end - first) * bs) as usize];
-        let data = self
-            .session
-            .read(self.lun, first, self.capacity.block_size, buffer)
+        self.disk
+            .read(offset, length as usize)
             .await
-            .with_context(|| format!("READ at byte {offset}"))?;
-        let skip = (offset - first * bs) as usize;
-        Ok(data[skip..skip + length as usize].to_vec())
+            .with_context(|| format!("READ at byte {offset}"))
     }
 
-    /// Writes `data` at byte `offset` (any alignment: partial blocks are
-    /// read first and patched).
+    /// Writes `data` at byte `offset` (any alignment).
     async fn write_bytes(&self, offset: u64, data: &[u8]) -> anyhow::Result<()> {
-        let bs = u64::from(self.capacity.block_size);
-        let length = data.len() as u64;
-        if offset.is_multiple_of(bs) && length.is_multiple_of(bs) {
-            return self
-                .session
-                .write(self.lun, offset / bs, self.capacity.block_size, data)
-                .await
-                .with_context(|| format!("WRITE at byte {offset}"));
-        }
-        let first = offset / bs;
-        let end = (offset + length).div_ceil(bs);
-        let mut blocks = self.read_bytes(first * bs, (end - first) * bs).await?;
-        let skip = (offset - first * bs) as usize;
-        blocks[skip..skip + data.len()].copy_from_slice(data);
-        self.session
-            .write(self.lun, first, self.capacity.block_size, &blocks)
+        self.disk
+            .write(offset, data, false)
             .await
             .with_context(|| format!("WRITE at byte {offset}"))
+    }
+
+    async fn flush(&self) -> anyhow::Result<()> {
+        self.disk.flush().await.context("SYNCHRONIZE CACHE")
+    }
+
+    async fn logout(&self) -> anyhow::Result<()> {
+        self.disk.session().logout().await.context("logout")
     }
 }
 
@@ -170,7 +148,7 @@ pub fn run_read(args: &ReadArgs) -> anyhow::Result<()> {
         let lun = Lun::open(&args.url, &args.session).await?;
         let length = match &args.length {
             Some(l) => parse_size(l)?,
-            None => lun.capacity.bytes().saturating_sub(offset),
+            None => lun.bytes().saturating_sub(offset),
         };
         lun.check_range(offset, length)?;
         let mut out: Box<dyn Write> = match args.output.as_deref() {
@@ -188,7 +166,7 @@ pub fn run_read(args: &ReadArgs) -> anyhow::Result<()> {
             done += n;
         }
         out.flush().context("writing the output")?;
-        lun.session.logout().await.context("logout")?;
+        lun.logout().await?;
         Ok(())
     })
 }
@@ -216,11 +194,8 @@ pub fn run_write(args: &WriteArgs) -> anyhow::Result<()> {
             lun.write_bytes(at, &buffer[..n]).await?;
             at += n as u64;
         }
-        lun.session
-            .synchronize_cache(lun.lun)
-            .await
-            .context("SYNCHRONIZE CACHE")?;
-        lun.session.logout().await.context("logout")?;
+        lun.flush().await?;
+        lun.logout().await?;
         eprintln!("wrote {} bytes at offset {offset}", at - offset);
         Ok(())
     })
@@ -270,7 +245,7 @@ impl Endpoint {
     fn size(&self) -> u64 {
         match self {
             Endpoint::File(_, size) => *size,
-            Endpoint::Iscsi(lun) => lun.capacity.bytes(),
+            Endpoint::Iscsi(lun) => lun.bytes(),
         }
     }
 
@@ -278,11 +253,8 @@ impl Endpoint {
         match self {
             Endpoint::File(file, _) => file.sync_all().context("syncing the file"),
             Endpoint::Iscsi(lun) => {
-                lun.session
-                    .synchronize_cache(lun.lun)
-                    .await
-                    .context("SYNCHRONIZE CACHE")?;
-                lun.session.logout().await.context("logout")
+                lun.flush().await?;
+                lun.logout().await
             }
         }
     }
@@ -297,11 +269,11 @@ pub fn run_copy(args: &CopyArgs) -> anyhow::Result<()> {
         let destination = Endpoint::open(&args.destination, &args.session, true).await?;
         let size = source.size();
         if let Endpoint::Iscsi(lun) = &destination
-            && size > lun.capacity.bytes()
+            && size > lun.bytes()
         {
             bail!(
                 "the source ({size} bytes) does not fit the LUN ({} bytes)",
-                lun.capacity.bytes()
+                lun.bytes()
             );
         }
         let bar = if args.quiet {
