@@ -62,6 +62,9 @@ enum Command {
     Write(cmd::transfer::WriteArgs),
     /// Copy between files and iSCSI URLs in any combination.
     Copy(cmd::transfer::CopyArgs),
+    /// Show every LUN of a target as a file DIR/lun0, DIR/lun1, ... (FUSE)
+    /// until unmounted (fusermount3 -u DIR) or interrupted.
+    Mount(cmd::mount::Args),
     /// Measure a LUN: throughput, IOPS and latency percentiles.
     Bench(cmd::bench::Args),
     /// Write, read and check a LUN against a log of acknowledged writes
@@ -89,9 +92,12 @@ enum Command {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
+        // fuser (iscsi mount) says "[Not Implemented]" at warn for
+        // every request a file system leaves to the kernel's defaults:
+        // noise for an operator.
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=error")),
         )
         .with_writer(std::io::stderr)
         // Colours for a person at a terminal only: a log file or journal
@@ -113,6 +119,7 @@ fn main() -> ExitCode {
         Command::Read(args) => cmd::transfer::run_read(&args),
         Command::Write(args) => cmd::transfer::run_write(&args),
         Command::Copy(args) => cmd::transfer::run_copy(&args),
+        Command::Mount(args) => cmd::mount::run(&args),
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),
         Command::Script(args) => cmd::script::run(&args),

@@ -105,6 +105,13 @@ pub struct SessionConfig {
     pub command_retries: u32,
     /// How many logins to try when reinstating a lost session.
     pub reconnect_attempts: u32,
+    /// When set, a lost session (or, at ERL 2, connection) is reinstated
+    /// for up to this long instead of `reconnect_attempts` times: commands
+    /// wait meanwhile and fail only when it has passed (open-iscsi's
+    /// `replacement_timeout`). What a disk needs (`iscsi mount`), where a
+    /// target that restarts must not be an I/O error. Setting
+    /// `ReplacementTimeout` in seconds.
+    pub replacement_timeout: Option<Duration>,
     /// Holding new commands back while the target is busy, so that
     /// several leave in one write.
     pub coalescing: Coalescing,
@@ -198,6 +205,7 @@ impl Default for SessionConfig {
             scheduling: Scheduling::RoundRobin,
             command_retries: 3,
             reconnect_attempts: 5,
+            replacement_timeout: None,
             coalescing: Coalescing::default(),
             tcp_nodelay: true,
             iser_crc: true,
@@ -250,7 +258,7 @@ impl SessionConfig {
 
     /// Sets one key by its RFC 7143 name (`MaxBurstLength`, `HeaderDigest`,
     /// ...) or one of the initiator's own settings (`InitiatorName`,
-    /// `Connections`, `Scheduling`, `CommandTimeout` in seconds,
+    /// `Connections`, `Scheduling`, `CommandTimeout` and `ReplacementTimeout` in seconds,
     /// `CoalesceCommands` and `CoalesceMinInFlight` (see [`Coalescing`]),
     /// `TcpNoDelay` (Yes or No), `MaxXmitDataSegmentLength` (bytes), ...). Keys starting with `X-` or `X#` are sent as private extensions.
     pub fn set(&mut self, key: &str, value: &str) -> Result<(), Error> {
@@ -291,6 +299,9 @@ impl SessionConfig {
                 self.timeouts.login = Duration::from_secs_f64(parse_number(key, value)?)
             }
             "CommandRetries" => self.command_retries = parse_number(key, value)?,
+            "ReplacementTimeout" => {
+                self.replacement_timeout = Some(Duration::from_secs_f64(parse_number(key, value)?))
+            }
             "CoalesceCommands" => {
                 self.coalescing.commands = parse_number::<usize>(key, value)?.max(1)
             }

@@ -10,6 +10,7 @@ pub mod inspect;
 pub mod measure;
 pub mod missing_lun;
 pub mod model;
+pub mod mount;
 pub mod pdu_bench;
 pub mod pdu_cost;
 pub mod relay;

@@ -107,7 +107,7 @@ impl Inner {
             }
         };
         let timeout = self.config.timeouts.command;
-        let deadline = tokio::time::Instant::now() + timeout;
+        let mut deadline = tokio::time::Instant::now() + timeout;
         let mut retries = 0;
         // ERL 2: a lost connection is reinstated and its task moved there.
         let mut connection_recovery = self.recovers_connections();
@@ -127,12 +127,8 @@ impl Inner {
                                 None => connection_recovery = false,
                             }
                         }
-                        tokio::time::timeout_at(deadline, self.recover(generation))
-                            .await
-                            .map_err(|_| Error::Timeout {
-                                timeout,
-                                waiting_for: "the session to be reinstated",
-                            })??;
+                        self.await_recovery(generation, &mut deadline, timeout)
+                            .await?;
                         continue;
                     };
                     (connection, self.itt(), Start::Fresh)
@@ -231,13 +227,33 @@ impl Inner {
                 retries,
                 "command interrupted by a lost connection: retrying"
             );
-            tokio::time::timeout_at(deadline, self.recover(generation))
-                .await
-                .map_err(|_| Error::Timeout {
-                    timeout,
-                    waiting_for: "the session to be reinstated",
-                })??;
+            self.await_recovery(generation, &mut deadline, timeout)
+                .await?;
         }
+    }
+
+    /// Waits for the session to be reinstated (by this task or another)
+    /// since `generation`. Without a replacement timeout, within the
+    /// command's `deadline`; with one, that bounds the wait instead, and
+    /// the command's time starts again after it (open-iscsi resets its
+    /// command timer while the session is being replaced).
+    async fn await_recovery(
+        &self,
+        generation: u64,
+        deadline: &mut tokio::time::Instant,
+        timeout: std::time::Duration,
+    ) -> Result<(), Error> {
+        if self.config.replacement_timeout.is_some() {
+            self.recover(generation).await?;
+            *deadline = tokio::time::Instant::now() + timeout;
+            return Ok(());
+        }
+        tokio::time::timeout_at(*deadline, self.recover(generation))
+            .await
+            .map_err(|_| Error::Timeout {
+                timeout,
+                waiting_for: "the session to be reinstated",
+            })?
     }
 }
 

@@ -96,6 +96,10 @@ struct Inner {
     parameters: Mutex<Option<NegotiatedParameters>>,
     closed: AtomicBool,
     reinstatements: AtomicU64,
+    /// Reinstatements that gave up: a command that was waiting for one
+    /// fails with it instead of starting its own (at QD 32, one after the
+    /// other, 32 times the wait).
+    failed_reinstatements: AtomicU64,
     /// Connections reinstated with their CID at ErrorRecoveryLevel 2.
     connection_recoveries: AtomicU64,
     /// Tasks moved to a new connection by TASK REASSIGN.
@@ -173,6 +177,7 @@ impl Session {
             parameters: Mutex::new(None),
             closed: AtomicBool::new(false),
             reinstatements: AtomicU64::new(0),
+            failed_reinstatements: AtomicU64::new(0),
             connection_recoveries: AtomicU64::new(0),
             tasks_reassigned: AtomicU64::new(0),
             lifecycle: Mutex::new(SessionStateMachine::new(Role::Initiator)),

@@ -31,13 +31,65 @@ const REASSIGN_TRIES: u32 = 10;
 
 const REASSIGN_RETRY_AFTER: Duration = Duration::from_millis(200);
 
+/// The most time between two reinstatement attempts.
+const RETRY_PAUSE_MAX: Duration = Duration::from_secs(2);
+
+/// When to try logging in again after a loss: `reconnect_attempts` times,
+/// or until `replacement_timeout` has passed, 250 ms apart at first and
+/// 250 ms more each time (at most [`RETRY_PAUSE_MAX`]).
+struct Retries {
+    attempt: u32,
+    limit: Limit,
+}
+
+enum Limit {
+    Attempts(u32),
+    Until(tokio::time::Instant),
+}
+
+impl Retries {
+    fn new(config: &crate::config::SessionConfig) -> Retries {
+        let limit = match config.replacement_timeout {
+            Some(timeout) => Limit::Until(tokio::time::Instant::now() + timeout),
+            None => Limit::Attempts(config.reconnect_attempts.max(1)),
+        };
+        Retries { attempt: 0, limit }
+    }
+
+    /// Waits for the next attempt's time and returns its number, or `None`
+    /// when no attempt is left. The first comes at once, and there is
+    /// always one.
+    async fn next(&mut self) -> Option<u32> {
+        let attempt = self.attempt;
+        let pause = (Duration::from_millis(250) * attempt).min(RETRY_PAUSE_MAX);
+        match self.limit {
+            Limit::Attempts(n) if attempt >= n => return None,
+            Limit::Until(deadline) if attempt > 0 => {
+                let now = tokio::time::Instant::now();
+                if now >= deadline {
+                    return None;
+                }
+                tokio::time::sleep(pause.min(deadline - now)).await;
+            }
+            _ if attempt > 0 => tokio::time::sleep(pause).await,
+            _ => {}
+        }
+        self.attempt += 1;
+        Some(attempt)
+    }
+}
+
 impl Inner {
     /// Reinstates the session after a lost connection, unless another task
     /// already did since `seen_generation`.
     pub(super) async fn recover(&self, seen_generation: u64) -> Result<(), Error> {
+        let failures = self.failed_reinstatements.load(Ordering::SeqCst);
         let _recovery = self.recovery.lock().await;
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::SessionClosed);
+        }
+        if self.failed_reinstatements.load(Ordering::SeqCst) != failures {
+            return Err(Error::ConnectionLost);
         }
         if self.generation.load(Ordering::SeqCst) != seen_generation && self.pick(0).is_some() {
             return Ok(());
@@ -51,10 +103,8 @@ impl Inner {
             self.record(SessionEvent::Failed);
         }
         let mut last_error = Error::ConnectionLost;
-        for attempt in 0..self.config.reconnect_attempts.max(1) {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt))).await;
-            }
+        let mut schedule = Retries::new(&self.config);
+        while let Some(attempt) = schedule.next().await {
             match self.establish().await {
                 Ok(connections) => {
                     *self.lock_connections() = connections;
@@ -73,6 +123,7 @@ impl Inner {
                 }
             }
         }
+        self.failed_reinstatements.fetch_add(1, Ordering::SeqCst);
         Err(last_error)
     }
 
@@ -124,10 +175,8 @@ impl Inner {
             }
         }
         let mut last_error = Error::ConnectionLost;
-        for attempt in 0..self.config.reconnect_attempts.max(1) {
-            if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(250 * u64::from(attempt))).await;
-            }
+        let mut schedule = Retries::new(&self.config);
+        while let Some(attempt) = schedule.next().await {
             match self.join(lost.cid).await {
                 Ok(logged_in) => {
                     let session = self
@@ -272,5 +321,40 @@ impl Inner {
             }
             return Ok((r.response, r.exp_cmd_sn));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::SessionConfig;
+
+    /// The attempts' times (ms after the loss) a configuration gives, on
+    /// tokio's paused clock.
+    async fn schedule(config: &SessionConfig) -> Vec<u128> {
+        let start = tokio::time::Instant::now();
+        let mut retries = Retries::new(config);
+        let mut times = Vec::new();
+        while retries.next().await.is_some() {
+            times.push(start.elapsed().as_millis());
+        }
+        times
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn attempts_by_count_or_until_the_replacement_timeout() {
+        let mut config = SessionConfig {
+            reconnect_attempts: 3,
+            ..SessionConfig::default()
+        };
+        assert_eq!(schedule(&config).await, [0, 250, 750]);
+        config.reconnect_attempts = 0;
+        assert_eq!(schedule(&config).await, [0], "always one attempt");
+        // 250 ms more each time up to 2 s apart, the last at the deadline.
+        config.replacement_timeout = Some(Duration::from_secs(10));
+        assert_eq!(
+            schedule(&config).await,
+            [0, 250, 750, 1500, 2500, 3750, 5250, 7000, 9000, 10000]
+        );
     }
 }

@@ -1,0 +1,245 @@
+//! `iscsi mount URL DIR`: every LUN of a target as a file under DIR
+//! (`DIR/lun0`, `DIR/lun1`, ...) through FUSE, for programs that take a
+//! file: dd, qemu-img, `losetup`, fio. The file system is in [`fs`]; this
+//! module owns the life of a mount: log in, open the LUNs, mount, serve
+//! until `fusermount3 -u DIR` (or `umount`) or a signal, then make every
+//! write durable (SYNCHRONIZE CACHE) and log out.
+//!
+//! The first SIGINT or SIGTERM unmounts; programs that still have a file
+//! open keep it until they close it (a lazy unmount, so their writes still
+//! reach the target). A second signal ends the process at once: their
+//! later requests fail with ENOTCONN, and nothing that was acknowledged is
+//! lost, since a write is acknowledged only once the target has it.
+//! If this process is killed (SIGKILL), the kernel fails every request on
+//! the mount with ENOTCONN ("Transport endpoint is not connected") until
+//! `fusermount3 -u DIR` or `umount DIR` removes it; nothing hangs.
+//! (fusermount3's auto_unmount would remove it by itself, but it leaves a
+//! mount that a signal's unmount cannot remove, so it is not used.)
+
+mod fs;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use fuser::{Config, MountOption, SessionACL};
+use iscsi_initiator::{Disk, Session};
+use tokio::signal::unix::{SignalKind, signal};
+
+use self::fs::{LunFile, LunFs};
+use super::initiator_args::{SessionArgs, connect, target_url};
+
+/// How long a lost session is reinstated before I/O fails, unless
+/// --replacement-timeout says: open-iscsi's default, so that a target's
+/// restart or failover is a pause, not an I/O error.
+const DEFAULT_REPLACEMENT_TIMEOUT: f64 = 120.0;
+
+/// Options of `iscsi mount`.
+#[derive(clap::Args, Debug)]
+pub struct Args {
+    /// iscsi://[user[%secret]@]host[:port]/target-iqn[/lun]: every LUN of
+    /// the target is mounted (the LUN in the URL is ignored).
+    url: String,
+    /// The directory to mount on (it must exist).
+    dir: PathBuf,
+    /// Refuse writes to every file (a write-protected LUN is read-only
+    /// whatever this says).
+    #[arg(long)]
+    read_only: bool,
+    /// Let other users than the one mounting use the files (FUSE's
+    /// allow_other; for a user other than root, /etc/fuse.conf must have
+    /// user_allow_other).
+    #[arg(long)]
+    allow_other: bool,
+    #[command(flatten)]
+    session: SessionArgs,
+}
+
+/// Mounts, serves until unmounted or signalled, then flushes and logs out.
+pub fn run(args: &Args) -> anyhow::Result<()> {
+    check_mount_point(&args.dir)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the runtime")?;
+    let (session, files) = runtime.block_on(open(args))?;
+    let disks: Vec<Arc<Disk>> = files.iter().map(|f| Arc::clone(&f.disk)).collect();
+    for file in &files {
+        let limits = file.disk.limits();
+        println!(
+            "{}\t{} bytes{}",
+            args.dir.join(&file.name).display(),
+            limits.bytes(),
+            if file.read_only { "\tread-only" } else { "" }
+        );
+    }
+    let filesystem = LunFs::new(files, runtime.handle().clone());
+    let mounted = fuser::spawn_mount(filesystem, &args.dir, &config(args))
+        .map_err(|error| mount_error(&args.dir, error))?;
+    tracing::info!(dir = %args.dir.display(), "mounted");
+    let outcome = runtime.block_on(serve(mounted, &args.dir));
+    let ended = runtime.block_on(finish(&session, &disks));
+    // After a second signal the unmount still waits for open files on a
+    // blocking task, which dropping the runtime would wait for too.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    outcome.and(ended)
+}
+
+/// The mount point exists and is a directory: said before logging in.
+fn check_mount_point(dir: &Path) -> anyhow::Result<()> {
+    let metadata =
+        std::fs::metadata(dir).with_context(|| format!("mount point {}", dir.display()))?;
+    if !metadata.is_dir() {
+        bail!("mount point {} is not a directory", dir.display());
+    }
+    Ok(())
+}
+
+/// Logs in and opens every LUN the target reports.
+async fn open(args: &Args) -> anyhow::Result<(Arc<Session>, Vec<LunFile>)> {
+    let url = target_url(&args.url)?;
+    let mut session_args = args.session.clone();
+    session_args.replacement_timeout = session_args
+        .replacement_timeout
+        .or(Some(DEFAULT_REPLACEMENT_TIMEOUT));
+    let session = Arc::new(connect(&url, &session_args).await?);
+    let luns = session.report_luns().await.context("REPORT LUNS")?;
+    if luns.is_empty() {
+        bail!("the target {url} has no LUNs");
+    }
+    let mut files = Vec::with_capacity(luns.len());
+    for lun in luns {
+        let disk = Disk::open(Arc::clone(&session), lun)
+            .await
+            .with_context(|| format!("opening LUN {lun}"))?;
+        let read_only = args.read_only || disk.limits().read_only;
+        files.push(LunFile {
+            name: format!("lun{lun}"),
+            disk: Arc::new(disk),
+            read_only,
+        });
+    }
+    Ok((session, files))
+}
+
+/// The FUSE mount options: named after the target, permissions checked by
+/// the kernel.
+fn config(args: &Args) -> Config {
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(format!("iscsi:{}", args.url)),
+        MountOption::Subtype("iscsi".to_owned()),
+        MountOption::DefaultPermissions,
+        MountOption::NoAtime,
+    ];
+    if args.read_only {
+        config.mount_options.push(MountOption::RO);
+    }
+    if args.allow_other {
+        config.acl = SessionACL::All;
+    }
+    config.n_threads = Some(1);
+    config
+}
+
+/// A mount failure in terms of what to do about it.
+fn mount_error(dir: &Path, error: std::io::Error) -> anyhow::Error {
+    let hint = match error.kind() {
+        std::io::ErrorKind::PermissionDenied => {
+            "no permission to mount: run as root, or install fuse3 (its setuid fusermount3 \
+             mounts for users) and check /dev/fuse is readable and writable"
+        }
+        std::io::ErrorKind::NotFound => {
+            "/dev/fuse or fusermount3 is missing: load the fuse module (modprobe fuse) and \
+             install fuse3"
+        }
+        _ => "FUSE mount failed",
+    };
+    anyhow::Error::new(error).context(format!("mounting on {}: {hint}", dir.display()))
+}
+
+/// Serves until the mount goes away (fusermount3 -u, umount) or a signal:
+/// the first unmounts and waits for open files to close, the second stops
+/// waiting.
+async fn serve(mounted: fuser::BackgroundSession, dir: &Path) -> anyhow::Result<()> {
+    let mut interrupt = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    let mut terminate = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut poll = tokio::time::interval(Duration::from_millis(100));
+    // Until a signal, the session runs on fuser's thread; after one, the
+    // unmount and the wait for that thread run on a blocking task.
+    let mut unmounting = None;
+    let mut mounted = Some(mounted);
+    loop {
+        tokio::select! {
+            _ = interrupt.recv() => {}
+            _ = terminate.recv() => {}
+            _ = poll.tick() => {
+                if let Some(ended) = mounted.take_if(|m| m.guard.is_finished()) {
+                    tracing::info!(dir = %dir.display(), "unmounted");
+                    return finished(ended.join());
+                }
+                if let Some(done) = unmounting.take_if(|u: &mut tokio::task::JoinHandle<_>| u.is_finished()) {
+                    tracing::info!(dir = %dir.display(), "unmounted");
+                    return finished(done.await.context("the unmount task")?);
+                }
+                continue;
+            }
+        }
+        match mounted.take() {
+            Some(session) => {
+                tracing::info!(
+                    dir = %dir.display(),
+                    "unmounting; open files keep working until closed (a second signal stops waiting)"
+                );
+                let dir = dir.to_owned();
+                unmounting = Some(tokio::task::spawn_blocking(move || {
+                    detach(&dir)?;
+                    session.join()
+                }));
+            }
+            None => {
+                tracing::warn!(dir = %dir.display(), "stopping with files still open: their next requests fail");
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// A lazy unmount of `dir` (MNT_DETACH): gone from the namespace at once,
+/// served until its last open file is closed. Users other than root
+/// cannot unmount, so for them fusermount3 does it (`-u -z`).
+fn detach(dir: &Path) -> std::io::Result<()> {
+    match nix::mount::umount2(dir, nix::mount::MntFlags::MNT_DETACH) {
+        Ok(()) => Ok(()),
+        Err(nix::errno::Errno::EPERM) => {
+            let status = std::process::Command::new("fusermount3")
+                .args(["-u", "-z", "--"])
+                .arg(dir)
+                .status()?;
+            if status.success() {
+                Ok(())
+            } else {
+                Err(std::io::Error::other(format!(
+                    "fusermount3 -u -z: {status}"
+                )))
+            }
+        }
+        Err(errno) => Err(errno.into()),
+    }
+}
+
+/// The end of fuser's session thread, as this command's outcome.
+fn finished(result: std::io::Result<()>) -> anyhow::Result<()> {
+    result.context("the FUSE session")
+}
+
+/// Makes every acknowledged write durable and logs out.
+async fn finish(session: &Session, disks: &[Arc<Disk>]) -> anyhow::Result<()> {
+    for disk in disks {
+        disk.flush()
+            .await
+            .with_context(|| format!("SYNCHRONIZE CACHE of LUN {}", disk.lun()))?;
+    }
+    session.logout().await.context("logout")
+}
