@@ -65,18 +65,29 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         .context("starting the runtime")?;
     let (session, files) = runtime.block_on(open(args))?;
     let disks: Vec<Arc<Disk>> = files.iter().map(|f| Arc::clone(&f.disk)).collect();
-    for file in &files {
-        let limits = file.disk.limits();
-        println!(
-            "{}\t{} bytes{}",
-            args.dir.join(&file.name).display(),
-            limits.bytes(),
-            if file.read_only { "\tread-only" } else { "" }
-        );
-    }
+    let listing: Vec<String> = files
+        .iter()
+        .map(|file| {
+            format!(
+                "{}\t{} bytes{}",
+                args.dir.join(&file.name).display(),
+                file.disk.limits().bytes(),
+                if file.read_only { "\tread-only" } else { "" }
+            )
+        })
+        .collect();
     let filesystem = LunFs::new(files, runtime.handle().clone());
-    let mounted = fuser::spawn_mount(filesystem, &args.dir, &config(args))
-        .map_err(|error| mount_error(&args.dir, error))?;
+    let mounted = match fuser::spawn_mount(filesystem, &args.dir, &config(args)) {
+        Ok(mounted) => mounted,
+        Err(error) => {
+            let _ = runtime.block_on(session.logout());
+            return Err(mount_error(&args.dir, error));
+        }
+    };
+    // What is mounted, once it is: a script may wait for this line.
+    for line in listing {
+        println!("{line}");
+    }
     tracing::info!(dir = %args.dir.display(), "mounted");
     let outcome = runtime.block_on(serve(mounted, &args.dir));
     let ended = runtime.block_on(finish(&session, &disks));
