@@ -368,11 +368,7 @@ type Writer = (
 /// `pause_at` acknowledged writes it says so on `paused` and waits for
 /// `resume`, so that the test acts while writes are under way. Returns how
 /// many writes were acknowledged (returned) and the failure, if any.
-fn writer(
-    path: &Path,
-    total: usize,
-    pause_at: usize,
-) -> Writer {
+fn writer(path: &Path, total: usize, pause_at: usize) -> Writer {
     let file = OpenOptions::new().write(true).open(path).unwrap();
     let (paused_tx, paused) = std::sync::mpsc::channel();
     let (resume, resume_rx) = std::sync::mpsc::channel::<()>();

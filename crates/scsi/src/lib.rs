@@ -54,8 +54,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
-    Allocation, Backstore, BackstoreOpenError, BlockBackstore, FileBackstore, Lent, RamBackstore,
-    RamBackstoreError, SlowBackstore, WithOptions,
+    Allocation, Backstore, BackstoreOpenError, BlockBackstore, EncryptedBackstore, FileBackstore,
+    Lent, RamBackstore, RamBackstoreError, SlowBackstore, WithOptions,
 };
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};

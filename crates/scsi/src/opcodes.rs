@@ -9,7 +9,8 @@
 use crate::backstore::Backstore;
 use crate::cdb::{self, SA_REPORT_SUPPORTED_OPCODES, SA_REPORT_SUPPORTED_TMFS, opcode::*};
 use crate::sanitize::{
-    SA_SANITIZE_BLOCK_ERASE, SA_SANITIZE_EXIT_FAILURE_MODE, SA_SANITIZE_OVERWRITE,
+    SA_SANITIZE_BLOCK_ERASE, SA_SANITIZE_CRYPTO_ERASE, SA_SANITIZE_EXIT_FAILURE_MODE,
+    SA_SANITIZE_OVERWRITE,
 };
 use crate::sense::{FieldPointer, Sense};
 
@@ -420,8 +421,7 @@ pub const COMMANDS: &[CommandDescriptor] = &[
     ),
     cmd(VERIFY_12, &[VERIFY_12, 0x16, F, F, F, F, F, F, F, F, 0, 0]),
     // SANITIZE: IMMED (bit 7), AUSE (bit 5), SERVICE ACTION; PARAMETER
-    // LIST LENGTH. CRYPTOGRAPHIC ERASE (03h) is not listed: no store here
-    // is encrypted.
+    // LIST LENGTH.
     cmd_sa(
         SANITIZE,
         SA_SANITIZE_OVERWRITE,
@@ -430,6 +430,11 @@ pub const COMMANDS: &[CommandDescriptor] = &[
     cmd_sa(
         SANITIZE,
         SA_SANITIZE_BLOCK_ERASE,
+        &[SANITIZE, 0xBF, 0, 0, 0, 0, 0, F, F, 0],
+    ),
+    cmd_sa(
+        SANITIZE,
+        SA_SANITIZE_CRYPTO_ERASE,
         &[SANITIZE, 0xBF, 0, 0, 0, 0, 0, F, F, 0],
     ),
     cmd_sa(
@@ -472,6 +477,8 @@ pub struct Offered {
     pub atomic: bool,
     /// SANITIZE BLOCK ERASE.
     pub block_erase: bool,
+    /// SANITIZE CRYPTOGRAPHIC ERASE.
+    pub crypto_erase: bool,
 }
 
 impl Offered {
@@ -481,6 +488,7 @@ impl Offered {
             thin: lu.is_thin(),
             atomic: crate::atomic::AtomicLimits::of(lu).supported(),
             block_erase: lu.can_block_erase(),
+            crypto_erase: lu.can_crypto_erase(),
         }
     }
 
@@ -490,6 +498,7 @@ impl Offered {
             (UNMAP, _) => self.thin,
             (WRITE_ATOMIC_16, _) => self.atomic,
             (SANITIZE, Some(SA_SANITIZE_BLOCK_ERASE)) => self.block_erase,
+            (SANITIZE, Some(SA_SANITIZE_CRYPTO_ERASE)) => self.crypto_erase,
             _ => true,
         }
     }

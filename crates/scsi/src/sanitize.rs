@@ -8,9 +8,11 @@
 //! - BLOCK ERASE deallocates the whole LU then flushes, only on stores for
 //!   which that removes the data ([`Backstore::can_block_erase`]: RAM
 //!   drops its chunks, a file has holes punched and is synced).
-//! - CRYPTOGRAPHIC ERASE needs an encrypted medium whose key can be
-//!   changed; no store here is encrypted, so it is refused (ILLEGAL
-//!   REQUEST, INVALID FIELD IN CDB) and never listed as supported.
+//! - CRYPTOGRAPHIC ERASE replaces the key of an encrypted store
+//!   ([`Backstore::can_crypto_erase`]: `,encrypt`, see
+//!   `backstore::EncryptedBackstore`), then flushes; on any other store it
+//!   is refused (ILLEGAL REQUEST, INVALID FIELD IN CDB) and not listed as
+//!   supported.
 //!
 //! While an operation runs, commands other than INQUIRY, REPORT LUNS,
 //! REQUEST SENSE and MAINTENANCE IN end in NOT READY / SANITIZE IN
@@ -38,7 +40,7 @@ use crate::sense::{Asc, FieldPointer, Sense, SenseKey};
 pub const SA_SANITIZE_OVERWRITE: u8 = 0x01;
 /// Service action BLOCK ERASE.
 pub const SA_SANITIZE_BLOCK_ERASE: u8 = 0x02;
-/// Service action CRYPTOGRAPHIC ERASE (refused: no store is encrypted).
+/// Service action CRYPTOGRAPHIC ERASE (on encrypted stores only).
 pub const SA_SANITIZE_CRYPTO_ERASE: u8 = 0x03;
 /// Service action EXIT FAILURE MODE.
 pub const SA_SANITIZE_EXIT_FAILURE_MODE: u8 = 0x1F;
@@ -127,6 +129,7 @@ enum Operation {
         invert: bool,
     },
     BlockErase,
+    CryptoErase,
 }
 
 /// The OVERWRITE parameter list (SBC-4 §5.30.3): INVERT, TEST, OVERWRITE
@@ -224,13 +227,16 @@ pub(crate) fn sanitize(lu: &Arc<LogicalUnit>, cdb: &[u8], data_out: &[u8]) -> Re
                 invert: p.invert,
             })
         }
-        SA_SANITIZE_BLOCK_ERASE | SA_SANITIZE_EXIT_FAILURE_MODE if param_len != 0 => {
+        SA_SANITIZE_BLOCK_ERASE | SA_SANITIZE_CRYPTO_ERASE | SA_SANITIZE_EXIT_FAILURE_MODE
+            if param_len != 0 =>
+        {
             return Err(bad_len);
         }
         SA_SANITIZE_BLOCK_ERASE if lu.backstore.can_block_erase() => Some(Operation::BlockErase),
+        SA_SANITIZE_CRYPTO_ERASE if lu.backstore.can_crypto_erase() => Some(Operation::CryptoErase),
         SA_SANITIZE_EXIT_FAILURE_MODE => None,
-        // CRYPTOGRAPHIC ERASE (no store is encrypted), BLOCK ERASE where
-        // the store cannot, reserved service actions.
+        // BLOCK ERASE or CRYPTOGRAPHIC ERASE where the store cannot,
+        // reserved service actions.
         _ => return Err(bad_sa),
     };
     let mut st = lu.state();
@@ -340,6 +346,10 @@ fn run(store: &dyn Backstore, operation: &Operation, progress: &Progress) -> io:
                 at += n;
                 progress.set(at, size);
             }
+        }
+        Operation::CryptoErase => {
+            store.crypto_erase()?;
+            progress.set(size, size);
         }
     }
     store.flush()

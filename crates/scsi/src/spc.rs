@@ -135,10 +135,12 @@ pub fn inquiry(
                 // Byte 6 PRODUCT TYPE 0; byte 7 WABEREQ (bits 7-6) 01b
                 // where SANITIZE BLOCK ERASE exists: a block not written
                 // since the erase reads with GOOD status (as zeros,
-                // LBPRZ); WACEREQ 00b, no CRYPTOGRAPHIC ERASE (SBC-4
-                // §6.6.2).
+                // LBPRZ); WACEREQ (bits 5-4) 01b where CRYPTOGRAPHIC ERASE
+                // exists: such a block reads with GOOD status, its data
+                // indeterminate (SBC-4 §6.6.2).
                 let wabereq = if lu.can_block_erase() { 0x40 } else { 0x00 };
-                v.extend_from_slice(&[0x00, wabereq]);
+                let wacereq = if lu.can_crypto_erase() { 0x10 } else { 0x00 };
+                v.extend_from_slice(&[0x00, wabereq | wacereq]);
                 v.resize(v.len() + 0x3C - 4, 0);
             }),
             (0xB2, Some(lu)) => vpd_page(data_in, pdt, 0xB2, |v| {

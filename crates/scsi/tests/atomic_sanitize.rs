@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use iscsi_scsi::{
-    Asc, Backstore, BlockBackstore, CommandOutcome, DataOut, FileBackstore, Nexus, RamBackstore,
-    ScsiTarget, SenseKey, SlowBackstore, encode_lun, status,
+    Asc, Backstore, BlockBackstore, CommandOutcome, DataOut, EncryptedBackstore, FileBackstore,
+    Nexus, RamBackstore, ScsiTarget, SenseKey, SlowBackstore, encode_lun, status,
 };
 
 /// WRITE ATOMIC(16): byte 1 flags, LBA, ATOMIC BOUNDARY, TRANSFER LENGTH.
@@ -376,6 +376,66 @@ fn sanitize_refuses_crypto_erase_and_unknown_service_actions() {
     // EXIT FAILURE MODE outside the failure state: nothing to do.
     good(&t, &a, &sanitize(0x1F, 0), &[]);
     invalid_field(&t, &a, &sanitize(0x1F, 8), &[0; 8]);
+}
+
+/// CRYPTOGRAPHIC ERASE on an encrypted store: listed, WACEREQ 01b, the
+/// old data unreadable afterwards (and nowhere in the store in the clear
+/// before), new writes readable; on a file store under a key file too.
+#[test]
+fn sanitize_crypto_erase_on_an_encrypted_store() {
+    let ram = Arc::new(RamBackstore::new(4 << 20, 512, 3).unwrap());
+    let store =
+        EncryptedBackstore::with_memory_key(Arc::clone(&ram) as Arc<dyn Backstore>).unwrap();
+    let t = target_over(Arc::new(store));
+    let a = nexus(1);
+    assert_eq!(support(&t, 0x48, Some(3)), 3, "CRYPTOGRAPHIC ERASE listed");
+    let b1 = good(&t, &a, &[0x12, 0x01, 0xB1, 0, 255, 0], &[]);
+    assert_eq!((b1[7] >> 4) & 0x03, 1, "WACEREQ 01b");
+    let a_blocks = vec![b'a'; 256 * 512];
+    good(&t, &a, &write16(0, 256), &a_blocks);
+    good(&t, &a, &write16(8192 - 256, 256), &a_blocks);
+    let mut raw = vec![0u8; 256 * 512];
+    ram.read_at(0, &mut raw).unwrap();
+    assert!(
+        raw.chunks(512).all(|unit| unit != &a_blocks[..512]),
+        "stored encrypted"
+    );
+    // Parameter list length must be 0.
+    invalid_field(&t, &a, &sanitize(0x03, 8), &[0; 8]);
+    assert_eq!(
+        good(&t, &a, &read16(0, 256), &[]),
+        a_blocks,
+        "nothing erased yet"
+    );
+    good(&t, &a, &sanitize(0x03, 0), &[]);
+    for lba in [0, 8192 - 256] {
+        let after = good(&t, &a, &read16(lba, 256), &[]);
+        assert!(
+            after.chunks(512).all(|unit| unit != &a_blocks[..512]),
+            "LBA {lba} wiped"
+        );
+    }
+    good(&t, &a, &write16(0, 1), &[b'n'; 512]);
+    assert_eq!(good(&t, &a, &read16(0, 1), &[]), vec![b'n'; 512]);
+
+    // A file LU under a key file: the erase replaces the key on disk.
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("lu.key");
+    let file = file_store(&dir, 4 << 20) as Arc<dyn Backstore>;
+    let t = target_over(Arc::new(
+        EncryptedBackstore::with_key_file(file, &key).unwrap(),
+    ));
+    good(&t, &a, &write16(0, 256), &a_blocks);
+    let before = std::fs::read(&key).unwrap();
+    good(&t, &a, &sanitize(0x83, 0), &[]); // with IMMED
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while run(&t, &a, &read16(0, 1), &[]).0.status != status::GOOD {
+        assert!(Instant::now() < deadline, "the sanitize never ended");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_ne!(std::fs::read(&key).unwrap(), before);
+    let after = good(&t, &a, &read16(0, 256), &[]);
+    assert!(after.chunks(512).all(|unit| unit != &a_blocks[..512]));
 }
 
 #[test]

@@ -31,6 +31,7 @@
 //! block_size = 512                # optional, 512 or 4096
 //! luns = ["ram:1G", "file:/srv/disk.img,size=10G", "block:/dev/loop0,direct"]
 //! # any LUN may add ,readonly ,removable ,physical-block=4096 ,latency=5ms
+//! # and ,encrypt (RAM: a key in memory) or ,encrypt=KEYFILE (any store)
 //! # or, numbers that stay when a LUN before them goes (instead of luns):
 //! # [target.lun]
 //! # 0 = "ram:1G"

@@ -1,7 +1,7 @@
 //! LUN specifications, shared by the command line and the file:
 //! `ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH[,direct]`, each
 //! optionally with the options of any store: `,latency=DURATION`,
-//! `,readonly`, `,removable`, `,physical-block=SIZE`. Parsing
+//! `,readonly`, `,removable`, `,physical-block=SIZE`, `,encrypt[=KEYFILE]`. Parsing
 //! ([`LunSpec::parse`]) opens nothing, so `iscsi target check` and a reload
 //! can refuse a bad file before anything is touched; [`LunSpec::open`]
 //! opens the store.
@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iscsi_scsi::{
-    Backstore, BlockBackstore, FileBackstore, LuOptions, RamBackstore, SlowBackstore, WithOptions,
+    Backstore, BlockBackstore, EncryptedBackstore, FileBackstore, LuOptions, RamBackstore,
+    SlowBackstore, WithOptions,
 };
 
 /// What a LUN specification names, parsed but not opened.
@@ -23,6 +24,20 @@ pub struct LunSpec {
     /// `readonly`, `removable`, `physical-block=SIZE`: what the LU reports
     /// and allows, whatever the store.
     pub options: LuOptions,
+    /// `encrypt` or `encrypt=KEYFILE`: the store kept encrypted, and
+    /// SANITIZE CRYPTOGRAPHIC ERASE offered.
+    pub encrypt: Option<Encryption>,
+}
+
+/// Where an encrypted LUN's key is kept ([`EncryptedBackstore`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Encryption {
+    /// `encrypt`: a new key at each start, in memory only; for RAM LUNs,
+    /// whose data does not outlive the target either.
+    MemoryKey,
+    /// `encrypt=KEYFILE`: the key in this file (64 bytes, created when
+    /// missing), so the data outlives a restart.
+    KeyFile(String),
 }
 
 /// The largest `physical-block`: LOGICAL BLOCKS PER PHYSICAL BLOCK
@@ -59,6 +74,7 @@ impl LunSpec {
     /// what is wrong with it.
     pub fn parse(spec: &str) -> Result<LunSpec, String> {
         let mut latency = None;
+        let mut encrypt = None;
         let mut lu_options = LuOptions::DEFAULT;
         let mut plain = Vec::new();
         // The options every store takes; what is left is the store's own.
@@ -83,6 +99,11 @@ impl LunSpec {
                         })?;
                     lu_options.physical_block_size = u32::try_from(size).ok();
                 }
+                Some(("encrypt", "")) => {
+                    return Err(format!("LUN {spec:?}: encrypt=KEYFILE needs a path"));
+                }
+                Some(("encrypt", path)) => encrypt = Some(Encryption::KeyFile(path.to_owned())),
+                None if option == "encrypt" => encrypt = Some(Encryption::MemoryKey),
                 None if option == "readonly" => lu_options.read_only = true,
                 None if option == "removable" => lu_options.removable = true,
                 _ => plain.push(option),
@@ -146,10 +167,17 @@ impl LunSpec {
                 ));
             }
         };
+        if encrypt == Some(Encryption::MemoryKey) && !matches!(kind, StoreKind::Ram { .. }) {
+            return Err(format!(
+                "LUN {spec:?}: a file or block LUN needs encrypt=KEYFILE: with a key kept in \
+                 memory its data would be unreadable after a restart"
+            ));
+        }
         Ok(LunSpec {
             kind,
             latency,
             options: lu_options,
+            encrypt,
         })
     }
 
@@ -167,6 +195,16 @@ impl LunSpec {
             StoreKind::Block { path, direct } => {
                 Arc::new(BlockBackstore::open(path, *direct, id).map_err(|e| e.to_string())?)
             }
+        };
+        let store: Arc<dyn Backstore> = match &self.encrypt {
+            None => store,
+            Some(Encryption::MemoryKey) => {
+                Arc::new(EncryptedBackstore::with_memory_key(store).map_err(|e| e.to_string())?)
+            }
+            Some(Encryption::KeyFile(path)) => Arc::new(
+                EncryptedBackstore::with_key_file(store, std::path::Path::new(path))
+                    .map_err(|e| format!("encrypt={path}: {e}"))?,
+            ),
         };
         let store: Arc<dyn Backstore> = match self.latency {
             None => store,
@@ -209,8 +247,9 @@ pub(crate) fn check_block_size(block_size: u32) -> Result<(), String> {
 /// `block:PATH[,direct]` (a block device; `direct` opens it O_DIRECT); any
 /// of them with `,latency=DURATION` (e.g. `20ms`) behind that latency
 /// ([`SlowBackstore`]: a slow device, for tests of aborts and timeouts),
-/// and with `,readonly`, `,removable` or `,physical-block=SIZE`
-/// ([`LuOptions`]).
+/// with `,readonly`, `,removable` or `,physical-block=SIZE`
+/// ([`LuOptions`]), and with `,encrypt[=KEYFILE]` kept encrypted under a
+/// key of its own ([`EncryptedBackstore`]: SANITIZE CRYPTOGRAPHIC ERASE).
 ///
 /// The store's LU identifier comes from `target` and `lun`
 /// ([`LunSpec::unique_id`]).
@@ -295,7 +334,18 @@ mod tests {
                 },
                 latency: Some(Duration::from_millis(2)),
                 options: LuOptions::DEFAULT,
+                encrypt: None,
             }
+        );
+        assert_eq!(
+            LunSpec::parse("ram:1M,encrypt").unwrap().encrypt,
+            Some(Encryption::MemoryKey)
+        );
+        assert_eq!(
+            LunSpec::parse("file:/x.img,encrypt=/keys/x.key")
+                .unwrap()
+                .encrypt,
+            Some(Encryption::KeyFile("/keys/x.key".into()))
         );
         assert_eq!(
             LunSpec::parse("ram:64M,readonly,removable,physical-block=4K")
@@ -327,6 +377,9 @@ mod tests {
             "ram:1M,physical-block=256",
             "ram:1M,read-only",
             "file:/x,removable=yes",
+            "file:/x.img,encrypt",
+            "block:/dev/x,encrypt",
+            "ram:1M,encrypt=",
         ] {
             let error = LunSpec::parse(bad).unwrap_err();
             assert!(error.contains(&format!("{bad:?}")), "{error}");
@@ -336,6 +389,11 @@ mod tests {
     #[test]
     fn lun_specs() {
         assert!(open_lun("ram:1M", 512, "t", 1).is_ok());
+        let encrypted = open_lun("ram:1M,encrypt,latency=1ms,readonly", 512, "t", 1).unwrap();
+        assert!(encrypted.can_crypto_erase() && encrypted.lend(0, 512).is_none());
+        assert!(!open_lun("ram:1M", 512, "t", 1).unwrap().can_crypto_erase());
+        let missing = open_lun("ram:1M,encrypt=/nonexistent/dir/k", 512, "t", 1).unwrap_err();
+        assert!(missing.contains("encrypt=/nonexistent/dir/k"), "{missing}");
         assert!(open_lun("ram:1M", 1024, "t", 1).is_err());
         assert!(open_lun("nvme:1M", 512, "t", 1).is_err());
         assert!(open_lun("ram", 512, "t", 1).is_err());

@@ -8,6 +8,7 @@
 //! | `file.rs` | [`FileBackstore`]: a regular (possibly sparse) file, UNMAP punches holes |
 //! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
 //! | `slow.rs` | [`SlowBackstore`]: any store behind a fixed latency (a slow device, for tests) |
+//! | `encrypted.rs` | [`EncryptedBackstore`]: any store kept encrypted (AES-256-XTS) under a key that SANITIZE CRYPTOGRAPHIC ERASE replaces |
 //! | `options.rs` | [`WithOptions`]: any store with LU options (read-only, removable, physical block size) |
 //!
 //! The SCSI layer has already range-checked every request in LBAs before it
@@ -15,6 +16,7 @@
 //! with an I/O error rather than panicking.
 
 mod block;
+mod encrypted;
 mod file;
 mod options;
 mod ram;
@@ -24,6 +26,7 @@ use std::fmt;
 use std::io;
 
 pub use block::{BlockBackstore, MEM_ALIGN};
+pub use encrypted::{EncryptedBackstore, KEY_LEN};
 pub use file::FileBackstore;
 pub use file::copy_file_range_all;
 pub use options::WithOptions;
@@ -194,6 +197,23 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// (libiscsi and SBC-4 read a block erase as "everything deallocated").
     fn can_block_erase(&self) -> bool {
         false
+    }
+
+    /// Whether SANITIZE CRYPTOGRAPHIC ERASE (SBC-4 §4.11) is honest on this
+    /// store: its data is kept encrypted and [`Backstore::crypto_erase`]
+    /// replaces the key ([`EncryptedBackstore`]).
+    fn can_crypto_erase(&self) -> bool {
+        false
+    }
+
+    /// Replaces the key the store's data is encrypted with: what was
+    /// written before reads as indeterminate data from then on. Stores
+    /// that are not encrypted refuse.
+    fn crypto_erase(&self) -> io::Result<()> {
+        Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "the store is not encrypted",
+        ))
     }
 
     /// The options of the LU this store is the medium of (read-only,

@@ -107,6 +107,14 @@ impl Backstore for WithOptions {
         self.inner.can_block_erase()
     }
 
+    fn can_crypto_erase(&self) -> bool {
+        self.inner.can_crypto_erase()
+    }
+
+    fn crypto_erase(&self) -> io::Result<()> {
+        self.inner.crypto_erase()
+    }
+
     fn file(&self) -> Option<&std::fs::File> {
         self.inner.file()
     }

@@ -99,6 +99,14 @@ impl Backstore for SlowBackstore {
         self.inner.can_block_erase()
     }
 
+    fn can_crypto_erase(&self) -> bool {
+        self.inner.can_crypto_erase()
+    }
+
+    fn crypto_erase(&self) -> io::Result<()> {
+        self.inner.crypto_erase()
+    }
+
     fn is_thin(&self) -> bool {
         self.inner.is_thin()
     }
