@@ -34,7 +34,7 @@ use aes::Aes256;
 use aes::cipher::{Array, KeyInit};
 use xts_mode::{Xts128, get_tweak_default};
 
-use super::{Allocation, Backstore};
+use super::Backstore;
 
 /// The XTS data unit: the smallest logical block.
 const UNIT: usize = 512;
@@ -175,13 +175,15 @@ fn store_key(path: &Path, key: &[u8; KEY_LEN]) -> io::Result<()> {
 }
 
 impl Backstore for EncryptedBackstore {
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
-    }
-
-    fn block_count(&self) -> u64 {
-        self.inner.block_count()
-    }
+    // What does not touch the data goes straight through: the geometry,
+    // flush, unmap (unmapped units read as zeros here too, so block erase
+    // stays honest), and atomic writes (each write is one write of the
+    // store's, of the ciphertext). Not lend, file or copy_from: the store
+    // holds ciphertext (see the module doc).
+    delegate!(inner =>
+        block_size, block_count, flush, unmap, unique_id, is_thin, may_block, unmap_granularity,
+        allocation_status, atomic_write_max, can_block_erase, lu_options,
+    );
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let first = unit_of(offset, buf.len())?;
@@ -207,41 +209,6 @@ impl Backstore for EncryptedBackstore {
         self.inner.write_through(offset, &sealed)
     }
 
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
-
-    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.unmap(offset, len)
-    }
-
-    fn unique_id(&self) -> u64 {
-        self.inner.unique_id()
-    }
-
-    fn is_thin(&self) -> bool {
-        self.inner.is_thin()
-    }
-
-    fn may_block(&self) -> bool {
-        self.inner.may_block()
-    }
-
-    fn unmap_granularity(&self) -> u64 {
-        self.inner.unmap_granularity()
-    }
-
-    fn atomic_write_max(&self) -> u64 {
-        // One write of the store's, with the ciphertext: as atomic as the
-        // store makes it.
-        self.inner.atomic_write_max()
-    }
-
-    fn can_block_erase(&self) -> bool {
-        // Deallocated units read as zeros here too.
-        self.inner.can_block_erase()
-    }
-
     fn can_crypto_erase(&self) -> bool {
         true
     }
@@ -253,10 +220,6 @@ impl Backstore for EncryptedBackstore {
         }
         *self.cipher.write().unwrap_or_else(PoisonError::into_inner) = Arc::new(cipher(&key));
         Ok(())
-    }
-
-    fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
-        self.inner.allocation_status(offset, max_len)
     }
 }
 

@@ -15,6 +15,123 @@
 //! reaches a backstore; a backstore still refuses out-of-range byte ranges
 //! with an I/O error rather than panicking.
 
+/// Writes the named [`Backstore`] methods of a store that wraps another
+/// (options, latency, encryption) as calls of the same method of its
+/// field `$inner`: each wrapper spells out only what it changes, and says
+/// by name what it passes through. A method left out gets the trait's
+/// default, which is seldom what a wrapper means: name every one it does
+/// not write itself. (Defined before the modules, which see it in
+/// textual scope.)
+macro_rules! delegate {
+    ($inner:ident => $($method:ident),+ $(,)?) => { $( delegate!(@ $inner $method); )+ };
+    (@ $i:ident block_size) => {
+        fn block_size(&self) -> u32 { self.$i.block_size() }
+    };
+    (@ $i:ident block_count) => {
+        fn block_count(&self) -> u64 { self.$i.block_count() }
+    };
+    (@ $i:ident read_at) => {
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            self.$i.read_at(offset, buf)
+        }
+    };
+    (@ $i:ident write_at) => {
+        fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.$i.write_at(offset, buf)
+        }
+    };
+    (@ $i:ident lend) => {
+        fn lend(
+            &self,
+            offset: u64,
+            len: usize,
+        ) -> Option<std::io::Result<Vec<$crate::backstore::Lent>>> {
+            self.$i.lend(offset, len)
+        }
+    };
+    (@ $i:ident write_pieces) => {
+        fn write_pieces(
+            &self,
+            offset: u64,
+            pieces: &mut [Vec<u8>],
+            len: usize,
+        ) -> std::io::Result<()> {
+            self.$i.write_pieces(offset, pieces, len)
+        }
+    };
+    (@ $i:ident write_pieces_through) => {
+        fn write_pieces_through(
+            &self,
+            offset: u64,
+            pieces: &mut [Vec<u8>],
+            len: usize,
+        ) -> std::io::Result<()> {
+            self.$i.write_pieces_through(offset, pieces, len)
+        }
+    };
+    (@ $i:ident flush) => {
+        fn flush(&self) -> std::io::Result<()> { self.$i.flush() }
+    };
+    (@ $i:ident unmap) => {
+        fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> { self.$i.unmap(offset, len) }
+    };
+    (@ $i:ident unique_id) => {
+        fn unique_id(&self) -> u64 { self.$i.unique_id() }
+    };
+    (@ $i:ident write_through) => {
+        fn write_through(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
+            self.$i.write_through(offset, buf)
+        }
+    };
+    (@ $i:ident is_thin) => {
+        fn is_thin(&self) -> bool { self.$i.is_thin() }
+    };
+    (@ $i:ident may_block) => {
+        fn may_block(&self) -> bool { self.$i.may_block() }
+    };
+    (@ $i:ident unmap_granularity) => {
+        fn unmap_granularity(&self) -> u64 { self.$i.unmap_granularity() }
+    };
+    (@ $i:ident file) => {
+        fn file(&self) -> Option<&std::fs::File> { self.$i.file() }
+    };
+    (@ $i:ident copy_from) => {
+        fn copy_from(
+            &self,
+            src: &dyn $crate::backstore::Backstore,
+            src_offset: u64,
+            dst_offset: u64,
+            len: u64,
+        ) -> std::io::Result<()> {
+            self.$i.copy_from(src, src_offset, dst_offset, len)
+        }
+    };
+    (@ $i:ident atomic_write_max) => {
+        fn atomic_write_max(&self) -> u64 { self.$i.atomic_write_max() }
+    };
+    (@ $i:ident can_block_erase) => {
+        fn can_block_erase(&self) -> bool { self.$i.can_block_erase() }
+    };
+    (@ $i:ident can_crypto_erase) => {
+        fn can_crypto_erase(&self) -> bool { self.$i.can_crypto_erase() }
+    };
+    (@ $i:ident crypto_erase) => {
+        fn crypto_erase(&self) -> std::io::Result<()> { self.$i.crypto_erase() }
+    };
+    (@ $i:ident lu_options) => {
+        fn lu_options(&self) -> $crate::LuOptions { self.$i.lu_options() }
+    };
+    (@ $i:ident allocation_status) => {
+        fn allocation_status(
+            &self,
+            offset: u64,
+            max_len: u64,
+        ) -> std::io::Result<$crate::backstore::Allocation> {
+            self.$i.allocation_status(offset, max_len)
+        }
+    };
+}
+
 mod block;
 mod encrypted;
 mod file;

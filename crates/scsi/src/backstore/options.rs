@@ -4,10 +4,9 @@
 //! the store instead of each store learning them; the SCSI layer reads them
 //! once, when it makes the LU ([`Backstore::lu_options`]).
 
-use std::io;
 use std::sync::Arc;
 
-use super::{Allocation, Backstore, Lent};
+use super::Backstore;
 use crate::LuOptions;
 
 /// `inner`, reporting `options`; every access goes straight through.
@@ -28,105 +27,18 @@ impl WithOptions {
 }
 
 impl Backstore for WithOptions {
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
-    }
-
-    fn block_count(&self) -> u64 {
-        self.inner.block_count()
-    }
-
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.inner.read_at(offset, buf)
-    }
-
-    fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.inner.write_at(offset, buf)
-    }
-
-    fn lend(&self, offset: u64, len: usize) -> Option<io::Result<Vec<Lent>>> {
-        self.inner.lend(offset, len)
-    }
-
-    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
-        self.inner.write_pieces(offset, pieces, len)
-    }
-
-    fn write_pieces_through(
-        &self,
-        offset: u64,
-        pieces: &mut [Vec<u8>],
-        len: usize,
-    ) -> io::Result<()> {
-        self.inner.write_pieces_through(offset, pieces, len)
-    }
-
-    fn flush(&self) -> io::Result<()> {
-        self.inner.flush()
-    }
-
-    fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.inner.unmap(offset, len)
-    }
-
-    fn unique_id(&self) -> u64 {
-        self.inner.unique_id()
-    }
-
-    fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.inner.write_through(offset, buf)
-    }
-
-    fn is_thin(&self) -> bool {
-        self.inner.is_thin()
-    }
-
-    fn may_block(&self) -> bool {
-        self.inner.may_block()
-    }
-
-    fn unmap_granularity(&self) -> u64 {
-        self.inner.unmap_granularity()
-    }
-
-    fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
-        self.inner.allocation_status(offset, max_len)
-    }
+    // Every access goes straight through, and what the store promises or
+    // offers stays what it is under options: atomic writes, block and
+    // cryptographic erase, its file for `copy_file_range`.
+    delegate!(inner =>
+        block_size, block_count, read_at, write_at, lend, write_pieces, write_pieces_through,
+        flush, unmap, unique_id, write_through, is_thin, may_block, unmap_granularity,
+        allocation_status, atomic_write_max, can_block_erase, can_crypto_erase, crypto_erase,
+        file, copy_from,
+    );
 
     fn lu_options(&self) -> LuOptions {
         self.options
-    }
-
-    // What the store promises or offers stays what it is under options:
-    // atomic writes, block erase, its file for `copy_file_range`.
-    fn atomic_write_max(&self) -> u64 {
-        self.inner.atomic_write_max()
-    }
-
-    fn can_block_erase(&self) -> bool {
-        self.inner.can_block_erase()
-    }
-
-    fn can_crypto_erase(&self) -> bool {
-        self.inner.can_crypto_erase()
-    }
-
-    fn crypto_erase(&self) -> io::Result<()> {
-        self.inner.crypto_erase()
-    }
-
-    fn file(&self) -> Option<&std::fs::File> {
-        self.inner.file()
-    }
-
-    fn copy_from(
-        &self,
-        src: &dyn Backstore,
-        src_offset: u64,
-        dst_offset: u64,
-        len: u64,
-    ) -> io::Result<()> {
-        self.inner.copy_from(src, src_offset, dst_offset, len)
     }
 }
 

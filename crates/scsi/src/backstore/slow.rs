@@ -8,7 +8,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Allocation, Backstore, Lent};
+use super::{Backstore, Lent};
 
 /// `inner`, every read, write, flush and unmap of which first waits
 /// `latency` (on the calling thread: commands to a store that
@@ -33,13 +33,11 @@ impl SlowBackstore {
 }
 
 impl Backstore for SlowBackstore {
-    fn block_size(&self) -> u32 {
-        self.inner.block_size()
-    }
-
-    fn block_count(&self) -> u64 {
-        self.inner.block_count()
-    }
+    // What the store is and offers is not slowed down.
+    delegate!(inner =>
+        block_size, block_count, unique_id, atomic_write_max, can_block_erase, can_crypto_erase,
+        crypto_erase, is_thin, unmap_granularity, allocation_status, lu_options,
+    );
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         self.wait();
@@ -82,50 +80,14 @@ impl Backstore for SlowBackstore {
         self.inner.unmap(offset, len)
     }
 
-    fn unique_id(&self) -> u64 {
-        self.inner.unique_id()
-    }
-
     fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         self.wait();
         self.inner.write_through(offset, buf)
     }
 
-    fn atomic_write_max(&self) -> u64 {
-        self.inner.atomic_write_max()
-    }
-
-    fn can_block_erase(&self) -> bool {
-        self.inner.can_block_erase()
-    }
-
-    fn can_crypto_erase(&self) -> bool {
-        self.inner.can_crypto_erase()
-    }
-
-    fn crypto_erase(&self) -> io::Result<()> {
-        self.inner.crypto_erase()
-    }
-
-    fn is_thin(&self) -> bool {
-        self.inner.is_thin()
-    }
-
     /// Always: the wait holds the calling thread.
     fn may_block(&self) -> bool {
         true
-    }
-
-    fn unmap_granularity(&self) -> u64 {
-        self.inner.unmap_granularity()
-    }
-
-    fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
-        self.inner.allocation_status(offset, max_len)
-    }
-
-    fn lu_options(&self) -> crate::LuOptions {
-        self.inner.lu_options()
     }
 }
 
