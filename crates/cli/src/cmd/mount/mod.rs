@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use fuser::{Config, MountOption, SessionACL};
-use iscsi_initiator::{Disk, Session};
+use iscsi_initiator::{Disk, IscsiUrl, Session};
 use tokio::signal::unix::{SignalKind, signal};
 
 use self::fs::{LunFile, LunFs};
@@ -52,6 +52,12 @@ pub struct Args {
     /// user_allow_other).
     #[arg(long)]
     allow_other: bool,
+    /// Mount even if this target is mounted here already. Two mounts are
+    /// two initiators on one disk with nothing between them (no shared
+    /// cache, no locking): fine for reading, or for programs that
+    /// coordinate, ruinous for a file system image mounted twice.
+    #[arg(long)]
+    shared: bool,
     #[command(flatten)]
     session: SessionArgs,
 }
@@ -59,6 +65,16 @@ pub struct Args {
 /// Mounts, serves until unmounted or signalled, then flushes and logs out.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     check_mount_point(&args.dir)?;
+    let source = source_name(&target_url(&args.url)?);
+    if !args.shared
+        && let Some(dir) = mounted_at(&source)
+    {
+        bail!(
+            "{source} is already mounted at {dir} by iscsi mount: a second mount is a second \
+             initiator writing the same LUNs with nothing between the two; --shared mounts it \
+             anyway"
+        );
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -77,7 +93,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         })
         .collect();
     let filesystem = LunFs::new(files, runtime.handle().clone());
-    let mounted = match fuser::spawn_mount(filesystem, &args.dir, &config(args)) {
+    let mounted = match fuser::spawn_mount(filesystem, &args.dir, &config(args, &source)) {
         Ok(mounted) => mounted,
         Err(error) => {
             let _ = runtime.block_on(session.logout());
@@ -95,6 +111,27 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // blocking task, which dropping the runtime would wait for too.
     runtime.shutdown_timeout(Duration::from_secs(1));
     outcome.and(ended)
+}
+
+/// What /proc/mounts shows as the source of a mount of `url`'s target:
+/// its portal and name, never the CHAP user or secret (every user can
+/// read /proc/mounts).
+fn source_name(url: &IscsiUrl) -> String {
+    let scheme = if url.iser { "iser" } else { "iscsi" };
+    let target = url.target.as_deref().unwrap_or_default();
+    format!("{scheme}://{}/{target}", url.portal())
+}
+
+/// Where `source` is mounted by `iscsi mount` already, if anywhere.
+fn mounted_at(source: &str) -> Option<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").ok()?;
+    mounts.lines().find_map(|line| {
+        let mut fields = line.split(' ');
+        let (from, dir, kind) = (fields.next()?, fields.next()?, fields.next()?);
+        // "fuse" when mounted by root directly, "fuse.iscsi" through
+        // fusermount3 (which applies the subtype).
+        (from == source && (kind == "fuse" || kind == "fuse.iscsi")).then(|| dir.to_owned())
+    })
 }
 
 /// The mount point exists and is a directory: said before logging in.
@@ -136,10 +173,10 @@ async fn open(args: &Args) -> anyhow::Result<(Arc<Session>, Vec<LunFile>)> {
 
 /// The FUSE mount options: named after the target, permissions checked by
 /// the kernel.
-fn config(args: &Args) -> Config {
+fn config(args: &Args, source: &str) -> Config {
     let mut config = Config::default();
     config.mount_options = vec![
-        MountOption::FSName(format!("iscsi:{}", args.url)),
+        MountOption::FSName(source.to_owned()),
         MountOption::Subtype("iscsi".to_owned()),
         MountOption::DefaultPermissions,
         MountOption::NoAtime,
