@@ -108,7 +108,10 @@ pub struct DiscardParams {
     pub granularity: u32,
     /// Sectors per discard request.
     pub max_sectors: u32,
-    /// Ranges per discard request (UNMAP block descriptors).
+    /// Ranges per discard request. Always 1: ublk_drv refuses any other
+    /// value ("only support single segment discard", Linux 6.0 to 6.12 at
+    /// least); the block layer then sends one range per request, so the
+    /// LUN's MAXIMUM UNMAP BLOCK DESCRIPTOR COUNT is not used.
     pub max_segments: u16,
 }
 
@@ -142,7 +145,7 @@ impl DeviceParams {
                 alignment: d.alignment.saturating_mul(bs),
                 granularity: d.granularity.max(1).saturating_mul(bs),
                 max_sectors: clamp_sectors(u64::from(d.max_blocks)),
-                max_segments: d.max_descriptors.clamp(1, u32::from(u16::MAX)) as u16,
+                max_segments: 1,
             }),
             max_write_zeroes_sectors: clamp_sectors(limits.write_same_blocks)
                 .min(max_sectors.max(sectors_per_block) * 64),
@@ -248,7 +251,7 @@ mod tests {
                 alignment: 512,
                 granularity: 4096,
                 max_sectors: 8192,
-                max_segments: 64
+                max_segments: 1
             })
         );
     }

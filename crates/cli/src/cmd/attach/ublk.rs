@@ -137,14 +137,26 @@ pub fn serve(
         .map_err(|e| ublk_error("creating the ublk device", e))?;
     let tgt_init = move |dev: &mut UblkDev| {
         dev.set_default_params(params.dev_sectors << 9);
+        // One more entry in each queue's ring than it has tags: the
+        // eventfd read of [`Wakeup`] is always pending beside the FETCHes.
+        dev.tgt.extra_ios = 1;
+        dev.tgt.sq_depth = shape.depth + 1;
+        dev.tgt.cq_depth = shape.depth + 1;
         dev.tgt.params = device_params(&params);
         dev.set_target_json(serde_json::json!({ "iscsi": identity }));
         Ok(())
     };
     let queue = move |qid: u16, dev: &UblkDev| serve_queue(qid, dev, &disk, &runtime);
     let on_start = move |ctrl: &UblkCtrl| live(ctrl.get_bdev_path(), ctrl.dev_info().dev_id);
-    ctrl.run_target(tgt_init, queue, on_start)
-        .map_err(|e| ublk_error("serving the ublk device", e))?;
+    let served = ctrl.run_target(tgt_init, queue, on_start);
+    if served.is_err() {
+        // The device did not start (its parameters refused, say): its
+        // queue threads still wait for requests, and deleting the device
+        // (when `ctrl` drops) would wait for them forever. Stopping it
+        // cancels their FETCHes, so they end.
+        let _ = ctrl.stop_dev();
+    }
+    served.map_err(|e| ublk_error("starting the ublk device", e))?;
     Ok(())
 }
 
@@ -237,6 +249,7 @@ impl Wakeup {
             let sqe =
                 opcode::Read::new(types::Fd(self.fd.as_raw_fd()), self.target.cast(), 8).build();
             let res = q.ublk_submit_sqe(sqe).await;
+            tracing::trace!("queue {} woken: {res}", q.get_qid());
             if res < 0 && res != -libc::EINTR && res != -libc::EAGAIN {
                 return;
             }
@@ -327,8 +340,10 @@ async fn execute(
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let (disk, fd) = (Arc::clone(disk), Arc::clone(&wakeup.fd));
+    tracing::debug!("{request:?}");
     runtime.spawn(async move {
         let result = run(&disk, request, data).await;
+        tracing::debug!("{request:?} done: {:?}", result.as_ref().map(Vec::len));
         let _ = tx.send(result);
         // After the send: when the thread wakes, the task is ready to run.
         let _ = fd.write(1);
