@@ -2,7 +2,7 @@
 # Guest side of jobs/ublk-attach.sh: `iscsi attach` (our initiator as a ublk block device) against
 # `iscsi target` on the host. mkfs.ext4 on /dev/ublkbN, a tree copied in with its checksums, fsck
 # -fn clean, fio randwrite+verify at QD32 in the file system; `iscsi detach`, attach again, the tree
-# intact; `iscsi attach` of the attached LUN refused. Then the bad case: the host kills the target
+# intact, ended by SIGTERM; `iscsi attach` of the attached LUN refused. Then the bad case: the host kills the target
 # while attached; a read must fail with an I/O error within the session's command timeout (no hung
 # process) and `iscsi detach` must still end the device and its server. Last, when open-iscsi is
 # there, the same fio jobs through the kernel's initiator and through ublk against a second target,
@@ -12,8 +12,9 @@
 [ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
 # shellcheck source=open-iscsi-lib.sh
 . ./open-iscsi-lib.sh
-# shellcheck disable=SC1091,SC2153 # written by the host job
+# shellcheck disable=SC1091 # written by the host job
 . ./params.sh # PORT, IQN, PORT2, IQN2, ATTACH_RUST_LOG
+# shellcheck disable=SC2153 # PORT and IQN come from params.sh
 url=iscsi://10.0.2.100:$PORT/$IQN/0
 # Seconds a command may take before it fails (iscsi --timeout): the bad case's bound.
 TIMEOUT=10
@@ -107,7 +108,18 @@ ok "after detach and a new attach: $(wc -l <out/tree.sha256) files intact (sha25
 umount /mnt/u
 check "fsck.ext4 -fn clean after the new attach" fsck.ext4 -fn "$dev"
 
+# SIGTERM ends it as `iscsi detach` does: device gone, flush, logout, exit 0.
+kill -TERM "$attach_pid"
+rc=0
+for _ in $(seq 1 300); do kill -0 "$attach_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$attach_pid" 2>/dev/null && fail "iscsi attach (2) still runs 30 s after SIGTERM"
+wait "$attach_pid" || rc=$?
+[ -e "$dev" ] && fail "$dev still there after SIGTERM"
+[ "$rc" = 0 ] || { cat out/attach-2.log >&2; fail "iscsi attach (2) exited $rc after SIGTERM"; }
+ok "SIGTERM: device gone, server ended with status 0"
+
 # The bad case: the target dies under the attached device.
+attach 3
 dd if="$dev" of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null || fail "read before the kill"
 touch out/kill-target
 for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.1; done

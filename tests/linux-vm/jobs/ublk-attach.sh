@@ -32,6 +32,12 @@ touch "$VM_SHARE/target-killed"
 rc=0
 wait "$VM_RUN_PID" || rc=$?
 rm -f ./iscsi
+# Every step's output (attach logs, fio, the side-by-side table) in $LINUX_VM_RESULTS/ublk-attach/.
+results=${LINUX_VM_RESULTS:-$LINUX_VM_REPO/target/linux-vm-results}/ublk-attach
+mkdir -p "$results"
+rm -rf "${results:?}"/*
+[ -d "$VM_SHARE/out" ] && cp -r "$VM_SHARE/out/." "$results/"
+cp console.log "$results/console.log"
 grep -E '^(ok|not ok) - |^# ' console.log || true
 sed -n '/^side by side/,/^UBLK OK/p' console.log || true
 [ "$rc" = 0 ] || vm_fail "guest script exit $rc"

@@ -36,7 +36,9 @@ use super::initiator_args::{SessionArgs, connect, target_url};
 pub struct AttachArgs {
     /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun
     url: String,
-    /// ublk hardware queues (one serving thread each).
+    /// ublk hardware queues (one serving thread each). Independent of
+    /// --connections: one session serves every queue, and with MC/S it
+    /// spreads the commands over its connections itself.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     queues: u16,
     /// Requests in flight per queue.
