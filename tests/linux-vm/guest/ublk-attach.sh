@@ -4,7 +4,8 @@
 # -fn clean, fio randwrite+verify at QD32 in the file system; `iscsi detach`, attach again, the tree
 # intact, ended by SIGTERM; `iscsi attach` of the attached LUN refused. Then the bad case: the host kills the target
 # while attached; a read must fail with an I/O error within the session's command timeout (no hung
-# process) and `iscsi detach` must still end the device and its server. Last, when open-iscsi is
+# process) and `iscsi detach` must still end the device and its server; a server killed with
+# SIGKILL leaves its device behind, which `iscsi detach` deletes. Last, when open-iscsi is
 # there, the same fio jobs through the kernel's initiator and through ublk against a second target,
 # for a side-by-side table (out/compare.txt).
 # Handshake through the shared directory: the guest writes out/kill-target, the host kills the
@@ -133,6 +134,16 @@ took=$((SECONDS - start))
 grep -qi 'error' out/dead-read.txt || { cat out/dead-read.txt >&2; fail "the read did not fail with an I/O error"; }
 ok "target dead: the read failed after $took s ($(tail -1 out/dead-read.txt)); --timeout $TIMEOUT"
 detach 3 may-fail
+
+# A server killed outright (SIGKILL: no clean stop) leaves its device behind; detach deletes it.
+url=iscsi://10.0.2.100:$PORT2/$IQN2/0
+attach 5
+kill -KILL "$attach_pid"
+wait "$attach_pid" || true
+./iscsi detach "$dev" 2>out/detach-orphan.log || { cat out/detach-orphan.log >&2; fail "iscsi detach of a killed server's $dev"; }
+id=${dev#/dev/ublkb}
+[ -e "/dev/ublkc$id" ] && fail "/dev/ublkc$id still there after detach of a killed server's device"
+ok "a killed server's device deleted by detach: $(cat out/detach-orphan.log)"
 
 # Side by side, when the image has open-iscsi: the kernel's initiator and ours on the same
 # target (a second RAM LUN on the host), 4 KiB randread/randwrite QD32 and 1 MiB sequential.

@@ -138,6 +138,10 @@ async fn stop_on_signal(live: tokio::sync::oneshot::Receiver<u32>) -> anyhow::Re
 pub fn run_detach(args: &DetachArgs) -> anyhow::Result<()> {
     ublk::check_available()?;
     let id = device_id(&args.device)?;
+    if ublk::remove_orphan(id).with_context(|| format!("detaching /dev/ublkb{id}"))? {
+        eprintln!("detach: /dev/ublkb{id} had no server (killed?): deleted");
+        return Ok(());
+    }
     ublk::stop(id).with_context(|| format!("detaching /dev/ublkb{id}"))?;
     // The serving process now flushes, logs out and deletes the device;
     // its character device goes last. Wait a little for it, so that a

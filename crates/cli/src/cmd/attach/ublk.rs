@@ -171,6 +171,22 @@ pub fn stop(id: u32) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Deletes device `id` when its server is gone (an `iscsi attach` killed
+/// with SIGKILL leaves the device behind, stopped by the kernel but never
+/// deleted); `Ok(false)` when a live process still serves it, which
+/// [`stop`] is for. Deleting a served device would wait for its server.
+pub fn remove_orphan(id: u32) -> anyhow::Result<bool> {
+    let id = i32::try_from(id).context("device id")?;
+    let ctrl = UblkCtrl::new_simple(id).map_err(|e| ublk_error("opening the ublk device", e))?;
+    let pid = ctrl.dev_info().ublksrv_pid;
+    if pid > 0 && std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Ok(false);
+    }
+    ctrl.del_dev()
+        .map_err(|e| ublk_error("deleting the ublk device", e))?;
+    Ok(true)
+}
+
 /// libublk's errors carry a negative errno or an io::Error; say which.
 fn ublk_error(doing: &str, e: UblkError) -> anyhow::Error {
     match e {
