@@ -15,6 +15,14 @@ PROBE_PLOT_FONT=${PROBE_PLOT_FONT:-/usr/share/fonts/truetype/dejavu/DejaVuSans.t
 # probe_plot_font: the plot font is installed.
 probe_plot_font() { [ -f "$PROBE_PLOT_FONT" ]; }
 
+# libclang, which bindgen loads when libublk-rs-sys (`iscsi attach`) is built: a glob of where
+# Debian's libclang-dev puts it. PROBE_LIBCLANG set beforehand replaces it
+# (tests/scripts/fresh-machine points it at files that are not there, then at its stub's).
+PROBE_LIBCLANG=${PROBE_LIBCLANG:-/usr/lib/llvm-*/lib/libclang.so*}
+
+# probe_libclang: some file matches PROBE_LIBCLANG.
+probe_libclang() { compgen -G "$PROBE_LIBCLANG" >/dev/null; }
+
 # The URL the qemu-img probe opens: port 1 on loopback, which refuses at once, so no traffic leaves
 # the machine and the probe takes milliseconds.
 PROBE_QEMU_ISCSI_URL=iscsi://127.0.0.1:1/iqn.2026-11.rs.iscsi:probe/0

@@ -65,6 +65,11 @@ enum Command {
     /// Show every LUN of a target as a file DIR/lun0, DIR/lun1, ... (FUSE)
     /// until unmounted (fusermount3 -u DIR) or interrupted.
     Mount(cmd::mount::Args),
+    /// Present a LUN as a Linux block device (/dev/ublkbN, through ublk)
+    /// and serve it in the foreground until `iscsi detach` or a signal.
+    Attach(cmd::attach::AttachArgs),
+    /// Remove a device `iscsi attach` made (/dev/ublkbN or its id).
+    Detach(cmd::attach::DetachArgs),
     /// Measure a LUN: throughput, IOPS and latency percentiles.
     Bench(cmd::bench::Args),
     /// Write, read and check a LUN against a log of acknowledged writes
@@ -120,6 +125,8 @@ fn main() -> ExitCode {
         Command::Write(args) => cmd::transfer::run_write(&args),
         Command::Copy(args) => cmd::transfer::run_copy(&args),
         Command::Mount(args) => cmd::mount::run(&args),
+        Command::Attach(args) => cmd::attach::run_attach(&args),
+        Command::Detach(args) => cmd::attach::run_detach(&args),
         Command::Bench(args) => cmd::bench::run(&args),
         Command::Verify(args) => cmd::verify::run(&args),
         Command::Script(args) => cmd::script::run(&args),

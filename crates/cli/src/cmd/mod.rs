@@ -1,6 +1,7 @@
 //! The subcommands of `iscsi`, one module each, and what the initiator
 //! subcommands share (`initiator_args`, `missing_lun`).
 
+pub mod attach;
 pub mod bench;
 pub mod crc_bench;
 pub mod discover;

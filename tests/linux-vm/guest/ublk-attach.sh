@@ -1,0 +1,183 @@
+# shellcheck shell=bash
+# Guest side of jobs/ublk-attach.sh: `iscsi attach` (our initiator as a ublk block device) against
+# `iscsi target` on the host. mkfs.ext4 on /dev/ublkbN, a tree copied in with its checksums, fsck
+# -fn clean, fio randwrite+verify at QD32 in the file system; `iscsi detach`, attach again, the tree
+# intact, ended by SIGTERM; `iscsi attach` of the attached LUN refused. Then the bad case: the host kills the target
+# while attached; a read must fail with an I/O error within the session's command timeout (no hung
+# process) and `iscsi detach` must still end the device and its server; a server killed with
+# SIGKILL leaves its device behind, which `iscsi detach` deletes. Last, when open-iscsi is
+# there, the same fio jobs through the kernel's initiator and through ublk against a second target,
+# for a side-by-side table (out/compare.txt).
+# Handshake through the shared directory: the guest writes out/kill-target, the host kills the
+# target and writes ./target-killed.
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
+# shellcheck source=open-iscsi-lib.sh
+. ./open-iscsi-lib.sh
+# shellcheck disable=SC1091 # written by the host job
+. ./params.sh # PORT, IQN, PORT2, IQN2, ATTACH_RUST_LOG
+# shellcheck disable=SC2153 # PORT and IQN come from params.sh
+url=iscsi://10.0.2.100:$PORT/$IQN/0
+# Seconds a command may take before it fails (iscsi --timeout): the bad case's bound.
+TIMEOUT=10
+
+modprobe ublk_drv || fail "no ublk_drv in this kernel ($(uname -r))"
+[ -e /dev/ublk-control ] || fail "/dev/ublk-control missing after modprobe"
+ok "ublk_drv loaded ($(uname -r))"
+
+attach_pid=
+# diagnose: where the attach process's threads are, in the kernel (to stderr and out/).
+diagnose() {
+    local t
+    {
+        ls -l /dev/ublk* || true
+        for t in /proc/"$attach_pid"/task/*; do
+            echo "--- thread ${t##*/} $(cat "$t/comm" 2>/dev/null) wchan $(cat "$t/wchan" 2>/dev/null)"
+            cat "$t/stack" 2>/dev/null || true
+        done
+        cat out/attach-*.log
+    } 2>&1 | tee out/diagnose.txt >&2
+}
+# attach N: `iscsi attach` in the background; sets dev once it printed the device (60 s at most).
+attach() {
+    local n=$1 _
+    RUST_LOG=${ATTACH_RUST_LOG:-info} ./iscsi attach "$url" --queues 2 --depth 64 --timeout "$TIMEOUT" >"out/attach-$n.out" 2>"out/attach-$n.log" &
+    attach_pid=$!
+    for _ in $(seq 1 600); do
+        dev=$(head -1 "out/attach-$n.out" 2>/dev/null || true)
+        [ -n "$dev" ] && [ -b "$dev" ] && return 0
+        kill -0 "$attach_pid" 2>/dev/null || { cat "out/attach-$n.log" >&2; fail "iscsi attach ($n) exited"; }
+        sleep 0.1
+    done
+    diagnose
+    fail "iscsi attach ($n) printed no device within 60 s"
+}
+# detach N: `iscsi detach`, then the server must end by itself within 30 s, with status 0 unless
+# the second argument allows a failure (the bad case: its logout cannot reach the dead target).
+detach() {
+    local n=$1 may_fail=${2:-} start=$SECONDS rc=0 _
+    ./iscsi detach "$dev" || fail "iscsi detach $dev ($n)"
+    for _ in $(seq 1 300); do
+        kill -0 "$attach_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    kill -0 "$attach_pid" 2>/dev/null && fail "iscsi attach ($n) still runs 30 s after detach"
+    wait "$attach_pid" || rc=$?
+    [ -e "$dev" ] && fail "$dev still there after detach ($n)"
+    if [ -z "$may_fail" ] && [ "$rc" != 0 ]; then
+        cat "out/attach-$n.log" >&2
+        fail "iscsi attach ($n) exited $rc after detach"
+    fi
+    ok "detach ($n): device gone, server ended (exit $rc) in $((SECONDS - start)) s"
+}
+
+t0=$SECONDS
+attach 1
+note "attached as $dev: $(blockdev --getsize64 "$dev") bytes, logical $(blockdev --getss "$dev"), physical $(blockdev --getpbsz "$dev"), $(cat /sys/block/"${dev#/dev/}"/queue/write_cache) cache, max $(cat /sys/block/"${dev#/dev/}"/queue/max_sectors_kb) KiB, discard max $(cat /sys/block/"${dev#/dev/}"/queue/discard_max_bytes)"
+ok "iscsi attach: $dev in $((SECONDS - t0)) s"
+
+# A second attach of the same LUN is refused, naming the device.
+rc=0
+./iscsi attach "$url" --timeout "$TIMEOUT" >out/attach-twice.out 2>out/attach-twice.log || rc=$?
+if [ "$rc" = 0 ] || ! grep -q "attached already as $dev" out/attach-twice.log; then
+    cat out/attach-twice.log >&2
+    fail "a second attach of the LUN was not refused (exit $rc)"
+fi
+ok "a second attach of the same LUN is refused: $(head -1 out/attach-twice.log)"
+
+check "mkfs.ext4" mkfs.ext4 -q -F "$dev"
+mkdir -p /mnt/u
+mount "$dev" /mnt/u
+cp -a /usr/lib/python3 /mnt/u/tree
+(cd /mnt/u/tree && find . -type f -print0 | sort -z | xargs -0 sha256sum) >out/tree.sha256
+note "copied $(wc -l <out/tree.sha256) files ($(du -sh /mnt/u/tree | cut -f1))"
+fio --name=ublk --filename=/mnt/u/fio.dat --size=64M --ioengine=libaio --direct=1 --iodepth=32 \
+    --rw=randwrite --bs=4k --verify=crc32c --verify_fatal=1 --output=out/fio-verify.txt >/dev/null 2>&1 \
+    || { cat out/fio-verify.txt >&2; fail "fio randwrite+verify QD32 in ext4 on $dev"; }
+grep -q 'err= 0' out/fio-verify.txt || fail "fio reports errors"
+ok "fio randwrite 4k QD32 with crc32c verify in ext4 on $dev: $(awk '/WRITE: bw=/ {print $2; exit}' out/fio-verify.txt)"
+# DISCARD through UNMAP (noted, not required: a LUN need not offer UNMAP).
+fstrim -v /mnt/u >out/fstrim.txt 2>&1 || true
+note "fstrim: $(cat out/fstrim.txt)"
+umount /mnt/u
+check "fsck.ext4 -fn clean" fsck.ext4 -fn "$dev"
+detach 1
+
+attach 2
+mount "$dev" /mnt/u
+(cd /mnt/u/tree && sha256sum --quiet -c "$OLDPWD/out/tree.sha256") || fail "the tree changed across detach/attach"
+ok "after detach and a new attach: $(wc -l <out/tree.sha256) files intact (sha256)"
+umount /mnt/u
+check "fsck.ext4 -fn clean after the new attach" fsck.ext4 -fn "$dev"
+
+# SIGTERM ends it as `iscsi detach` does: device gone, flush, logout, exit 0.
+kill -TERM "$attach_pid"
+rc=0
+for _ in $(seq 1 300); do kill -0 "$attach_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$attach_pid" 2>/dev/null && fail "iscsi attach (2) still runs 30 s after SIGTERM"
+wait "$attach_pid" || rc=$?
+[ -e "$dev" ] && fail "$dev still there after SIGTERM"
+[ "$rc" = 0 ] || { cat out/attach-2.log >&2; fail "iscsi attach (2) exited $rc after SIGTERM"; }
+ok "SIGTERM: device gone, server ended with status 0"
+
+# The bad case: the target dies under the attached device.
+attach 3
+dd if="$dev" of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null || fail "read before the kill"
+touch out/kill-target
+for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.1; done
+[ -e target-killed ] || fail "the host did not kill the target"
+start=$SECONDS
+rc=0
+timeout 300 dd if="$dev" of=/dev/null bs=4k count=1 skip=12345 iflag=direct 2>out/dead-read.txt || rc=$?
+took=$((SECONDS - start))
+[ "$rc" = 124 ] && fail "a read on $dev with the target dead hung for 300 s"
+[ "$rc" != 0 ] || fail "a read on $dev with the target dead succeeded"
+grep -qi 'error' out/dead-read.txt || { cat out/dead-read.txt >&2; fail "the read did not fail with an I/O error"; }
+ok "target dead: the read failed after $took s ($(tail -1 out/dead-read.txt)); --timeout $TIMEOUT"
+detach 3 may-fail
+
+# A server killed outright (SIGKILL: no clean stop) leaves its device behind; detach deletes it.
+url=iscsi://10.0.2.100:$PORT2/$IQN2/0
+attach 5
+kill -KILL "$attach_pid"
+wait "$attach_pid" || true
+./iscsi detach "$dev" 2>out/detach-orphan.log || { cat out/detach-orphan.log >&2; fail "iscsi detach of a killed server's $dev"; }
+id=${dev#/dev/ublkb}
+[ -e "/dev/ublkc$id" ] && fail "/dev/ublkc$id still there after detach of a killed server's device"
+ok "a killed server's device deleted by detach: $(cat out/detach-orphan.log)"
+
+# Side by side, when the image has open-iscsi: the kernel's initiator and ours on the same
+# target (a second RAM LUN on the host), 4 KiB randread/randwrite QD32 and 1 MiB sequential.
+if [ -n "${PORT2:-}" ] && command -v iscsiadm >/dev/null; then
+    url=iscsi://10.0.2.100:$PORT2/$IQN2/0
+    bench() { # NAME DEV: the four fio runs; one line each into out/compare.txt
+        local name=$1 d=$2 rw bs
+        for spec in randread:4k randwrite:4k read:1m write:1m; do
+            rw=${spec%:*} bs=${spec#*:}
+            fio --name="$name-$rw-$bs" --filename="$d" --ioengine=libaio --direct=1 --iodepth=32 \
+                --rw="$rw" --bs="$bs" --size=256M --runtime=10 --time_based=1 --output-format=json \
+                --output="out/bench-$name-$rw-$bs.json" >/dev/null 2>&1 || fail "fio $name $rw $bs"
+            python3 - "out/bench-$name-$rw-$bs.json" "$name" "$rw" "$bs" >>out/compare.txt <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))["jobs"][0]
+side = j["read"] if j["read"]["io_bytes"] else j["write"]
+lat = side["clat_ns"]
+print(f"{sys.argv[2]:10} {sys.argv[3]:10} {sys.argv[4]:4} {side['iops']:10.0f} IOPS "
+      f"{side['bw'] / 1024:8.1f} MiB/s  clat mean {lat['mean'] / 1000:8.0f} us  p99 {lat['percentile'].get('99.000000', 0) / 1000:8.0f} us")
+PY
+        done
+    }
+    attach 4
+    bench ublk "$dev"
+    detach 4
+    start_iscsid
+    P=10.0.2.100:$PORT2
+    node_new "$IQN2" "$P"
+    login "$IQN2" "$P"
+    kdev=$(disk "$IQN2" 0)
+    bench open-iscsi "$kdev"
+    logout "$IQN2" "$P"
+    echo "side by side (emulated guest: relative figures only):"
+    cat out/compare.txt
+fi
+dmesg >out/dmesg.txt
+echo "UBLK OK"
