@@ -1,0 +1,179 @@
+//! `iscsi target --lun rbd:POOL/IMAGE` against a real one-node Ceph cluster
+//! (`scripts/ceph-dev start`; its conf at /run/iscsi-rs-ceph/ceph.conf, or
+//! `ISCSI_CEPH_CONF`): data written through our initiator lands in the
+//! image (read back by `rbd export`), UNMAP reads zeros, and a missing image
+//! or an unreachable cluster stops the target with a message naming what
+//! failed. Built only with the cargo feature `rbd`.
+#![cfg(feature = "rbd")]
+
+mod common;
+
+use std::process::Command;
+use std::sync::Arc;
+
+use common::iscsi;
+use iscsi_initiator::{Disk, IscsiUrl, Session, SessionConfig};
+use iscsi_test_peers::{Peer, free_port};
+
+const NAME: &str = "iqn.2026-11.rs.iscsi:rbd-test";
+
+fn conf() -> String {
+    std::env::var("ISCSI_CEPH_CONF").unwrap_or_else(|_| "/run/iscsi-rs-ceph/ceph.conf".into())
+}
+
+fn rbd(args: &[&str]) -> std::process::Output {
+    Command::new("rbd")
+        .arg("-c")
+        .arg(conf())
+        .args(args)
+        .output()
+        .expect("the rbd CLI runs (scripts/ceph-dev installs it)")
+}
+
+/// An image for one test, removed on drop.
+struct Image(String);
+
+impl Image {
+    fn new(tag: &str) -> Image {
+        let name = format!("rbd/cli-{tag}-{}", std::process::id());
+        let _ = rbd(&["rm", &name]);
+        let out = rbd(&["create", &name, "--size", "64M"]);
+        assert!(
+            out.status.success(),
+            "rbd create (is scripts/ceph-dev running?): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Image(name)
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = rbd(&["rm", &self.0]);
+    }
+}
+
+#[test]
+fn reads_writes_and_unmaps_an_rbd_image() {
+    let image = Image::new("rw");
+    let port = free_port();
+    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+    command
+        .args(["target", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--name", NAME, "--lun"])
+        .arg(format!("rbd:{},conf={}", image.0, conf()))
+        .env("RUST_LOG", "warn");
+    let mut target = Peer::spawn(command, port);
+    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{NAME}/0")
+        .parse()
+        .unwrap();
+
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let data: Vec<u8> = (0..(3u32 << 20) + 123)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    runtime.block_on(async {
+        let session = Arc::new(
+            Session::connect(&url, SessionConfig::default())
+                .await
+                .unwrap(),
+        );
+        let disk = Disk::open(session, 0).await.unwrap();
+        let limits = disk.limits();
+        assert_eq!(limits.bytes(), 64 << 20);
+        assert!(limits.discard.is_some() && limits.unmapped_read_zeros);
+        // Unaligned, across the 4 MiB object boundary at 4 MiB.
+        disk.write(4 << 20 | 1000, &data, false).await.unwrap();
+        disk.write(0, &data[..8192], true).await.unwrap();
+        disk.flush().await.unwrap();
+        assert!(disk.read(4 << 20 | 1000, data.len()).await.unwrap() == data);
+        // UNMAP of 1 MiB inside the written range reads zeros, the rest stays.
+        disk.discard(5 << 20, 1 << 20).await.unwrap();
+        let back = disk.read(4 << 20, 4 << 20).await.unwrap();
+        let at = |offset: usize| offset - (4 << 20);
+        assert!(back[at(5 << 20)..at(6 << 20)].iter().all(|&b| b == 0));
+        assert!(back[at(4 << 20 | 1000)..at(5 << 20)] == data[..(1 << 20) - 1000]);
+        let end = (4 << 20 | 1000) + data.len();
+        assert!(back[at(6 << 20)..at(end)] == data[(2 << 20) - 1000..]);
+    });
+
+    // What the image holds, read by librbd's own CLI.
+    let export = std::env::temp_dir().join(format!("iscsi-rs-rbd-{}.raw", std::process::id()));
+    let out = rbd(&["export", &image.0, export.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let raw = std::fs::read(&export).unwrap();
+    std::fs::remove_file(&export).unwrap();
+    assert!(raw[..8192] == data[..8192]);
+    assert!(raw[4 << 20 | 1000..5 << 20] == data[..(1 << 20) - 1000]);
+    assert!(raw[5 << 20..6 << 20].iter().all(|&b| b == 0));
+
+    // The CLI's own read agrees.
+    let out = iscsi(&[
+        "read",
+        &url.to_string(),
+        "--offset",
+        "0",
+        "--length",
+        "8192",
+    ]);
+    assert!(out.status.success() && out.stdout == data[..8192]);
+    // Stopped the way a service manager stops it, so that it closes the
+    // image: a killed client's watch holds `rbd rm` for 30 s.
+    assert!(
+        target
+            .terminate(std::time::Duration::from_secs(10))
+            .is_some_and(|status| status.success())
+    );
+}
+
+/// `iscsi target` with `lun`, expected to exit with an error: its stderr.
+fn refused(lun: &str) -> String {
+    let port = free_port().to_string();
+    let out = iscsi(&[
+        "target",
+        "--listen",
+        &format!("127.0.0.1:{port}"),
+        "--name",
+        NAME,
+        "--lun",
+        lun,
+    ]);
+    assert!(!out.status.success(), "the target started with {lun}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn a_missing_image_is_refused_by_name() {
+    let said = refused(&format!("rbd:rbd/no-such-image,conf={}", conf()));
+    assert!(
+        said.contains("opening image \"no-such-image\" in pool \"rbd\""),
+        "{said}"
+    );
+}
+
+#[test]
+fn an_unreachable_cluster_is_refused_naming_the_monitors() {
+    let path = std::env::temp_dir().join(format!("iscsi-rs-rbd-{}.conf", std::process::id()));
+    let keyring = std::path::Path::new(&conf()).with_file_name("keyring");
+    std::fs::write(
+        &path,
+        format!(
+            "[global]\nmon host = v2:127.0.0.1:1\nkeyring = {}\n",
+            keyring.display()
+        ),
+    )
+    .unwrap();
+    let said = refused(&format!("rbd:rbd/img,conf={}", path.display()));
+    std::fs::remove_file(&path).unwrap();
+    assert!(
+        said.contains("connecting as client.admin to the monitors") && said.contains("127.0.0.1:1"),
+        "{said}"
+    );
+}
