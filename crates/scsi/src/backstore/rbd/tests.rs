@@ -148,8 +148,21 @@ fn a_missing_image_or_pool_is_named() {
 
 #[test]
 fn a_size_not_in_whole_blocks_is_refused() {
-    let image = TestImage::new("odd", "4M");
-    // 4 MiB is whole 4096-byte blocks; a 513-byte block size is refused first.
+    // 4098 KiB: whole 512-byte blocks, not whole 4096-byte ones.
+    let image = TestImage::new("odd", "4098K");
+    assert_eq!(
+        RbdBackstore::open(&image.spec(), 512)
+            .unwrap()
+            .block_count(),
+        4098 * 2
+    );
+    assert!(matches!(
+        RbdBackstore::open(&image.spec(), 4096),
+        Err(BackstoreOpenError::InvalidSize {
+            size: 4_196_352,
+            block_size: 4096
+        })
+    ));
     assert!(matches!(
         RbdBackstore::open(&image.spec(), 513),
         Err(BackstoreOpenError::UnsupportedBlockSize(513))
