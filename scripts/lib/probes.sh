@@ -176,3 +176,11 @@ SOURCES
     apt-get "${private[@]}" update -qq >"$dir/apt.log" 2>&1 &&
         (cd "$dir" && apt-get "${private[@]}" source --download-only "$package") >>"$dir/apt.log" 2>&1
 }
+
+# Where librbd's and librados's headers are (Debian packages librbd-dev, librados-dev; the `rbd`
+# cargo feature of crates/scsi links the libraries). PROBE_CEPH_INCLUDE set beforehand replaces it
+# (tests/scripts/fresh-machine points it at an empty directory).
+PROBE_CEPH_INCLUDE=${PROBE_CEPH_INCLUDE:-/usr/include}
+
+# probe_ceph_headers HEADER: HEADER (rbd/librbd.h, rados/librados.h) is installed.
+probe_ceph_headers() { [ -f "$PROBE_CEPH_INCLUDE/$1" ]; }

@@ -57,6 +57,8 @@ pub use backstore::{
     Allocation, Backstore, BackstoreOpenError, BlockBackstore, EncryptedBackstore, FileBackstore,
     Lent, RamBackstore, RamBackstoreError, SlowBackstore, WithOptions,
 };
+#[cfg(feature = "rbd")]
+pub use backstore::{RbdBackstore, RbdSpec};
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};
 pub use pr::PrType;

@@ -30,6 +30,7 @@
 //! alias = "disk one"              # optional
 //! block_size = 512                # optional, 512 or 4096
 //! luns = ["ram:1G", "file:/srv/disk.img,size=10G", "block:/dev/loop0,direct"]
+//! # or "rbd:POOL/IMAGE,conf=/etc/ceph/ceph.conf,id=USER" (cargo feature rbd)
 //! # any LUN may add ,readonly ,removable ,physical-block=4096 ,latency=5ms
 //! # and ,encrypt (RAM: a key in memory) or ,encrypt=KEYFILE (any store)
 //! # or, numbers that stay when a LUN before them goes (instead of luns):

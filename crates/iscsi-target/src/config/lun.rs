@@ -1,5 +1,7 @@
 //! LUN specifications, shared by the command line and the file:
-//! `ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH[,direct]`, each
+//! `ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH[,direct]`,
+//! `rbd:POOL/IMAGE[,conf=PATH][,id=USER]` (a Ceph RBD image; cargo feature
+//! `rbd`, parsed in every build so that a file stays valid), each
 //! optionally with the options of any store: `,latency=DURATION`,
 //! `,readonly`, `,removable`, `,physical-block=SIZE`, `,encrypt[=KEYFILE]`. Parsing
 //! ([`LunSpec::parse`]) opens nothing, so `iscsi target check` and a reload
@@ -67,7 +69,22 @@ pub enum StoreKind {
         /// O_DIRECT.
         direct: bool,
     },
+    /// `rbd:POOL/IMAGE[,conf=PATH][,id=USER]`: a Ceph RBD image, on a
+    /// RADOS client of the LU's own (`iscsi_scsi::RbdBackstore`).
+    Rbd {
+        /// The pool.
+        pool: String,
+        /// The image.
+        image: String,
+        /// `conf=PATH`: the ceph.conf; librados's default search when absent.
+        conf: Option<String>,
+        /// `id=USER`: the cephx user without `client.`; `admin` when absent.
+        id: Option<String>,
+    },
 }
+
+/// Why an `rbd:` LUN cannot open in a build without the `rbd` feature.
+pub const NO_RBD: &str = "this iscsi was built without RBD support (cargo feature rbd)";
 
 impl LunSpec {
     /// Parses a specification. The error names the specification and
@@ -113,7 +130,9 @@ impl LunSpec {
             .first()
             .and_then(|first| first.split_once(':'))
             .ok_or_else(|| {
-                format!("LUN {spec:?}: ram:SIZE, file:PATH[,size=SIZE] or block:PATH")
+                format!(
+                    "LUN {spec:?}: ram:SIZE, file:PATH[,size=SIZE], block:PATH or rbd:POOL/IMAGE"
+                )
             })?;
         let own = &plain[1..];
         let unknown = |option: &str| format!("LUN {spec:?}: unknown option {option:?}");
@@ -161,15 +180,35 @@ impl LunSpec {
                     direct,
                 }
             }
+            "rbd" => {
+                let (pool, image) = rest
+                    .split_once('/')
+                    .filter(|(pool, image)| !pool.is_empty() && !image.is_empty())
+                    .ok_or_else(|| format!("LUN {spec:?}: rbd: needs POOL/IMAGE"))?;
+                let (mut conf, mut id) = (None, None);
+                for option in own {
+                    match option.split_once('=') {
+                        Some(("conf", path)) if !path.is_empty() => conf = Some(path.to_owned()),
+                        Some(("id", user)) if !user.is_empty() => id = Some(user.to_owned()),
+                        _ => return Err(unknown(option)),
+                    }
+                }
+                StoreKind::Rbd {
+                    pool: pool.to_owned(),
+                    image: image.to_owned(),
+                    conf,
+                    id,
+                }
+            }
             other => {
                 return Err(format!(
-                    "LUN {spec:?}: unknown backstore {other:?} (ram, file or block)"
+                    "LUN {spec:?}: unknown backstore {other:?} (ram, file, block or rbd)"
                 ));
             }
         };
         if encrypt == Some(Encryption::MemoryKey) && !matches!(kind, StoreKind::Ram { .. }) {
             return Err(format!(
-                "LUN {spec:?}: a file or block LUN needs encrypt=KEYFILE: with a key kept in \
+                "LUN {spec:?}: a file, block or rbd LUN needs encrypt=KEYFILE: with a key kept in \
                  memory its data would be unreadable after a restart"
             ));
         }
@@ -195,6 +234,7 @@ impl LunSpec {
             StoreKind::Block { path, direct } => {
                 Arc::new(BlockBackstore::open(path, *direct, id).map_err(|e| e.to_string())?)
             }
+            StoreKind::Rbd { .. } => open_rbd(&self.kind, block_size)?,
         };
         let store: Arc<dyn Backstore> = match &self.encrypt {
             None => store,
@@ -224,6 +264,7 @@ impl LunSpec {
             StoreKind::Ram { .. } => "ram".to_owned(),
             StoreKind::File { path, .. } => format!("file:{path}"),
             StoreKind::Block { path, .. } => format!("block:{path}"),
+            StoreKind::Rbd { pool, image, .. } => format!("rbd:{pool}/{image}"),
         }
     }
 
@@ -232,6 +273,37 @@ impl LunSpec {
     pub fn unique_id(&self, target: &str, lun: u16) -> u64 {
         unique_id(target, lun, &self.medium())
     }
+}
+
+/// Opens an [`StoreKind::Rbd`] (its LU identifier comes from the cluster
+/// and the image, the same in every gateway: see `RbdBackstore::open`).
+#[cfg(feature = "rbd")]
+fn open_rbd(kind: &StoreKind, block_size: u32) -> Result<Arc<dyn Backstore>, String> {
+    let StoreKind::Rbd {
+        pool,
+        image,
+        conf,
+        id,
+    } = kind
+    else {
+        unreachable!("open_rbd is called for rbd LUNs only")
+    };
+    let spec = iscsi_scsi::RbdSpec {
+        pool: pool.clone(),
+        image: image.clone(),
+        conf: conf.clone(),
+        id: id.clone(),
+    };
+    Ok(Arc::new(
+        iscsi_scsi::RbdBackstore::open(&spec, block_size).map_err(|e| e.to_string())?,
+    ))
+}
+
+/// Without the `rbd` feature an `rbd:` LUN parses (a config file stays
+/// valid for builds that have it) but refuses to open.
+#[cfg(not(feature = "rbd"))]
+fn open_rbd(_kind: &StoreKind, _block_size: u32) -> Result<Arc<dyn Backstore>, String> {
+    Err(NO_RBD.to_owned())
 }
 
 /// 512 or 4096: the logical block sizes every store supports.
@@ -366,7 +438,34 @@ mod tests {
                         direct: true
                     }
         );
+        assert_eq!(
+            LunSpec::parse("rbd:rbd/img,conf=/etc/ceph/x.conf,id=gw,readonly")
+                .unwrap()
+                .kind,
+            StoreKind::Rbd {
+                pool: "rbd".into(),
+                image: "img".into(),
+                conf: Some("/etc/ceph/x.conf".into()),
+                id: Some("gw".into()),
+            }
+        );
+        assert_eq!(
+            LunSpec::parse("rbd:p/i").unwrap().kind,
+            StoreKind::Rbd {
+                pool: "p".into(),
+                image: "i".into(),
+                conf: None,
+                id: None,
+            }
+        );
         for bad in [
+            "rbd:img",
+            "rbd:/img",
+            "rbd:pool/",
+            "rbd:p/i,conf=",
+            "rbd:p/i,id=",
+            "rbd:p/i,direct",
+            "rbd:p/i,encrypt",
             "ram",
             "ram:1M,direct",
             "file:",
@@ -435,6 +534,16 @@ mod tests {
         let bad = open_lun("ram:1M,latency=soon", 512, "t", 3).unwrap_err();
         assert!(bad.contains("latency \"soon\""), "{bad}");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[cfg(not(feature = "rbd"))]
+    #[test]
+    fn rbd_without_the_feature_is_refused_at_open() {
+        let error = open_lun("rbd:rbd/img", 512, "t", 1).unwrap_err();
+        assert!(
+            error.contains(NO_RBD) && error.contains("rbd:rbd/img"),
+            "{error}"
+        );
     }
 
     #[test]

@@ -1,0 +1,383 @@
+//! The only place this crate calls librados and librbd (Debian 12: Ceph
+//! 16.2.15, `LIBRBD_VER` 1.16.0, `LIBRADOS_VER` 3.0.0). No maintained crate
+//! wraps librbd (crates.io's `librbd-sys` 0.1.0 dates from 2016 and has no
+//! AIO completions we could trust), so the few functions used are declared
+//! here by hand from `rbd/librbd.h` and `rados/librados.h`.
+//!
+//! Invariants every `unsafe` block below relies on:
+//! 1. A [`Image`] owns exactly one RADOS client (`rados_t`), one pool
+//!    context (`rados_ioctx_t`) and one open image (`rbd_image_t`), created
+//!    in that order by [`Image::open`] and released in the reverse order by
+//!    its `Drop`, once: none is ever null while the `Image` lives, and none
+//!    is reachable from outside this module, so nothing can close one twice
+//!    or use one after its release.
+//! 2. librados and librbd are thread safe for the calls used here once the
+//!    client is connected and the image open (Ceph's C API documents the
+//!    `rados_t`/`rbd_image_t` handles as usable from many threads; tcmu-runner
+//!    and QEMU issue I/O on one image from several threads): hence `Send` and
+//!    `Sync` for [`Image`]. Configuration (`rados_conf_*`) happens only
+//!    before `rados_connect`, inside [`Image::open`], on one thread.
+//! 3. Every pointer handed to C points into memory that outlives the call
+//!    (these calls are synchronous; librbd copies or finishes with the
+//!    buffer before returning) and every length passed is the length of
+//!    that memory: buffers are Rust slices, strings are `CString`s kept in
+//!    a local until the call returns.
+//! 4. No Rust code runs on librbd's threads: no callbacks are registered.
+//!
+//! Errors are negative errno values, turned into [`io::Error`]s with
+//! [`io::Error::from_raw_os_error`] so that the caller can match on the kind
+//! (`NotFound` for a missing pool or image, `TimedOut` for an unreachable
+//! cluster, `PermissionDenied` for a bad key).
+
+use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::io;
+use std::ptr;
+
+type RadosT = *mut c_void;
+type RadosIoctxT = *mut c_void;
+type RbdImageT = *mut c_void;
+
+/// `LIBRADOS_OP_FLAG_FADVISE_FUA` (librados.h): the write is durable when
+/// it completes, whatever caching the client has.
+pub(super) const OP_FLAG_FADVISE_FUA: c_int = 0x80;
+
+#[link(name = "rados")]
+unsafe extern "C" {
+    fn rados_create(cluster: *mut RadosT, id: *const c_char) -> c_int;
+    fn rados_conf_read_file(cluster: RadosT, path: *const c_char) -> c_int;
+    fn rados_conf_set(cluster: RadosT, option: *const c_char, value: *const c_char) -> c_int;
+    fn rados_conf_get(
+        cluster: RadosT,
+        option: *const c_char,
+        buf: *mut c_char,
+        len: usize,
+    ) -> c_int;
+    fn rados_connect(cluster: RadosT) -> c_int;
+    fn rados_shutdown(cluster: RadosT);
+    fn rados_cluster_fsid(cluster: RadosT, buf: *mut c_char, len: usize) -> c_int;
+    fn rados_ioctx_create(cluster: RadosT, pool: *const c_char, ioctx: *mut RadosIoctxT) -> c_int;
+    fn rados_ioctx_destroy(ioctx: RadosIoctxT);
+}
+
+#[link(name = "rbd")]
+unsafe extern "C" {
+    fn rbd_open(
+        io: RadosIoctxT,
+        name: *const c_char,
+        image: *mut RbdImageT,
+        snap_name: *const c_char,
+    ) -> c_int;
+    fn rbd_close(image: RbdImageT) -> c_int;
+    fn rbd_get_size(image: RbdImageT, size: *mut u64) -> c_int;
+    fn rbd_get_id(image: RbdImageT, id: *mut c_char, id_len: usize) -> c_int;
+    fn rbd_read2(
+        image: RbdImageT,
+        ofs: u64,
+        len: usize,
+        buf: *mut c_char,
+        op_flags: c_int,
+    ) -> isize;
+    fn rbd_write2(
+        image: RbdImageT,
+        ofs: u64,
+        len: usize,
+        buf: *const c_char,
+        op_flags: c_int,
+    ) -> isize;
+    fn rbd_discard(image: RbdImageT, ofs: u64, len: u64) -> c_int;
+    fn rbd_flush(image: RbdImageT) -> c_int;
+}
+
+/// Where to connect and what to open ([`Image::open`]).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Target<'a> {
+    /// A ceph.conf (its `mon host` and `keyring`); `None`: librados's
+    /// default search (`$CEPH_CONF`, /etc/ceph/ceph.conf, ...).
+    pub conf: Option<&'a str>,
+    /// The cephx user without `client.` (`None`: `admin`).
+    pub id: Option<&'a str>,
+    /// The pool.
+    pub pool: &'a str,
+    /// The image.
+    pub image: &'a str,
+    /// Options set on this client after the conf file, before connecting.
+    pub options: &'a [(&'a str, &'a str)],
+}
+
+/// Which step of [`Image::open`] failed, with librados's errno.
+#[derive(Debug)]
+pub(super) struct OpenError {
+    /// What was being done ("connecting to the monitors 127.0.0.1:3300").
+    pub step: String,
+    /// The error librados or librbd returned.
+    pub error: io::Error,
+}
+
+/// One open RBD image on a RADOS client of its own (invariant 1).
+#[derive(Debug)]
+pub(super) struct Image {
+    cluster: RadosT,
+    ioctx: RadosIoctxT,
+    image: RbdImageT,
+}
+
+// SAFETY: invariant 2 — the handles are used from many threads only after
+// `open` returned, for calls librados/librbd make thread safe.
+unsafe impl Send for Image {}
+// SAFETY: as for `Send`: every method takes `&self` and only issues
+// thread-safe librbd I/O calls on the handles.
+unsafe impl Sync for Image {}
+
+/// `Ok(value)` for a non-negative return, the errno otherwise.
+fn check(ret: c_int) -> io::Result<c_int> {
+    if ret < 0 {
+        Err(io::Error::from_raw_os_error(-ret))
+    } else {
+        Ok(ret)
+    }
+}
+
+fn cstring(what: &str, text: &str) -> io::Result<CString> {
+    CString::new(text).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{what} {text:?} holds a NUL byte"),
+        )
+    })
+}
+
+/// Reads a NUL-terminated string that C wrote into `buf`.
+fn from_buf(buf: &[u8]) -> String {
+    CStr::from_bytes_until_nul(buf)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+/// A half-built [`Image`]: what [`Image::open`] has created so far,
+/// released on an early return (reverse order, invariant 1).
+struct Partial {
+    cluster: RadosT,
+    ioctx: RadosIoctxT,
+}
+
+impl Drop for Partial {
+    fn drop(&mut self) {
+        if !self.ioctx.is_null() {
+            // SAFETY: invariant 1 — created by rados_ioctx_create, released once, here.
+            unsafe { rados_ioctx_destroy(self.ioctx) };
+        }
+        if !self.cluster.is_null() {
+            // SAFETY: invariant 1 — created by rados_create, released once, here (after its ioctx).
+            unsafe { rados_shutdown(self.cluster) };
+        }
+    }
+}
+
+impl Partial {
+    /// `rados_conf_get(option)` as a string ("" when it fails).
+    fn conf_get(&self, option: &str) -> String {
+        let Ok(name) = CString::new(option) else {
+            return String::new();
+        };
+        let mut buf = vec![0u8; 1024];
+        // SAFETY: invariant 3 — `name` lives across the call, `buf` is
+        // writable for its length; librados NUL-terminates within it.
+        let ret = unsafe {
+            rados_conf_get(
+                self.cluster,
+                name.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if ret < 0 {
+            return String::new();
+        }
+        from_buf(&buf)
+    }
+}
+
+impl Image {
+    /// Creates a RADOS client, reads the conf, sets `options`, connects,
+    /// opens the pool and then the image. The error says which step failed.
+    pub(super) fn open(target: Target<'_>) -> Result<Image, OpenError> {
+        let fail = |step: String| move |error: io::Error| OpenError { step, error };
+        let id = target
+            .id
+            .map(|id| cstring("user", id))
+            .transpose()
+            .map_err(fail("naming the user".into()))?;
+        let mut partial = Partial {
+            cluster: ptr::null_mut(),
+            ioctx: ptr::null_mut(),
+        };
+        // SAFETY: invariant 3 — `id` (or null: the default user) lives across
+        // the call; `partial.cluster` receives the handle, released by `Partial`.
+        check(unsafe {
+            rados_create(
+                &mut partial.cluster,
+                id.as_ref().map_or(ptr::null(), |id| id.as_ptr()),
+            )
+        })
+        .map_err(fail("creating a RADOS client".into()))?;
+        let conf = target
+            .conf
+            .map(|conf| cstring("conf", conf))
+            .transpose()
+            .map_err(fail("reading the conf".into()))?;
+        // SAFETY: invariants 2 and 3 — not connected yet; `conf` (or null:
+        // the default search path) lives across the call.
+        check(unsafe {
+            rados_conf_read_file(
+                partial.cluster,
+                conf.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
+            )
+        })
+        .map_err(fail(format!(
+            "reading {}",
+            target.conf.unwrap_or("the default ceph.conf")
+        )))?;
+        for (option, value) in target.options {
+            let name = cstring("option", option).map_err(fail("setting options".into()))?;
+            let value_c = cstring("value", value).map_err(fail("setting options".into()))?;
+            // SAFETY: invariants 2 and 3 — not connected yet; both strings live across the call.
+            check(unsafe { rados_conf_set(partial.cluster, name.as_ptr(), value_c.as_ptr()) })
+                .map_err(fail(format!("setting {option}={value}")))?;
+        }
+        // SAFETY: invariant 1 — a created, configured, not yet connected client.
+        check(unsafe { rados_connect(partial.cluster) }).map_err(|error| OpenError {
+            step: format!(
+                "connecting as client.{} to the monitors {}",
+                target.id.unwrap_or("admin"),
+                partial.conf_get("mon_host")
+            ),
+            error,
+        })?;
+        let pool = cstring("pool", target.pool).map_err(fail("naming the pool".into()))?;
+        // SAFETY: invariants 1 and 3 — a connected client; `pool` lives
+        // across the call; `partial.ioctx` receives the handle, released by `Partial`.
+        check(unsafe { rados_ioctx_create(partial.cluster, pool.as_ptr(), &mut partial.ioctx) })
+            .map_err(fail(format!("opening pool {:?}", target.pool)))?;
+        let name = cstring("image", target.image).map_err(fail("naming the image".into()))?;
+        let mut image: RbdImageT = ptr::null_mut();
+        // SAFETY: invariants 1 and 3 — a valid ioctx; `name` lives across the
+        // call; a null snapshot name opens the image's head.
+        check(unsafe { rbd_open(partial.ioctx, name.as_ptr(), &mut image, ptr::null()) }).map_err(
+            fail(format!(
+                "opening image {:?} in pool {:?}",
+                target.image, target.pool
+            )),
+        )?;
+        let built = Image {
+            cluster: partial.cluster,
+            ioctx: partial.ioctx,
+            image,
+        };
+        // The handles now belong to `built` (its Drop releases them).
+        std::mem::forget(partial);
+        Ok(built)
+    }
+
+    /// The image's size in bytes.
+    pub(super) fn size(&self) -> io::Result<u64> {
+        let mut size = 0u64;
+        // SAFETY: invariants 1 and 3 — an open image; `size` is a valid u64 to write.
+        check(unsafe { rbd_get_size(self.image, &mut size) })?;
+        Ok(size)
+    }
+
+    /// The image's id (stable for the image's life, unlike its name).
+    pub(super) fn id(&self) -> io::Result<String> {
+        let mut buf = vec![0u8; 64];
+        // SAFETY: invariants 1 and 3 — `buf` is writable for its length;
+        // librbd NUL-terminates the id within it or returns -ERANGE.
+        check(unsafe { rbd_get_id(self.image, buf.as_mut_ptr().cast(), buf.len()) })?;
+        Ok(from_buf(&buf))
+    }
+
+    /// The cluster's fsid.
+    pub(super) fn fsid(&self) -> io::Result<String> {
+        let mut buf = vec![0u8; 64];
+        // SAFETY: invariants 1 and 3 — a connected client; `buf` (37 bytes
+        // needed) is writable for its length.
+        check(unsafe { rados_cluster_fsid(self.cluster, buf.as_mut_ptr().cast(), buf.len()) })?;
+        Ok(from_buf(&buf))
+    }
+
+    /// Fills `buf` from `offset` (a short read is an error: the caller has
+    /// range-checked, so the image ended under us).
+    pub(super) fn read(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &mut buf[done..];
+            // SAFETY: invariants 1 and 3 — `rest` is writable for `rest.len()`
+            // bytes for the whole (synchronous) call.
+            let n = unsafe {
+                rbd_read2(
+                    self.image,
+                    offset + done as u64,
+                    rest.len(),
+                    rest.as_mut_ptr().cast(),
+                    0,
+                )
+            };
+            match n {
+                n if n < 0 => return Err(io::Error::from_raw_os_error(-n as i32)),
+                0 => return Err(io::ErrorKind::UnexpectedEof.into()),
+                n => done += n as usize,
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `buf` at `offset` with librados op flags `flags`.
+    pub(super) fn write(&self, offset: u64, buf: &[u8], flags: c_int) -> io::Result<()> {
+        let mut done = 0;
+        while done < buf.len() {
+            let rest = &buf[done..];
+            // SAFETY: invariants 1 and 3 — `rest` is readable for
+            // `rest.len()` bytes for the whole (synchronous) call.
+            let n = unsafe {
+                rbd_write2(
+                    self.image,
+                    offset + done as u64,
+                    rest.len(),
+                    rest.as_ptr().cast(),
+                    flags,
+                )
+            };
+            match n {
+                n if n < 0 => return Err(io::Error::from_raw_os_error(-n as i32)),
+                0 => return Err(io::ErrorKind::WriteZero.into()),
+                n => done += n as usize,
+            }
+        }
+        Ok(())
+    }
+
+    /// Deallocates `len` bytes from `offset`.
+    pub(super) fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
+        // SAFETY: invariant 1 — an open image; no memory is passed.
+        check(unsafe { rbd_discard(self.image, offset, len) })?;
+        Ok(())
+    }
+
+    /// Makes every completed write durable.
+    pub(super) fn flush(&self) -> io::Result<()> {
+        // SAFETY: invariant 1 — an open image; no memory is passed.
+        check(unsafe { rbd_flush(self.image) })?;
+        Ok(())
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        // SAFETY: invariant 1 — the image is open and closed once, here,
+        // before its pool context and client go (`Partial` below).
+        unsafe { rbd_close(self.image) };
+        drop(Partial {
+            cluster: self.cluster,
+            ioctx: self.ioctx,
+        });
+    }
+}
