@@ -209,18 +209,7 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// each piece in turn.
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
         check_pieces(pieces, len)?;
-        let mut at = offset;
-        let mut left = len;
-        for piece in pieces.iter() {
-            if left == 0 {
-                break;
-            }
-            let n = piece.len().min(left);
-            self.write_at(at, &piece[..n])?;
-            at += n as u64;
-            left -= n;
-        }
-        Ok(())
+        for_each_piece(offset, pieces, len, |at, bytes| self.write_at(at, bytes))
     }
 
     /// [`Backstore::write_pieces`], durable before it returns (WRITE with
@@ -441,6 +430,30 @@ pub(crate) fn check_pieces(pieces: &[Vec<u8>], len: usize) -> io::Result<()> {
 
 /// Writes the first `len` bytes of the concatenation of `pieces` to `file`
 /// at `offset` in vectored writes (`pwritev`), resumed after a short one.
+/// Calls `write` with each piece's share of the first `len` bytes of the
+/// concatenation of `pieces` and the offset it goes to from `offset`, in
+/// order, stopping at the first failure: how a store without a vectored
+/// write takes [`Backstore::write_pieces`].
+pub(crate) fn for_each_piece(
+    offset: u64,
+    pieces: &[Vec<u8>],
+    len: usize,
+    mut write: impl FnMut(u64, &[u8]) -> io::Result<()>,
+) -> io::Result<()> {
+    let mut at = offset;
+    let mut left = len;
+    for piece in pieces {
+        if left == 0 {
+            break;
+        }
+        let n = piece.len().min(left);
+        write(at, &piece[..n])?;
+        at += n as u64;
+        left -= n;
+    }
+    Ok(())
+}
+
 pub(crate) fn write_pieces_at(
     file: &std::fs::File,
     offset: u64,

@@ -168,19 +168,9 @@ impl Backstore for RbdBackstore {
     ) -> io::Result<()> {
         super::check_pieces(pieces, len)?;
         check_range(offset, len as u64, self.size())?;
-        let mut at = offset;
-        let mut left = len;
-        for piece in pieces.iter() {
-            if left == 0 {
-                break;
-            }
-            let n = piece.len().min(left);
-            self.image
-                .write(at, &piece[..n], ffi::OP_FLAG_FADVISE_FUA)?;
-            at += n as u64;
-            left -= n;
-        }
-        Ok(())
+        super::for_each_piece(offset, pieces, len, |at, bytes| {
+            self.image.write(at, bytes, ffi::OP_FLAG_FADVISE_FUA)
+        })
     }
 
     fn flush(&self) -> io::Result<()> {
