@@ -9,7 +9,7 @@
 //! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
 //! | `slow.rs` | [`SlowBackstore`]: any store behind a fixed latency (a slow device, for tests) |
 //! | `encrypted.rs` | [`EncryptedBackstore`]: any store kept encrypted (AES-256-XTS) under a key that SANITIZE CRYPTOGRAPHIC ERASE replaces |
-//! | `rbd/` | [`RbdBackstore`] (cargo feature `rbd`): a Ceph RBD image through librbd, one RADOS client per LU; all FFI in `rbd/ffi.rs` |
+//! | `rbd/` | [`RbdBackstore`] (cargo feature `rbd`): a Ceph RBD image through librbd, one RADOS client per LU; all FFI in `rbd/ffi/` |
 //! | `options.rs` | [`WithOptions`]: any store with LU options (read-only, removable, physical block size) |
 //!
 //! The SCSI layer has already range-checked every request in LBAs before it
