@@ -374,14 +374,22 @@ fn a_lost_target_is_an_io_error_and_unmount_still_works() {
     let start = Instant::now();
     let error = file.write_all_at(&[2; 4096], 4096).unwrap_err();
     assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
-    let mut block = vec![0u8; 4096];
-    let error = file.read_exact_at(&mut block, 0).unwrap_err();
-    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
-    // Each waited for the 2 s replacement timeout, not for ever.
+    // It waited for the 2 s replacement timeout, not for ever.
     assert!(
         start.elapsed() < Duration::from_secs(60),
         "{:?}",
         start.elapsed()
+    );
+    // Once the replacement timeout has run out, I/O fails at once: it does
+    // not wait a whole timeout again (a file system's every read would).
+    let again = Instant::now();
+    let mut block = vec![0u8; 4096];
+    let error = file.read_exact_at(&mut block, 0).unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+    assert!(
+        again.elapsed() < Duration::from_secs(1),
+        "failing fast took {:?}",
+        again.elapsed()
     );
     drop(file);
     run("fusermount3", &["-u", mount.dir.to_str().unwrap()]);
@@ -394,6 +402,81 @@ fn a_lost_target_is_an_io_error_and_unmount_still_works() {
         mount.log()
     );
     assert!(!mount.is_mounted());
+}
+
+/// A target that hangs with its connection open (SIGSTOP): a write fails
+/// within the command and replacement timeouts, the next I/O fails at
+/// once, and once the target runs again (SIGCONT) the same mount serves
+/// I/O again, with what was written before the hang intact.
+#[test]
+fn a_hung_target_fails_io_in_bounded_time_and_serves_again_when_it_resumes() {
+    let (target, url) = our_target("iqn.2026-11.rs.iscsi:mount-hung", &[]);
+    let pid = target.pid().to_string();
+    let mount = Mount::start(
+        url.trim_end_matches("/0"),
+        &["--replacement-timeout", "2", "--timeout", "2"],
+    );
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(mount.file("lun0"))
+        .unwrap();
+    let before = pattern(7, 4096);
+    file.write_all_at(&before, 0).unwrap();
+    run("kill", &["-STOP", &pid]);
+    let start = Instant::now();
+    let error = file.write_all_at(&[2; 4096], 4096).unwrap_err();
+    let errno = error.raw_os_error();
+    assert!(
+        errno == Some(libc::EIO) || errno == Some(libc::ETIMEDOUT),
+        "{error}"
+    );
+    let first = start.elapsed();
+    assert!(
+        first < Duration::from_secs(30),
+        "the first failure took {first:?}"
+    );
+    // The session is being replaced or has failed: within the replacement
+    // timeout plus one login's time, I/O fails at once.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let fast = loop {
+        let again = Instant::now();
+        let mut block = vec![0u8; 4096];
+        let error = file.read_exact_at(&mut block, 0).unwrap_err();
+        assert!(
+            matches!(
+                error.raw_os_error(),
+                Some(libc::EIO) | Some(libc::ETIMEDOUT)
+            ),
+            "{error}"
+        );
+        if again.elapsed() < Duration::from_millis(500) {
+            break again.elapsed();
+        }
+        assert!(Instant::now() < deadline, "I/O never failed fast");
+    };
+    eprintln!("hung target: first failure after {first:?}, then failing in {fast:?}");
+    run("kill", &["-CONT", &pid]);
+    // The mount logs in again by itself (an attempt at most 2 s apart).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let resumed = Instant::now();
+    loop {
+        match file.write_all_at(&[3; 4096], 4096) {
+            Ok(()) => break,
+            Err(error) if Instant::now() < deadline => {
+                assert_eq!(error.raw_os_error(), Some(libc::EIO), "{error}");
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            Err(error) => panic!("the resumed target was never used again: {error}"),
+        }
+    }
+    eprintln!("served again {:?} after SIGCONT", resumed.elapsed());
+    let mut block = vec![0u8; 4096];
+    file.read_exact_at(&mut block, 0).unwrap();
+    assert!(block == before, "data written before the hang changed");
+    assert_eq!(lun_bytes(&url, 4096, 4096), vec![3u8; 4096]);
+    drop(target);
 }
 
 /// Blocks of the 64 MiB LUN the writer cycles over.

@@ -58,6 +58,14 @@ pub enum Error {
     /// could not be retried (retries exhausted or reconnection failed).
     #[error("connection lost")]
     ConnectionLost,
+    /// The session has been down for longer than its replacement timeout:
+    /// commands fail at once (a login is tried again now and then, and a
+    /// successful one ends this).
+    #[error("the session has been down longer than its replacement timeout ({timeout:?})")]
+    ReplacementTimeoutExpired {
+        /// The session's replacement timeout.
+        timeout: std::time::Duration,
+    },
     /// The target sent something RFC 7143 does not allow here: the
     /// command's outcome is unknown.
     #[error("target protocol violation: {0}")]

@@ -19,6 +19,8 @@
 url=iscsi://10.0.2.100:$PORT/$IQN/0
 # Seconds a command may take before it fails (iscsi --timeout): the bad case's bound.
 TIMEOUT=10
+# The session's replacement timeout in the dead-target case (`iscsi attach` defaults to 120 s).
+REPLACEMENT=3
 
 modprobe ublk_drv || fail "no ublk_drv in this kernel ($(uname -r))"
 [ -e /dev/ublk-control ] || fail "/dev/ublk-control missing after modprobe"
@@ -37,10 +39,11 @@ diagnose() {
         cat out/attach-*.log
     } 2>&1 | tee out/diagnose.txt >&2
 }
-# attach N: `iscsi attach` in the background; sets dev once it printed the device (60 s at most).
+# attach N [ARGS]: `iscsi attach ... ARGS` in the background; sets dev once it printed the device (60 s at most).
 attach() {
     local n=$1 _
-    RUST_LOG=${ATTACH_RUST_LOG:-info} ./iscsi attach "$url" --queues 2 --depth 64 --timeout "$TIMEOUT" >"out/attach-$n.out" 2>"out/attach-$n.log" &
+    shift
+    RUST_LOG=${ATTACH_RUST_LOG:-info} ./iscsi attach "$url" --queues 2 --depth 64 --timeout "$TIMEOUT" "$@" >"out/attach-$n.out" 2>"out/attach-$n.log" &
     attach_pid=$!
     for _ in $(seq 1 600); do
         dev=$(head -1 "out/attach-$n.out" 2>/dev/null || true)
@@ -120,7 +123,7 @@ wait "$attach_pid" || rc=$?
 ok "SIGTERM: device gone, server ended with status 0"
 
 # The bad case: the target dies under the attached device.
-attach 3
+attach 3 --replacement-timeout "$REPLACEMENT"
 dd if="$dev" of=/dev/null bs=1M count=4 iflag=direct 2>/dev/null || fail "read before the kill"
 touch out/kill-target
 for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.1; done
@@ -132,7 +135,15 @@ took=$((SECONDS - start))
 [ "$rc" = 124 ] && fail "a read on $dev with the target dead hung for 300 s"
 [ "$rc" != 0 ] || fail "a read on $dev with the target dead succeeded"
 grep -qi 'error' out/dead-read.txt || { cat out/dead-read.txt >&2; fail "the read did not fail with an I/O error"; }
-ok "target dead: the read failed after $took s ($(tail -1 out/dead-read.txt)); --timeout $TIMEOUT"
+ok "target dead: the read failed after $took s ($(tail -1 out/dead-read.txt)); --replacement-timeout $REPLACEMENT"
+# The replacement timeout has run out: the next read fails at once instead of waiting it out again.
+start_ms=$(date +%s%3N)
+rc=0
+timeout 60 dd if="$dev" of=/dev/null bs=4k count=1 skip=54321 iflag=direct 2>out/dead-read-2.txt || rc=$?
+took_ms=$(($(date +%s%3N) - start_ms))
+[ "$rc" != 0 ] || fail "a second read on $dev with the target dead succeeded"
+[ "$took_ms" -lt 2000 ] || fail "the second read with the target dead took $took_ms ms: it should fail at once"
+ok "target still dead: the next read failed in $took_ms ms"
 detach 3 may-fail
 
 # A server killed outright (SIGKILL: no clean stop) leaves its device behind; detach deletes it.

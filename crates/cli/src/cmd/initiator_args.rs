@@ -30,8 +30,10 @@ pub struct SessionArgs {
     pub timeout: f64,
     /// Seconds to keep reinstating a lost session before its commands
     /// fail (open-iscsi's replacement_timeout); meanwhile they wait, and
-    /// their --timeout starts again once it is back. Default: 5 logins over
-    /// about 2.5 s (`iscsi mount`: 120 s).
+    /// their --timeout starts again once it is back. Once it has run out,
+    /// commands fail at once until a login (tried every 2 s) succeeds.
+    /// Default: 5 logins over about 2.5 s (`iscsi mount` and `iscsi
+    /// attach`: 120 s, open-iscsi's default).
     #[arg(long, value_name = "SECONDS")]
     pub replacement_timeout: Option<f64>,
     /// The initiator name.
@@ -43,7 +45,20 @@ pub struct SessionArgs {
     pub trace: Option<PathBuf>,
 }
 
+/// The replacement timeout of a session behind a disk (`iscsi mount`,
+/// `iscsi attach`): a target restarting or a path failing over is waited
+/// out, as open-iscsi does, instead of failing a file system's I/O.
+const DISK_REPLACEMENT_TIMEOUT: f64 = 120.0;
+
 impl SessionArgs {
+    /// These options for a session behind a disk: the replacement timeout
+    /// is [`DISK_REPLACEMENT_TIMEOUT`] unless given.
+    pub fn for_disk(&self) -> SessionArgs {
+        let mut args = self.clone();
+        args.replacement_timeout = args.replacement_timeout.or(Some(DISK_REPLACEMENT_TIMEOUT));
+        args
+    }
+
     /// The session configuration these options describe.
     pub fn config(&self) -> anyhow::Result<SessionConfig> {
         let mut config = SessionConfig::default();

@@ -100,6 +100,12 @@ struct Inner {
     /// fails with it instead of starting its own (at QD 32, one after the
     /// other, 32 times the wait).
     failed_reinstatements: AtomicU64,
+    /// Set once a replacement timeout has run out with the session still
+    /// down: the earliest time of the next login attempt. Until then a
+    /// command fails at once instead of waiting a whole replacement
+    /// timeout again (open-iscsi's FAILED session does the same: I/O is
+    /// failed fast while it keeps trying to log in). Cleared by a login.
+    expired: Mutex<Option<tokio::time::Instant>>,
     /// Connections reinstated with their CID at ErrorRecoveryLevel 2.
     connection_recoveries: AtomicU64,
     /// Tasks moved to a new connection by TASK REASSIGN.
@@ -178,6 +184,7 @@ impl Session {
             closed: AtomicBool::new(false),
             reinstatements: AtomicU64::new(0),
             failed_reinstatements: AtomicU64::new(0),
+            expired: Mutex::new(None),
             connection_recoveries: AtomicU64::new(0),
             tasks_reassigned: AtomicU64::new(0),
             lifecycle: Mutex::new(SessionStateMachine::new(Role::Initiator)),

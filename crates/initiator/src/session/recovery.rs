@@ -56,6 +56,25 @@ impl Retries {
         Retries { attempt: 0, limit }
     }
 
+    /// When the replacement timeout runs out, if one does: no login
+    /// attempt may run past it (a login to a hung target would otherwise
+    /// wait out its whole login timeout, 15 s by default, beyond it).
+    fn deadline(&self) -> Option<tokio::time::Instant> {
+        match self.limit {
+            Limit::Until(deadline) => Some(deadline),
+            Limit::Attempts(_) => None,
+        }
+    }
+
+    /// One attempt, at once: a session whose replacement timeout has run
+    /// out tries a login now and then, not a whole schedule each time.
+    fn once() -> Retries {
+        Retries {
+            attempt: 0,
+            limit: Limit::Attempts(1),
+        }
+    }
+
     /// Waits for the next attempt's time and returns its number, or `None`
     /// when no attempt is left. The first comes at once, and there is
     /// always one.
@@ -84,7 +103,20 @@ impl Inner {
     /// already did since `seen_generation`.
     pub(super) async fn recover(&self, seen_generation: u64) -> Result<(), Error> {
         let failures = self.failed_reinstatements.load(Ordering::SeqCst);
-        let _recovery = self.recovery.lock().await;
+        // A failed session (its replacement timeout ran out) fails at once
+        // while another command's login attempt is under way, rather than
+        // queueing behind it.
+        let failed = self
+            .config
+            .replacement_timeout
+            .filter(|_| self.lock_expired().is_some());
+        let _recovery = match failed {
+            Some(timeout) => match self.recovery.try_lock() {
+                Ok(guard) => guard,
+                Err(_) => return Err(Error::ReplacementTimeoutExpired { timeout }),
+            },
+            None => self.recovery.lock().await,
+        };
         if self.closed.load(Ordering::SeqCst) {
             return Err(Error::SessionClosed);
         }
@@ -93,6 +125,12 @@ impl Inner {
         }
         if self.generation.load(Ordering::SeqCst) != seen_generation && self.pick(0).is_some() {
             return Ok(());
+        }
+        let expired = *self.lock_expired();
+        if let (Some(next_try), Some(timeout)) = (expired, self.config.replacement_timeout)
+            && tokio::time::Instant::now() < next_try
+        {
+            return Err(Error::ReplacementTimeoutExpired { timeout });
         }
         for connection in self.lock_connections().iter() {
             connection.close();
@@ -103,9 +141,27 @@ impl Inner {
             self.record(SessionEvent::Failed);
         }
         let mut last_error = Error::ConnectionLost;
-        let mut schedule = Retries::new(&self.config);
+        let mut schedule = match expired {
+            Some(_) => Retries::once(),
+            None => Retries::new(&self.config),
+        };
         while let Some(attempt) = schedule.next().await {
-            match self.establish().await {
+            let established = match schedule.deadline() {
+                // The attempt made at the deadline still gets its time.
+                Some(deadline) => tokio::time::timeout_at(
+                    deadline.max(tokio::time::Instant::now() + RETRY_PAUSE_MAX),
+                    self.establish(),
+                )
+                .await
+                .unwrap_or_else(|_| {
+                    Err(Error::Timeout {
+                        timeout: self.config.replacement_timeout.unwrap_or_default(),
+                        waiting_for: "a login within the replacement timeout",
+                    })
+                }),
+                None => self.establish().await,
+            };
+            match established {
                 Ok(connections) => {
                     *self.lock_connections() = connections;
                     // The reinstatement cleared the failed instance (N6);
@@ -114,6 +170,7 @@ impl Inner {
                     self.record(SessionEvent::ConnectionLoggedIn);
                     self.generation.fetch_add(1, Ordering::SeqCst);
                     self.reinstatements.fetch_add(1, Ordering::Relaxed);
+                    *self.lock_expired() = None;
                     tracing::info!(attempt, "session reinstated");
                     return Ok(());
                 }
@@ -124,7 +181,24 @@ impl Inner {
             }
         }
         self.failed_reinstatements.fetch_add(1, Ordering::SeqCst);
+        if let Some(timeout) = self.config.replacement_timeout {
+            let next_try = tokio::time::Instant::now() + RETRY_PAUSE_MAX;
+            if self.lock_expired().replace(next_try).is_none() {
+                tracing::warn!(
+                    ?timeout,
+                    error = %last_error,
+                    "the replacement timeout ran out: commands fail at once until a login succeeds"
+                );
+            }
+            // Every command of a failed session fails alike, the first ones
+            // too (the last login's error is in the log).
+            return Err(Error::ReplacementTimeoutExpired { timeout });
+        }
         Err(last_error)
+    }
+
+    fn lock_expired(&self) -> std::sync::MutexGuard<'_, Option<tokio::time::Instant>> {
+        self.expired.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Whether a lost connection is recovered on its own, its tasks moved

@@ -73,7 +73,7 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the runtime")?;
     let disk = runtime.block_on(async {
-        let session = Arc::new(connect(&url, &args.session).await?);
+        let session = Arc::new(connect(&url, &args.session.for_disk()).await?);
         let disk = Disk::open(Arc::clone(&session), url.lun).await;
         super::missing_lun::checked(&session, url.lun, "READ CAPACITY", disk).await
     })?;

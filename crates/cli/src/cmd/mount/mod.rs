@@ -30,11 +30,6 @@ use tokio::signal::unix::{SignalKind, signal};
 use self::fs::{LunFile, LunFs};
 use super::initiator_args::{SessionArgs, connect, target_url};
 
-/// How long a lost session is reinstated before I/O fails, unless
-/// --replacement-timeout says: open-iscsi's default, so that a target's
-/// restart or failover is a pause, not an I/O error.
-const DEFAULT_REPLACEMENT_TIMEOUT: f64 = 120.0;
-
 /// Options of `iscsi mount`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
@@ -147,11 +142,7 @@ fn check_mount_point(dir: &Path) -> anyhow::Result<()> {
 /// Logs in and opens every LUN the target reports.
 async fn open(args: &Args) -> anyhow::Result<(Arc<Session>, Vec<LunFile>)> {
     let url = target_url(&args.url)?;
-    let mut session_args = args.session.clone();
-    session_args.replacement_timeout = session_args
-        .replacement_timeout
-        .or(Some(DEFAULT_REPLACEMENT_TIMEOUT));
-    let session = Arc::new(connect(&url, &session_args).await?);
+    let session = Arc::new(connect(&url, &args.session.for_disk()).await?);
     let luns = session.report_luns().await.context("REPORT LUNS")?;
     if luns.is_empty() {
         bail!("the target {url} has no LUNs");
