@@ -586,6 +586,76 @@ fn a_kill_during_writes_loses_no_acknowledged_write() {
     );
     check_acknowledged(&url, acknowledged, true);
     assert!(mount.is_mounted(), "a killed FUSE server leaves its mount");
-    run("fusermount3", &["-u", mount.dir.to_str().unwrap()]);
-    assert!(!mount.is_mounted());
+    // The dead mount does not block a new one: it is removed, said.
+    let again = Mount::start(url.trim_end_matches("/0"), &[]);
+    assert!(!mount.is_mounted(), "the dead mount is still there");
+    assert!(
+        again.log().contains("removing a dead mount"),
+        "{}",
+        again.log()
+    );
+}
+
+/// Two mounts of one target started together: exactly one mounts, the
+/// other is refused (each claims the target before looking for a mount).
+#[test]
+fn two_mounts_started_together_mount_once() {
+    require("fusermount3", "fuse3");
+    let (_target, url) = our_target("iqn.2026-11.rs.iscsi:mount-race", &[]);
+    let target_url = url.trim_end_matches("/0");
+    let dirs = [scratch("race-a"), scratch("race-b")];
+    let children: Vec<Child> = dirs
+        .iter()
+        .map(|dir| {
+            std::fs::create_dir_all(dir).unwrap();
+            Command::new(env!("CARGO_BIN_EXE_iscsi"))
+                .args(["mount", target_url, dir.to_str().unwrap()])
+                .env("RUST_LOG", "warn")
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut children: Vec<Option<Child>> = children.into_iter().map(Some).collect();
+    let mut refused = Vec::new();
+    // Until one has exited refused and the other has mounted.
+    while refused.is_empty() || !dirs.iter().any(|d| d.join("lun0").exists()) {
+        assert!(
+            Instant::now() < deadline,
+            "neither mounted and refused in 30 s"
+        );
+        for slot in children.iter_mut() {
+            if let Some(child) = slot
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                let mut stderr = String::new();
+                use std::io::Read;
+                child
+                    .stderr
+                    .take()
+                    .unwrap()
+                    .read_to_string(&mut stderr)
+                    .unwrap();
+                assert!(!status.success(), "{stderr}");
+                refused.push(stderr);
+                *slot = None;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(refused.len(), 1, "{refused:?}");
+    assert!(
+        refused[0].contains("being mounted") || refused[0].contains("already mounted"),
+        "{}",
+        refused[0]
+    );
+    for (slot, dir) in children.iter_mut().zip(&dirs) {
+        if let Some(mut child) = slot.take() {
+            run("fusermount3", &["-u", dir.to_str().unwrap()]);
+            assert!(child.wait().unwrap().success());
+        }
+        let _ = std::fs::remove_dir(dir);
+    }
 }

@@ -73,6 +73,30 @@ detach() {
     ok "detach ($n): device gone, server ended (exit $rc) in $((SECONDS - start)) s"
 }
 
+# Two attaches of the LUN started together: one gets the device, the other is refused (each claims
+# the LUN before it looks for a device, so both cannot find none and go on).
+./iscsi attach "$url" --timeout "$TIMEOUT" >out/race-a.out 2>out/race-a.log &
+race_a=$!
+./iscsi attach "$url" --timeout "$TIMEOUT" >out/race-b.out 2>out/race-b.log &
+race_b=$!
+rc=0
+wait -n "$race_a" "$race_b" || rc=$?
+[ "$rc" = 0 ] && fail "an attach of the racing pair ended with status 0 while the other still served"
+for _ in $(seq 1 600); do
+    race_dev=$(head -1 out/race-a.out out/race-b.out 2>/dev/null | grep '^/dev/' || true)
+    [ -n "$race_dev" ] && [ -b "$race_dev" ] && break
+    sleep 0.1
+done
+[ -n "$race_dev" ] || { cat out/race-*.log >&2; fail "neither racing attach made a device"; }
+grep -qh "being attached\|attached already" out/race-a.log out/race-b.log \
+    || { cat out/race-*.log >&2; fail "the losing attach did not say why it was refused"; }
+./iscsi detach "$race_dev" || fail "iscsi detach $race_dev (race)"
+rc=0
+wait "$race_a" || rc=$?
+wait "$race_b" || rc=$?
+[ -e "$race_dev" ] && fail "$race_dev still there after detach (race)"
+ok "two attaches started together: one device ($race_dev), one refused: $(grep -h 'being attached\|attached already' out/race-a.log out/race-b.log | head -1)"
+
 t0=$SECONDS
 attach 1
 note "attached as $dev: $(blockdev --getsize64 "$dev") bytes, logical $(blockdev --getss "$dev"), physical $(blockdev --getpbsz "$dev"), $(cat /sys/block/"${dev#/dev/}"/queue/write_cache) cache, max $(cat /sys/block/"${dev#/dev/}"/queue/max_sectors_kb) KiB, discard max $(cat /sys/block/"${dev#/dev/}"/queue/discard_max_bytes)"

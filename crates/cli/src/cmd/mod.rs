@@ -1,8 +1,10 @@
 //! The subcommands of `iscsi`, one module each, and what the initiator
-//! subcommands share (`initiator_args`, `missing_lun`).
+//! subcommands share (`initiator_args`, `missing_lun`, and `claim`: one
+//! disk per LUN on a host).
 
 pub mod attach;
 pub mod bench;
+pub mod claim;
 pub mod crc_bench;
 pub mod discover;
 pub mod fault_proxy;

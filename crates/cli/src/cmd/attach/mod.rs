@@ -29,6 +29,7 @@ use std::sync::Arc;
 use anyhow::{Context, bail};
 use iscsi_initiator::Disk;
 
+use super::claim::{Claim, Refused};
 use super::initiator_args::{SessionArgs, connect, target_url};
 
 /// Options of `iscsi attach`.
@@ -65,6 +66,17 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
         "target": url.target_name()?,
         "lun": url.lun,
     });
+    // Held until this process ends: an attach started beside this one
+    // waits for nothing and is refused here, not after both looked.
+    let _claim = match Claim::take("attach", &identity.to_string()) {
+        Ok(claim) => claim,
+        Err(Refused::Held(pid)) => bail!(
+            "{url} is being attached by another iscsi attach{}",
+            pid.map(|pid| format!(" (process {pid})"))
+                .unwrap_or_default()
+        ),
+        Err(Refused::Failed(error)) => return Err(error),
+    };
     if let Some(device) = ublk::attached_already(&identity) {
         bail!("{url} is attached already as {device} (`iscsi detach {device}` first)");
     }

@@ -28,6 +28,7 @@ use iscsi_initiator::{Disk, IscsiUrl, Session};
 use tokio::signal::unix::{SignalKind, signal};
 
 use self::fs::{LunFile, LunFs};
+use super::claim::{Claim, Refused};
 use super::initiator_args::{SessionArgs, connect, target_url};
 
 /// Options of `iscsi mount`.
@@ -61,15 +62,11 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     check_mount_point(&args.dir)?;
     let source = source_name(&target_url(&args.url)?);
-    if !args.shared
-        && let Some(dir) = mounted_at(&source)
-    {
-        bail!(
-            "{source} is already mounted at {dir} by iscsi mount: a second mount is a second \
-             initiator writing the same LUNs with nothing between the two; --shared mounts it \
-             anyway"
-        );
-    }
+    let _claim = if args.shared {
+        None
+    } else {
+        Some(claim(&source)?)
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -115,6 +112,52 @@ fn source_name(url: &IscsiUrl) -> String {
     let scheme = if url.iser { "iser" } else { "iscsi" };
     let target = url.target.as_deref().unwrap_or_default();
     format!("{scheme}://{}/{target}", url.portal())
+}
+
+/// Claims `source` for this process (see `cmd::claim`), refusing a second
+/// mount of it. A mount of it that is still there while the claim was free
+/// was left by an `iscsi mount` that died (SIGKILL): its directory answers
+/// ENOTCONN, it serves nothing, and it is removed (with a warning) rather
+/// than blocking this mount until someone runs `fusermount3 -u`.
+fn claim(source: &str) -> anyhow::Result<Claim> {
+    let refusal = |dir: &str| {
+        anyhow::anyhow!(
+            "{source} is already mounted at {dir} by iscsi mount: a second mount is a second \
+             initiator writing the same LUNs with nothing between the two; --shared mounts it \
+             anyway"
+        )
+    };
+    let claim = match Claim::take("mount", source) {
+        Ok(claim) => claim,
+        Err(Refused::Held(pid)) => {
+            let holder = pid
+                .map(|pid| format!(" (process {pid})"))
+                .unwrap_or_default();
+            return Err(match mounted_at(source) {
+                Some(dir) => refusal(&dir).context(format!("held by iscsi mount{holder}")),
+                None => anyhow::anyhow!("{source} is being mounted by another iscsi mount{holder}"),
+            });
+        }
+        Err(Refused::Failed(error)) => return Err(error),
+    };
+    while let Some(dir) = mounted_at(source) {
+        // statfs, not stat: the kernel answers stat from its attribute
+        // cache, while statfs always asks the server.
+        let dead = matches!(
+            nix::sys::statfs::statfs(dir.as_str()),
+            Err(nix::errno::Errno::ENOTCONN)
+        );
+        if !dead {
+            // A live --shared mount holds no claim.
+            return Err(refusal(&dir));
+        }
+        tracing::warn!(
+            %dir,
+            "removing a dead mount of this target left by an iscsi mount that was killed"
+        );
+        detach(Path::new(&dir)).with_context(|| format!("removing the dead mount at {dir}"))?;
+    }
+    Ok(claim)
 }
 
 /// Where `source` is mounted by `iscsi mount` already, if anywhere.
