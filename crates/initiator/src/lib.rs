@@ -46,7 +46,7 @@ pub use discovery::{DiscoveredTarget, discover, discover_url};
 pub use disk::{Disk, DiskLimits};
 pub use error::Error;
 pub use scsi::{Capacity, InquiryData};
-pub use session::{InFlight, SendStatistics, Session};
+pub use session::{InFlight, SendStatistics, Session, with_connection_affinity};
 pub use url::IscsiUrl;
 
 pub use iscsi_datamover::tap::{

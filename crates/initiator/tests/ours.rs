@@ -125,6 +125,51 @@ async fn mcs_lun_affinity() {
     mcs_round_trip(Scheduling::LunAffinity).await;
 }
 
+/// A connection affinity (what `iscsi attach` gives each ublk queue) puts
+/// every command issued under it on that connection of an MC/S session,
+/// whatever the scheduling; outside it the scheduling spreads them again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_affinity_keeps_commands_on_one_connection() {
+    let (portal, _stop) = start(|_| {}).await;
+    let url: IscsiUrl = format!("iscsi://{portal}/{TARGET}/0").parse().unwrap();
+    let mut config = SessionConfig::default();
+    config.negotiation.max_connections = 4;
+    config.connections = 3;
+    let session = Arc::new(Session::connect(&url, config).await.expect("login"));
+    let before = session.commands_per_connection();
+    assert_eq!(before.len(), 3);
+    for index in [1usize, 5] {
+        let session = Arc::clone(&session);
+        iscsi_initiator::with_connection_affinity(index, async move {
+            // (Tasks spawned inside would not inherit the affinity: a
+            // task-local belongs to the task that runs the scope.)
+            for lba in 0..20u32 {
+                let cdb = rw10_cdb(false, lba, 1);
+                let command = Command::read(0, &cdb, vec![0; BLOCK as usize]);
+                session.execute(command).await.expect("READ(10)");
+            }
+        })
+        .await;
+    }
+    let after = session.commands_per_connection();
+    let carried: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a.1 - b.1).collect();
+    // Index 1 and index 5 (5 % 3 = 2).
+    assert_eq!(carried, [0, 20, 20], "{after:?}");
+    // Without one, round robin uses every connection again.
+    for lba in 0..30u32 {
+        let cdb = rw10_cdb(false, lba, 1);
+        session
+            .execute(Command::read(0, &cdb, vec![0; BLOCK as usize]))
+            .await
+            .unwrap();
+    }
+    let spread = session.commands_per_connection();
+    assert!(
+        spread.iter().zip(&after).all(|(s, a)| s.1 > a.1),
+        "{spread:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chap_one_way_mutual_and_a_wrong_secret() {
     use iscsi_proto::login::chap::{ChapAlgorithm, Credentials};

@@ -98,7 +98,8 @@ wait "$race_b" || rc=$?
 ok "two attaches started together: one device ($race_dev), one refused: $(grep -h 'being attached\|attached already' out/race-a.log out/race-b.log | head -1)"
 
 t0=$SECONDS
-attach 1
+# Two queues over two connections (MC/S): queue q on connection q.
+attach 1 --connections 2
 note "attached as $dev: $(blockdev --getsize64 "$dev") bytes, logical $(blockdev --getss "$dev"), physical $(blockdev --getpbsz "$dev"), $(cat /sys/block/"${dev#/dev/}"/queue/write_cache) cache, max $(cat /sys/block/"${dev#/dev/}"/queue/max_sectors_kb) KiB, discard max $(cat /sys/block/"${dev#/dev/}"/queue/discard_max_bytes)"
 ok "iscsi attach: $dev in $((SECONDS - t0)) s"
 
@@ -128,6 +129,11 @@ note "fstrim: $(cat out/fstrim.txt)"
 umount /mnt/u
 check "fsck.ext4 -fn clean" fsck.ext4 -fn "$dev"
 detach 1
+# Each of the two queues kept to its connection, and both carried commands: "[(0, N), (1, M)]".
+carried=$(grep -o 'per_connection=\[[^]]*\]' out/attach-1.log | tail -1)
+echo "$carried" | grep -Eq '^per_connection=\[\(0, [1-9][0-9]*\), \(1, [1-9][0-9]*\)\]$' \
+    || { cat out/attach-1.log >&2; fail "MC/S: the two queues did not use both connections ($carried)"; }
+ok "MC/S under ublk: commands by connection (CID, count) $carried"
 
 attach 2
 mount "$dev" /mnt/u

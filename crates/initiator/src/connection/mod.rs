@@ -240,6 +240,8 @@ pub(crate) struct Connection {
     /// The session's read buffers, for pooled reads.
     buffers: Arc<ReadBuffers>,
     closing: AtomicBool,
+    /// SCSI commands registered on this connection since it logged in.
+    pub(crate) commands_registered: std::sync::atomic::AtomicU64,
     /// Set once we close on purpose (logout): the end of the stream is
     /// then expected, not a loss.
     finished: AtomicBool,
@@ -339,6 +341,7 @@ impl Connection {
             window,
             buffers,
             closing: AtomicBool::new(false),
+            commands_registered: std::sync::atomic::AtomicU64::new(0),
             finished: AtomicBool::new(false),
             lifecycle: Mutex::new(lifecycle),
             descriptors,

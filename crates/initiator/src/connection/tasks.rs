@@ -20,6 +20,10 @@ impl Connection {
         lun: Option<u64>,
     ) -> Result<mpsc::UnboundedReceiver<TaskEvent>, (Error, Option<Vec<u8>>)> {
         let (events, receiver) = mpsc::unbounded_channel();
+        if lun.is_some() {
+            self.commands_registered
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut state = self.lock();
         if !state.alive {
             let buffer = match read {

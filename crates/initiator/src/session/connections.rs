@@ -16,6 +16,24 @@ use crate::connection::{Connection, SessionShared};
 use crate::error::Error;
 use crate::login::{LoginRequestParams, login};
 
+tokio::task_local! {
+    static CONNECTION_AFFINITY: usize;
+}
+
+/// Runs `future` with the commands it issues sent on connection `index`
+/// (modulo their session's connection count; the next live one if that
+/// one is down) whatever the session's [`Scheduling`]. A caller with queues
+/// of its own (`iscsi attach`'s ublk queues) keeps each queue on one
+/// connection of an MC/S session: a queue's commands then share one
+/// connection's window and order, and the queues' connections run side by
+/// side.
+pub async fn with_connection_affinity<F: std::future::Future>(
+    index: usize,
+    future: F,
+) -> F::Output {
+    CONNECTION_AFFINITY.scope(index, future).await
+}
+
 impl Inner {
     /// What a login of connection `cid` into session `tsih` (0: a new one)
     /// sends.
@@ -125,9 +143,13 @@ impl Inner {
         if count == 0 {
             return None;
         }
-        let first = match self.config.scheduling {
-            Scheduling::RoundRobin => self.next_connection.fetch_add(1, Ordering::Relaxed) % count,
-            Scheduling::LunAffinity => (lun % count as u64) as usize,
+        let affinity = CONNECTION_AFFINITY.try_with(|index| *index).ok();
+        let first = match (affinity, self.config.scheduling) {
+            (Some(index), _) => index % count,
+            (None, Scheduling::RoundRobin) => {
+                self.next_connection.fetch_add(1, Ordering::Relaxed) % count
+            }
+            (None, Scheduling::LunAffinity) => (lun % count as u64) as usize,
         };
         (0..count)
             .map(|i| &connections[(first + i) % count])

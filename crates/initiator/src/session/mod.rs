@@ -57,6 +57,7 @@ use crate::url::IscsiUrl;
 use iscsi_datamover::tap::{Tee, WireCounter, WireCounts, WireTap};
 
 mod connections;
+pub use connections::with_connection_affinity;
 mod execute;
 mod recovery;
 mod task_management;
@@ -223,6 +224,17 @@ impl Session {
             .iter()
             .filter(|c| c.is_alive())
             .count()
+    }
+
+    /// The SCSI commands each connection has carried since it logged in,
+    /// by CID, in the session's connection order (what MC/S scheduling
+    /// and [`with_connection_affinity`] did).
+    pub fn commands_per_connection(&self) -> Vec<(u16, u64)> {
+        self.inner
+            .lock_connections()
+            .iter()
+            .map(|c| (c.cid, c.commands_registered.load(Ordering::Relaxed)))
+            .collect()
     }
 
     /// PDUs sent and the writes that carried them.

@@ -9,9 +9,9 @@
 //!
 //! Queues: `--queues` ublk hardware queues of `--depth` requests, one
 //! thread each; every request runs as a task on one tokio runtime over one
-//! iSCSI session. With `--connections N` (MC/S) the session spreads the
-//! commands over its connections itself, so queues and connections are
-//! chosen independently.
+//! iSCSI session. With `--connections N` (MC/S) queue q's commands go on
+//! connection q mod N (`with_connection_affinity`): `--queues N
+//! --connections N` gives each queue a connection of its own.
 //!
 //! A second attach of the same LUN (same portal, target and LUN) on this
 //! host is refused, naming the device that has it: two block devices over
@@ -37,9 +37,9 @@ use super::initiator_args::{SessionArgs, connect, target_url};
 pub struct AttachArgs {
     /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun
     url: String,
-    /// ublk hardware queues (one serving thread each). Independent of
-    /// --connections: one session serves every queue, and with MC/S it
-    /// spreads the commands over its connections itself.
+    /// ublk hardware queues (one serving thread each). One session serves
+    /// every queue; with --connections (MC/S) queue q uses connection q mod
+    /// the connection count (the next live one while it is down).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
     queues: u16,
     /// Requests in flight per queue.
@@ -113,6 +113,10 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
         live,
     );
     watcher.abort();
+    tracing::info!(
+        per_connection = ?disk.session().commands_per_connection(),
+        "SCSI commands carried, by connection (CID, count)"
+    );
     // Every queue has ended: nothing is in flight. Make what was written
     // durable and leave the session cleanly, whatever ended the device.
     let finished = runtime.block_on(async {

@@ -35,8 +35,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use io_uring::{opcode, types};
-use iscsi_initiator::Disk;
 use iscsi_initiator::disk::errno;
+use iscsi_initiator::{Disk, with_connection_affinity};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::helpers::IoBuf;
 use libublk::io::{UblkDev, UblkQueue};
@@ -296,7 +296,7 @@ fn serve_queue(qid: u16, dev: &UblkDev, disk: &Arc<Disk>, runtime: &tokio::runti
     for tag in q.tags() {
         let (q, disk, runtime, wakeup) = (&q, Arc::clone(disk), runtime.clone(), &wakeup);
         tasks.push(exec.spawn(async move {
-            match serve_tag(q, tag, &disk, &runtime, wakeup).await {
+            match serve_tag(q, qid, tag, &disk, &runtime, wakeup).await {
                 Ok(()) | Err(UblkError::QueueIsDown) => {}
                 Err(e) => tracing::error!("ublk queue {qid} tag {tag}: {}", ublk_error("", e)),
             }
@@ -319,6 +319,7 @@ fn serve_queue(qid: u16, dev: &UblkDev, disk: &Arc<Disk>, runtime: &tokio::runti
 /// One tag: FETCH, then serve and COMMIT until the queue goes down.
 async fn serve_tag(
     q: &UblkQueue<'_>,
+    qid: u16,
     tag: u16,
     disk: &Arc<Disk>,
     runtime: &tokio::runtime::Handle,
@@ -331,7 +332,7 @@ async fn serve_tag(
         let iod = q.get_iod(tag);
         let res = match Request::from_descriptor(iod.op_flags, iod.start_sector, iod.nr_sectors) {
             Some(request) if request.data_len() <= buf.len() => {
-                execute(request, buf.as_mut_slice(), disk, runtime, wakeup).await
+                execute(request, qid, buf.as_mut_slice(), disk, runtime, wakeup).await
             }
             Some(_) => -libc::EINVAL,
             None => -libc::EOPNOTSUPP,
@@ -345,6 +346,7 @@ async fn serve_tag(
 /// executor; the answer ublk wants: bytes moved, or a negative errno.
 async fn execute(
     request: Request,
+    qid: u16,
     buf: &mut [u8],
     disk: &Arc<Disk>,
     runtime: &tokio::runtime::Handle,
@@ -358,7 +360,9 @@ async fn execute(
     let (disk, fd) = (Arc::clone(disk), Arc::clone(&wakeup.fd));
     tracing::debug!("{request:?}");
     runtime.spawn(async move {
-        let result = run(&disk, request, data).await;
+        // Queue N's commands go on connection N (modulo the session's
+        // connections): with MC/S each queue has a connection of its own.
+        let result = with_connection_affinity(usize::from(qid), run(&disk, request, data)).await;
         tracing::debug!("{request:?} done: {:?}", result.as_ref().map(Vec::len));
         let _ = tx.send(result);
         // After the send: when the thread wakes, the task is ready to run.
