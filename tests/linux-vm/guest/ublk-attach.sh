@@ -98,8 +98,13 @@ wait "$race_b" || rc=$?
 ok "two attaches started together: one device ($race_dev), one refused: $(grep -h 'being attached\|attached already' out/race-a.log out/race-b.log | head -1)"
 
 t0=$SECONDS
-# Two queues over two connections (MC/S): queue q on connection q.
+# Two queues over two connections (MC/S): queue q on connection q. blk-mq maps each of the VM's two
+# CPUs to one queue, so a direct write from each CPU uses each queue for certain.
 attach 1 --connections 2
+for cpu in 0 1; do
+    taskset -c "$cpu" dd if=/dev/zero of="$dev" bs=4k count=8 seek=$((cpu * 8)) oflag=direct 2>/dev/null \
+        || fail "a direct write from CPU $cpu to $dev"
+done
 note "attached as $dev: $(blockdev --getsize64 "$dev") bytes, logical $(blockdev --getss "$dev"), physical $(blockdev --getpbsz "$dev"), $(cat /sys/block/"${dev#/dev/}"/queue/write_cache) cache, max $(cat /sys/block/"${dev#/dev/}"/queue/max_sectors_kb) KiB, discard max $(cat /sys/block/"${dev#/dev/}"/queue/discard_max_bytes)"
 ok "iscsi attach: $dev in $((SECONDS - t0)) s"
 
