@@ -70,11 +70,18 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
     // waits for nothing and is refused here, not after both looked.
     let _claim = match Claim::take("attach", &identity.to_string()) {
         Ok(claim) => claim,
-        Err(Refused::Held(pid)) => bail!(
-            "{url} is being attached by another iscsi attach{}",
-            pid.map(|pid| format!(" (process {pid})"))
-                .unwrap_or_default()
-        ),
+        Err(Refused::Held(pid)) => {
+            let holder = pid
+                .map(|pid| format!(" (process {pid})"))
+                .unwrap_or_default();
+            match ublk::attached_already(&identity) {
+                Some(device) => bail!(
+                    "{url} is attached already as {device} by iscsi attach{holder} \
+                     (`iscsi detach {device}` first)"
+                ),
+                None => bail!("{url} is being attached by another iscsi attach{holder}"),
+            }
+        }
         Err(Refused::Failed(error)) => return Err(error),
     };
     if let Some(device) = ublk::attached_already(&identity) {
