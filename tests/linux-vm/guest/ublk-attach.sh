@@ -5,7 +5,8 @@
 # intact, ended by SIGTERM; `iscsi attach` of the attached LUN refused. Then the bad case: the host kills the target
 # while attached; a read must fail with an I/O error within the session's command timeout (no hung
 # process) and `iscsi detach` must still end the device and its server; a server killed with
-# SIGKILL leaves its device behind, which `iscsi detach` deletes. Last, when open-iscsi is
+# SIGKILL under writes leaves its device behind, which `iscsi detach` deletes, and loses no
+# acknowledged write. Last, when open-iscsi is
 # there, the same fio jobs through the kernel's initiator and through ublk against a second target,
 # for a side-by-side table (out/compare.txt).
 # Handshake through the shared directory: the guest writes out/kill-target, the host kills the
@@ -181,15 +182,33 @@ took_ms=$(($(date +%s%3N) - start_ms))
 ok "target still dead: the next read failed in $took_ms ms"
 detach 3 may-fail
 
-# A server killed outright (SIGKILL: no clean stop) leaves its device behind; detach deletes it.
+# A server killed outright (SIGKILL: no clean stop) in the middle of heavy writes: the writer gets an
+# error instead of hanging, the device left behind is deleted by detach, and every write acknowledged
+# before the kill is on the LUN (read back through a new attach).
 url=iscsi://10.0.2.100:$PORT2/$IQN2/0
+head -c 128M /dev/urandom >/tmp/pattern.bin
 attach 5
+dd if=/tmp/pattern.bin of="$dev" bs=64k oflag=direct 2>out/killed-dd.txt &
+dd_pid=$!
+sleep 0.5
 kill -KILL "$attach_pid"
 wait "$attach_pid" || true
+for _ in $(seq 1 600); do kill -0 "$dd_pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$dd_pid" 2>/dev/null && fail "a writer to $dev still hangs 60 s after its server was killed"
+rc=0
+wait "$dd_pid" || rc=$?
+[ "$rc" = 0 ] && fail "the writer finished before the kill: nothing was in flight (make the pattern bigger)"
+acked=$(sed -n 's/^\([0-9]*\)+[0-9]* records out$/\1/p' out/killed-dd.txt)
+[ -n "$acked" ] || { cat out/killed-dd.txt >&2; fail "dd did not say how many writes completed"; }
 ./iscsi detach "$dev" 2>out/detach-orphan.log || { cat out/detach-orphan.log >&2; fail "iscsi detach of a killed server's $dev"; }
 id=${dev#/dev/ublkb}
 [ -e "/dev/ublkc$id" ] && fail "/dev/ublkc$id still there after detach of a killed server's device"
-ok "a killed server's device deleted by detach: $(cat out/detach-orphan.log)"
+ok "a server killed under writes: the writer failed (exit $rc) after $acked acknowledged 64 KiB writes; device deleted by detach: $(cat out/detach-orphan.log)"
+attach 6
+cmp -n $((acked * 65536)) /tmp/pattern.bin "$dev" || fail "a write acknowledged before the kill is not on the LUN"
+detach 6
+ok "all $acked writes acknowledged before the kill are on the LUN"
+rm -f /tmp/pattern.bin
 
 # Side by side, when the image has open-iscsi: the kernel's initiator and ours on the same
 # target (a second RAM LUN on the host), 4 KiB randread/randwrite QD32 and 1 MiB sequential.
