@@ -57,6 +57,17 @@ impl Mount {
         mount
     }
 
+    /// The LUN file `name` opened for reading and writing with O_DIRECT:
+    /// every read and write reaches the target.
+    fn open_direct(&self, name: &str) -> std::fs::File {
+        OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(self.file(name))
+            .unwrap()
+    }
+
     fn file(&self, name: &str) -> PathBuf {
         self.dir.join(name)
     }
@@ -363,12 +374,7 @@ fn a_lost_target_is_an_io_error_and_unmount_still_works() {
         url.trim_end_matches("/0"),
         &["--replacement-timeout", "2", "--timeout", "5"],
     );
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(mount.file("lun0"))
-        .unwrap();
+    let file = mount.open_direct("lun0");
     file.write_all_at(&[1; 4096], 0).unwrap();
     drop(target);
     let start = Instant::now();
@@ -416,12 +422,7 @@ fn a_hung_target_fails_io_in_bounded_time_and_serves_again_when_it_resumes() {
         url.trim_end_matches("/0"),
         &["--replacement-timeout", "2", "--timeout", "2"],
     );
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(mount.file("lun0"))
-        .unwrap();
+    let file = mount.open_direct("lun0");
     let before = pattern(7, 4096);
     file.write_all_at(&before, 0).unwrap();
     run("kill", &["-STOP", &pid]);
