@@ -281,17 +281,31 @@ impl Backstore for RbdBackstore {
         self.image().write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
     }
 
+    /// One request for all the pieces ([`ffi::Image::writev`]).
+    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
+        super::check_pieces(pieces, len)?;
+        check_range(offset, len as u64, self.size())?;
+        let mut left = len;
+        let parts: Vec<&[u8]> = pieces
+            .iter()
+            .map_while(|p| {
+                let n = p.len().min(left);
+                left -= n;
+                (n > 0).then(|| &p[..n])
+            })
+            .collect();
+        self.image().writev(offset, &parts)
+    }
+
+    /// As [`Backstore::write_pieces`]: with the client's cache off a
+    /// completed write is already on the OSDs.
     fn write_pieces_through(
         &self,
         offset: u64,
         pieces: &mut [Vec<u8>],
         len: usize,
     ) -> io::Result<()> {
-        super::check_pieces(pieces, len)?;
-        check_range(offset, len as u64, self.size())?;
-        super::for_each_piece(offset, pieces, len, |at, bytes| {
-            self.image().write(at, bytes, ffi::OP_FLAG_FADVISE_FUA)
-        })
+        self.write_pieces(offset, pieces, len)
     }
 
     fn flush(&self) -> io::Result<()> {

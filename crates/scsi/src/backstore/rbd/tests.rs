@@ -3,8 +3,9 @@
 //! test creates its own image with the `rbd` CLI and removes it after.
 //! Each `unsafe` block of `ffi` runs here: open (create, conf, set,
 //! connect, ioctx, rbd_open, and the release of a half-built client on each
-//! failure), size, id, fsid, read, write (with and without FUA), discard,
-//! flush, and the close on drop.
+//! failure), size, id, fsid, read, write (with and without FUA), the
+//! vectored write and its completion, discard, flush, compare-and-write,
+//! writesame, diff-iterate and its callback, and the close on drop.
 
 use std::process::Command;
 
@@ -91,6 +92,19 @@ fn writes_read_back_across_objects_with_and_without_fua() {
     store.write_through(0, &data[..4096]).unwrap();
     let mut pieces = vec![vec![1u8; 1024], vec![2u8; 1024]];
     store.write_pieces_through(8192, &mut pieces, 1536).unwrap();
+    // Pieces across an object boundary, in one vectored request.
+    let mut big: Vec<Vec<u8>> = (0..16u8).map(|i| vec![i; 65536]).collect();
+    let edge = (8 << 20) - 5 * 65536;
+    store
+        .write_pieces(edge, &mut big, 16 * 65536 - 100)
+        .unwrap();
+    let mut seen = vec![0u8; 16 * 65536];
+    store.read_at(edge, &mut seen).unwrap();
+    for (i, piece) in seen.chunks(65536).enumerate() {
+        let want = if i == 15 { 65536 - 100 } else { 65536 };
+        assert!(piece[..want].iter().all(|&b| b == i as u8), "piece {i}");
+        assert!(piece[want..].iter().all(|&b| b == 0), "piece {i}");
+    }
     store.flush().unwrap();
     let mut head = vec![0u8; 8192 + 2048];
     store.read_at(0, &mut head).unwrap();
