@@ -37,5 +37,12 @@ print((after - before) / hz, usage.ru_utime + usage.ru_stime, wall)
 PY
 }
 
+# cpu_seconds PID: the CPU seconds process PID has used so far (utime + stime of all its threads,
+# /proc/PID/stat, as measure_run reads them): for a third process beside measure_run's two (the
+# ceph-osd behind an RBD LUN), read before and after.
+cpu_seconds() {
+    awk -v hz="$(getconf CLK_TCK)" '{sub(/^.*\) /, ""); print ($12 + $13) / hz}' "/proc/$1/stat"
+}
+
 # median: the median of the numbers on stdin, one a line.
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }

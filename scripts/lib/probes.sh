@@ -184,3 +184,11 @@ PROBE_CEPH_INCLUDE=${PROBE_CEPH_INCLUDE:-/usr/include}
 
 # probe_ceph_headers HEADER: HEADER (rbd/librbd.h, rados/librados.h) is installed.
 probe_ceph_headers() { [ -f "$PROBE_CEPH_INCLUDE/$1" ]; }
+
+# tgtd's RBD backing store (`--bstype rbd`), Debian package tgt-rbd: the plugin tgtd loads at start.
+# scripts/bench-target's RBD mode compares against it. PROBE_TGT_RBD set beforehand replaces the glob
+# (tests/scripts/fresh-machine points it at files that are not there, then at its stub's).
+PROBE_TGT_RBD=${PROBE_TGT_RBD:-/usr/lib/tgt/backing-store/bs_rbd.so}
+
+# probe_tgt_rbd: some file matches PROBE_TGT_RBD.
+probe_tgt_rbd() { compgen -G "$PROBE_TGT_RBD" >/dev/null; }

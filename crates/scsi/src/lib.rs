@@ -648,6 +648,16 @@ impl ScsiTarget {
         if !opcodes::is_supported(cdb) {
             return Err(Sense::INVALID_OPCODE.into());
         }
+        if lu.backstore.take_capacity_change() {
+            // The medium was resized under the LU (`rbd resize`): every
+            // nexus hears of it, this command's first (SBC-4 §4.14).
+            let nexuses = self.known_nexuses();
+            lu.state().raise_for_all(
+                &nexuses,
+                None,
+                Sense::unit_attention(Asc::CAPACITY_DATA_HAS_CHANGED),
+            );
+        }
         if lu.is_quiet() && !matches!(op, RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10) {
             // Nothing pending and nothing reserved: the state would say
             // yes, so it is not locked (a unit attention raised meanwhile

@@ -394,6 +394,11 @@ pub(crate) fn write_same(
     if unmap {
         return lu.unmap(offset, total).map_err(|_| Sense::WRITE_ERROR);
     }
+    // A store that repeats the block itself is sent it once (RBD: one
+    // `writesame` op per object instead of every byte).
+    if let Some(r) = lu.write_same(offset, total, block, !mode.wce) {
+        return r.map_err(|_| Sense::WRITE_ERROR);
+    }
     let per_step = (IO_CHUNK / u64::from(bs)).max(1).min(count);
     let mut pattern = Vec::with_capacity(usize::try_from(per_step).unwrap_or(1) * block_len);
     for _ in 0..per_step {
@@ -411,10 +416,13 @@ pub(crate) fn write_same(
 }
 
 /// COMPARE AND WRITE (SBC-3 §5.2): the Data-Out holds NUMBER OF LOGICAL
-/// BLOCKS blocks to compare, then as many to write. The caller holds the
-/// LU's exclusive write lock, so no other write lands between the compare
-/// and the write. A mismatch is MISCOMPARE with the offset of the first
-/// differing byte in INFORMATION, and nothing is written.
+/// BLOCKS blocks to compare, then as many to write. A store that does it
+/// in one step ([`Backstore::compare_and_write`]: RBD, in the OSD, atomic
+/// across gateways) does; otherwise it is read, compare, write, and the
+/// caller holds the LU's exclusive write lock, so no other write lands
+/// between the compare and the write. A mismatch is MISCOMPARE with the
+/// offset of the first differing byte (from the start of the Data-Out,
+/// SBC-4 §5.3) in INFORMATION, and nothing is written.
 pub(crate) fn compare_and_write(
     lu: &dyn Backstore,
     mode: ModeParams,
@@ -444,6 +452,13 @@ pub(crate) fn compare_and_write(
     let (verify, write) = data.split_at(len);
     check_writable(mode)?;
     let offset = lba.byte_offset(bs);
+    if let Some(r) = lu.compare_and_write(offset, verify, write, fua || !mode.wce) {
+        return match r {
+            Ok(None) => Ok(()),
+            Ok(Some(at)) => Err(Sense::miscompare(at)),
+            Err(_) => Err(Sense::WRITE_ERROR),
+        };
+    }
     compare_medium(lu, offset, verify)?;
     write_data(lu, mode, offset, write, fua)
 }

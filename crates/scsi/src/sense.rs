@@ -161,6 +161,8 @@ impl Asc {
     pub const POWER_ON_RESET: Self = Self::new(0x29, 0x00);
     /// 2A/01 MODE PARAMETERS CHANGED.
     pub const MODE_PARAMETERS_CHANGED: Self = Self::new(0x2A, 0x01);
+    /// 2A/09 CAPACITY DATA HAS CHANGED (the medium was resized).
+    pub const CAPACITY_DATA_HAS_CHANGED: Self = Self::new(0x2A, 0x09);
     /// 39/00 SAVING PARAMETERS NOT SUPPORTED.
     pub const SAVING_PARAMETERS_NOT_SUPPORTED: Self = Self::new(0x39, 0x00);
     /// 3A/00 MEDIUM NOT PRESENT.

@@ -179,10 +179,12 @@ impl Backstore for EncryptedBackstore {
     // flush, unmap (unmapped units read as zeros here too, so block erase
     // stays honest), and atomic writes (each write is one write of the
     // store's, of the ciphertext). Not lend, file or copy_from: the store
-    // holds ciphertext (see the module doc).
+    // holds ciphertext (see the module doc); nor compare_and_write or
+    // write_same, which would compare or repeat ciphertext (each unit's
+    // tweak differs), so those run here through read_at and write_at.
     delegate!(inner =>
         block_size, block_count, flush, unmap, unique_id, is_thin, may_block, unmap_granularity,
-        allocation_status, atomic_write_max, can_block_erase, lu_options,
+        allocation_status, atomic_write_max, can_block_erase, lu_options, take_capacity_change,
     );
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {

@@ -122,6 +122,31 @@ macro_rules! delegate {
     (@ $i:ident lu_options) => {
         fn lu_options(&self) -> $crate::LuOptions { self.$i.lu_options() }
     };
+    (@ $i:ident compare_and_write) => {
+        fn compare_and_write(
+            &self,
+            offset: u64,
+            expect: &[u8],
+            data: &[u8],
+            through: bool,
+        ) -> Option<std::io::Result<Option<u64>>> {
+            self.$i.compare_and_write(offset, expect, data, through)
+        }
+    };
+    (@ $i:ident write_same) => {
+        fn write_same(
+            &self,
+            offset: u64,
+            len: u64,
+            pattern: &[u8],
+            through: bool,
+        ) -> Option<std::io::Result<()>> {
+            self.$i.write_same(offset, len, pattern, through)
+        }
+    };
+    (@ $i:ident take_capacity_change) => {
+        fn take_capacity_change(&self) -> bool { self.$i.take_capacity_change() }
+    };
     (@ $i:ident allocation_status) => {
         fn allocation_status(
             &self,
@@ -332,6 +357,53 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// other store has none.
     fn lu_options(&self) -> crate::LuOptions {
         crate::LuOptions::DEFAULT
+    }
+
+    /// COMPARE AND WRITE done by the store itself, atomic against every
+    /// writer of the medium, which for a store shared by several gateways
+    /// (RBD) the LU's own lock is not: compares the `expect.len()` bytes at
+    /// `offset` with `expect` and, only if all are equal, writes `data`
+    /// (as long) there, durable before it returns when `through`.
+    /// `Some(Ok(None))`: written; `Some(Ok(Some(k)))`: byte `k` of the
+    /// range is the first that differs, and nothing was written. `None`
+    /// (the default, and a store's answer for a range it cannot do in one
+    /// step): the SCSI layer reads, compares and writes under the LU's
+    /// exclusive write lock.
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        expect: &[u8],
+        data: &[u8],
+        through: bool,
+    ) -> Option<io::Result<Option<u64>>> {
+        let _ = (offset, expect, data, through);
+        None
+    }
+
+    /// WRITE SAME done by the store: `pattern` (one logical block) written
+    /// to every block of the `len` bytes from `offset` in one request that
+    /// carries the pattern once, durable before it returns when `through`.
+    /// `None` (the default): the SCSI layer writes buffers of repeated
+    /// blocks instead.
+    fn write_same(
+        &self,
+        offset: u64,
+        len: u64,
+        pattern: &[u8],
+        through: bool,
+    ) -> Option<io::Result<()>> {
+        let _ = (offset, len, pattern, through);
+        None
+    }
+
+    /// Whether the medium was resized under the LU (an RBD image by `rbd
+    /// resize`) since the last call that answered `true`;
+    /// [`Backstore::block_count`] already gives the new size. The LU then
+    /// raises CAPACITY DATA HAS CHANGED for every nexus. Asked by every
+    /// command: one load of a flag that only a resize writes. The default:
+    /// a store whose size never changes.
+    fn take_capacity_change(&self) -> bool {
+        false
     }
 
     /// The provisioning status of the run of bytes starting at `offset`, at

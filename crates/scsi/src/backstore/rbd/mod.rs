@@ -2,11 +2,16 @@
 //! its own (one per LU, so that blocklisting one LU's client — the fencing
 //! of a later gateway group — fences nothing else).
 //!
-//! This first step calls librbd synchronously from the [`Backstore`]
-//! methods: the store answers `may_block()`, so the target runs its
-//! commands on a thread pool and a slow OSD holds one pool thread, not the
-//! connection. librbd's AIO with completions through an eventfd into tokio
-//! is the next step (issue 36).
+//! librbd is called synchronously from the [`Backstore`] methods: the store
+//! answers `may_block()`, so the target runs its commands on a thread pool
+//! and a slow OSD holds one pool thread, not the connection.
+//!
+//! What the cluster can do better than the SCSI layer's generic code, it
+//! does: COMPARE AND WRITE of one 512-byte sector in the OSD (atomic for
+//! every gateway of the image, which the LU's own lock is not), WRITE SAME
+//! as one `writesame` op per object, GET LBA STATUS from the image's
+//! allocated extents. A thread per store polls the image's size once a
+//! second, so that an `rbd resize` becomes CAPACITY DATA HAS CHANGED.
 //!
 //! All `unsafe` is in [`ffi`].
 
@@ -14,8 +19,11 @@ mod ffi;
 
 use std::fmt;
 use std::io;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak, mpsc};
+use std::time::Duration;
 
-use super::{Backstore, BackstoreOpenError, check_block_size, check_range};
+use super::{Allocation, Backstore, BackstoreOpenError, check_block_size, check_range};
 
 /// What `rbd:POOL/IMAGE[,conf=PATH][,id=USER]` names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,15 +53,99 @@ const CLIENT_OPTIONS: &[(&str, &str)] = &[
     ("rbd_cache", "false"),
     ("rbd_skip_partial_discard", "false"),
     ("client_mount_timeout", "10"),
+    // WRITE SAME of zeros writes zeros (the blocks stay mapped, as on
+    // every other store) instead of librbd's default of discarding them.
+    ("rbd_discard_on_zeroed_write_same", "false"),
 ];
+
+/// How often the size is read again: `rbd_get_size` costs a lock and a
+/// sequence check (librbd re-reads the header only after the header
+/// watch it keeps anyway was told of a change), so the poll is cheap and
+/// a resize is noticed within this time. Polling rather than
+/// `rbd_update_watch`: its callback runs on a librbd thread, where this
+/// crate runs no Rust code (`ffi`), and a pipe from there would still
+/// need a thread of ours to read it.
+const SIZE_POLL: Duration = Duration::from_secs(1);
+
+/// The longest range one GET LBA STATUS descriptor is looked up in: each
+/// 4 MiB object in it costs librbd one `list_snaps` from the OSD.
+const ALLOCATION_WINDOW: u64 = 1 << 30;
+
+/// Extents asked of librbd per lookup: a run longer than this many
+/// extents is reported in pieces (the next descriptor goes on).
+const ALLOCATION_EXTENTS: usize = 64;
 
 /// An RBD image as a logical unit's medium.
 pub struct RbdBackstore {
-    image: ffi::Image,
+    shared: Arc<Shared>,
     spec: RbdSpec,
     block_size: u32,
-    block_count: u64,
     unique_id: u64,
+    /// Dropped with the store: ends the size poll at its next wake-up.
+    _stop_poll: mpsc::Sender<()>,
+}
+
+/// What the store and its size poll share.
+struct Shared {
+    image: ffi::Image,
+    block_size: u32,
+    /// The size in blocks, as last read: every command reads it, only a
+    /// resize writes it.
+    block_count: AtomicU64,
+    /// Set by the poll when the size changed, taken by
+    /// [`Backstore::take_capacity_change`].
+    resized: AtomicBool,
+    /// The last size error the poll logged (errno), so that an image gone
+    /// for good is said once, not every second.
+    failing: AtomicU64,
+    name: String,
+}
+
+impl Shared {
+    /// Reads the image's size and publishes a change.
+    fn poll_size(&self) {
+        match self.image.size() {
+            Ok(size) => {
+                if self.failing.swap(0, Ordering::Relaxed) != 0 {
+                    tracing::info!("{}: the image answers again", self.name);
+                }
+                let blocks = size / u64::from(self.block_size);
+                let old = self.block_count.swap(blocks, Ordering::AcqRel);
+                if old != blocks {
+                    tracing::warn!(
+                        "{}: the image was resized to {size} bytes ({blocks} blocks of {}, \
+                         was {old}): CAPACITY DATA HAS CHANGED for every nexus",
+                        self.name,
+                        self.block_size
+                    );
+                    self.resized.store(true, Ordering::Release);
+                }
+            }
+            Err(e) => {
+                let code = e.raw_os_error().unwrap_or(-1) as u64;
+                if self.failing.swap(code, Ordering::Relaxed) != code {
+                    let why = if e.kind() == io::ErrorKind::NotFound {
+                        " (the image was removed: every command fails until the LUN is \
+                         removed or the image comes back)"
+                    } else {
+                        ""
+                    };
+                    tracing::error!("{}: reading the image's size: {e}{why}", self.name);
+                }
+            }
+        }
+    }
+}
+
+/// The size poll's loop: wakes every [`SIZE_POLL`] until the store drops
+/// its sender.
+fn poll_sizes(shared: Weak<Shared>, stop: mpsc::Receiver<()>) {
+    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(SIZE_POLL) {
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        shared.poll_size();
+    }
 }
 
 impl fmt::Debug for RbdBackstore {
@@ -62,7 +154,7 @@ impl fmt::Debug for RbdBackstore {
             .field("pool", &self.spec.pool)
             .field("image", &self.spec.image)
             .field("block_size", &self.block_size)
-            .field("block_count", &self.block_count)
+            .field("block_count", &self.block_count())
             .finish()
     }
 }
@@ -112,18 +204,47 @@ impl RbdBackstore {
             spec.pool,
             image.id().map_err(named("reading the image's id"))?
         );
-        Ok(RbdBackstore {
+        let shared = Arc::new(Shared {
             image,
+            block_size,
+            block_count: AtomicU64::new(size / u64::from(block_size)),
+            resized: AtomicBool::new(false),
+            failing: AtomicU64::new(0),
+            name: format!("rbd:{}/{}", spec.pool, spec.image),
+        });
+        let (stop_poll, stop) = mpsc::channel();
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("rbd-size".into())
+            .spawn(move || poll_sizes(weak, stop))
+            .map_err(|e| BackstoreOpenError::Io(named("starting the size poll")(e)))?;
+        Ok(RbdBackstore {
+            shared,
             spec: spec.clone(),
             block_size,
-            block_count: size / u64::from(block_size),
             unique_id: fnv1a(identity.as_bytes()),
+            _stop_poll: stop_poll,
         })
     }
 
     fn size(&self) -> u64 {
-        self.block_count * u64::from(self.block_size)
+        self.block_count() * u64::from(self.block_size)
     }
+
+    fn image(&self) -> &ffi::Image {
+        &self.shared.image
+    }
+
+    /// Reads the size now instead of at the next poll (tests).
+    #[cfg(test)]
+    fn poll_size_now(&self) {
+        self.shared.poll_size();
+    }
+}
+
+/// librados op flags for a write that must be durable when it completes.
+fn fua(through: bool) -> std::ffi::c_int {
+    if through { ffi::OP_FLAG_FADVISE_FUA } else { 0 }
 }
 
 /// FNV-1a, 64 bits: a stable hash (the same in every gateway and release).
@@ -139,17 +260,17 @@ impl Backstore for RbdBackstore {
     }
 
     fn block_count(&self) -> u64 {
-        self.block_count
+        self.shared.block_count.load(Ordering::Acquire)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image.read(offset, buf)
+        self.image().read(offset, buf)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image.write(offset, buf, 0)
+        self.image().write(offset, buf, 0)
     }
 
     /// FUA on the write itself: with the client's cache off a completed
@@ -157,29 +278,43 @@ impl Backstore for RbdBackstore {
     /// file turns a cache on; no image-wide flush.
     fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image.write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
+        self.image().write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
     }
 
+    /// One request for all the pieces ([`ffi::Image::writev`]).
+    fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
+        super::check_pieces(pieces, len)?;
+        check_range(offset, len as u64, self.size())?;
+        let mut left = len;
+        let parts: Vec<&[u8]> = pieces
+            .iter()
+            .map_while(|p| {
+                let n = p.len().min(left);
+                left -= n;
+                (n > 0).then(|| &p[..n])
+            })
+            .collect();
+        self.image().writev(offset, &parts)
+    }
+
+    /// As [`Backstore::write_pieces`]: with the client's cache off a
+    /// completed write is already on the OSDs.
     fn write_pieces_through(
         &self,
         offset: u64,
         pieces: &mut [Vec<u8>],
         len: usize,
     ) -> io::Result<()> {
-        super::check_pieces(pieces, len)?;
-        check_range(offset, len as u64, self.size())?;
-        super::for_each_piece(offset, pieces, len, |at, bytes| {
-            self.image.write(at, bytes, ffi::OP_FLAG_FADVISE_FUA)
-        })
+        self.write_pieces(offset, pieces, len)
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.image.flush()
+        self.image().flush()
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(offset, len, self.size())?;
-        self.image.discard(offset, len)
+        self.image().discard(offset, len)
     }
 
     fn unique_id(&self) -> u64 {
@@ -188,6 +323,95 @@ impl Backstore for RbdBackstore {
 
     fn is_thin(&self) -> bool {
         true
+    }
+
+    /// In the OSD when the range lies in one 512-byte sector (librbd
+    /// refuses more: see [`ffi::CAW_SECTOR`]), which is what VMware's ATS
+    /// sends on a 512-byte LU; anything larger is left to the SCSI layer's
+    /// compare and write under the LU's lock, atomic within this gateway
+    /// only.
+    fn compare_and_write(
+        &self,
+        offset: u64,
+        expect: &[u8],
+        data: &[u8],
+        through: bool,
+    ) -> Option<io::Result<Option<u64>>> {
+        let len = data.len() as u64;
+        if len == 0 || offset % ffi::CAW_SECTOR + len > ffi::CAW_SECTOR {
+            return None;
+        }
+        if let Err(e) = check_range(offset, len, self.size()) {
+            return Some(Err(e));
+        }
+        Some(
+            self.image()
+                .compare_and_write(offset, expect, data, fua(through)),
+        )
+    }
+
+    fn write_same(
+        &self,
+        offset: u64,
+        len: u64,
+        pattern: &[u8],
+        through: bool,
+    ) -> Option<io::Result<()>> {
+        if let Err(e) = check_range(offset, len, self.size()) {
+            return Some(Err(e));
+        }
+        Some(self.image().write_same(offset, len, pattern, fua(through)))
+    }
+
+    /// From the extents librbd reports as holding data (whole objects'
+    /// worth of data, or what was written of them), looked up in at most
+    /// [`ALLOCATION_WINDOW`] bytes.
+    fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
+        if max_len == 0 {
+            return Err(super::out_of_range());
+        }
+        check_range(offset, max_len, self.size())?;
+        let window = max_len.min(ALLOCATION_WINDOW);
+        let extents = self.image().allocated(offset, window, ALLOCATION_EXTENTS)?;
+        Ok(run_from(offset, window, &extents))
+    }
+
+    fn take_capacity_change(&self) -> bool {
+        self.shared.resized.load(Ordering::Relaxed)
+            && self.shared.resized.swap(false, Ordering::AcqRel)
+    }
+}
+
+/// The run that starts at `offset` in a window of `window` bytes, given
+/// the extents librbd reported in it (in order, none before `offset`):
+/// mapped up to the end of the contiguous extents holding data from
+/// `offset`, else unmapped up to the first extent (or the window's end).
+fn run_from(offset: u64, window: u64, extents: &[ffi::Extent]) -> Allocation {
+    let end = offset + window;
+    let mut present = extents.iter().filter(|e| e.len > 0 && e.offset < end);
+    let Some(first) = present.next() else {
+        return Allocation {
+            mapped: false,
+            len: window,
+        };
+    };
+    if first.offset > offset {
+        return Allocation {
+            mapped: false,
+            len: first.offset - offset,
+        };
+    }
+    let mapped = first.exists;
+    let mut run_end = first.offset + first.len;
+    for e in present {
+        if e.offset != run_end || e.exists != mapped {
+            break;
+        }
+        run_end = e.offset + e.len;
+    }
+    Allocation {
+        mapped,
+        len: run_end.min(end).saturating_sub(offset).max(1),
     }
 }
 

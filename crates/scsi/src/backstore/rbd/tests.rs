@@ -3,8 +3,9 @@
 //! test creates its own image with the `rbd` CLI and removes it after.
 //! Each `unsafe` block of `ffi` runs here: open (create, conf, set,
 //! connect, ioctx, rbd_open, and the release of a half-built client on each
-//! failure), size, id, fsid, read, write (with and without FUA), discard,
-//! flush, and the close on drop.
+//! failure), size, id, fsid, read, write (with and without FUA), the
+//! vectored write and its completion, discard, flush, compare-and-write,
+//! writesame, diff-iterate and its callback, and the close on drop.
 
 use std::process::Command;
 
@@ -91,6 +92,19 @@ fn writes_read_back_across_objects_with_and_without_fua() {
     store.write_through(0, &data[..4096]).unwrap();
     let mut pieces = vec![vec![1u8; 1024], vec![2u8; 1024]];
     store.write_pieces_through(8192, &mut pieces, 1536).unwrap();
+    // Pieces across an object boundary, in one vectored request.
+    let mut big: Vec<Vec<u8>> = (0..16u8).map(|i| vec![i; 65536]).collect();
+    let edge = (8 << 20) - 5 * 65536;
+    store
+        .write_pieces(edge, &mut big, 16 * 65536 - 100)
+        .unwrap();
+    let mut seen = vec![0u8; 16 * 65536];
+    store.read_at(edge, &mut seen).unwrap();
+    for (i, piece) in seen.chunks(65536).enumerate() {
+        let want = if i == 15 { 65536 - 100 } else { 65536 };
+        assert!(piece[..want].iter().all(|&b| b == i as u8), "piece {i}");
+        assert!(piece[want..].iter().all(|&b| b == 0), "piece {i}");
+    }
     store.flush().unwrap();
     let mut head = vec![0u8; 8192 + 2048];
     store.read_at(0, &mut head).unwrap();
@@ -210,4 +224,199 @@ fn an_unknown_user_is_refused_at_connect() {
     spec.id = Some("nobody".into());
     let e = RbdBackstore::open(&spec, 512).unwrap_err().to_string();
     assert!(e.contains("connecting as client.nobody"), "{e}");
+}
+
+/// `rbd resize` from the CLI (another client, as an operator would).
+fn resize(image: &TestImage, size: &str) {
+    let out = Command::new("rbd")
+        .args(["-c", &conf(), "resize", &format!("rbd/{}", image.0)])
+        .args(["--size", size, "--allow-shrink"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn compare_and_write_in_the_osd_matches_and_reports_the_miscompare_offset() {
+    let image = TestImage::new("caw", "8M");
+    let store = RbdBackstore::open(&image.spec(), 512).unwrap();
+    let old: Vec<u8> = (0..512u32).map(|i| i as u8).collect();
+    let new = vec![0x5Au8; 512];
+    // In the second object, so that an offset counted from the image or
+    // from the object would not pass for one counted from the range.
+    let at = (4 << 20) + 4096 + 512;
+    store.write_at(at, &old).unwrap();
+    // A match writes.
+    assert!(matches!(
+        store.compare_and_write(at, &old, &new, false),
+        Some(Ok(None))
+    ));
+    let mut back = vec![0u8; 512];
+    store.read_at(at, &mut back).unwrap();
+    assert_eq!(back, new);
+    // Through a second client (another gateway), with a stale expectation:
+    // the first differing byte, counted from the start of the range, and
+    // nothing written.
+    let other = RbdBackstore::open(&image.spec(), 512).unwrap();
+    let mut stale = new.clone();
+    stale[37] ^= 1;
+    let r = other.compare_and_write(at, &stale, &old, true);
+    assert!(matches!(r, Some(Ok(Some(37)))), "{r:?}");
+    store.read_at(at, &mut back).unwrap();
+    assert_eq!(back, new);
+    // A range that starts inside its sector: byte 37 of it, still.
+    let r = other.compare_and_write(at + 128, &stale[128..384], &old[..256], false);
+    assert!(matches!(r, Some(Ok(None))), "{r:?}");
+    let mut stale = old[..256].to_vec();
+    stale[37] ^= 1;
+    let r = other.compare_and_write(at + 128, &stale, &new[..256], false);
+    assert!(matches!(r, Some(Ok(Some(37)))), "{r:?}");
+    // More than one 512-byte sector: librbd cannot, the SCSI layer does it.
+    assert!(
+        store
+            .compare_and_write(0, &[0; 1024], &[1; 1024], false)
+            .is_none()
+    );
+    assert!(
+        store
+            .compare_and_write(256, &[0; 512], &[1; 512], false)
+            .is_none()
+    );
+    // Out of range: an error, not a call.
+    assert!(matches!(
+        store.compare_and_write(8 << 20, &[0; 512], &[1; 512], false),
+        Some(Err(_))
+    ));
+}
+
+#[test]
+fn write_same_repeats_one_block_across_objects() {
+    let image = TestImage::new("ws", "16M");
+    let store = RbdBackstore::open(&image.spec(), 512).unwrap();
+    let block: Vec<u8> = (0..512u32).map(|i| (i * 3 + 1) as u8).collect();
+    // From 512 bytes before the first object boundary, into the third object.
+    let at = (4 << 20) - 512;
+    let len = (4 << 20) + 1024;
+    assert!(matches!(
+        store.write_same(at, len, &block, true),
+        Some(Ok(()))
+    ));
+    let mut back = vec![0u8; len as usize + 1024];
+    store.read_at(at - 512, &mut back).unwrap();
+    assert!(back[..512].iter().all(|&b| b == 0));
+    for chunk in back[512..512 + len as usize].chunks(512) {
+        assert_eq!(chunk, &block[..]);
+    }
+    assert!(back[512 + len as usize..].iter().all(|&b| b == 0));
+    // Zeros are written, not discarded: the blocks stay mapped.
+    let zeros = (12 << 20) as u64;
+    assert!(matches!(
+        store.write_same(zeros, 4096, &[0; 512], false),
+        Some(Ok(()))
+    ));
+    assert!(store.allocation_status(zeros, 4096).unwrap().mapped);
+    assert!(matches!(
+        store.write_same(16 << 20, 512, &block, false),
+        Some(Err(_))
+    ));
+}
+
+#[test]
+fn allocation_follows_what_was_written_and_discarded() {
+    let image = TestImage::new("alloc", "16M");
+    let store = RbdBackstore::open(&image.spec(), 512).unwrap();
+    let all = 16 << 20;
+    // Never written: one deallocated run over the whole window.
+    assert_eq!(
+        store.allocation_status(0, all).unwrap(),
+        Allocation {
+            mapped: false,
+            len: all
+        }
+    );
+    // 4 KiB in the second object: the first object is a hole up to it, and
+    // the run from there is mapped, no longer than the object.
+    store.write_at((4 << 20) + 8192, &[7; 4096]).unwrap();
+    assert_eq!(
+        store.allocation_status(0, all).unwrap(),
+        Allocation {
+            mapped: false,
+            len: 4 << 20
+        }
+    );
+    let run = store.allocation_status(4 << 20, all - (4 << 20)).unwrap();
+    assert!(run.mapped, "{run:?}");
+    assert!((12288..=4 << 20).contains(&run.len), "{run:?}");
+    // The third object written too: the runs join.
+    store.write_at(8 << 20, &vec![9; 4 << 20]).unwrap();
+    let run = store.allocation_status(12 << 20, 4 << 20).unwrap();
+    assert!(!run.mapped, "{run:?}");
+    // Discarding the whole second object deallocates it.
+    store.unmap(4 << 20, 4 << 20).unwrap();
+    let run = store.allocation_status(0, all).unwrap();
+    assert_eq!(
+        run,
+        Allocation {
+            mapped: false,
+            len: 8 << 20
+        }
+    );
+    assert!(store.allocation_status(8 << 20, 4 << 20).unwrap().mapped);
+    assert!(store.allocation_status(0, all + 512).is_err());
+}
+
+#[test]
+fn a_resize_is_noticed_and_raises_capacity_data_has_changed() {
+    use crate::{Asc, Nexus, ScsiTarget, Sense, TargetIdentity, status};
+    let image = TestImage::new("resize", "8M");
+    let store = Arc::new(RbdBackstore::open(&image.spec(), 512).unwrap());
+    assert!(!store.take_capacity_change());
+    let target = ScsiTarget::new(
+        TargetIdentity::new("iqn.2026-11.test:rbd"),
+        vec![store.clone() as Arc<dyn Backstore>],
+    );
+    let nexus = Nexus::iscsi("iqn.2024-01.test:init", 1, 1);
+    let read_capacity =
+        |din: &mut Vec<u8>| target.execute(&nexus, 0, &[0x25, 0, 0, 0, 0, 0, 0, 0, 0, 0], &[], din);
+    let mut din = Vec::new();
+    // The nexus's first commands take its power-on unit attention.
+    while read_capacity(&mut din).status != status::GOOD {}
+    assert_eq!(
+        u32::from_be_bytes(din[..4].try_into().unwrap()),
+        (8 << 11) - 1
+    );
+    resize(&image, "16M");
+    // The poll runs every second; librbd re-reads the header once its watch
+    // hears of the change.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.block_count() != 16 << 11 {
+        assert!(std::time::Instant::now() < deadline, "resize not seen");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let outcome = read_capacity(&mut din);
+    assert_eq!(
+        outcome.sense,
+        Some(Sense::unit_attention(Asc::CAPACITY_DATA_HAS_CHANGED))
+    );
+    assert_eq!(read_capacity(&mut din).status, status::GOOD);
+    assert_eq!(
+        u32::from_be_bytes(din[..4].try_into().unwrap()),
+        (16 << 11) - 1
+    );
+    // A shrink too, read at once here instead of waiting for the poll.
+    resize(&image, "4M");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while store.block_count() != 4 << 11 {
+        assert!(std::time::Instant::now() < deadline, "shrink not seen");
+        store.poll_size_now();
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let mut block = [0u8; 512];
+    assert!(store.read_at(4 << 20, &mut block).is_err());
+    assert!(store.take_capacity_change());
+    assert!(!store.take_capacity_change());
 }

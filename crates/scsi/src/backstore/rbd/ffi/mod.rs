@@ -22,12 +22,18 @@
 //!    buffer before returning) and every length passed is the length of
 //!    that memory: buffers are Rust slices, strings are `CString`s kept in
 //!    a local until the call returns.
-//! 4. No Rust code runs on librbd's threads: no callbacks are registered.
+//! 4. No Rust code runs on librbd's threads: the one callback handed to
+//!    librbd (`rbd_diff_iterate2`'s, in `offload.rs`) runs on the calling
+//!    thread (`offload.rs`, invariant 5); nothing else is registered.
 //!
 //! Errors are negative errno values, turned into [`io::Error`]s with
 //! [`io::Error::from_raw_os_error`] so that the caller can match on the kind
 //! (`NotFound` for a missing pool or image, `TimedOut` for an unreachable
 //! cluster, `PermissionDenied` for a bad key).
+
+mod offload;
+
+pub(super) use offload::{CAW_SECTOR, Extent};
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io;
