@@ -122,6 +122,11 @@ macro_rules! delegate {
     (@ $i:ident lu_options) => {
         fn lu_options(&self) -> $crate::LuOptions { self.$i.lu_options() }
     };
+    (@ $i:ident shared_pr) => {
+        fn shared_pr(&self) -> Option<std::sync::Arc<dyn $crate::backstore::SharedPrStore>> {
+            self.$i.shared_pr()
+        }
+    };
     (@ $i:ident allocation_status) => {
         fn allocation_status(
             &self,
@@ -177,6 +182,35 @@ pub struct Allocation {
     /// Length of the run in bytes, from the offset asked about; at least 1
     /// and at most the length asked about.
     pub len: u64,
+}
+
+/// The persistent reservation state of an LU kept outside the gateway,
+/// shared by every gateway that exports the LU's medium (an RBD image:
+/// one RADOS object in its pool). Bytes only: what they hold, and the
+/// protocol (compare-and-set on an epoch, notify, fence), is
+/// `crate::pr_shared`'s and `crate::pr_record`'s.
+pub trait SharedPrStore: Send + Sync + fmt::Debug {
+    /// The stored record; `None` while there is none.
+    fn read(&self) -> io::Result<Option<Vec<u8>>>;
+    /// Stores `bytes` as epoch `epoch` if the stored epoch is `expected`
+    /// now (`None`: if nothing is stored yet), atomically. `Ok(false)`:
+    /// another gateway's change came first.
+    fn write_if(&self, expected: Option<u64>, epoch: u64, bytes: &[u8]) -> io::Result<bool>;
+    /// Tells every gateway watching the record that it changed and waits,
+    /// bounded, for each to acknowledge (which each does once it has
+    /// reloaded): the client ids that acknowledged, this one's included.
+    fn notify(&self) -> io::Result<Vec<u64>>;
+    /// Fences the clients at `addrs` (their I/O to the medium fails from
+    /// now on) and returns once the cluster enforces it.
+    fn fence(&self, addrs: &[String]) -> io::Result<()>;
+    /// This gateway's client of the medium: its id and its address.
+    fn me(&self) -> (u64, String);
+    /// Starts calling `on_event` on a thread of the store's: `false` for a
+    /// change another gateway notified (the acknowledgement follows the
+    /// return), `true` when the watch broke (changes may have been missed,
+    /// or this client was fenced); after a break the store watches again
+    /// and calls `on_event(false)` once it does.
+    fn watch(&self, on_event: Box<dyn Fn(bool) + Send + Sync>) -> io::Result<()>;
 }
 
 /// The storage behind one logical unit.
@@ -325,6 +359,13 @@ pub trait Backstore: Send + Sync + fmt::Debug {
             io::ErrorKind::Unsupported,
             "the store is not encrypted",
         ))
+    }
+
+    /// Where the LU's persistent reservation state is kept when it is
+    /// shared with other gateways exporting the same medium (an RBD image:
+    /// a RADOS object beside it); `None` (the default): in the LU's memory.
+    fn shared_pr(&self) -> Option<std::sync::Arc<dyn SharedPrStore>> {
+        None
     }
 
     /// The options of the LU this store is the medium of (read-only,

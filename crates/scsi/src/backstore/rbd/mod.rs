@@ -11,11 +11,13 @@
 //! All `unsafe` is in [`ffi`].
 
 mod ffi;
+mod pr;
 
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 
-use super::{Backstore, BackstoreOpenError, check_block_size, check_range};
+use super::{Backstore, BackstoreOpenError, SharedPrStore, check_block_size, check_range};
 
 /// What `rbd:POOL/IMAGE[,conf=PATH][,id=USER]` names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,7 +51,10 @@ const CLIENT_OPTIONS: &[(&str, &str)] = &[
 
 /// An RBD image as a logical unit's medium.
 pub struct RbdBackstore {
-    image: ffi::Image,
+    image: Arc<ffi::Image>,
+    /// The LU's persistent reservation record, shared with every gateway
+    /// that exports the image.
+    pr: Arc<pr::RbdPrStore>,
     spec: RbdSpec,
     block_size: u32,
     block_count: u64,
@@ -106,14 +111,19 @@ impl RbdBackstore {
         if size == 0 || size % u64::from(block_size) != 0 {
             return Err(BackstoreOpenError::InvalidSize { size, block_size });
         }
+        let image_id = image.id().map_err(named("reading the image's id"))?;
         let identity = format!(
             "{}/{}/{}",
             image.fsid().map_err(named("reading the cluster's fsid"))?,
             spec.pool,
-            image.id().map_err(named("reading the image's id"))?
+            image_id
         );
+        let image = Arc::new(image);
+        let pr = pr::RbdPrStore::new(Arc::clone(&image), &image_id)
+            .map_err(named("reading this client's address"))?;
         Ok(RbdBackstore {
             image,
+            pr: Arc::new(pr),
             spec: spec.clone(),
             block_size,
             block_count: size / u64::from(block_size),
@@ -188,6 +198,10 @@ impl Backstore for RbdBackstore {
 
     fn is_thin(&self) -> bool {
         true
+    }
+
+    fn shared_pr(&self) -> Option<Arc<dyn SharedPrStore>> {
+        Some(Arc::clone(&self.pr) as Arc<dyn SharedPrStore>)
     }
 }
 

@@ -22,12 +22,15 @@
 //!    buffer before returning) and every length passed is the length of
 //!    that memory: buffers are Rust slices, strings are `CString`s kept in
 //!    a local until the call returns.
-//! 4. No Rust code runs on librbd's threads: no callbacks are registered.
+//! 4. No Rust code runs on librbd's threads: no callbacks are registered
+//!    here (the watch callbacks of [`rados`] keep to invariant 7 there).
 //!
 //! Errors are negative errno values, turned into [`io::Error`]s with
 //! [`io::Error::from_raw_os_error`] so that the caller can match on the kind
 //! (`NotFound` for a missing pool or image, `TimedOut` for an unreachable
 //! cluster, `PermissionDenied` for a bad key).
+
+pub(super) mod rados;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io;
