@@ -75,6 +75,25 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
     let Some(store) = lu.shared.clone() else {
         return;
     };
+    // A watch needs the object: the first gateway ever creates it empty
+    // (losing that race to another gateway is as good).
+    match store.read() {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            if let Err(e) = store.write_if(
+                None,
+                1,
+                &PrRecord::new(1, Vec::new(), PrState::default()).encode(),
+            ) {
+                eprintln!("persistent reservations: creating the shared state: {e}");
+                return;
+            }
+        }
+        Err(e) => {
+            eprintln!("persistent reservations: reading the shared state: {e}");
+            return;
+        }
+    }
     let weak: Weak<LogicalUnit> = Arc::downgrade(lu);
     let watched = store.watch(Box::new(move |broken| {
         let Some(lu) = weak.upgrade() else { return };

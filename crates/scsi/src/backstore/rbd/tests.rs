@@ -8,6 +8,8 @@
 
 use std::process::Command;
 
+mod pr;
+
 use super::*;
 
 fn conf() -> String {
