@@ -1,8 +1,8 @@
 //! Persistent reservations across a gateway group (issue 36 step 4): two
 //! `iscsi target` processes (config files with portal_group_tag 1 and 2)
 //! export one RBD image of a running cluster (`scripts/ceph-dev start`,
-//! `ISCSI_CEPH_CONF`). Initiator A registers and reserves (Write Exclusive
-//! - Registrants Only) through gateway 1; initiator B, unregistered, gets
+//! `ISCSI_CEPH_CONF`). Initiator A registers and reserves (type 5, Write
+//! Exclusive, Registrants Only) through gateway 1; initiator B, unregistered, gets
 //! RESERVATION CONFLICT on a write through gateway 2; READ KEYS and READ
 //! FULL STATUS read the same through both; then, with gateway 1 stopped
 //! (SIGSTOP), B's PREEMPT AND ABORT through gateway 2 completes only after
