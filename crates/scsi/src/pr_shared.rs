@@ -322,7 +322,24 @@ fn tell_and_fence(
         stale_on_fence(lu, &e);
         eprintln!("persistent reservations: fencing {late:?}: {e}");
         Fail::from(UNREACHABLE)
-    })
+    })?;
+    forget_gateways(lu, store, &late);
+    Ok(())
+}
+
+/// Drops fenced gateways from the record (one attempt: a lost race only
+/// means a later change fences them again, which costs a monitor round
+/// trip and harms nothing, their clients being blocklisted already). A
+/// fenced gateway comes back with a new client, which joins anew.
+fn forget_gateways(lu: &LogicalUnit, store: &dyn SharedPrStore, fenced: &[String]) {
+    let mut st = lu.state();
+    let expected = st.cluster.epoch;
+    let mut gateways = st.cluster.gateways.clone();
+    gateways.retain(|g| !fenced.contains(&g.addr));
+    let record = PrRecord::new(expected + 1, gateways, st.pr.clone());
+    if let Ok(true) = store.write_if(Some(expected), record.epoch, &record.encode()) {
+        install(&mut st, record);
+    }
 }
 
 /// A cluster error that says this gateway's client is fenced

@@ -283,3 +283,47 @@ fn aptpl_decides_what_survives_the_whole_group_restarting() {
     let d = prin(&g4, &a, 1);
     assert_eq!(&d[4..8], &[0, 0, 0, 0]);
 }
+
+#[test]
+fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() {
+    let image = TestImage::new("pr-late", "8M");
+    let g1 = target(&image);
+    let late = store(&image);
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    // A gateway that joined the record and watches, but answers no notify
+    // in time (stopped, partitioned).
+    let (gid, addr) = late.pr.me();
+    change_behind(&late, |rec| {
+        rec.gateways.push(crate::pr_record::Gateway {
+            gid,
+            addr: addr.clone(),
+        });
+        rec.encode()
+    });
+    late.pr
+        .watch(Box::new(|_| std::thread::sleep(Duration::from_secs(8))))
+        .unwrap();
+    late.write_at(0, &[7u8; 512]).unwrap();
+    let start = Instant::now();
+    assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 0), CommandOutcome::GOOD);
+    assert!(
+        start.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    // Fenced by then: its writes fail, and the record forgot it.
+    let err = late.write_at(0, &[8u8; 512]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    let rec = PrRecord::decode(&late_free_read(&image)).unwrap();
+    assert!(
+        rec.gateways.iter().all(|g| g.gid != gid),
+        "{:?}",
+        rec.gateways
+    );
+    assert_eq!(rec.registration_count(), 1);
+}
+
+/// The record as a fresh client reads it.
+fn late_free_read(image: &TestImage) -> Vec<u8> {
+    store(image).pr.read().unwrap().unwrap()
+}
