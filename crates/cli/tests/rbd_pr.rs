@@ -224,3 +224,70 @@ fn reservations_hold_across_two_gateways_and_preempt_fences_a_stopped_one() {
     drop((g1, g2));
     let _ = rbd(&["rm", &image]);
 }
+
+/// libiscsi's persistent reservation families (and its multipath tests
+/// but Reset) with its two URLs on two gateways, so that its second
+/// initiator goes through the other gateway: none fails. Left out, and
+/// why: Reserve6 (SPC-2 RESERVE is per gateway: its state is not shared)
+/// and MultipathIO.Reset (a LOGICAL UNIT RESET through one gateway raises
+/// its unit attention on that gateway's nexuses only).
+#[test]
+fn libiscsi_reservation_tests_pass_across_two_gateways() {
+    iscsi_test_peers::require("iscsi-test-cu", "libiscsi-bin");
+    let image = format!("rbd/cli-pr-suite-{}", std::process::id());
+    let _ = rbd(&["rm", &image]);
+    let out = rbd(&["create", &image, "--size", "64M"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let g1 = Gateway::start(&image, 1);
+    let g2 = Gateway::start(&image, 2);
+    let families = [
+        "PrinReadKeys",
+        "PrinServiceactionRange",
+        "PrinReportCapabilities",
+        "ProutRegister",
+        "ProutReserve",
+        "ProutClear",
+        "ProutPreempt",
+        "MultipathIO.Simple",
+        "MultipathIO.CompareAndWrite",
+        "MultipathIO.CompareAndWriteAsync",
+    ];
+    let tests: Vec<String> = families.iter().map(|f| format!("ALL.{f}")).collect();
+    let url = |g: &Gateway| format!("iscsi://127.0.0.1:{}/{NAME}/0", g.port);
+    let out = Command::new("timeout")
+        .arg("600")
+        .arg("iscsi-test-cu")
+        .args([
+            "-d",
+            &format!("--test={}", tests.join(",")),
+            &url(&g1),
+            &url(&g2),
+        ])
+        .output()
+        .expect("iscsi-test-cu runs");
+    drop((g1, g2));
+    let _ = rbd(&["rm", &image]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "tests  TOTAL  RAN  PASSED  FAILED  INACTIVE" in CUnit's summary.
+    let counts: Vec<u64> = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("tests "))
+        .unwrap_or_else(|| panic!("no summary in:\n{text}"))
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|n| n.parse().ok())
+        .collect();
+    println!(
+        "two gateways: {} tests, {} passed, {} failed",
+        counts[0], counts[2], counts[3]
+    );
+    assert!(counts.len() >= 4 && counts[0] >= 20, "{text}");
+    assert!(
+        counts[3] == 0 && !text.contains("[FAILED]"),
+        "failures:\n{text}"
+    );
+}
