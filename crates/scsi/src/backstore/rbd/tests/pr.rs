@@ -27,6 +27,11 @@ fn objects_compare_and_set_stat_and_remove() {
     img.object_remove(&oid).unwrap();
     assert_eq!(img.object_read(&oid, 64).unwrap(), None);
     assert_eq!(img.object_stat(&oid).unwrap(), None);
+    // A watch needs the object: refused, and its callback argument freed.
+    assert_eq!(
+        img.watch(&oid).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
     // Create only if absent.
     assert!(img.object_cas(&oid, "epoch", None, b"1", b"first").unwrap());
     assert!(!img.object_cas(&oid, "epoch", None, b"1", b"again").unwrap());
