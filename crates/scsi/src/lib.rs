@@ -57,7 +57,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
     Allocation, Backstore, BackstoreOpenError, BlockBackstore, EncryptedBackstore, FileBackstore,
-    Lent, RamBackstore, RamBackstoreError, SharedPrStore, SlowBackstore, WithOptions,
+    Lent, PrEventHandler, RamBackstore, RamBackstoreError, SharedPrStore, SlowBackstore,
+    WithOptions,
 };
 #[cfg(feature = "rbd")]
 pub use backstore::{RbdBackstore, RbdSpec};

@@ -96,14 +96,17 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
     }
     let weak: Weak<LogicalUnit> = Arc::downgrade(lu);
     let watched = store.watch(Box::new(move |broken| {
-        let Some(lu) = weak.upgrade() else { return };
+        let Some(lu) = weak.upgrade() else {
+            return false;
+        };
         if broken {
             lu.pr_stale.store(true, Ordering::Release);
             eprintln!(
                 "persistent reservations: the watch of the shared state broke; stale until reloaded"
             );
+            false
         } else {
-            reload(&lu);
+            reload(&lu)
         }
     }));
     if let Err(e) = watched {
@@ -187,9 +190,12 @@ fn install(st: &mut LuState, record: PrRecord) {
 /// Reloads the record (a notify, or a lost compare-and-set) and takes it
 /// when it is newer than the cache, raising the unit attentions a change
 /// made elsewhere means here. A record that does not load leaves the
-/// state stale.
-pub(crate) fn reload(lu: &LogicalUnit) {
-    let Some(store) = &lu.shared else { return };
+/// state stale. Whether the cache is the stored state now (what a notify's
+/// acknowledgement promises).
+pub(crate) fn reload(lu: &LogicalUnit) -> bool {
+    let Some(store) = &lu.shared else {
+        return false;
+    };
     match load(store.as_ref()) {
         Ok(Some(record)) => {
             let mut st = lu.state();
@@ -203,16 +209,19 @@ pub(crate) fn reload(lu: &LogicalUnit) {
             }
             drop(st);
             lu.pr_stale.store(false, Ordering::Release);
+            true
         }
         // Not joined yet (the first gateway's own notify at start).
-        Ok(None) if lu.state().cluster.epoch == 0 => {}
+        Ok(None) if lu.state().cluster.epoch == 0 => true,
         Ok(None) => {
             lu.pr_stale.store(true, Ordering::Release);
             eprintln!("persistent reservations: the shared state is gone; stale");
+            false
         }
         Err(e) => {
             lu.pr_stale.store(true, Ordering::Release);
             eprintln!("persistent reservations: {e}; stale");
+            false
         }
     }
 }
@@ -283,8 +292,9 @@ pub(crate) fn persistent_reserve_out(
             }
             Ok(false) => {
                 drop(st);
-                reload(lu);
-                check_fresh(lu)?;
+                if !reload(lu) {
+                    return Err(UNREACHABLE.into());
+                }
             }
             Err(e) => {
                 drop(st);

@@ -206,12 +206,19 @@ pub trait SharedPrStore: Send + Sync + fmt::Debug {
     /// This gateway's client of the medium: its id and its address.
     fn me(&self) -> (u64, String);
     /// Starts calling `on_event` on a thread of the store's: `false` for a
-    /// change another gateway notified (the acknowledgement follows the
-    /// return), `true` when the watch broke (changes may have been missed,
-    /// or this client was fenced); after a break the store watches again
-    /// and calls `on_event(false)` once it does.
-    fn watch(&self, on_event: Box<dyn Fn(bool) + Send + Sync>) -> io::Result<()>;
+    /// change another gateway notified, `true` when the watch broke
+    /// (changes may have been missed, or this client was fenced); after a
+    /// break the store watches again and calls `on_event(false)` once it
+    /// does. A notify is acknowledged after `on_event` returns, and only
+    /// if it returns `true` (the change is in force here): a gateway that
+    /// could not reload must not acknowledge, so that the notifier fences
+    /// it rather than trust its stale copy.
+    fn watch(&self, on_event: PrEventHandler) -> io::Result<()>;
 }
+
+/// What [`SharedPrStore::watch`] calls: the argument says whether the
+/// watch broke; the result, whether to acknowledge.
+pub type PrEventHandler = Box<dyn Fn(bool) -> bool + Send + Sync>;
 
 /// The storage behind one logical unit.
 pub trait Backstore: Send + Sync + fmt::Debug {

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use super::ffi::Image;
 use super::ffi::rados::{EBLOCKLISTED, WatchEvent, WatchEvents, WatchGuard};
-use crate::backstore::SharedPrStore;
+use crate::backstore::{PrEventHandler, SharedPrStore};
 
 /// How long a notify waits for every gateway's acknowledgement; a gateway
 /// that takes longer is fenced. Reloading is one small object read, so a
@@ -130,7 +130,7 @@ impl SharedPrStore for RbdPrStore {
         (self.inner.gid, self.inner.addr.clone())
     }
 
-    fn watch(&self, on_event: Box<dyn Fn(bool) + Send + Sync>) -> io::Result<()> {
+    fn watch(&self, on_event: PrEventHandler) -> io::Result<()> {
         let events = self.inner.rewatch()?;
         let weak = Arc::downgrade(&self.inner);
         std::thread::Builder::new()
@@ -152,11 +152,11 @@ impl Inner {
 }
 
 /// The watch thread: each notify is handled (`on_event(false)`) and then
-/// acknowledged; a broken watch is reported (`on_event(true)`) and
+/// acknowledged if that says so; a broken watch is reported (`on_event(true)`) and
 /// registered again, each second until that works (a fenced client never
 /// does, and its LU's reservation state stays stale). Ends when the store
 /// is dropped (its watch's pipe closes).
-fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: Box<dyn Fn(bool) + Send + Sync>) {
+fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: PrEventHandler) {
     let mut events = Some(first);
     loop {
         let Some(current) = &events else {
@@ -165,7 +165,7 @@ fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: Box<dyn Fn(bool) +
             if let Ok(fresh) = inner.rewatch() {
                 events = Some(fresh);
                 drop(inner);
-                on_event(false);
+                let _ = on_event(false);
             }
             continue;
         };
@@ -175,8 +175,12 @@ fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: Box<dyn Fn(bool) +
             WatchEvent::Notify {
                 notify_id, cookie, ..
             } => {
-                on_event(false);
-                if let Err(e) = inner.image.notify_ack(&inner.oid, notify_id, cookie) {
+                if !on_event(false) {
+                    eprintln!(
+                        "rbd: not acknowledging a reservation notify on {}: the change could not be loaded",
+                        inner.oid
+                    );
+                } else if let Err(e) = inner.image.notify_ack(&inner.oid, notify_id, cookie) {
                     eprintln!(
                         "rbd: acknowledging a reservation notify on {}: {e}",
                         inner.oid
@@ -184,7 +188,7 @@ fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: Box<dyn Fn(bool) +
                 }
             }
             WatchEvent::Error { err, .. } => {
-                on_event(true);
+                let _ = on_event(true);
                 if -err == EBLOCKLISTED {
                     eprintln!(
                         "rbd: this gateway's client of {} was blocklisted (fenced by another gateway)",
@@ -194,7 +198,7 @@ fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: Box<dyn Fn(bool) +
                 events = inner.rewatch().ok();
                 drop(inner);
                 if events.is_some() {
-                    on_event(false);
+                    let _ = on_event(false);
                 }
             }
         }

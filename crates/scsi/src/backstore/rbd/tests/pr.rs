@@ -68,6 +68,7 @@ fn a_notify_reaches_a_second_client_which_handles_it_before_acking() {
         // Slow on purpose: the notifier must still see this done.
         std::thread::sleep(Duration::from_millis(200));
         seen.fetch_add(1, Ordering::SeqCst);
+        true
     }))
     .unwrap();
     let (a_gid, a_addr) = a.pr.me();
@@ -93,6 +94,7 @@ fn a_fenced_client_fails_its_writes_and_hears_its_watch_break() {
         if broken {
             seen.fetch_add(1, Ordering::SeqCst);
         }
+        true
     }))
     .unwrap();
     b.write_at(0, &[1u8; 512]).unwrap();
@@ -244,7 +246,10 @@ fn a_damaged_record_is_refused_and_the_state_stays_stale_until_a_good_one() {
     assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 0), CommandOutcome::GOOD);
     let good = side.pr.read().unwrap().unwrap();
     let epoch = change_behind(&side, |_| b"IRPR\x01\x00garbage".to_vec());
-    side.pr.notify().unwrap();
+    // Gateway 1 cannot load it: it does not acknowledge (a notifier that
+    // lists it would fence it).
+    let g1_gid = PrRecord::decode(&good).unwrap().gateways[0].gid;
+    assert!(!side.pr.notify().unwrap().contains(&g1_gid));
     let unreachable = crate::Sense::new(crate::SenseKey::NotReady, crate::Asc::new(0x08, 0x00));
     let (o, _) = run(&g1, &a, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
     assert_eq!(o.sense, Some(unreachable));
@@ -260,7 +265,7 @@ fn a_damaged_record_is_refused_and_the_state_stays_stale_until_a_good_one() {
             .write_if(Some(epoch), epoch + 1, &rec.encode())
             .unwrap()
     );
-    side.pr.notify().unwrap();
+    assert!(side.pr.notify().unwrap().contains(&g1_gid));
     assert_eq!(keys(&g1, &a), (1, vec![0xA1]));
 }
 
@@ -306,7 +311,10 @@ fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() 
         rec.encode()
     });
     late.pr
-        .watch(Box::new(|_| std::thread::sleep(Duration::from_secs(8))))
+        .watch(Box::new(|_| {
+            std::thread::sleep(Duration::from_secs(8));
+            true
+        }))
         .unwrap();
     late.write_at(0, &[7u8; 512]).unwrap();
     let start = Instant::now();
