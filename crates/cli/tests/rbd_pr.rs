@@ -43,8 +43,10 @@ struct Gateway {
 impl Gateway {
     fn start(image: &str, tag: u16) -> Gateway {
         let port = free_port();
-        let file =
-            std::env::temp_dir().join(format!("iscsi-rs-rbd-pr-{}-{tag}.toml", std::process::id()));
+        let file = std::env::temp_dir().join(format!(
+            "iscsi-rs-rbd-pr-{}-{port}.toml",
+            std::process::id()
+        ));
         std::fs::write(
             &file,
             format!(

@@ -11,7 +11,11 @@
 //!   gateway committed first) it reloads and applies the command again, at
 //!   most [`MAX_TRIES`] times. Only a committed state becomes the cache.
 //! - **Tell**: after the commit (and with the LU's lock let go) it notifies
-//!   every watcher of the record; each gateway reloads, then acknowledges.
+//!   every watcher of the record; each gateway reloads, then acknowledges
+//!   (one that cannot load the record does not: it is then fenced). The
+//!   LU's state lock is held from the computation through the
+//!   compare-and-set (one small RADOS write), so commands to a reserved LU
+//!   on this gateway wait that long, never for the notify or the fencing.
 //! - **Fence**: every gateway the record lists that did not acknowledge
 //!   (stopped, partitioned, dead, or its watch lapsed) could still admit
 //!   I/O on a stale copy: it is fenced (its RADOS client of this LU
@@ -30,8 +34,10 @@
 //!   other gateway answering its notify is the first one up after the whole
 //!   group was down, which for the LU is a power cycle: it clears an APTPL=0
 //!   state (registrations and reservation) and keeps an APTPL=1 one; either
-//!   way PRgeneration restarts at 0, as after power on (SPC-4 §6.15.2). A
-//!   gateway joining a group that is up keeps the state as it is.
+//!   way PRgeneration restarts at 0, as after power on (SPC-4 §6.15.2); the
+//!   other gateways the record lists are fenced (one merely stopped would
+//!   otherwise wake up with the old state). A gateway joining a group that
+//!   is up keeps the state as it is.
 //!
 //! Unit attentions: the gateway that runs a command raises them as a
 //! single target does; a gateway that reloads a change raises, for the
@@ -150,8 +156,25 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
         record.epoch = expected.map_or(1, |e| e + 1);
         match store.write_if(expected, record.epoch, &record.encode()) {
             Ok(true) => {
+                // Alone: every other listed gateway is down or stopped. A
+                // stopped one would wake up with the state from before
+                // this power cycle in its memory: fence it first.
+                let others: Vec<String> = record
+                    .gateways
+                    .iter()
+                    .filter(|g| g.gid != me_gid)
+                    .map(|g| g.addr.clone())
+                    .collect();
                 let mut st = lu.state();
                 install(&mut st, record);
+                drop(st);
+                if alone && !others.is_empty() {
+                    if let Err(e) = store.fence(&others) {
+                        eprintln!("persistent reservations: fencing {others:?} at start: {e}");
+                        return;
+                    }
+                    forget_gateways(lu, store.as_ref(), &others);
+                }
                 lu.pr_stale.store(false, Ordering::Release);
                 return;
             }
