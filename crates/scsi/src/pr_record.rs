@@ -383,6 +383,16 @@ mod tests {
         assert!(PrRecord::decode(&rec.encode()).is_err());
     }
 
+    /// The fuzz target's seed is a record (so the fuzzer starts from one).
+    #[test]
+    fn the_fuzz_seed_is_a_record() {
+        let seed = include_bytes!("../../../fuzz/seeds/pr_record/reserved-aptpl.bin");
+        let rec = PrRecord::decode(seed).unwrap();
+        assert!(rec.aptpl() && rec.is_reserved());
+        assert_eq!((rec.epoch, rec.registration_count()), (3, 1));
+        assert_eq!(rec.encode(), seed);
+    }
+
     proptest! {
         #[test]
         fn round_trips(
