@@ -198,6 +198,27 @@ fn reservations_hold_across_two_gateways_and_preempt_fences_a_stopped_one() {
         for lba in 100..104 {
             statuses.push(write(&a, lba, 0x44).await);
         }
+        // Gateway 1 finds itself fenced: its cached reservations are stale
+        // and it says so (NOT READY, LOGICAL UNIT COMMUNICATION FAILURE)
+        // instead of answering from them.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let cdb = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
+            let r = a
+                .execute(ScsiCommand::read(0, &cdb, vec![0; 0x1000]))
+                .await
+                .unwrap();
+            let sense = r.sense().map(|s| (s.key, s.asc, s.ascq));
+            if r.status == 2 && sense == Some((2, 0x08, 0)) {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "gateway 1 still answers PR IN from its stale state: {} {sense:?}",
+                r.status
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
         (took, statuses)
     });
     assert!(
