@@ -41,6 +41,8 @@ pub mod mode;
 pub mod nexus;
 pub mod opcodes;
 pub mod pr;
+pub mod pr_record;
+mod pr_shared;
 pub mod sanitize;
 pub mod sbc;
 pub mod sense;
@@ -55,7 +57,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
     Allocation, Backstore, BackstoreOpenError, BlockBackstore, EncryptedBackstore, FileBackstore,
-    Lent, RamBackstore, RamBackstoreError, SlowBackstore, WithOptions,
+    Lent, PrEventHandler, RamBackstore, RamBackstoreError, SharedPrStore, SlowBackstore,
+    WithOptions,
 };
 #[cfg(feature = "rbd")]
 pub use backstore::{RbdBackstore, RbdSpec};
@@ -294,7 +297,7 @@ impl ScsiTarget {
             if table.len() <= i {
                 table.resize(i + 1, None);
             }
-            table[i] = Some(Arc::new(LogicalUnit::new(store)));
+            table[i] = Some(LogicalUnit::create(store));
         }
         Self {
             identity,
@@ -358,7 +361,7 @@ impl ScsiTarget {
         if table.len() <= i {
             table.resize(i + 1, None);
         }
-        table[i] = Some(Arc::new(LogicalUnit::new(store)));
+        table[i] = Some(LogicalUnit::create(store));
         self.luns.store(Arc::new(table));
         self.inventory_changed(Some(n));
         Ok(())
@@ -715,10 +718,23 @@ impl ScsiTarget {
             }
             RESERVE_6 | RESERVE_10 => pr::reserve(&mut lu.state(), key, cdb),
             RELEASE_6 | RELEASE_10 => pr::release(&mut lu.state(), key, cdb),
-            PERSISTENT_RESERVE_IN => pr::persistent_reserve_in(&lu.state(), cdb, data_in),
+            PERSISTENT_RESERVE_IN => {
+                pr_shared::check_fresh(lu)?;
+                pr::persistent_reserve_in(&lu.state(), cdb, data_in)
+            }
             PERSISTENT_RESERVE_OUT => {
-                let aborted =
-                    pr::persistent_reserve_out(&mut lu.state(), nexus, cdb, &data_out.flat())?;
+                let aborted = match &lu.shared {
+                    Some(store) => pr_shared::persistent_reserve_out(
+                        lu,
+                        store.as_ref(),
+                        nexus,
+                        cdb,
+                        &data_out.flat(),
+                    )?,
+                    None => {
+                        pr::persistent_reserve_out(&mut lu.state(), nexus, cdb, &data_out.flat())?
+                    }
+                };
                 if !aborted.is_empty() {
                     let handler = self
                         .abort_handler

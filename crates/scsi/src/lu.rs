@@ -10,10 +10,11 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
-use crate::backstore::Backstore;
+use crate::backstore::{Backstore, SharedPrStore};
 use crate::medium::{LuOptions, Medium};
 use crate::nexus::NexusKey;
 use crate::pr::PrState;
+use crate::pr_record::Gateway;
 use crate::sanitize::SanitizeState;
 use crate::sense::Sense;
 
@@ -71,6 +72,18 @@ pub(crate) struct LuState {
     pub sanitize: SanitizeState,
     /// A removable medium's state (loaded or not, who prevents removal).
     pub medium: Medium,
+    /// Whether APTPL can be honoured (the state lives in a cluster).
+    pub ptpl_capable: bool,
+    /// With a shared state ([`LogicalUnit::shared`]): the epoch `pr` is the
+    /// state of, and the gateways the record lists.
+    pub cluster: ClusterView,
+}
+
+/// What a gateway knows of the shared record besides the state itself.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ClusterView {
+    pub epoch: u64,
+    pub gateways: Vec<Gateway>,
 }
 
 impl LuState {
@@ -131,6 +144,13 @@ impl LuState {
 #[derive(Debug)]
 pub(crate) struct LogicalUnit {
     pub backstore: Arc<dyn Backstore>,
+    /// Where the persistent reservation state is kept when other gateways
+    /// share it ([`Backstore::shared_pr`]); `None`: in `state` only.
+    pub shared: Option<Arc<dyn SharedPrStore>>,
+    /// With `shared`: the cached state cannot be trusted (the watch broke,
+    /// this gateway was fenced, the record did not load) until a reload
+    /// succeeds; persistent reservation commands fail meanwhile.
+    pub pr_stale: AtomicBool,
     /// The store's [`Backstore::lu_options`], read once.
     pub options: LuOptions,
     state: Mutex<LuState>,
@@ -150,9 +170,21 @@ pub(crate) struct LogicalUnit {
 }
 
 impl LogicalUnit {
+    /// The LU of `backstore`, its shared reservation state (if any) joined
+    /// and watched (`crate::pr_shared::attach`).
+    pub fn create(backstore: Arc<dyn Backstore>) -> Arc<Self> {
+        let lu = Arc::new(Self::new(backstore));
+        if lu.shared.is_some() {
+            crate::pr_shared::attach(&lu);
+        }
+        lu
+    }
+
     pub fn new(backstore: Arc<dyn Backstore>) -> Self {
+        let shared = backstore.shared_pr();
         Self {
             options: backstore.lu_options(),
+            pr_stale: AtomicBool::new(shared.is_some()),
             backstore,
             state: Mutex::new(LuState {
                 uas: HashMap::new(),
@@ -161,7 +193,10 @@ impl LogicalUnit {
                 mode: ModeParams::DEFAULT,
                 sanitize: SanitizeState::Idle,
                 medium: Medium::default(),
+                ptpl_capable: shared.is_some(),
+                cluster: ClusterView::default(),
             }),
+            shared,
             quiet: AtomicBool::new(true),
             mode: AtomicU8::new(ModeParams::DEFAULT.to_bits()),
             io: ShardedLock::new(()),

@@ -44,6 +44,15 @@ pub struct NexusKey {
 }
 
 impl NexusKey {
+    /// The identity of initiator port `initiator_port` through relative
+    /// target port `target_port` (a stored reservation's holder).
+    pub(crate) fn new(initiator_port: &str, target_port: u16) -> Self {
+        Self {
+            initiator_port: initiator_port.to_ascii_lowercase(),
+            target_port,
+        }
+    }
+
     /// The initiator port name, lower-cased.
     pub fn initiator_port(&self) -> &str {
         &self.initiator_port

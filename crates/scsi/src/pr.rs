@@ -4,10 +4,20 @@
 //! that are allowed in the presence of various reservations", SBC-3 §4.17
 //! Table 13 for block commands).
 //!
-//! State lives per LU, in memory, across sessions. APTPL (persist through
-//! power loss) is not supported: APTPL=1 is INVALID FIELD IN PARAMETER LIST
-//! and REPORT CAPABILITIES says PTPL_C=0. SPEC_I_PT and ALL_TG_PT are not
-//! supported either (SIP_C=0, ATP_C=0).
+//! State lives per LU, across sessions. On a local store it lives in
+//! memory only, so APTPL (persist through power loss) is not offered there:
+//! APTPL=1 is INVALID FIELD IN PARAMETER LIST and REPORT CAPABILITIES says
+//! PTPL_C=0. On a store shared by a gateway group (an RBD image,
+//! [`crate::backstore::SharedPrStore`]) the state lives in the cluster
+//! (`crate::pr_shared`): every gateway answers from one state, and APTPL is
+//! honoured (PTPL_C=1, PTPL_A reports it): the state survives every
+//! gateway's restart when APTPL=1 and is dropped, as a power loss would,
+//! when the first gateway to come back finds no other one running and
+//! APTPL=0. SPEC_I_PT and ALL_TG_PT are not supported (SIP_C=0, ATP_C=0).
+//!
+//! The service actions compute a new state from the current one
+//! ([`prout`]); the caller decides where it lives: in the LU's memory, or
+//! committed to the cluster first (compare-and-set) and only then taken.
 
 use crate::cdb::{self, opcode};
 use crate::lu::LuState;
@@ -94,7 +104,7 @@ impl PrType {
 }
 
 /// One registration: an I_T nexus and its reservation key.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Registration {
     pub nexus: Nexus,
     pub key: NexusKey,
@@ -102,7 +112,7 @@ pub(crate) struct Registration {
 }
 
 /// The persistent reservation, if any.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Reservation {
     /// The holder (for the All Registrants types: the nexus that reserved;
     /// every registrant holds it).
@@ -111,15 +121,18 @@ pub(crate) struct Reservation {
 }
 
 /// Registrations and the reservation of one LU.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct PrState {
     pub generation: u32,
     pub registrations: Vec<Registration>,
     pub reservation: Option<Reservation>,
+    /// APTPL as the last REGISTER (or REGISTER AND MOVE) set it; only ever
+    /// set where the LU offers it (PTPL_C=1).
+    pub aptpl: bool,
 }
 
 impl PrState {
-    fn registration(&self, key: &NexusKey) -> Option<&Registration> {
+    pub(crate) fn registration(&self, key: &NexusKey) -> Option<&Registration> {
         self.registrations.iter().find(|r| &r.key == key)
     }
 
@@ -136,7 +149,7 @@ impl PrState {
         }
     }
 
-    fn registered_keys(&self) -> Vec<NexusKey> {
+    pub(crate) fn registered_keys(&self) -> Vec<NexusKey> {
         self.registrations.iter().map(|r| r.key.clone()).collect()
     }
 }
@@ -313,9 +326,21 @@ pub(crate) fn persistent_reserve_in(
             }
         }
         PRIN_REPORT_CAPABILITIES => {
-            // Length 8; CRH 1 (SPC-3 §5.6.3 exceptions), SIP_C/ATP_C/PTPL_C
-            // 0; TMV 1 with ALLOW COMMANDS 0; every type in the mask.
-            v.extend_from_slice(&[0x00, 0x08, 0x10, 0x80, 0xEA, 0x01, 0x00, 0x00]);
+            // Length 8; CRH 1 (SPC-3 §5.6.3 exceptions), SIP_C/ATP_C 0,
+            // PTPL_C where the state lives in a cluster; TMV 1 with ALLOW
+            // COMMANDS 0 and PTPL_A; every type in the mask.
+            let ptpl_c = u8::from(st.ptpl_capable);
+            let ptpl_a = u8::from(st.ptpl_capable && pr.aptpl);
+            v.extend_from_slice(&[
+                0x00,
+                0x08,
+                0x10 | ptpl_c,
+                0x80 | ptpl_a,
+                0xEA,
+                0x01,
+                0x00,
+                0x00,
+            ]);
         }
         PRIN_READ_FULL_STATUS => {
             v.extend_from_slice(&pr.generation.to_be_bytes());
@@ -363,14 +388,43 @@ pub fn prout_param_len(cdb: &[u8]) -> Result<u32, Sense> {
     cdb::be32(cdb, 5)
 }
 
-/// PERSISTENT RESERVE OUT (SPC-4 §6.16). Returns the nexuses whose tasks
-/// PREEMPT AND ABORT asks the transport to abort (empty otherwise).
+/// PERSISTENT RESERVE OUT (SPC-4 §6.16) on state kept in the LU's memory.
+/// Returns the nexuses whose tasks PREEMPT AND ABORT asks the transport to
+/// abort (empty otherwise).
 pub(crate) fn persistent_reserve_out(
     st: &mut LuState,
     nexus: &Nexus,
     cdb: &[u8],
     data_out: &[u8],
 ) -> Result<Vec<NexusKey>, Fail> {
+    let out = prout(&mut st.pr, st.ptpl_capable, nexus, cdb, data_out)?;
+    for (k, s) in out.uas {
+        st.raise_for(&k, s);
+    }
+    Ok(out.aborted)
+}
+
+/// What a PERSISTENT RESERVE OUT did besides changing the state.
+#[derive(Debug, Default)]
+pub(crate) struct ProutOutcome {
+    /// The nexuses whose tasks PREEMPT AND ABORT aborts.
+    pub aborted: Vec<NexusKey>,
+    /// Unit attentions to raise, per nexus.
+    pub uas: Vec<(NexusKey, Sense)>,
+}
+
+/// PERSISTENT RESERVE OUT (SPC-4 §6.16) as a change of `pr`: on an error
+/// `pr` may be half changed, so callers work on a copy (the cluster path)
+/// or rely on the checks coming before any change (they do: every error
+/// below is returned before the state is touched). `ptpl_capable`: APTPL
+/// may be set (PTPL_C=1).
+pub(crate) fn prout(
+    pr: &mut PrState,
+    ptpl_capable: bool,
+    nexus: &Nexus,
+    cdb: &[u8],
+    data_out: &[u8],
+) -> Result<ProutOutcome, Fail> {
     let sa = cdb::byte(cdb, 1)? & 0x1F;
     let b2 = cdb::byte(cdb, 2)?;
     let (scope, type_code) = (b2 >> 4, b2 & 0x0F);
@@ -403,9 +457,19 @@ pub(crate) fn persistent_reserve_out(
     };
     let flags = params.get(flag_byte).copied().unwrap_or(0);
     let me = nexus.key().clone();
+    let registers = matches!(sa, PROUT_REGISTER | PROUT_REGISTER_AND_IGNORE);
+    // SPC-4 §6.16.3: APTPL counts only for the REGISTER service actions
+    // and REGISTER AND MOVE and is ignored by the others; where it cannot
+    // be honoured, APTPL=1 is refused.
+    let aptpl = flags & 0x01 != 0;
+    if aptpl && !ptpl_capable && (registers || sa == PROUT_REGISTER_AND_MOVE) {
+        return Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST.into());
+    }
     if sa != PROUT_REGISTER_AND_MOVE {
-        // SPEC_I_PT (bit 3), ALL_TG_PT (bit 2), APTPL (bit 0).
-        if flags & 0x0D != 0 {
+        // SPEC_I_PT (bit 3), ALL_TG_PT (bit 2); APTPL (bit 0) where it
+        // cannot be honoured (kept from before APTPL existed here).
+        let refused = if ptpl_capable { 0x0C } else { 0x0D };
+        if flags & refused != 0 {
             return Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST.into());
         }
     }
@@ -421,7 +485,6 @@ pub(crate) fn persistent_reserve_out(
     } else {
         None
     };
-    let pr = &mut st.pr;
     let mut aborted = Vec::new();
     let mut uas: Vec<(NexusKey, Sense)> = Vec::new();
     match sa {
@@ -445,6 +508,7 @@ pub(crate) fn persistent_reserve_out(
                             key: me.clone(),
                             res_key: sa_key,
                         });
+                        pr.aptpl = aptpl;
                         pr.bump();
                     }
                 }
@@ -458,6 +522,7 @@ pub(crate) fn persistent_reserve_out(
                     } else if let Some(r) = pr.registrations.get_mut(i) {
                         r.res_key = sa_key;
                     }
+                    pr.aptpl = aptpl;
                     pr.bump();
                 }
             }
@@ -520,9 +585,6 @@ pub(crate) fn persistent_reserve_out(
         _ => {
             // REGISTER AND MOVE (SPC-4 §5.12.8).
             check_key(pr, &me, res_key)?;
-            if flags & 0x01 != 0 {
-                return Err(Sense::INVALID_FIELD_IN_PARAMETER_LIST.into());
-            }
             let unreg = flags & 0x02 != 0;
             let Some(res) = pr.reservation.clone() else {
                 return Err(Fail::Conflict);
@@ -574,13 +636,11 @@ pub(crate) fn persistent_reserve_out(
             if unreg {
                 pr.registrations.retain(|r| r.key != me);
             }
+            pr.aptpl = aptpl;
             pr.bump();
         }
     }
-    for (k, s) in uas {
-        st.raise_for(&k, s);
-    }
-    Ok(aborted)
+    Ok(ProutOutcome { aborted, uas })
 }
 
 /// RESERVATION CONFLICT unless `me` is registered with `res_key`.

@@ -147,6 +147,11 @@ macro_rules! delegate {
     (@ $i:ident take_capacity_change) => {
         fn take_capacity_change(&self) -> bool { self.$i.take_capacity_change() }
     };
+    (@ $i:ident shared_pr) => {
+        fn shared_pr(&self) -> Option<std::sync::Arc<dyn $crate::backstore::SharedPrStore>> {
+            self.$i.shared_pr()
+        }
+    };
     (@ $i:ident allocation_status) => {
         fn allocation_status(
             &self,
@@ -203,6 +208,42 @@ pub struct Allocation {
     /// and at most the length asked about.
     pub len: u64,
 }
+
+/// The persistent reservation state of an LU kept outside the gateway,
+/// shared by every gateway that exports the LU's medium (an RBD image:
+/// one RADOS object in its pool). Bytes only: what they hold, and the
+/// protocol (compare-and-set on an epoch, notify, fence), is
+/// `crate::pr_shared`'s and `crate::pr_record`'s.
+pub trait SharedPrStore: Send + Sync + fmt::Debug {
+    /// The stored record; `None` while there is none.
+    fn read(&self) -> io::Result<Option<Vec<u8>>>;
+    /// Stores `bytes` as epoch `epoch` if the stored epoch is `expected`
+    /// now (`None`: if nothing is stored yet), atomically. `Ok(false)`:
+    /// another gateway's change came first.
+    fn write_if(&self, expected: Option<u64>, epoch: u64, bytes: &[u8]) -> io::Result<bool>;
+    /// Tells every gateway watching the record that it changed and waits,
+    /// bounded, for each to acknowledge (which each does once it has
+    /// reloaded): the client ids that acknowledged, this one's included.
+    fn notify(&self) -> io::Result<Vec<u64>>;
+    /// Fences the clients at `addrs` (their I/O to the medium fails from
+    /// now on) and returns once the cluster enforces it.
+    fn fence(&self, addrs: &[String]) -> io::Result<()>;
+    /// This gateway's client of the medium: its id and its address.
+    fn me(&self) -> (u64, String);
+    /// Starts calling `on_event` on a thread of the store's: `false` for a
+    /// change another gateway notified, `true` when the watch broke
+    /// (changes may have been missed, or this client was fenced); after a
+    /// break the store watches again and calls `on_event(false)` once it
+    /// does. A notify is acknowledged after `on_event` returns, and only
+    /// if it returns `true` (the change is in force here): a gateway that
+    /// could not reload must not acknowledge, so that the notifier fences
+    /// it rather than trust its stale copy.
+    fn watch(&self, on_event: PrEventHandler) -> io::Result<()>;
+}
+
+/// What [`SharedPrStore::watch`] calls: the argument says whether the
+/// watch broke; the result, whether to acknowledge.
+pub type PrEventHandler = Box<dyn Fn(bool) -> bool + Send + Sync>;
 
 /// The storage behind one logical unit.
 pub trait Backstore: Send + Sync + fmt::Debug {
@@ -350,6 +391,13 @@ pub trait Backstore: Send + Sync + fmt::Debug {
             io::ErrorKind::Unsupported,
             "the store is not encrypted",
         ))
+    }
+
+    /// Where the LU's persistent reservation state is kept when it is
+    /// shared with other gateways exporting the same medium (an RBD image:
+    /// a RADOS object beside it); `None` (the default): in the LU's memory.
+    fn shared_pr(&self) -> Option<std::sync::Arc<dyn SharedPrStore>> {
+        None
     }
 
     /// The options of the LU this store is the medium of (read-only,

@@ -35,6 +35,7 @@ impl Backstore for WithOptions {
         flush, unmap, unique_id, write_through, is_thin, may_block, unmap_granularity,
         allocation_status, atomic_write_max, can_block_erase, can_crypto_erase, crypto_erase,
         file, copy_from, compare_and_write, write_same, take_capacity_change,
+        shared_pr,
     );
 
     fn lu_options(&self) -> LuOptions {

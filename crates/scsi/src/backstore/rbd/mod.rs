@@ -16,6 +16,7 @@
 //! All `unsafe` is in [`ffi`].
 
 mod ffi;
+mod pr;
 
 use std::fmt;
 use std::io;
@@ -23,7 +24,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
 
-use super::{Allocation, Backstore, BackstoreOpenError, check_block_size, check_range};
+use super::{
+    Allocation, Backstore, BackstoreOpenError, SharedPrStore, check_block_size, check_range,
+};
 
 /// What `rbd:POOL/IMAGE[,conf=PATH][,id=USER]` names.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -78,6 +81,9 @@ const ALLOCATION_EXTENTS: usize = 64;
 /// An RBD image as a logical unit's medium.
 pub struct RbdBackstore {
     shared: Arc<Shared>,
+    /// The LU's persistent reservation record, shared with every gateway
+    /// that exports the image.
+    pr: Arc<pr::RbdPrStore>,
     spec: RbdSpec,
     block_size: u32,
     unique_id: u64,
@@ -87,7 +93,7 @@ pub struct RbdBackstore {
 
 /// What the store and its size poll share.
 struct Shared {
-    image: ffi::Image,
+    image: Arc<ffi::Image>,
     block_size: u32,
     /// The size in blocks, as last read: every command reads it, only a
     /// resize writes it.
@@ -198,12 +204,16 @@ impl RbdBackstore {
         if size == 0 || size % u64::from(block_size) != 0 {
             return Err(BackstoreOpenError::InvalidSize { size, block_size });
         }
+        let image_id = image.id().map_err(named("reading the image's id"))?;
         let identity = format!(
             "{}/{}/{}",
             image.fsid().map_err(named("reading the cluster's fsid"))?,
             spec.pool,
-            image.id().map_err(named("reading the image's id"))?
+            image_id
         );
+        let image = Arc::new(image);
+        let pr = pr::RbdPrStore::new(Arc::clone(&image), &image_id)
+            .map_err(named("reading this client's address"))?;
         let shared = Arc::new(Shared {
             image,
             block_size,
@@ -220,6 +230,7 @@ impl RbdBackstore {
             .map_err(|e| BackstoreOpenError::Io(named("starting the size poll")(e)))?;
         Ok(RbdBackstore {
             shared,
+            pr: Arc::new(pr),
             spec: spec.clone(),
             block_size,
             unique_id: fnv1a(identity.as_bytes()),
@@ -379,6 +390,10 @@ impl Backstore for RbdBackstore {
     fn take_capacity_change(&self) -> bool {
         self.shared.resized.load(Ordering::Relaxed)
             && self.shared.resized.swap(false, Ordering::AcqRel)
+    }
+
+    fn shared_pr(&self) -> Option<Arc<dyn SharedPrStore>> {
+        Some(Arc::clone(&self.pr) as Arc<dyn SharedPrStore>)
     }
 }
 

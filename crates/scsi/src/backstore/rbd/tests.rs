@@ -9,6 +9,8 @@
 
 use std::process::Command;
 
+mod pr;
+
 use super::*;
 
 fn conf() -> String {

@@ -24,7 +24,8 @@
 //!    a local until the call returns.
 //! 4. No Rust code runs on librbd's threads: the one callback handed to
 //!    librbd (`rbd_diff_iterate2`'s, in `offload.rs`) runs on the calling
-//!    thread (`offload.rs`, invariant 5); nothing else is registered.
+//!    thread (`offload.rs`, invariant 5); the watch callbacks of [`rados`]
+//!    keep to invariant 7 there; nothing else is registered.
 //!
 //! Errors are negative errno values, turned into [`io::Error`]s with
 //! [`io::Error::from_raw_os_error`] so that the caller can match on the kind
@@ -32,6 +33,7 @@
 //! cluster, `PermissionDenied` for a bad key).
 
 mod offload;
+pub(super) mod rados;
 
 pub(super) use offload::{CAW_SECTOR, Extent};
 

@@ -1,0 +1,342 @@
+//! The shared reservation store against a running cluster: each unsafe
+//! path of `ffi::rados` (object read, compare-and-set, stat, remove, watch
+//! with its callbacks and unwatch, notify and its reply, ack, instance id,
+//! addresses, blocklist, wait for the OSD map), then the protocol of
+//! `crate::pr_shared` through two targets over one image, as two gateways
+//! would have it: the state seen through both, a lost compare-and-set
+//! applied again, a damaged record refused, APTPL across restarts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::pr_record::PrRecord;
+use crate::{CommandOutcome, Nexus, ScsiTarget, TargetIdentity, encode_lun, status};
+
+fn store(image: &TestImage) -> RbdBackstore {
+    RbdBackstore::open(&image.spec(), 512).unwrap()
+}
+
+#[test]
+fn objects_compare_and_set_stat_and_remove() {
+    let image = TestImage::new("pr-obj", "8M");
+    let s = store(&image);
+    let oid = format!("{}.test", s.pr.oid());
+    let img = &s.shared.image;
+    img.object_remove(&oid).unwrap();
+    assert_eq!(img.object_read(&oid, 64).unwrap(), None);
+    assert_eq!(img.object_stat(&oid).unwrap(), None);
+    // A watch needs the object: refused, and its callback argument freed.
+    assert_eq!(
+        img.watch(&oid).unwrap_err().kind(),
+        std::io::ErrorKind::NotFound
+    );
+    // Create only if absent.
+    assert!(img.object_cas(&oid, "epoch", None, b"1", b"first").unwrap());
+    assert!(!img.object_cas(&oid, "epoch", None, b"1", b"again").unwrap());
+    // Replace only from the expected epoch.
+    assert!(
+        !img.object_cas(&oid, "epoch", Some(b"7"), b"8", b"wrong")
+            .unwrap()
+    );
+    assert!(
+        img.object_cas(&oid, "epoch", Some(b"1"), b"2", b"second!")
+            .unwrap()
+    );
+    assert!(
+        !img.object_cas(&oid, "epoch", Some(b"1"), b"2", b"stale")
+            .unwrap()
+    );
+    assert_eq!(img.object_read(&oid, 64).unwrap().unwrap(), b"second!");
+    assert_eq!(img.object_stat(&oid).unwrap().unwrap().0, 7);
+    // Longer than the caller allows: refused, not cut.
+    assert!(img.object_read(&oid, 3).is_err());
+    img.object_remove(&oid).unwrap();
+    assert_eq!(img.object_read(&oid, 64).unwrap(), None);
+}
+
+#[test]
+fn a_notify_reaches_a_second_client_which_handles_it_before_acking() {
+    let image = TestImage::new("pr-notify", "8M");
+    let (a, b) = (store(&image), store(&image));
+    assert!(a.pr.write_if(None, 1, b"x").unwrap());
+    let handled = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&handled);
+    b.pr.watch(Box::new(move |broken| {
+        assert!(!broken);
+        // Slow on purpose: the notifier must still see this done.
+        std::thread::sleep(Duration::from_millis(200));
+        seen.fetch_add(1, Ordering::SeqCst);
+        true
+    }))
+    .unwrap();
+    let (a_gid, a_addr) = a.pr.me();
+    let (b_gid, _) = b.pr.me();
+    assert_ne!(a_gid, b_gid);
+    assert!(a_addr.contains('/'), "{a_addr}");
+    let acked = a.pr.notify().unwrap();
+    assert_eq!(acked, vec![b_gid]);
+    assert_eq!(handled.load(Ordering::SeqCst), 1);
+    // Dropping the watcher unwatches: nobody is left to ack.
+    drop(b);
+    assert!(a.pr.notify().unwrap().is_empty());
+}
+
+#[test]
+fn a_fenced_client_fails_its_writes_and_hears_its_watch_break() {
+    let image = TestImage::new("pr-fence", "8M");
+    let (a, b) = (store(&image), store(&image));
+    assert!(a.pr.write_if(None, 1, b"x").unwrap());
+    let broke = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&broke);
+    b.pr.watch(Box::new(move |broken| {
+        if broken {
+            seen.fetch_add(1, Ordering::SeqCst);
+        }
+        true
+    }))
+    .unwrap();
+    b.write_at(0, &[1u8; 512]).unwrap();
+    let (_, b_addr) = b.pr.me();
+    a.pr.fence(&[b_addr]).unwrap();
+    let err = b.write_at(0, &[2u8; 512]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while broke.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the fenced watch never broke");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut back = [0u8; 512];
+    a.read_at(0, &mut back).unwrap();
+    assert_eq!(back, [1u8; 512]);
+}
+
+fn target(image: &TestImage) -> ScsiTarget {
+    let s: Arc<dyn Backstore> = Arc::new(store(image));
+    ScsiTarget::new(TargetIdentity::new("iqn.2026-11.rs.iscsi:pr"), vec![s])
+}
+
+fn run(t: &ScsiTarget, n: &Nexus, cdb: &[u8], out: &[u8]) -> (CommandOutcome, Vec<u8>) {
+    let mut d = Vec::new();
+    let o = t.execute(n, encode_lun(0), cdb, out, &mut d);
+    (o, d)
+}
+
+fn prout(
+    t: &ScsiTarget,
+    n: &Nexus,
+    sa: u8,
+    kind: u8,
+    key: u64,
+    sa_key: u64,
+    flags: u8,
+) -> CommandOutcome {
+    let cdb = [0x5F, sa, kind, 0, 0, 0, 0, 0, 24, 0];
+    let mut p = Vec::new();
+    p.extend_from_slice(&key.to_be_bytes());
+    p.extend_from_slice(&sa_key.to_be_bytes());
+    p.extend_from_slice(&[0, 0, 0, 0, flags, 0, 0, 0]);
+    run(t, n, &cdb, &p).0
+}
+
+fn prin(t: &ScsiTarget, n: &Nexus, sa: u8) -> Vec<u8> {
+    let (o, d) = run(t, n, &[0x5E, sa, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
+    assert_eq!(o, CommandOutcome::GOOD);
+    d
+}
+
+/// (generation, keys).
+fn keys(t: &ScsiTarget, n: &Nexus) -> (u32, Vec<u64>) {
+    let d = prin(t, n, 0);
+    let generation = u32::from_be_bytes(d[0..4].try_into().unwrap());
+    let keys = d[8..]
+        .chunks_exact(8)
+        .map(|c| u64::from_be_bytes(c.try_into().unwrap()))
+        .collect();
+    (generation, keys)
+}
+
+fn write10(t: &ScsiTarget, n: &Nexus) -> CommandOutcome {
+    run(t, n, &[0x2A, 0, 0, 0, 0, 1, 0, 0, 1, 0], &[0x5A; 512]).0
+}
+
+#[test]
+fn two_gateways_share_one_state() {
+    let image = TestImage::new("pr-share", "8M");
+    let (g1, g2) = (target(&image), target(&image));
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    let b = Nexus::iscsi("iqn.2026-11.rs.iscsi:b", 1, 2);
+    let b_via_1 = Nexus::iscsi("iqn.2026-11.rs.iscsi:b", 1, 1);
+    // REPORT CAPABILITIES: PTPL_C on a shared state.
+    assert_eq!(prin(&g1, &a, 2)[2] & 1, 1);
+    assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 0), CommandOutcome::GOOD);
+    assert_eq!(keys(&g2, &b), (1, vec![0xA1]));
+    assert_eq!(prout(&g1, &a, 0x01, 5, 0xA1, 0, 0), CommandOutcome::GOOD);
+    assert_eq!(write10(&g2, &b).status, status::RESERVATION_CONFLICT);
+    assert_eq!(write10(&g1, &b_via_1).status, status::RESERVATION_CONFLICT);
+    assert_eq!(write10(&g1, &a), CommandOutcome::GOOD);
+    for sa in 0..4 {
+        assert_eq!(prin(&g1, &a, sa), prin(&g2, &b, sa), "service action {sa}");
+    }
+    // B registers through gateway 2 and preempts A: A's writes through
+    // gateway 1 conflict as soon as the command completed.
+    assert_eq!(prout(&g2, &b, 0x06, 0, 0, 0xB2, 0), CommandOutcome::GOOD);
+    assert_eq!(prout(&g2, &b, 0x05, 5, 0xB2, 0xA1, 0), CommandOutcome::GOOD);
+    // Gateway 1 tells A why, once (a change made elsewhere).
+    let (o, _) = run(&g1, &a, &[0, 0, 0, 0, 0, 0], &[]);
+    assert_eq!(
+        o.sense,
+        Some(crate::Sense::unit_attention(
+            crate::Asc::REGISTRATIONS_PREEMPTED
+        ))
+    );
+    assert_eq!(keys(&g1, &a), (3, vec![0xB2]));
+    assert_eq!(write10(&g1, &a).status, status::RESERVATION_CONFLICT);
+    assert_eq!(write10(&g2, &b), CommandOutcome::GOOD);
+}
+
+/// Reads the record, lets `change` alter it and writes it back as the next
+/// epoch without telling anybody (a gateway whose notify is still on the
+/// way); the new epoch.
+fn change_behind(s: &RbdBackstore, change: impl FnOnce(&mut PrRecord) -> Vec<u8>) -> u64 {
+    let bytes = s.pr.read().unwrap().unwrap();
+    let mut rec = PrRecord::decode(&bytes).unwrap();
+    let old = rec.epoch;
+    rec.epoch += 1;
+    let bytes = change(&mut rec);
+    assert!(s.pr.write_if(Some(old), old + 1, &bytes).unwrap());
+    old + 1
+}
+
+#[test]
+fn a_lost_compare_and_set_is_applied_again_on_the_new_state() {
+    let image = TestImage::new("pr-cas", "8M");
+    let g1 = target(&image);
+    let side = store(&image);
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    let b = Nexus::iscsi("iqn.2026-11.rs.iscsi:b", 1, 2);
+    assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 0), CommandOutcome::GOOD);
+    // Another gateway registers B; gateway 1 has not heard of it.
+    change_behind(&side, |rec| {
+        rec.pr.registrations.push(crate::pr::Registration {
+            key: b.key().clone(),
+            nexus: b.clone(),
+            res_key: 0xB2,
+        });
+        rec.pr.generation += 1;
+        rec.encode()
+    });
+    assert_eq!(keys(&g1, &a), (1, vec![0xA1]));
+    // Gateway 1's next change loses the race, reloads and applies again:
+    // both registrations survive.
+    assert_eq!(prout(&g1, &a, 0x01, 1, 0xA1, 0, 0), CommandOutcome::GOOD);
+    assert_eq!(keys(&g1, &a), (2, vec![0xA1, 0xB2]));
+    let rec = PrRecord::decode(&side.pr.read().unwrap().unwrap()).unwrap();
+    assert_eq!(rec.registration_count(), 2);
+    assert!(rec.is_reserved());
+}
+
+#[test]
+fn a_damaged_record_is_refused_and_the_state_stays_stale_until_a_good_one() {
+    let image = TestImage::new("pr-bad", "8M");
+    let g1 = target(&image);
+    let side = store(&image);
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 0), CommandOutcome::GOOD);
+    let good = side.pr.read().unwrap().unwrap();
+    let epoch = change_behind(&side, |_| b"IRPR\x01\x00garbage".to_vec());
+    // Gateway 1 cannot load it: it does not acknowledge (a notifier that
+    // lists it would fence it).
+    let g1_gid = PrRecord::decode(&good).unwrap().gateways[0].gid;
+    assert!(!side.pr.notify().unwrap().contains(&g1_gid));
+    let unreachable = crate::Sense::new(crate::SenseKey::NotReady, crate::Asc::new(0x08, 0x00));
+    let (o, _) = run(&g1, &a, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
+    assert_eq!(o.sense, Some(unreachable));
+    assert_eq!(
+        prout(&g1, &a, 0x06, 0, 0xA1, 0xA2, 0).sense,
+        Some(unreachable)
+    );
+    // A good record again (the old one at the next epoch).
+    let mut rec = PrRecord::decode(&good).unwrap();
+    rec.epoch = epoch + 1;
+    assert!(
+        side.pr
+            .write_if(Some(epoch), epoch + 1, &rec.encode())
+            .unwrap()
+    );
+    assert!(side.pr.notify().unwrap().contains(&g1_gid));
+    assert_eq!(keys(&g1, &a), (1, vec![0xA1]));
+}
+
+#[test]
+fn aptpl_decides_what_survives_the_whole_group_restarting() {
+    let image = TestImage::new("pr-aptpl", "8M");
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    let g1 = target(&image);
+    assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 1), CommandOutcome::GOOD);
+    assert_eq!(prin(&g1, &a, 2)[3] & 1, 1, "PTPL_A");
+    assert_eq!(prout(&g1, &a, 0x01, 5, 0xA1, 0, 0), CommandOutcome::GOOD);
+    drop(g1);
+    // The first gateway back: APTPL=1 kept it, PRgeneration restarts.
+    let g2 = target(&image);
+    assert_eq!(keys(&g2, &a), (0, vec![0xA1]));
+    // A gateway joining a running group changes nothing.
+    let g3 = target(&image);
+    assert_eq!(keys(&g3, &a), (0, vec![0xA1]));
+    // APTPL=0 from now on (REGISTER with APTPL 0).
+    assert_eq!(prout(&g3, &a, 0x06, 0, 0xA1, 0xA3, 0), CommandOutcome::GOOD);
+    assert_eq!(prin(&g2, &a, 2)[3] & 1, 0);
+    drop((g2, g3));
+    let g4 = target(&image);
+    assert_eq!(keys(&g4, &a), (0, vec![]));
+    let d = prin(&g4, &a, 1);
+    assert_eq!(&d[4..8], &[0, 0, 0, 0]);
+}
+
+#[test]
+fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() {
+    let image = TestImage::new("pr-late", "8M");
+    let g1 = target(&image);
+    let late = store(&image);
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    // A gateway that joined the record and watches, but answers no notify
+    // in time (stopped, partitioned).
+    let (gid, addr) = late.pr.me();
+    change_behind(&late, |rec| {
+        rec.gateways.push(crate::pr_record::Gateway {
+            gid,
+            addr: addr.clone(),
+        });
+        rec.encode()
+    });
+    late.pr
+        .watch(Box::new(|_| {
+            std::thread::sleep(Duration::from_secs(8));
+            true
+        }))
+        .unwrap();
+    late.write_at(0, &[7u8; 512]).unwrap();
+    let start = Instant::now();
+    assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 0), CommandOutcome::GOOD);
+    assert!(
+        start.elapsed() >= Duration::from_secs(4),
+        "{:?}",
+        start.elapsed()
+    );
+    // Fenced by then: its writes fail, and the record forgot it.
+    let err = late.write_at(0, &[8u8; 512]).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    let rec = PrRecord::decode(&late_free_read(&image)).unwrap();
+    assert!(
+        rec.gateways.iter().all(|g| g.gid != gid),
+        "{:?}",
+        rec.gateways
+    );
+    assert_eq!(rec.registration_count(), 1);
+}
+
+/// The record as a fresh client reads it.
+fn late_free_read(image: &TestImage) -> Vec<u8> {
+    store(image).pr.read().unwrap().unwrap()
+}

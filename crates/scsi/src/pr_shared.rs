@@ -1,0 +1,384 @@
+//! Persistent reservations shared by a gateway group: the LU's state lives
+//! in a record outside the gateway ([`SharedPrStore`]: for an RBD image, a
+//! RADOS object in its pool; the format is [`crate::pr_record`]), and each
+//! gateway keeps a copy in the LU's state, which is what every command's
+//! access check reads (no cluster read per command, unlike SUSE's
+//! target_core_rbd).
+//!
+//! - **Change**: a PERSISTENT RESERVE OUT computes the new state from the
+//!   cached one ([`pr::prout`], on a copy) and commits it by
+//!   compare-and-set on the record's epoch. When the epoch moved (another
+//!   gateway committed first) it reloads and applies the command again, at
+//!   most [`MAX_TRIES`] times. Only a committed state becomes the cache.
+//! - **Tell**: after the commit (and with the LU's lock let go) it notifies
+//!   every watcher of the record; each gateway reloads, then acknowledges
+//!   (one that cannot load the record does not: it is then fenced). The
+//!   LU's state lock is held from the computation through the
+//!   compare-and-set (one small RADOS write), so commands to a reserved LU
+//!   on this gateway wait that long, never for the notify or the fencing.
+//! - **Fence**: every gateway the record lists that did not acknowledge
+//!   (stopped, partitioned, dead, or its watch lapsed) could still admit
+//!   I/O on a stale copy: it is fenced (its RADOS client of this LU
+//!   blocklisted, then the OSD map waited for) before the command
+//!   completes. This is what PREEMPT (AND ABORT) needs: once it completes,
+//!   nothing the preempted nexus sends through any gateway lands; the
+//!   other service actions get the same guarantee (a RESERVE is in force
+//!   on every path when it completes).
+//! - **Stale**: a gateway whose watch broke or which finds itself fenced
+//!   marks the LU's reservation state stale: persistent reservation
+//!   commands fail (NOT READY, LOGICAL UNIT COMMUNICATION FAILURE) until a
+//!   reload succeeds; its data I/O fails anyway, the client being fenced.
+//! - **APTPL** (SPC-4 §5.12.5): the record survives every gateway, so the
+//!   state could always persist; but with APTPL=0 an initiator expects it
+//!   gone after a power loss. A gateway that joins the record and finds no
+//!   other gateway answering its notify is the first one up after the whole
+//!   group was down, which for the LU is a power cycle: it clears an APTPL=0
+//!   state (registrations and reservation) and keeps an APTPL=1 one; either
+//!   way PRgeneration restarts at 0, as after power on (SPC-4 §6.15.2); the
+//!   other gateways the record lists are fenced (one merely stopped would
+//!   otherwise wake up with the old state). A gateway joining a group that
+//!   is up keeps the state as it is.
+//!
+//! Unit attentions: the gateway that runs a command raises them as a
+//! single target does; a gateway that reloads a change raises, for the
+//! nexuses whose registrations went, REGISTRATIONS PREEMPTED, and for the
+//! remaining registrants of a reservation that went or changed,
+//! RESERVATIONS RELEASED (or PREEMPTED when it changed hands).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use crate::backstore::SharedPrStore;
+use crate::lu::{ClusterView, LogicalUnit, LuState};
+use crate::nexus::{Nexus, NexusKey};
+use crate::pr::{self, Fail, PrState};
+use crate::pr_record::{Gateway, MAX_GATEWAYS, PrRecord};
+use crate::sense::{Asc, Sense, SenseKey};
+
+/// Most compare-and-set attempts of one command: each failed one means
+/// another gateway committed meanwhile, so more only under a storm of
+/// reservation changes, which then gets BUSY-like failure rather than a
+/// command that never ends.
+pub(crate) const MAX_TRIES: usize = 16;
+
+/// NOT READY, LOGICAL UNIT COMMUNICATION FAILURE: the shared state could
+/// not be read, written or trusted.
+const UNREACHABLE: Sense = Sense::new(SenseKey::NotReady, Asc::new(0x08, 0x00));
+
+/// Persistent reservation commands fail while the cached state is stale.
+pub(crate) fn check_fresh(lu: &LogicalUnit) -> Result<(), Fail> {
+    if lu.shared.is_some() && lu.pr_stale.load(Ordering::Acquire) {
+        return Err(UNREACHABLE.into());
+    }
+    Ok(())
+}
+
+/// Joins the shared record (adds this gateway to its list, applies the
+/// APTPL rule when no other gateway is up), loads it and starts watching.
+/// A failure is logged and leaves the state stale: the LU still serves
+/// I/O, reservation commands fail until a notify or a retry loads it.
+pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
+    let Some(store) = lu.shared.clone() else {
+        return;
+    };
+    // A watch needs the object: the first gateway ever creates it empty
+    // (losing that race to another gateway is as good).
+    match store.read() {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            if let Err(e) = store.write_if(
+                None,
+                1,
+                &PrRecord::new(1, Vec::new(), PrState::default()).encode(),
+            ) {
+                eprintln!("persistent reservations: creating the shared state: {e}");
+                return;
+            }
+        }
+        Err(e) => {
+            eprintln!("persistent reservations: reading the shared state: {e}");
+            return;
+        }
+    }
+    let weak: Weak<LogicalUnit> = Arc::downgrade(lu);
+    let watched = store.watch(Box::new(move |broken| {
+        let Some(lu) = weak.upgrade() else {
+            return false;
+        };
+        if broken {
+            lu.pr_stale.store(true, Ordering::Release);
+            eprintln!(
+                "persistent reservations: the watch of the shared state broke; stale until reloaded"
+            );
+            false
+        } else {
+            reload(&lu)
+        }
+    }));
+    if let Err(e) = watched {
+        eprintln!("persistent reservations: cannot watch the shared state: {e}");
+        return;
+    }
+    // Who else is up: every watcher acknowledges, this gateway included.
+    let (me_gid, me_addr) = store.me();
+    let alone = match store.notify() {
+        Ok(acked) => acked.iter().all(|&g| g == me_gid),
+        Err(e) => {
+            eprintln!("persistent reservations: notify at start failed: {e}");
+            return;
+        }
+    };
+    for _ in 0..MAX_TRIES {
+        let (expected, mut record) = match load(store.as_ref()) {
+            Ok(Some(r)) => (Some(r.epoch), r),
+            Ok(None) => (None, PrRecord::default()),
+            Err(e) => {
+                eprintln!("persistent reservations: {e}");
+                return;
+            }
+        };
+        record
+            .gateways
+            .retain(|g| g.gid != me_gid && g.addr != me_addr);
+        while record.gateways.len() >= MAX_GATEWAYS {
+            record.gateways.remove(0);
+        }
+        record.gateways.push(Gateway {
+            gid: me_gid,
+            addr: me_addr.clone(),
+        });
+        if alone {
+            record.pr.generation = 0;
+            if !record.pr.aptpl {
+                record.pr = PrState::default();
+            }
+        }
+        record.epoch = expected.map_or(1, |e| e + 1);
+        match store.write_if(expected, record.epoch, &record.encode()) {
+            Ok(true) => {
+                // Alone: every other listed gateway is down or stopped. A
+                // stopped one would wake up with the state from before
+                // this power cycle in its memory: fence it first.
+                let others: Vec<String> = record
+                    .gateways
+                    .iter()
+                    .filter(|g| g.gid != me_gid)
+                    .map(|g| g.addr.clone())
+                    .collect();
+                let mut st = lu.state();
+                install(&mut st, record);
+                drop(st);
+                if alone && !others.is_empty() {
+                    if let Err(e) = store.fence(&others) {
+                        eprintln!("persistent reservations: fencing {others:?} at start: {e}");
+                        return;
+                    }
+                    forget_gateways(lu, store.as_ref(), &others);
+                }
+                lu.pr_stale.store(false, Ordering::Release);
+                return;
+            }
+            Ok(false) => continue,
+            Err(e) => {
+                eprintln!("persistent reservations: joining the shared state: {e}");
+                return;
+            }
+        }
+    }
+    eprintln!("persistent reservations: the shared state kept changing while joining");
+}
+
+/// The record, parsed; `None` when none is stored yet.
+fn load(store: &dyn SharedPrStore) -> Result<Option<PrRecord>, String> {
+    let Some(bytes) = store
+        .read()
+        .map_err(|e| format!("reading the shared state: {e}"))?
+    else {
+        return Ok(None);
+    };
+    PrRecord::decode(&bytes)
+        .map(Some)
+        .map_err(|e| format!("refusing the shared state: {e}"))
+}
+
+/// Makes `record` the cached state.
+fn install(st: &mut LuState, record: PrRecord) {
+    st.pr = record.pr;
+    st.cluster = ClusterView {
+        epoch: record.epoch,
+        gateways: record.gateways,
+    };
+}
+
+/// Reloads the record (a notify, or a lost compare-and-set) and takes it
+/// when it is newer than the cache, raising the unit attentions a change
+/// made elsewhere means here. A record that does not load leaves the
+/// state stale. Whether the cache is the stored state now (what a notify's
+/// acknowledgement promises).
+pub(crate) fn reload(lu: &LogicalUnit) -> bool {
+    let Some(store) = &lu.shared else {
+        return false;
+    };
+    match load(store.as_ref()) {
+        Ok(Some(record)) => {
+            let mut st = lu.state();
+            if record.epoch > st.cluster.epoch {
+                let old = std::mem::take(&mut st.pr);
+                let uas = remote_change_uas(&old, &record.pr);
+                install(&mut st, record);
+                for (k, s) in uas {
+                    st.raise_for(&k, s);
+                }
+            }
+            drop(st);
+            lu.pr_stale.store(false, Ordering::Release);
+            true
+        }
+        // Not joined yet (the first gateway's own notify at start).
+        Ok(None) if lu.state().cluster.epoch == 0 => true,
+        Ok(None) => {
+            lu.pr_stale.store(true, Ordering::Release);
+            eprintln!("persistent reservations: the shared state is gone; stale");
+            false
+        }
+        Err(e) => {
+            lu.pr_stale.store(true, Ordering::Release);
+            eprintln!("persistent reservations: {e}; stale");
+            false
+        }
+    }
+}
+
+/// The unit attentions a change from `old` to `new` made by another
+/// gateway means (see the module's note).
+fn remote_change_uas(old: &PrState, new: &PrState) -> Vec<(NexusKey, Sense)> {
+    let mut uas = Vec::new();
+    for r in &old.registrations {
+        if new.registration(&r.key).is_none() {
+            uas.push((
+                r.key.clone(),
+                Sense::unit_attention(Asc::REGISTRATIONS_PREEMPTED),
+            ));
+        }
+    }
+    if let Some(was) = &old.reservation
+        && new.reservation.as_ref() != Some(was)
+    {
+        let asc = if new.reservation.is_some() {
+            Asc::RESERVATIONS_PREEMPTED
+        } else {
+            Asc::RESERVATIONS_RELEASED
+        };
+        for k in new.registered_keys() {
+            if !new.is_holder(&k) {
+                uas.push((k, Sense::unit_attention(asc)));
+            }
+        }
+    }
+    uas
+}
+
+/// PERSISTENT RESERVE OUT on a shared state: compute, commit by
+/// compare-and-set (retried on a lost race), take the committed state,
+/// then notify and fence (see the module's doc). Returns the nexuses whose
+/// tasks PREEMPT AND ABORT aborts.
+pub(crate) fn persistent_reserve_out(
+    lu: &LogicalUnit,
+    store: &dyn SharedPrStore,
+    nexus: &Nexus,
+    cdb: &[u8],
+    data_out: &[u8],
+) -> Result<Vec<NexusKey>, Fail> {
+    check_fresh(lu)?;
+    for _ in 0..MAX_TRIES {
+        let mut st = lu.state();
+        let mut next = st.pr.clone();
+        let out = pr::prout(&mut next, true, nexus, cdb, data_out)?;
+        if next == st.pr {
+            for (k, s) in out.uas {
+                st.raise_for(&k, s);
+            }
+            return Ok(out.aborted);
+        }
+        let expected = st.cluster.epoch;
+        let record = PrRecord::new(expected + 1, st.cluster.gateways.clone(), next);
+        match store.write_if(Some(expected), record.epoch, &record.encode()) {
+            Ok(true) => {
+                let gateways = record.gateways.clone();
+                install(&mut st, record);
+                for (k, s) in out.uas {
+                    st.raise_for(&k, s);
+                }
+                drop(st);
+                tell_and_fence(lu, store, &gateways)?;
+                return Ok(out.aborted);
+            }
+            Ok(false) => {
+                drop(st);
+                if !reload(lu) {
+                    return Err(UNREACHABLE.into());
+                }
+            }
+            Err(e) => {
+                drop(st);
+                stale_on_fence(lu, &e);
+                eprintln!("persistent reservations: committing a change: {e}");
+                return Err(UNREACHABLE.into());
+            }
+        }
+    }
+    Err(UNREACHABLE.into())
+}
+
+/// Notifies the change; fences every listed gateway that did not
+/// acknowledge it.
+fn tell_and_fence(
+    lu: &LogicalUnit,
+    store: &dyn SharedPrStore,
+    gateways: &[Gateway],
+) -> Result<(), Fail> {
+    let (me, _) = store.me();
+    let acked = store.notify().map_err(|e| {
+        stale_on_fence(lu, &e);
+        eprintln!("persistent reservations: notifying a change: {e}");
+        Fail::from(UNREACHABLE)
+    })?;
+    let late: Vec<String> = gateways
+        .iter()
+        .filter(|g| g.gid != me && !acked.contains(&g.gid))
+        .map(|g| g.addr.clone())
+        .collect();
+    if late.is_empty() {
+        return Ok(());
+    }
+    store.fence(&late).map_err(|e| {
+        stale_on_fence(lu, &e);
+        eprintln!("persistent reservations: fencing {late:?}: {e}");
+        Fail::from(UNREACHABLE)
+    })?;
+    forget_gateways(lu, store, &late);
+    Ok(())
+}
+
+/// Drops fenced gateways from the record (one attempt: a lost race only
+/// means a later change fences them again, which costs a monitor round
+/// trip and harms nothing, their clients being blocklisted already). A
+/// fenced gateway comes back with a new client, which joins anew.
+fn forget_gateways(lu: &LogicalUnit, store: &dyn SharedPrStore, fenced: &[String]) {
+    let mut st = lu.state();
+    let expected = st.cluster.epoch;
+    let mut gateways = st.cluster.gateways.clone();
+    gateways.retain(|g| !fenced.contains(&g.addr));
+    let record = PrRecord::new(expected + 1, gateways, st.pr.clone());
+    if let Ok(true) = store.write_if(Some(expected), record.epoch, &record.encode()) {
+        install(&mut st, record);
+    }
+}
+
+/// A cluster error that says this gateway's client is fenced
+/// (EBLOCKLISTED, which Ceph spells ESHUTDOWN) makes the state stale.
+fn stale_on_fence(lu: &LogicalUnit, e: &std::io::Error) {
+    if e.raw_os_error() == Some(108) {
+        lu.pr_stale.store(true, Ordering::Release);
+    }
+}
