@@ -34,7 +34,7 @@ impl Backstore for WithOptions {
         block_size, block_count, read_at, write_at, lend, write_pieces, write_pieces_through,
         flush, unmap, unique_id, write_through, is_thin, may_block, unmap_granularity,
         allocation_status, atomic_write_max, can_block_erase, can_crypto_erase, crypto_erase,
-        file, copy_from,
+        file, copy_from, alua,
     );
 
     fn lu_options(&self) -> LuOptions {

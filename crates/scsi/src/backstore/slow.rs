@@ -36,7 +36,7 @@ impl Backstore for SlowBackstore {
     // What the store is and offers is not slowed down.
     delegate!(inner =>
         block_size, block_count, unique_id, atomic_write_max, can_block_erase, can_crypto_erase,
-        crypto_erase, is_thin, unmap_granularity, allocation_status, lu_options,
+        crypto_erase, is_thin, unmap_granularity, allocation_status, lu_options, alua,
     );
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
