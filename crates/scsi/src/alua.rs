@@ -131,6 +131,30 @@ impl AluaView {
     }
 }
 
+/// Where this process stands in a group of gateways: its own relative
+/// target port (the target's portal group tag, which is also its target
+/// port group) and every member's, the same list in every gateway's
+/// configuration, so that REPORT TARGET PORT GROUPS lists the same groups
+/// everywhere.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct GatewayGroup {
+    /// This gateway's relative target port identifier.
+    pub port: u16,
+    /// Every member's, this one's included, ascending.
+    pub members: Vec<u16>,
+}
+
+impl GatewayGroup {
+    /// A group of `members` seen from `port`; `port` is added to the
+    /// members if they leave it out.
+    pub fn new(port: u16, members: impl IntoIterator<Item = u16>) -> Self {
+        let mut members: Vec<u16> = members.into_iter().chain([port]).collect();
+        members.sort_unstable();
+        members.dedup();
+        Self { port, members }
+    }
+}
+
 /// The shared, changing [`AluaView`] of one LU: set by its owner-keeper,
 /// read by every command to the LU without a lock.
 #[derive(Debug, Default)]

@@ -11,9 +11,13 @@
 //! All `unsafe` is in [`ffi`].
 
 mod ffi;
+mod gateway;
 
 use std::fmt;
 use std::io;
+use std::sync::Arc;
+
+use crate::alua::{AluaGroup, AluaView, GatewayGroup};
 
 use super::{Backstore, BackstoreOpenError, check_block_size, check_range};
 
@@ -49,7 +53,11 @@ const CLIENT_OPTIONS: &[(&str, &str)] = &[
 
 /// An RBD image as a logical unit's medium.
 pub struct RbdBackstore {
-    image: ffi::Image,
+    /// Stops the keeper (first: it uses the image) when the store goes.
+    _keeper: Option<gateway::Keeper>,
+    /// The LU's ALUA view, which the keeper sets; `None` outside a group.
+    alua: Option<Arc<AluaGroup>>,
+    image: Arc<ffi::Image>,
     spec: RbdSpec,
     block_size: u32,
     block_count: u64,
@@ -78,6 +86,18 @@ impl RbdBackstore {
     /// the image reports the same identifier, which multipath needs to see
     /// one device behind several gateways.
     pub fn open(spec: &RbdSpec, block_size: u32) -> Result<RbdBackstore, BackstoreOpenError> {
+        Self::open_in_group(spec, block_size, None)
+    }
+
+    /// [`RbdBackstore::open`] for a gateway of `group`: the LU answers with
+    /// implicit ALUA, and a keeper thread decides from the cluster which
+    /// gateway owns it (the image's exclusive lock; see `gateway.rs`). It
+    /// starts transitioning on every port until the first look.
+    pub fn open_in_group(
+        spec: &RbdSpec,
+        block_size: u32,
+        group: Option<&GatewayGroup>,
+    ) -> Result<RbdBackstore, BackstoreOpenError> {
         check_block_size(block_size)?;
         let image = ffi::Image::open(ffi::Target {
             conf: spec.conf.as_deref(),
@@ -112,7 +132,28 @@ impl RbdBackstore {
             spec.pool,
             image.id().map_err(named("reading the image's id"))?
         );
+        let image = Arc::new(image);
+        let name = format!("rbd:{}/{}", spec.pool, spec.image);
+        let (alua, keeper) = match group {
+            None => (None, None),
+            Some(group) => {
+                let alua = Arc::new(AluaGroup::new(AluaView::owned_by(
+                    group.members.clone(),
+                    None,
+                )));
+                let keeper = gateway::start(
+                    Arc::clone(&image),
+                    name.clone(),
+                    group.clone(),
+                    Arc::clone(&alua),
+                )
+                .map_err(named("starting the gateway group's keeper"))?;
+                (Some(alua), Some(keeper))
+            }
+        };
         Ok(RbdBackstore {
+            _keeper: keeper,
+            alua,
             image,
             spec: spec.clone(),
             block_size,
@@ -188,6 +229,10 @@ impl Backstore for RbdBackstore {
 
     fn is_thin(&self) -> bool {
         true
+    }
+
+    fn alua(&self) -> Option<Arc<AluaGroup>> {
+        self.alua.clone()
     }
 }
 

@@ -24,10 +24,15 @@
 //!    a local until the call returns.
 //! 4. No Rust code runs on librbd's threads: no callbacks are registered.
 //!
+//! `lock.rs` holds the calls of a gateway group (the exclusive lock, image
+//! metadata, extended attributes), with one invariant of its own.
+//!
 //! Errors are negative errno values, turned into [`io::Error`]s with
 //! [`io::Error::from_raw_os_error`] so that the caller can match on the kind
 //! (`NotFound` for a missing pool or image, `TimedOut` for an unreachable
 //! cluster, `PermissionDenied` for a bad key).
+
+mod lock;
 
 use std::ffi::{CStr, CString, c_char, c_int, c_void};
 use std::io;
