@@ -3,8 +3,9 @@
 //! [`AluaGroup`] view from what the cluster says.
 //!
 //! Liveness is a heartbeat, not a RADOS watch: each gateway bumps a counter
-//! in an extended attribute of the group's object (`hb.<port>` of
-//! `iscsi-rs.gateway-group.<image id>`) every [`BEAT`], and a peer whose
+//! in an extended attribute of the image's header object
+//! (`iscsi-rs.hb.<port>` of `rbd_header.<image id>`: it goes with the
+//! image, and librbd keeps no xattrs there) every [`BEAT`], and a peer whose
 //! counter has not moved for [`DEAD_AFTER`] by the observer's own monotonic
 //! clock is dead (no clocks compared between hosts). Ceph 16's C API has no
 //! `rados_list_watchers`, so a watch's liveness could only be read back
@@ -13,7 +14,8 @@
 //! two synchronous xattr calls per second need neither. A blocklisted
 //! gateway cannot write its heartbeat, so it stops looking alive by itself.
 //!
-//! The owner's port is kept beside the lock (`owner` of the same object),
+//! The owner's port is kept beside the lock (`iscsi-rs.owner` of the same
+//! object),
 //! written by the gateway that took the lock: every gateway reads the same
 //! two facts (who holds the lock, which port wrote `owner`), so all report
 //! the same owner. Ownership is sticky: a live owner keeps the LU, even
@@ -46,6 +48,11 @@ pub const DEAD_AFTER: Duration = Duration::from_secs(3);
 /// image when nobody does (`rbd image-meta set POOL/IMAGE
 /// iscsi-rs.preferred-gateway 2`).
 pub const PREFERRED_KEY: &str = "iscsi-rs.preferred-gateway";
+
+/// The prefix of this gateway's extended attributes on the header object.
+const PREFIX: &str = "iscsi-rs.";
+/// The attribute naming the owner's port.
+const OWNER: &str = "iscsi-rs.owner";
 
 /// ESHUTDOWN: what Ceph returns to a blocklisted client (EBLOCKLISTED).
 const EBLOCKLISTED: i32 = 108;
@@ -182,7 +189,7 @@ pub(super) fn start(
     group: GatewayGroup,
     alua: Arc<AluaGroup>,
 ) -> io::Result<Keeper> {
-    let object = format!("iscsi-rs.gateway-group.{}", image.id()?);
+    let object = format!("rbd_header.{}", image.id()?);
     let stop = Arc::new(AtomicBool::new(false));
     let stopping = Arc::clone(&stop);
     let thread = std::thread::Builder::new()
@@ -235,12 +242,12 @@ impl Look<'_> {
         self.beat += 1;
         self.image.set_xattr(
             self.object,
-            &format!("hb.{me}"),
+            &format!("{PREFIX}hb.{me}"),
             self.beat.to_string().as_bytes(),
         )?;
         let now = Instant::now();
         for &m in self.group.members.iter().filter(|&&m| m != me) {
-            let beat = self.image.xattr(self.object, &format!("hb.{m}"))?;
+            let beat = self.image.xattr(self.object, &format!("{PREFIX}hb.{m}"))?;
             self.liveness.observe(m, beat, now);
         }
         let holder = self.holder()?;
@@ -269,7 +276,7 @@ impl Look<'_> {
                 match self.image.lock_acquire() {
                     Ok(()) => {
                         self.image
-                            .set_xattr(self.object, "owner", me.to_string().as_bytes())?;
+                            .set_xattr(self.object, OWNER, me.to_string().as_bytes())?;
                         eprintln!("{}: gateway {me} owns the LU (active/optimized)", self.name);
                         owner = Some(me);
                     }
@@ -292,7 +299,7 @@ impl Look<'_> {
         }
         let port = self
             .image
-            .xattr(self.object, "owner")?
+            .xattr(self.object, OWNER)?
             .and_then(|b| String::from_utf8(b).ok()?.trim().parse::<u16>().ok())
             .filter(|p| self.group.members.contains(p));
         Ok(Holder::Other(port))

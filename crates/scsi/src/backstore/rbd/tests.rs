@@ -265,14 +265,15 @@ fn metadata_and_xattrs_read_back() {
             .as_deref(),
         Some("2")
     );
-    let oid = format!("test-xattr-{}", image.0);
-    assert_eq!(store.image.xattr(&oid, "hb.1").unwrap(), None);
-    store.image.set_xattr(&oid, "hb.1", b"42").unwrap();
+    // The header object: it goes with the image.
+    let oid = format!("rbd_header.{}", store.image.id().unwrap());
+    assert_eq!(store.image.xattr(&oid, "test.hb.1").unwrap(), None);
+    store.image.set_xattr(&oid, "test.hb.1", b"42").unwrap();
     assert_eq!(
-        store.image.xattr(&oid, "hb.1").unwrap().as_deref(),
+        store.image.xattr(&oid, "test.hb.1").unwrap().as_deref(),
         Some(&b"42"[..])
     );
-    assert_eq!(store.image.xattr(&oid, "hb.2").unwrap(), None);
+    assert_eq!(store.image.xattr(&oid, "test.hb.2").unwrap(), None);
 }
 
 /// Two gateways in one group over one image: one owns it (active/optimized

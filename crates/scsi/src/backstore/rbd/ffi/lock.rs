@@ -1,6 +1,6 @@
 //! The calls a gateway group needs beside I/O: the image's managed
 //! exclusive lock (who owns the LU), its metadata (the preferred owner),
-//! and extended attributes on the group's object in the image's pool (the
+//! and extended attributes of an object in the image's pool (its header:
 //! gateways' heartbeats and the owner's port).
 //!
 //! The invariants of [`super`] (its header) hold here too: every call is
