@@ -210,3 +210,84 @@ fn the_survivor_takes_over_when_the_owner_is_killed() {
     });
     drop(two);
 }
+
+/// The owner is paused (SIGSTOP), not killed: the survivor takes the LU
+/// over and its lock break blocklists the paused one. Resumed, the old
+/// owner finds itself fenced: it says so in its log, reports its port
+/// unavailable and refuses writes with NOT READY (04h/0Ch), and nothing it
+/// is sent lands on the image.
+#[test]
+fn a_paused_owner_that_resumes_is_fenced_and_says_so() {
+    let image = Image(format!("rbd/cli-gw-fence-{}", std::process::id()));
+    let _ = rbd(&["rm", &image.0]);
+    let out = rbd(&["create", &image.0, "--size", "64M"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let one = gateway(&image.0, 1);
+    let two = gateway(&image.0, 2);
+    let signal = |name: &str| {
+        let _ = Process::new("kill")
+            .args([name, &one.pid().to_string()])
+            .status();
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let via_one = connect(&one).await;
+        let via_two = connect(&two).await;
+        wait_for_owner(&via_one, 1, Duration::from_secs(20)).await;
+        wait_for_owner(&via_two, 1, Duration::from_secs(20)).await;
+        signal("-STOP");
+        wait_for_owner(&via_two, 2, Duration::from_secs(10)).await;
+        let theirs = vec![0x2Bu8; 4096];
+        let mut done = false;
+        for _ in 0..3 {
+            let w = via_two
+                .execute(Command::write(0, &write10(48), &theirs))
+                .await
+                .unwrap();
+            if w.status == 0 {
+                done = true;
+                break;
+            }
+        }
+        assert!(done, "the survivor does not take writes");
+        signal("-CONT");
+        let mine = vec![0x77u8; 4096];
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let w = via_one
+                .execute(Command::write(0, &write10(48), &mine))
+                .await
+                .unwrap();
+            match outcome(&w) {
+                (_, 0x02, 0x04, 0x0C) => break,
+                // A unit attention, or the one write that found the
+                // client blocklisted (MEDIUM ERROR) before the fence.
+                (_, 0x06, ..) | (_, 0x03, ..) => {}
+                other => panic!("a write through the fenced gateway ended {other:?}"),
+            }
+            assert!(Instant::now() < until, "the resumed gateway is not fenced");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let r = rtpg(&via_one).await;
+        assert_eq!(r.status, 0);
+        assert!(states(&r.data[..r.received as usize]).contains(&(1, 0x3)));
+        let r = via_two
+            .execute(Command::read(0, &read10(48), vec![0; 4096]))
+            .await
+            .unwrap();
+        assert!(
+            r.data == theirs,
+            "a write through the fenced gateway landed"
+        );
+    });
+    let log = one.log_so_far();
+    assert!(log.contains("was blocklisted"), "{log}");
+    drop(two);
+}

@@ -159,6 +159,69 @@ impl Liveness {
     }
 }
 
+/// What a gateway does once it learns that its client of the LU was
+/// blocklisted (another gateway took the LU over), from its keeper or from
+/// an I/O that failed with EBLOCKLISTED: it serves nothing more of the LU
+/// (its port reports unavailable, so every command but INQUIRY, REPORT
+/// LUNS, REQUEST SENSE and REPORT TARGET PORT GROUPS ends in NOT READY,
+/// 04h/0Ch) and says why in its log once, instead of failing every
+/// command with an I/O error nobody can explain.
+#[derive(Debug)]
+pub(super) struct Fence {
+    port: u16,
+    name: String,
+    alua: Arc<AluaGroup>,
+    tripped: AtomicBool,
+}
+
+impl Fence {
+    pub fn new(port: u16, name: String, alua: Arc<AluaGroup>) -> Self {
+        Self {
+            port,
+            name,
+            alua,
+            tripped: AtomicBool::new(false),
+        }
+    }
+
+    /// Passes `e` on, tripping the fence first if it says the client was
+    /// blocklisted.
+    pub fn check(&self, e: io::Error) -> io::Error {
+        if e.raw_os_error() == Some(EBLOCKLISTED) {
+            self.trip();
+        }
+        e
+    }
+
+    /// Whether the fence has tripped.
+    pub fn tripped(&self) -> bool {
+        self.tripped.load(Ordering::Acquire)
+    }
+
+    fn trip(&self) {
+        if self.tripped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.port;
+        eprintln!(
+            "{}: gateway {me} was blocklisted by another gateway of its group (the LU moved \
+             there); this gateway no longer serves the LU (its port reports unavailable) until \
+             it is restarted",
+            self.name
+        );
+        let view = self.alua.view();
+        self.alua
+            .set(AluaView::new(view.groups().iter().map(|g| PortGroup {
+                id: g.id,
+                state: if g.id == me {
+                    AccessState::Unavailable
+                } else {
+                    g.state
+                },
+            })));
+    }
+}
+
 /// The thread that keeps one LU's ownership; stopped (and the lock let go,
 /// so that a peer takes over at once) when the store goes.
 pub(super) struct Keeper {
@@ -188,6 +251,7 @@ pub(super) fn start(
     name: String,
     group: GatewayGroup,
     alua: Arc<AluaGroup>,
+    fence: Arc<Fence>,
 ) -> io::Result<Keeper> {
     let object = format!("rbd_header.{}", image.id()?);
     let stop = Arc::new(AtomicBool::new(false));
@@ -204,10 +268,10 @@ pub(super) fn start(
                 beat: 0,
                 liveness: Liveness::default(),
             };
-            while !stopping.load(Ordering::Acquire) {
+            while !stopping.load(Ordering::Acquire) && !fence.tripped() {
                 if let Err(e) = k.look() {
+                    let e = fence.check(e);
                     if e.raw_os_error() == Some(EBLOCKLISTED) {
-                        k.fenced();
                         return;
                     }
                     eprintln!("{name}: gateway {}: {e}", group.port);
@@ -303,29 +367,6 @@ impl Look<'_> {
             .and_then(|b| String::from_utf8(b).ok()?.trim().parse::<u16>().ok())
             .filter(|p| self.group.members.contains(p));
         Ok(Holder::Other(port))
-    }
-
-    /// This gateway's client was blocklisted (another gateway took the LU
-    /// over): it serves nothing more of the LU, and says so once, instead
-    /// of failing every command with an I/O error.
-    fn fenced(&self) {
-        let me = self.group.port;
-        eprintln!(
-            "{}: gateway {me} was blocklisted by another gateway of its group (the LU moved \
-             there); this gateway no longer serves the LU (its port reports unavailable) until \
-             it is restarted",
-            self.name
-        );
-        let view = self.alua.view();
-        self.alua
-            .set(AluaView::new(view.groups().iter().map(|g| PortGroup {
-                id: g.id,
-                state: if g.id == me {
-                    AccessState::Unavailable
-                } else {
-                    g.state
-                },
-            })));
     }
 }
 

@@ -57,6 +57,8 @@ pub struct RbdBackstore {
     _keeper: Option<gateway::Keeper>,
     /// The LU's ALUA view, which the keeper sets; `None` outside a group.
     alua: Option<Arc<AluaGroup>>,
+    /// Tripped by an I/O that finds this client blocklisted (in a group).
+    fence: Option<Arc<gateway::Fence>>,
     image: Arc<ffi::Image>,
     spec: RbdSpec,
     block_size: u32,
@@ -134,32 +136,48 @@ impl RbdBackstore {
         );
         let image = Arc::new(image);
         let name = format!("rbd:{}/{}", spec.pool, spec.image);
-        let (alua, keeper) = match group {
-            None => (None, None),
+        let (alua, fence, keeper) = match group {
+            None => (None, None, None),
             Some(group) => {
                 let alua = Arc::new(AluaGroup::new(AluaView::owned_by(
                     group.members.clone(),
                     None,
                 )));
+                let fence = Arc::new(gateway::Fence::new(
+                    group.port,
+                    name.clone(),
+                    Arc::clone(&alua),
+                ));
                 let keeper = gateway::start(
                     Arc::clone(&image),
                     name.clone(),
                     group.clone(),
                     Arc::clone(&alua),
+                    Arc::clone(&fence),
                 )
                 .map_err(named("starting the gateway group's keeper"))?;
-                (Some(alua), Some(keeper))
+                (Some(alua), Some(fence), Some(keeper))
             }
         };
         Ok(RbdBackstore {
             _keeper: keeper,
             alua,
+            fence,
             image,
             spec: spec.clone(),
             block_size,
             block_count: size / u64::from(block_size),
             unique_id: fnv1a(identity.as_bytes()),
         })
+    }
+
+    /// Passes an I/O error on; in a gateway group, one that says this
+    /// client was blocklisted first trips the fence (see `gateway::Fence`).
+    fn failed(&self, e: io::Error) -> io::Error {
+        match &self.fence {
+            Some(fence) => fence.check(e),
+            None => e,
+        }
     }
 
     fn size(&self) -> u64 {
@@ -185,12 +203,12 @@ impl Backstore for RbdBackstore {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image.read(offset, buf)
+        self.image.read(offset, buf).map_err(|e| self.failed(e))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image.write(offset, buf, 0)
+        self.image.write(offset, buf, 0).map_err(|e| self.failed(e))
     }
 
     /// FUA on the write itself: with the client's cache off a completed
@@ -198,7 +216,9 @@ impl Backstore for RbdBackstore {
     /// file turns a cache on; no image-wide flush.
     fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image.write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
+        self.image
+            .write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
+            .map_err(|e| self.failed(e))
     }
 
     fn write_pieces_through(
@@ -212,15 +232,16 @@ impl Backstore for RbdBackstore {
         super::for_each_piece(offset, pieces, len, |at, bytes| {
             self.image.write(at, bytes, ffi::OP_FLAG_FADVISE_FUA)
         })
+        .map_err(|e| self.failed(e))
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.image.flush()
+        self.image.flush().map_err(|e| self.failed(e))
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(offset, len, self.size())?;
-        self.image.discard(offset, len)
+        self.image.discard(offset, len).map_err(|e| self.failed(e))
     }
 
     fn unique_id(&self) -> u64 {
