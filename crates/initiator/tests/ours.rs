@@ -34,6 +34,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
         iser: Vec::new(),
         targets: vec![entry],
         portal_group_tag: 1,
+        gateway_group: Vec::new(),
         negotiation: TargetConfig::default_negotiation(),
         command_window: 64,
         nop_in_interval: None,

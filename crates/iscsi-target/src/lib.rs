@@ -43,9 +43,9 @@ mod task;
 mod writer;
 
 pub use config::file::{ConfigError, DEFAULT_NOP_IN_INTERVAL, ParsedConfig};
-pub use config::lun::{LunSpec, open_lun, parse_size, unique_id};
+pub use config::lun::{LunSpec, open_lun, open_lun_in, parse_size, unique_id};
 pub use config::{
     DEFAULT_BUFFER_POOL_BYTES, DEFAULT_SEND_BUFFER_BYTES, LunEntry, TargetConfig, TargetEntry,
-    numbered, parse_company_id, send_buffer_from_kib,
+    check_gateway_group, numbered, parse_company_id, send_buffer_from_kib,
 };
 pub use server::{Server, ServerHandle, serve};

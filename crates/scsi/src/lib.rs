@@ -25,12 +25,14 @@
 //! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules |
 //! | [`sbc`] | block commands: READ/WRITE(6/10/12/16), READ CAPACITY(10/16), GET LBA STATUS, SYNCHRONIZE CACHE(10/16), UNMAP, WRITE SAME(10/16), COMPARE AND WRITE, VERIFY(10/12/16), WRITE AND VERIFY(10/12/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
 //! | [`xcopy`] | EXTENDED COPY (LID1) between this target's LUs and RECEIVE COPY RESULTS; `xcopy/parse.rs` the parameter list |
+//! | [`alua`] | implicit ALUA for an LU several gateways serve: the [`alua::AluaGroup`] its store hands it, TPGS and the port designators in INQUIRY, REPORT TARGET PORT GROUPS, the standby/transitioning gate, ASYMMETRIC ACCESS STATE CHANGED |
 //! | [`atomic`] | WRITE ATOMIC(16) and the atomic limits of the Block Limits page (SBC-4 §4.29, §5.48), from what each store promises |
 //! | [`sanitize`] | SANITIZE OVERWRITE, BLOCK ERASE, EXIT FAILURE MODE (SBC-4 §4.11, §5.30); the LU's sanitize state that gates other commands |
 //! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
 //! | `data_out.rs` | [`DataOut`]: a command's Data-Out, in one buffer or in pieces a WRITE hands to [`Backstore::write_pieces`] |
 //! | [`backstore`] | the [`Backstore`] trait; [`RamBackstore`] (sparse), [`FileBackstore`], [`BlockBackstore`]; [`WithOptions`] (any store with [`LuOptions`]) |
 
+pub mod alua;
 pub mod atomic;
 pub mod backstore;
 pub mod cdb;
@@ -661,6 +663,13 @@ impl ScsiTarget {
                 Sense::unit_attention(Asc::CAPACITY_DATA_HAS_CHANGED),
             );
         }
+        if lu.alua_changed() {
+            // The owner moved (or the group changed): every nexus of the
+            // LU hears it once (SPC-4 §5.16.2.6), this one included.
+            let nexuses = self.known_nexuses();
+            lu.state()
+                .raise_for_all(&nexuses, None, alua::STATE_CHANGED);
+        }
         if lu.is_quiet() && !matches!(op, RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10) {
             // Nothing pending and nothing reserved: the state would say
             // yes, so it is not locked (a unit attention raised meanwhile
@@ -679,6 +688,12 @@ impl ScsiTarget {
             if st.medium.ejected && !medium::runs_without_medium(op) {
                 return Err(Sense::MEDIUM_NOT_PRESENT.into());
             }
+        }
+        // The access state of this nexus's port, after the unit attention
+        // (which tells the host why the state it knew is gone).
+        let alua_port = lu.alua.as_ref().map(|_| nexus.target_port);
+        if let (Some(group), Some(port)) = (&lu.alua, alua_port) {
+            alua::gate(group.state_of(port), cdb)?;
         }
         let bs = lu.backstore.as_ref();
         // What the commands that write see: SWP set for a read-only LU, so
@@ -700,7 +715,12 @@ impl ScsiTarget {
                 drop(st);
                 Ok(spc::request_sense(cdb, pending, data_in)?)
             }
-            INQUIRY => Ok(spc::inquiry(&self.identity, Some(bs), cdb, data_in)?),
+            INQUIRY => Ok(spc::inquiry(
+                &self.identity,
+                Some((bs, alua_port)),
+                cdb,
+                data_in,
+            )?),
             REPORT_LUNS => Ok(spc::report_luns(&lun_numbers(table), cdb, data_in)?),
             MODE_SENSE_6 | MODE_SENSE_10 => Ok(mode::mode_sense(bs, lu.mode(), cdb, data_in)?),
             MODE_SELECT_6 | MODE_SELECT_10 => {
@@ -746,6 +766,10 @@ impl ScsiTarget {
                     }
                 }
                 Ok(())
+            }
+            MAINTENANCE_IN if alua::is_rtpg(cdb) && lu.alua.is_some() => {
+                let view = lu.alua.as_ref().map(|g| g.view()).unwrap_or_default();
+                Ok(alua::report_target_port_groups(&view, cdb, data_in)?)
             }
             MAINTENANCE_IN => Ok(opcodes::maintenance_in(
                 cdb,

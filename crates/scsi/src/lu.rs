@@ -5,11 +5,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
+use crate::alua::AluaGroup;
 use crate::backstore::{Backstore, SharedPrStore};
 use crate::medium::{LuOptions, Medium};
 use crate::nexus::NexusKey;
@@ -167,6 +168,12 @@ pub(crate) struct LogicalUnit {
     /// takes only its own thread's shard, so writes from many cores do not
     /// share the lock's cache line; the exclusive holder takes them all.
     io: ShardedLock<()>,
+    /// The store's ALUA group ([`Backstore::alua`]), read once: `None` for
+    /// an LU that one process alone serves.
+    pub alua: Option<Arc<AluaGroup>>,
+    /// The generation of `alua`'s view whose change this LU has reported
+    /// (ASYMMETRIC ACCESS STATE CHANGED to every nexus, once).
+    alua_seen: AtomicU64,
 }
 
 impl LogicalUnit {
@@ -182,6 +189,7 @@ impl LogicalUnit {
 
     pub fn new(backstore: Arc<dyn Backstore>) -> Self {
         let shared = backstore.shared_pr();
+        let alua = backstore.alua();
         Self {
             options: backstore.lu_options(),
             pr_stale: AtomicBool::new(shared.is_some()),
@@ -200,7 +208,25 @@ impl LogicalUnit {
             quiet: AtomicBool::new(true),
             mode: AtomicU8::new(ModeParams::DEFAULT.to_bits()),
             io: ShardedLock::new(()),
+            alua_seen: AtomicU64::new(alua.as_ref().map_or(0, |a| a.generation())),
+            alua,
         }
+    }
+
+    /// Whether the ALUA view changed since the LU last looked: true once
+    /// per change, for the one caller that then raises the unit attention
+    /// (two commands that see the change at once cannot both report it).
+    pub fn alua_changed(&self) -> bool {
+        let Some(group) = &self.alua else {
+            return false;
+        };
+        let now = group.generation();
+        let seen = self.alua_seen.load(Ordering::Acquire);
+        now != seen
+            && self
+                .alua_seen
+                .compare_exchange(seen, now, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
     }
 
     /// The state, locked; what the holder changes is published to

@@ -6,6 +6,7 @@
 //! The dispatcher accepts exactly the opcodes listed here, so the report
 //! and the behaviour cannot drift apart.
 
+use crate::alua::SA_REPORT_TARGET_PORT_GROUPS;
 use crate::backstore::Backstore;
 use crate::cdb::{self, SA_REPORT_SUPPORTED_OPCODES, SA_REPORT_SUPPORTED_TMFS, opcode::*};
 use crate::sanitize::{
@@ -337,6 +338,13 @@ pub const COMMANDS: &[CommandDescriptor] = &[
         ],
     ),
     cmd(REPORT_LUNS, &[REPORT_LUNS, 0, F, 0, 0, 0, F, F, F, F, 0, 0]),
+    // REPORT TARGET PORT GROUPS: PARAMETER DATA FORMAT and service action;
+    // ALLOCATION LENGTH. Only an LU with an ALUA group offers it.
+    cmd_sa(
+        MAINTENANCE_IN,
+        SA_REPORT_TARGET_PORT_GROUPS,
+        &[MAINTENANCE_IN, 0xFF, 0, 0, 0, 0, F, F, F, F, 0, 0],
+    ),
     cmd_sa(
         MAINTENANCE_IN,
         SA_REPORT_SUPPORTED_OPCODES,
@@ -479,6 +487,8 @@ pub struct Offered {
     pub block_erase: bool,
     /// SANITIZE CRYPTOGRAPHIC ERASE.
     pub crypto_erase: bool,
+    /// REPORT TARGET PORT GROUPS: the LU has an ALUA group.
+    pub alua: bool,
 }
 
 impl Offered {
@@ -489,6 +499,7 @@ impl Offered {
             atomic: crate::atomic::AtomicLimits::of(lu).supported(),
             block_erase: lu.can_block_erase(),
             crypto_erase: lu.can_crypto_erase(),
+            alua: lu.alua().is_some(),
         }
     }
 
@@ -499,6 +510,7 @@ impl Offered {
             (WRITE_ATOMIC_16, _) => self.atomic,
             (SANITIZE, Some(SA_SANITIZE_BLOCK_ERASE)) => self.block_erase,
             (SANITIZE, Some(SA_SANITIZE_CRYPTO_ERASE)) => self.crypto_erase,
+            (MAINTENANCE_IN, Some(SA_REPORT_TARGET_PORT_GROUPS)) => self.alua,
             _ => true,
         }
     }

@@ -192,6 +192,15 @@ impl Asc {
     /// 3F/0E REPORTED LUNS DATA HAS CHANGED: the LUN inventory changed
     /// (a LUN added or removed while nexuses exist, SPC-4 §6.33).
     pub const REPORTED_LUNS_DATA_HAS_CHANGED: Self = Self::new(0x3F, 0x0E);
+    /// 04/0A LOGICAL UNIT NOT ACCESSIBLE, ASYMMETRIC ACCESS STATE
+    /// TRANSITION.
+    pub const ALUA_STATE_TRANSITION: Self = Self::new(0x04, 0x0A);
+    /// 04/0B LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN STANDBY STATE.
+    pub const ALUA_STANDBY: Self = Self::new(0x04, 0x0B);
+    /// 04/0C LOGICAL UNIT NOT ACCESSIBLE, TARGET PORT IN UNAVAILABLE STATE.
+    pub const ALUA_UNAVAILABLE: Self = Self::new(0x04, 0x0C);
+    /// 2A/06 ASYMMETRIC ACCESS STATE CHANGED.
+    pub const ASYMMETRIC_ACCESS_STATE_CHANGED: Self = Self::new(0x2A, 0x06);
     /// 55/04 INSUFFICIENT REGISTRATION RESOURCES.
     pub const INSUFFICIENT_REGISTRATION_RESOURCES: Self = Self::new(0x55, 0x04);
 

@@ -96,13 +96,18 @@ pub fn unit_serial(unique_id: u64) -> String {
     format!("{unique_id:016X}")
 }
 
-/// INQUIRY. `lu` is `None` for a LUN that does not exist.
+/// INQUIRY. `lu` is `None` for a LUN that does not exist; otherwise its
+/// store and, for an LU with implicit ALUA ([`crate::alua`]), the relative
+/// target port the command came through (TPGS 01b, and that port and its
+/// group in VPD 83h).
 pub fn inquiry(
     id: &TargetIdentity,
-    lu: Option<&dyn Backstore>,
+    lu: Option<(&dyn Backstore, Option<u16>)>,
     cdb: &[u8],
     data_in: &mut Vec<u8>,
 ) -> Result<(), Sense> {
+    let alua_port = lu.and_then(|(_, port)| port);
+    let lu = lu.map(|(store, _)| store);
     let flags = cdb::byte(cdb, 1)?;
     let page = cdb::byte(cdb, 2)?;
     let alloc = usize::from(cdb::be16(cdb, 3)?);
@@ -117,7 +122,7 @@ pub fn inquiry(
             return Err(Sense::INVALID_FIELD_IN_CDB);
         }
         let removable = lu.is_some_and(|lu| lu.lu_options().removable);
-        standard_inquiry(id, pdt, removable, data_in);
+        standard_inquiry(id, pdt, removable, alua_port.is_some(), data_in);
     } else {
         match (page, lu) {
             (0x00, Some(_)) => vpd_page(data_in, pdt, 0x00, |v| {
@@ -127,7 +132,9 @@ pub fn inquiry(
             (0x80, Some(lu)) => vpd_page(data_in, pdt, 0x80, |v| {
                 v.extend_from_slice(unit_serial(lu.unique_id()).as_bytes())
             }),
-            (0x83, Some(lu)) => vpd_page(data_in, pdt, 0x83, |v| device_identification(id, lu, v)),
+            (0x83, Some(lu)) => vpd_page(data_in, pdt, 0x83, |v| {
+                device_identification(id, lu, alua_port, v)
+            }),
             (0xB0, Some(lu)) => vpd_page(data_in, pdt, 0xB0, |v| block_limits(lu, v)),
             (0xB1, Some(lu)) => vpd_page(data_in, pdt, 0xB1, |v| {
                 // MEDIUM ROTATION RATE 1: non-rotating medium.
@@ -161,13 +168,15 @@ pub fn inquiry(
     Ok(())
 }
 
-fn standard_inquiry(id: &TargetIdentity, pdt: u8, removable: bool, v: &mut Vec<u8>) {
+fn standard_inquiry(id: &TargetIdentity, pdt: u8, removable: bool, alua: bool, v: &mut Vec<u8>) {
     // Byte 1 RMB (a removable LU); version 0x06 (SPC-4); HiSup + response
     // data format 2; additional length filled below; byte 5 3PC (EXTENDED
-    // COPY and RECEIVE COPY RESULTS, `crate::xcopy`), no TPGS/PROTECT;
-    // byte 6 0; byte 7 CmdQue.
+    // COPY and RECEIVE COPY RESULTS, `crate::xcopy`), TPGS 01b (implicit
+    // ALUA) for an LU with an ALUA group, else 00b, no PROTECT; byte 6 0;
+    // byte 7 CmdQue.
     let rmb = if removable { 0x80 } else { 0x00 };
-    v.extend_from_slice(&[pdt, rmb, 0x06, 0x12, 0, 0x08, 0x00, 0x02]);
+    let tpgs = if alua { 0x10 } else { 0x00 };
+    v.extend_from_slice(&[pdt, rmb, 0x06, 0x12, 0, 0x08 | tpgs, 0x00, 0x02]);
     put_ascii(v, &id.vendor, 8);
     put_ascii(v, &id.product, 16);
     put_ascii(v, &id.revision, 4);
@@ -192,15 +201,33 @@ fn vpd_page(v: &mut Vec<u8>, pdt: u8, page: u8, body: impl FnOnce(&mut Vec<u8>))
 }
 
 /// Device Identification (0x83) designation descriptors.
-fn device_identification(id: &TargetIdentity, lu: &dyn Backstore, v: &mut Vec<u8>) {
+///
+/// Without ALUA the target port is always reported as 1 (what this page
+/// said before ALUA: one process, one port as far as the LU knows). With
+/// ALUA (`alua_port`) it is the port the command came through, and a
+/// target port group designator (type 5) follows: a host matches it with
+/// REPORT TARGET PORT GROUPS to learn which group its path is in.
+fn device_identification(
+    id: &TargetIdentity,
+    lu: &dyn Backstore,
+    alua_port: Option<u16>,
+    v: &mut Vec<u8>,
+) {
     // NAA 6 (IEEE Registered Extended), logical unit association, binary.
     v.extend_from_slice(&[0x01, 0x03, 0x00, 16]);
     v.extend_from_slice(&naa_designator(id.naa_company_id, lu.unique_id()));
-    // Relative target port identifier 1: iSCSI, PIV, target port association.
-    v.extend_from_slice(&[0x51, 0x94, 0x00, 4, 0, 0, 0, 1]);
+    // Relative target port identifier (type 4): iSCSI, PIV, target port
+    // association.
+    let [hi, lo] = alua_port.unwrap_or(1).to_be_bytes();
+    v.extend_from_slice(&[0x51, 0x94, 0x00, 4, 0, 0, hi, lo]);
+    if alua_port.is_some() {
+        // Target port group (type 5): the group id is the port's id.
+        v.extend_from_slice(&[0x51, 0x95, 0x00, 4, 0, 0, hi, lo]);
+    }
     // SCSI name strings: the target device, then the target port.
     scsi_name_string(v, 0xA8, &id.target_name);
-    scsi_name_string(v, 0x98, &format!("{},t,0x0001", id.target_name));
+    let port = u16::from_be_bytes([hi, lo]);
+    scsi_name_string(v, 0x98, &format!("{},t,0x{port:04x}", id.target_name));
 }
 
 /// A SCSI name string designator (type 8, UTF-8, iSCSI, PIV set) with

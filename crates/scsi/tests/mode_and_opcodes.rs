@@ -183,9 +183,10 @@ fn report_supported_opcodes_all() {
         let len = u32::from_be_bytes(d[0..4].try_into().unwrap()) as usize;
         assert_eq!(len + 4, d.len());
         let step = if rctd { 20 } else { 8 };
-        // Every command but SANITIZE CRYPTOGRAPHIC ERASE: the RAM store is
-        // not encrypted.
-        assert_eq!(len, (COMMANDS.len() - 1) * step);
+        // Every command but SANITIZE CRYPTOGRAPHIC ERASE (the RAM store is
+        // not encrypted) and REPORT TARGET PORT GROUPS (a local LU has no
+        // ALUA).
+        assert_eq!(len, (COMMANDS.len() - 2) * step);
         let mut seen = Vec::new();
         for desc in d[4..].chunks_exact(step) {
             let (op, sa) = (desc[0], u16::from_be_bytes([desc[2], desc[3]]));
@@ -201,6 +202,10 @@ fn report_supported_opcodes_all() {
         assert!(
             !seen.contains(&(0x48, Some(0x03))),
             "no CRYPTOGRAPHIC ERASE"
+        );
+        assert!(
+            !seen.contains(&(0xA3, Some(0x0A))),
+            "no REPORT TARGET PORT GROUPS"
         );
         // Every listed command is accepted (not INVALID COMMAND OPERATION CODE).
         for (op, sa) in seen {

@@ -10,8 +10,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use iscsi_scsi::alua::GatewayGroup;
 use iscsi_target::{
-    LunEntry, Server, ServerHandle, TargetConfig, TargetEntry, open_lun, parse_company_id,
+    LunEntry, Server, ServerHandle, TargetConfig, TargetEntry, open_lun_in, parse_company_id,
 };
 use iscsi_trace::TraceWriter;
 
@@ -54,6 +55,26 @@ pub struct Args {
     /// module of the iscsi-target crate for the format.
     #[arg(long, conflicts_with_all = ["listen", "iser", "name", "luns", "chap", "block_size"])]
     config: Option<std::path::PathBuf>,
+    /// This target's relative target port identifier: the Target Portal
+    /// Group Tag of its portals, and in a gateway group this gateway's id
+    /// and target port group (the configuration file's
+    /// `portal_group_tag`).
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..), conflicts_with = "config")]
+    target_port_id: u16,
+    /// The target port ids of every gateway exporting the same RBD images,
+    /// comma-separated and the same on each (this one's included), e.g.
+    /// `--gateway-group 1,2`: each `rbd:` LUN then answers with implicit
+    /// ALUA, owned by one gateway (active/optimized) and standby on the
+    /// others, moving when its owner dies (the configuration file's
+    /// `gateway_group`).
+    #[arg(
+        long,
+        value_name = "N,N...",
+        value_delimiter = ',',
+        conflicts_with = "config"
+    )]
+    gateway_group: Vec<u16>,
     /// Require one-way CHAP with this `USER:SECRET`.
     #[arg(long)]
     chap: Option<String>,
@@ -106,9 +127,18 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
     if args.block_size != 512 && args.block_size != 4096 {
         bail!("--block-size must be 512 or 4096");
     }
+    let gateway_group = if args.gateway_group.is_empty() {
+        Vec::new()
+    } else {
+        iscsi_target::check_gateway_group(args.target_port_id, &args.gateway_group)
+            .map_err(|e| anyhow::anyhow!("--gateway-group: {e}"))?
+    };
+    let group = (!gateway_group.is_empty())
+        .then(|| GatewayGroup::new(args.target_port_id, gateway_group.iter().copied()));
     let mut luns = std::collections::BTreeMap::new();
     for (n, spec) in (0u16..).zip(&args.luns) {
-        let store = open_lun(spec, args.block_size, &args.name, n).map_err(anyhow::Error::msg)?;
+        let store = open_lun_in(spec, args.block_size, &args.name, n, group.as_ref())
+            .map_err(anyhow::Error::msg)?;
         luns.insert(
             n,
             LunEntry {
@@ -137,7 +167,8 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         listen: args.listen.clone(),
         iser: args.iser.clone(),
         targets: vec![target],
-        portal_group_tag: 1,
+        portal_group_tag: args.target_port_id,
+        gateway_group,
         negotiation: TargetConfig::default_negotiation(),
         command_window: 128,
         nop_in_interval: Some(iscsi_target::DEFAULT_NOP_IN_INTERVAL),

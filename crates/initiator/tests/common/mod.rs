@@ -90,6 +90,7 @@ pub async fn our_target(
             allowed_initiators: Vec::new(),
         }],
         portal_group_tag: 1,
+        gateway_group: Vec::new(),
         negotiation: TargetConfig::default_negotiation(),
         command_window,
         nop_in_interval: None,

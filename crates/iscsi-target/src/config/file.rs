@@ -10,7 +10,11 @@
 //! listen = ["127.0.0.1:3260", "[::1]:3260"]
 //! iser = ["127.0.0.1:3262"]       # optional: iSER portals (iWARP)
 //! command_window = 128            # optional
-//! portal_group_tag = 1            # optional
+//! portal_group_tag = 1            # optional; also this gateway's relative target port
+//! gateway_group = [1, 2]          # optional: the portal group tags of every gateway
+//!                                 # exporting the same RBD images (the same list in
+//!                                 # each); its rbd: LUNs then use implicit ALUA, one
+//!                                 # owner at a time; read at start
 //! nop_in_interval_seconds = 30    # optional; 0 turns the pings off
 //! buffer_pool_mib = 64            # optional: idle buffers kept per connection
 //! send_buffer_kib = 4096          # optional: SO_SNDBUF per TCP connection; 0: autotuning
@@ -108,6 +112,8 @@ struct FileConfig {
     command_window: Option<u32>,
     #[serde(default)]
     portal_group_tag: Option<u16>,
+    #[serde(default)]
+    gateway_group: Option<Spanned<Vec<u16>>>,
     #[serde(default)]
     nop_in_interval_seconds: Option<u64>,
     #[serde(default)]
@@ -405,11 +411,18 @@ impl ParsedConfig {
                 .map_err(|e| at(id.span(), format!("naa_company_id: {e}")))?,
             None => iscsi_scsi::spc::NAA_COMPANY_ID,
         };
+        let portal_group_tag = file.portal_group_tag.unwrap_or(1);
+        let gateway_group = match &file.gateway_group {
+            None => Vec::new(),
+            Some(g) => super::check_gateway_group(portal_group_tag, g.get_ref())
+                .map_err(|e| at(g.span(), format!("gateway_group: {e}")))?,
+        };
         let config = TargetConfig {
             listen,
             iser,
             targets,
-            portal_group_tag: file.portal_group_tag.unwrap_or(1),
+            portal_group_tag,
+            gateway_group,
             negotiation,
             command_window: file.command_window.unwrap_or(128).clamp(1, 1 << 20),
             nop_in_interval: match file.nop_in_interval_seconds {
@@ -449,6 +462,7 @@ impl ParsedConfig {
         let ParsedConfig {
             mut config, luns, ..
         } = self;
+        let gateway = config.gateway();
         for (target, planned) in config.targets.iter_mut().zip(luns) {
             for (n, lun) in planned {
                 let entry = match reuse(&target.name, n, &lun) {
@@ -457,7 +471,7 @@ impl ParsedConfig {
                         let id = lun.parsed.unique_id(&target.name, n);
                         let store: std::sync::Arc<dyn Backstore> = lun
                             .parsed
-                            .open(lun.block_size, id)
+                            .open_in(lun.block_size, id, gateway.as_ref())
                             .map_err(|e| ConfigError::At {
                                 line: lun.line,
                                 message: format!(

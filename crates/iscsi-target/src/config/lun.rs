@@ -8,6 +8,7 @@
 //! can refuse a bad file before anything is touched; [`LunSpec::open`]
 //! opens the store.
 
+use iscsi_scsi::alua::GatewayGroup;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -223,6 +224,18 @@ impl LunSpec {
     /// Opens the store with logical blocks of `block_size` bytes (512 or
     /// 4096; a block device keeps its own) and the LU identifier `id`.
     pub fn open(&self, block_size: u32, id: u64) -> Result<Arc<dyn Backstore>, String> {
+        self.open_in(block_size, id, None)
+    }
+
+    /// [`LunSpec::open`] in a gateway of `group`: an `rbd:` LUN joins the
+    /// group (implicit ALUA, one owner at a time); the other kinds are
+    /// served by this process alone and ignore it.
+    pub fn open_in(
+        &self,
+        block_size: u32,
+        id: u64,
+        group: Option<&GatewayGroup>,
+    ) -> Result<Arc<dyn Backstore>, String> {
         check_block_size(block_size)?;
         let store: Arc<dyn Backstore> = match &self.kind {
             StoreKind::Ram { size } => {
@@ -234,7 +247,7 @@ impl LunSpec {
             StoreKind::Block { path, direct } => {
                 Arc::new(BlockBackstore::open(path, *direct, id).map_err(|e| e.to_string())?)
             }
-            StoreKind::Rbd { .. } => open_rbd(&self.kind, block_size)?,
+            StoreKind::Rbd { .. } => open_rbd(&self.kind, block_size, group)?,
         };
         let store: Arc<dyn Backstore> = match &self.encrypt {
             None => store,
@@ -278,7 +291,11 @@ impl LunSpec {
 /// Opens an [`StoreKind::Rbd`] (its LU identifier comes from the cluster
 /// and the image, the same in every gateway: see `RbdBackstore::open`).
 #[cfg(feature = "rbd")]
-fn open_rbd(kind: &StoreKind, block_size: u32) -> Result<Arc<dyn Backstore>, String> {
+fn open_rbd(
+    kind: &StoreKind,
+    block_size: u32,
+    group: Option<&GatewayGroup>,
+) -> Result<Arc<dyn Backstore>, String> {
     let StoreKind::Rbd {
         pool,
         image,
@@ -295,14 +312,19 @@ fn open_rbd(kind: &StoreKind, block_size: u32) -> Result<Arc<dyn Backstore>, Str
         id: id.clone(),
     };
     Ok(Arc::new(
-        iscsi_scsi::RbdBackstore::open(&spec, block_size).map_err(|e| e.to_string())?,
+        iscsi_scsi::RbdBackstore::open_in_group(&spec, block_size, group)
+            .map_err(|e| e.to_string())?,
     ))
 }
 
 /// Without the `rbd` feature an `rbd:` LUN parses (a config file stays
 /// valid for builds that have it) but refuses to open.
 #[cfg(not(feature = "rbd"))]
-fn open_rbd(_kind: &StoreKind, _block_size: u32) -> Result<Arc<dyn Backstore>, String> {
+fn open_rbd(
+    _kind: &StoreKind,
+    _block_size: u32,
+    _group: Option<&GatewayGroup>,
+) -> Result<Arc<dyn Backstore>, String> {
     Err(NO_RBD.to_owned())
 }
 
@@ -331,10 +353,21 @@ pub fn open_lun(
     target: &str,
     lun: u16,
 ) -> Result<Arc<dyn Backstore>, String> {
+    open_lun_in(spec, block_size, target, lun, None)
+}
+
+/// [`open_lun`] in a gateway of `group` (see [`LunSpec::open_in`]).
+pub fn open_lun_in(
+    spec: &str,
+    block_size: u32,
+    target: &str,
+    lun: u16,
+    group: Option<&GatewayGroup>,
+) -> Result<Arc<dyn Backstore>, String> {
     check_block_size(block_size)?;
     let parsed = LunSpec::parse(spec)?;
     parsed
-        .open(block_size, parsed.unique_id(target, lun))
+        .open_in(block_size, parsed.unique_id(target, lun), group)
         .map_err(|e| format!("LUN {spec:?}: {e}"))
 }
 

@@ -88,8 +88,16 @@ pub struct TargetConfig {
     pub iser: Vec<SocketAddr>,
     /// The targets.
     pub targets: Vec<TargetEntry>,
-    /// The Target Portal Group Tag of every portal.
+    /// The Target Portal Group Tag of every portal; also the relative
+    /// target port identifier of this target's port (each I_T nexus's), and
+    /// in a gateway group this gateway's id and its target port group.
     pub portal_group_tag: u16,
+    /// The relative target port identifiers (portal group tags) of every
+    /// gateway of the group this target is one of, the same list in every
+    /// gateway's configuration; empty: not in a group. Its RBD LUs then
+    /// answer with implicit ALUA, owned by one gateway at a time
+    /// (`iscsi_scsi::alua`); every other LU is unaffected.
+    pub gateway_group: Vec<u16>,
     /// What the target offers and accepts in negotiation.
     pub negotiation: NegotiationConfig,
     /// MaxCmdSN - ExpCmdSN + 1: commands an initiator may have queued.
@@ -154,6 +162,29 @@ pub fn check_company_id(id: u32) -> Result<u32, String> {
     Ok(id)
 }
 
+/// Checks a gateway group (`gateway_group`, `--gateway-group`) as seen by
+/// the gateway whose portal group tag is `port`: every gateway lists the
+/// same members, itself among them, so a list without `port` is a
+/// mistake, as are two of the same and a group of one (which would be
+/// ALUA with nothing to fail over to). Returns the members ascending.
+pub fn check_gateway_group(port: u16, members: &[u16]) -> Result<Vec<u16>, String> {
+    let mut sorted = members.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    if sorted.len() != members.len() {
+        return Err(format!("{members:?} names a gateway twice"));
+    }
+    if !sorted.contains(&port) {
+        return Err(format!(
+            "{members:?} does not hold this gateway's portal group tag {port}"
+        ));
+    }
+    if sorted.len() < 2 {
+        return Err(format!("{members:?}: a group needs two gateways or more"));
+    }
+    Ok(sorted)
+}
+
 /// Parses an IEEE company ID as `--naa-company-id` takes it: hex, as
 /// `0x001405`, `001405` or `00-14-05` (`:` also separates).
 pub fn parse_company_id(text: &str) -> Result<u32, String> {
@@ -173,6 +204,16 @@ pub fn parse_company_id(text: &str) -> Result<u32, String> {
 }
 
 impl TargetConfig {
+    /// This gateway's place in its group, if it is in one.
+    pub fn gateway(&self) -> Option<iscsi_scsi::alua::GatewayGroup> {
+        (!self.gateway_group.is_empty()).then(|| {
+            iscsi_scsi::alua::GatewayGroup::new(
+                self.portal_group_tag,
+                self.gateway_group.iter().copied(),
+            )
+        })
+    }
+
     /// The negotiation values a target built for throughput offers: big
     /// PDUs and bursts, immediate and unsolicited data, several R2Ts,
     /// digests if the initiator wants them (RFC 7143 section 13).

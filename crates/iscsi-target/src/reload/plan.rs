@@ -424,6 +424,23 @@ fn settings(changes: &mut Vec<Change>, old: &TargetConfig, new: &TargetConfig) {
             sessions: Vec::new(),
         });
     }
+    // A gateway's group and its port in it are read when its RBD LUs open:
+    // the keepers and every host's view of the group's ports start then.
+    let in_group = !old.gateway_group.is_empty() || !new.gateway_group.is_empty();
+    if old.gateway_group != new.gateway_group
+        || (in_group && old.portal_group_tag != new.portal_group_tag)
+    {
+        changes.push(Change {
+            action: '~',
+            object: "gateway_group".into(),
+            detail: format!(
+                "{:?} as {} -> {:?} as {}",
+                old.gateway_group, old.portal_group_tag, new.gateway_group, new.portal_group_tag
+            ),
+            effect: Effect::Restart,
+            sessions: Vec::new(),
+        });
+    }
     let mut setting = |name: &str, before: String, after: String| {
         if before != after {
             changes.push(Change {
@@ -593,6 +610,30 @@ mod tests {
             };
             let busy = plan(&old, &new, &[using]);
             assert!(busy.changes[0].disruptive(), "{changed} in use needs force");
+        }
+    }
+
+    /// A gateway group is read at start, as are its members' port ids.
+    #[test]
+    fn a_change_of_the_gateway_group_applies_at_the_next_start() {
+        let grouped =
+            |g: &str, tag: u16| format!("portal_group_tag = {tag}\ngateway_group = {g}\n{FILE}");
+        let old = TargetConfig::from_toml(&grouped("[1, 2]", 1)).unwrap();
+        for (g, tag) in [("[1, 2, 3]", 1), ("[1, 2]", 2)] {
+            let new = ParsedConfig::parse(&grouped(g, tag)).unwrap();
+            let changes = plan_of(&old, &new);
+            let group = changes.iter().find(|c| c.object == "gateway_group");
+            let group = group.expect("the group's change is planned");
+            assert_eq!(group.effect, Effect::Restart);
+            assert!(!group.disruptive());
+        }
+        let same = ParsedConfig::parse(&grouped("[2, 1]", 1)).unwrap();
+        assert!(plan_of(&old, &same).is_empty());
+        let none = TargetConfig::from_toml(FILE).unwrap();
+        let joined = ParsedConfig::parse(&grouped("[1, 2]", 1)).unwrap();
+        assert_eq!(plan_of(&none, &joined)[0].effect, Effect::Restart);
+        for bad in ["[2, 3]", "[1]", "[1, 1, 2]"] {
+            assert!(ParsedConfig::parse(&grouped(bad, 1)).is_err(), "{bad}");
         }
     }
 

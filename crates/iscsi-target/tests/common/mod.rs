@@ -62,6 +62,7 @@ impl Target {
                 allowed_initiators: Vec::new(),
             }],
             portal_group_tag: 1,
+            gateway_group: Vec::new(),
             negotiation: TargetConfig::default_negotiation(),
             command_window: 32,
             nop_in_interval: None,

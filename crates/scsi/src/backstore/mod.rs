@@ -152,6 +152,9 @@ macro_rules! delegate {
             self.$i.shared_pr()
         }
     };
+    (@ $i:ident alua) => {
+        fn alua(&self) -> Option<std::sync::Arc<$crate::alua::AluaGroup>> { self.$i.alua() }
+    };
     (@ $i:ident allocation_status) => {
         fn allocation_status(
             &self,
@@ -452,6 +455,16 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// a store whose size never changes.
     fn take_capacity_change(&self) -> bool {
         false
+    }
+
+    /// The ALUA group of the LU this store is the medium of: a store that
+    /// several gateways serve (RBD) hands the LU the shared state its
+    /// owner-keeper changes, and the LU then answers with implicit ALUA
+    /// (see [`crate::alua`]). Every store that one process alone serves
+    /// has none, and its LU reports no target port groups, exactly as
+    /// before ALUA existed.
+    fn alua(&self) -> Option<std::sync::Arc<crate::alua::AluaGroup>> {
+        None
     }
 
     /// The provisioning status of the run of bytes starting at `offset`, at

@@ -36,6 +36,7 @@ impl Backstore for WithOptions {
         allocation_status, atomic_write_max, can_block_erase, can_crypto_erase, crypto_erase,
         file, copy_from, compare_and_write, write_same, take_capacity_change,
         shared_pr,
+        alua,
     );
 
     fn lu_options(&self) -> LuOptions {

@@ -16,6 +16,7 @@
 //! All `unsafe` is in [`ffi`].
 
 mod ffi;
+mod gateway;
 mod pr;
 
 use std::fmt;
@@ -23,6 +24,8 @@ use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak, mpsc};
 use std::time::Duration;
+
+use crate::alua::{AluaGroup, AluaView, GatewayGroup};
 
 use super::{
     Allocation, Backstore, BackstoreOpenError, SharedPrStore, check_block_size, check_range,
@@ -84,6 +87,12 @@ pub struct RbdBackstore {
     /// The LU's persistent reservation record, shared with every gateway
     /// that exports the image.
     pr: Arc<pr::RbdPrStore>,
+    /// Stops the keeper (first: it uses the image) when the store goes.
+    _keeper: Option<gateway::Keeper>,
+    /// The LU's ALUA view, which the keeper sets; `None` outside a group.
+    alua: Option<Arc<AluaGroup>>,
+    /// Tripped by an I/O that finds this client blocklisted (in a group).
+    fence: Option<Arc<gateway::Fence>>,
     spec: RbdSpec,
     block_size: u32,
     unique_id: u64,
@@ -176,6 +185,18 @@ impl RbdBackstore {
     /// the image reports the same identifier, which multipath needs to see
     /// one device behind several gateways.
     pub fn open(spec: &RbdSpec, block_size: u32) -> Result<RbdBackstore, BackstoreOpenError> {
+        Self::open_in_group(spec, block_size, None)
+    }
+
+    /// [`RbdBackstore::open`] for a gateway of `group`: the LU answers with
+    /// implicit ALUA, and a keeper thread decides from the cluster which
+    /// gateway owns it (the image's exclusive lock; see `gateway.rs`). It
+    /// starts transitioning on every port until the first look.
+    pub fn open_in_group(
+        spec: &RbdSpec,
+        block_size: u32,
+        group: Option<&GatewayGroup>,
+    ) -> Result<RbdBackstore, BackstoreOpenError> {
         check_block_size(block_size)?;
         let image = ffi::Image::open(ffi::Target {
             conf: spec.conf.as_deref(),
@@ -212,6 +233,30 @@ impl RbdBackstore {
             image_id
         );
         let image = Arc::new(image);
+        let name = format!("rbd:{}/{}", spec.pool, spec.image);
+        let (alua, fence, keeper) = match group {
+            None => (None, None, None),
+            Some(group) => {
+                let alua = Arc::new(AluaGroup::new(AluaView::owned_by(
+                    group.members.clone(),
+                    None,
+                )));
+                let fence = Arc::new(gateway::Fence::new(
+                    group.port,
+                    name.clone(),
+                    Arc::clone(&alua),
+                ));
+                let keeper = gateway::start(
+                    Arc::clone(&image),
+                    name.clone(),
+                    group.clone(),
+                    Arc::clone(&alua),
+                    Arc::clone(&fence),
+                )
+                .map_err(named("starting the gateway group's keeper"))?;
+                (Some(alua), Some(fence), Some(keeper))
+            }
+        };
         let pr = pr::RbdPrStore::new(Arc::clone(&image), &image_id)
             .map_err(named("reading this client's address"))?;
         let shared = Arc::new(Shared {
@@ -220,7 +265,7 @@ impl RbdBackstore {
             block_count: AtomicU64::new(size / u64::from(block_size)),
             resized: AtomicBool::new(false),
             failing: AtomicU64::new(0),
-            name: format!("rbd:{}/{}", spec.pool, spec.image),
+            name,
         });
         let (stop_poll, stop) = mpsc::channel();
         let weak = Arc::downgrade(&shared);
@@ -229,6 +274,9 @@ impl RbdBackstore {
             .spawn(move || poll_sizes(weak, stop))
             .map_err(|e| BackstoreOpenError::Io(named("starting the size poll")(e)))?;
         Ok(RbdBackstore {
+            _keeper: keeper,
+            alua,
+            fence,
             shared,
             pr: Arc::new(pr),
             spec: spec.clone(),
@@ -236,6 +284,15 @@ impl RbdBackstore {
             unique_id: fnv1a(identity.as_bytes()),
             _stop_poll: stop_poll,
         })
+    }
+
+    /// Passes an I/O error on; in a gateway group, one that says this
+    /// client was blocklisted first trips the fence (see `gateway::Fence`).
+    fn failed(&self, e: io::Error) -> io::Error {
+        match &self.fence {
+            Some(fence) => fence.check(e),
+            None => e,
+        }
     }
 
     fn size(&self) -> u64 {
@@ -276,12 +333,14 @@ impl Backstore for RbdBackstore {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image().read(offset, buf)
+        self.image().read(offset, buf).map_err(|e| self.failed(e))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image().write(offset, buf, 0)
+        self.image()
+            .write(offset, buf, 0)
+            .map_err(|e| self.failed(e))
     }
 
     /// FUA on the write itself: with the client's cache off a completed
@@ -289,7 +348,9 @@ impl Backstore for RbdBackstore {
     /// file turns a cache on; no image-wide flush.
     fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image().write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
+        self.image()
+            .write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
+            .map_err(|e| self.failed(e))
     }
 
     /// One request for all the pieces ([`ffi::Image::writev`]).
@@ -320,12 +381,14 @@ impl Backstore for RbdBackstore {
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.image().flush()
+        self.image().flush().map_err(|e| self.failed(e))
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(offset, len, self.size())?;
-        self.image().discard(offset, len)
+        self.image()
+            .discard(offset, len)
+            .map_err(|e| self.failed(e))
     }
 
     fn unique_id(&self) -> u64 {
@@ -357,7 +420,8 @@ impl Backstore for RbdBackstore {
         }
         Some(
             self.image()
-                .compare_and_write(offset, expect, data, fua(through)),
+                .compare_and_write(offset, expect, data, fua(through))
+                .map_err(|e| self.failed(e)),
         )
     }
 
@@ -371,7 +435,11 @@ impl Backstore for RbdBackstore {
         if let Err(e) = check_range(offset, len, self.size()) {
             return Some(Err(e));
         }
-        Some(self.image().write_same(offset, len, pattern, fua(through)))
+        Some(
+            self.image()
+                .write_same(offset, len, pattern, fua(through))
+                .map_err(|e| self.failed(e)),
+        )
     }
 
     /// From the extents librbd reports as holding data (whole objects'
@@ -383,7 +451,10 @@ impl Backstore for RbdBackstore {
         }
         check_range(offset, max_len, self.size())?;
         let window = max_len.min(ALLOCATION_WINDOW);
-        let extents = self.image().allocated(offset, window, ALLOCATION_EXTENTS)?;
+        let extents = self
+            .image()
+            .allocated(offset, window, ALLOCATION_EXTENTS)
+            .map_err(|e| self.failed(e))?;
         Ok(run_from(offset, window, &extents))
     }
 
@@ -394,6 +465,10 @@ impl Backstore for RbdBackstore {
 
     fn shared_pr(&self) -> Option<Arc<dyn SharedPrStore>> {
         Some(Arc::clone(&self.pr) as Arc<dyn SharedPrStore>)
+    }
+
+    fn alua(&self) -> Option<Arc<AluaGroup>> {
+        self.alua.clone()
     }
 }
 

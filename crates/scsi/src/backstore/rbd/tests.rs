@@ -422,3 +422,123 @@ fn a_resize_is_noticed_and_raises_capacity_data_has_changed() {
     assert!(store.take_capacity_change());
     assert!(!store.take_capacity_change());
 }
+
+/// The exclusive lock's calls (`ffi/lock.rs`): acquire, owners, break
+/// (which blocklists the holder), release; metadata and xattrs.
+#[test]
+fn the_lock_moves_only_when_broken_and_the_old_holder_is_fenced() {
+    let image = TestImage::new("lock", "16M");
+    let a = RbdBackstore::open(&image.spec(), 512).unwrap();
+    let b = RbdBackstore::open(&image.spec(), 512).unwrap();
+    assert!(a.shared.image.lock_owners().unwrap().is_empty());
+    a.shared.image.lock_acquire().unwrap();
+    assert!(a.shared.image.is_lock_owner().unwrap());
+    assert!(!b.shared.image.is_lock_owner().unwrap());
+    let owners = b.shared.image.lock_owners().unwrap();
+    assert_eq!(owners.len(), 1, "{owners:?}");
+    // Application-managed: B cannot simply take it.
+    assert!(b.shared.image.lock_acquire().is_err());
+    b.shared.image.lock_break(&owners[0]).unwrap();
+    b.shared.image.lock_acquire().unwrap();
+    assert!(b.shared.image.is_lock_owner().unwrap());
+    b.write_at(0, &[7u8; 512]).unwrap();
+    // A was blocklisted by the break: its writes fail with ESHUTDOWN.
+    let e = a.write_at(0, &[1u8; 512]).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(108), "{e}");
+    b.shared.image.lock_release().unwrap();
+    assert!(b.shared.image.lock_owners().unwrap().is_empty());
+    // Unblocklist A's client is not needed: it goes with `a`.
+}
+
+#[test]
+fn metadata_and_xattrs_read_back() {
+    let image = TestImage::new("meta", "16M");
+    let store = RbdBackstore::open(&image.spec(), 512).unwrap();
+    assert_eq!(
+        store.shared.image.metadata(gateway::PREFERRED_KEY).unwrap(),
+        None
+    );
+    let out = Command::new("rbd")
+        .args([
+            "-c",
+            &conf(),
+            "image-meta",
+            "set",
+            &format!("rbd/{}", image.0),
+            gateway::PREFERRED_KEY,
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    assert_eq!(
+        store
+            .shared
+            .image
+            .metadata(gateway::PREFERRED_KEY)
+            .unwrap()
+            .as_deref(),
+        Some("2")
+    );
+    // The header object: it goes with the image.
+    let oid = format!("rbd_header.{}", store.shared.image.id().unwrap());
+    assert_eq!(store.shared.image.xattr(&oid, "test.hb.1").unwrap(), None);
+    store
+        .shared
+        .image
+        .set_xattr(&oid, "test.hb.1", b"42")
+        .unwrap();
+    assert_eq!(
+        store
+            .shared
+            .image
+            .xattr(&oid, "test.hb.1")
+            .unwrap()
+            .as_deref(),
+        Some(&b"42"[..])
+    );
+    assert_eq!(store.shared.image.xattr(&oid, "test.hb.2").unwrap(), None);
+}
+
+/// Two gateways in one group over one image: one owns it (active/optimized
+/// on both), the other is standby; when the owner goes (its store
+/// dropped, which lets the lock go) the other takes it.
+#[test]
+fn two_gateways_agree_on_one_owner_and_the_survivor_takes_over() {
+    use crate::alua::AccessState::*;
+    let image = TestImage::new("group", "16M");
+    let open = |port| {
+        let group = GatewayGroup::new(port, [1, 2]);
+        RbdBackstore::open_in_group(&image.spec(), 512, Some(&group)).unwrap()
+    };
+    let a = open(1);
+    let b = open(2);
+    let (ga, gb) = (a.alua().unwrap(), b.alua().unwrap());
+    let settled = |want: [crate::alua::AccessState; 2]| {
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            let now = |g: &AluaGroup| [g.state_of(1), g.state_of(2)];
+            if now(&ga) == want && now(&gb) == want {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "{:?} {:?}",
+                now(&ga),
+                now(&gb)
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    settled([ActiveOptimized, Standby]);
+    assert_eq!(ga.view(), gb.view());
+    assert!(a.shared.image.is_lock_owner().unwrap());
+    drop(a);
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    while gb.state_of(2) != ActiveOptimized {
+        assert!(std::time::Instant::now() < until, "{:?}", gb.view());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert!(b.shared.image.is_lock_owner().unwrap());
+    b.write_at(0, &[3u8; 512]).unwrap();
+}

@@ -27,11 +27,15 @@
 //!    thread (`offload.rs`, invariant 5); the watch callbacks of [`rados`]
 //!    keep to invariant 7 there; nothing else is registered.
 //!
+//! `lock.rs` holds the calls of a gateway group (the exclusive lock, image
+//! metadata, extended attributes), with one invariant of its own.
+//!
 //! Errors are negative errno values, turned into [`io::Error`]s with
 //! [`io::Error::from_raw_os_error`] so that the caller can match on the kind
 //! (`NotFound` for a missing pool or image, `TimedOut` for an unreachable
 //! cluster, `PermissionDenied` for a bad key).
 
+mod lock;
 mod offload;
 pub(super) mod rados;
 

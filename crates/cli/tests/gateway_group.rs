@@ -1,0 +1,293 @@
+//! Two `iscsi target` processes as a gateway group in front of one RBD
+//! image (`--target-port-id`, `--gateway-group`), against a one-node Ceph
+//! cluster (`scripts/ceph-dev start`; `ISCSI_CEPH_CONF`): REPORT TARGET
+//! PORT GROUPS is the same through both, one active/optimized and one
+//! standby; the standby refuses writes (NOT READY, 04h/0Bh); after the
+//! owner's SIGKILL the survivor fences it, takes the image's lock, reports
+//! active/optimized and ASYMMETRIC ACCESS STATE CHANGED, and serves writes,
+//! with the data written before the kill intact. Prints the time from the
+//! kill to the first completed write. Built only with the cargo feature
+//! `rbd`.
+#![cfg(feature = "rbd")]
+
+use std::process::Command as Process;
+use std::time::{Duration, Instant};
+
+use iscsi_initiator::{Command, IscsiUrl, Response, Session, SessionConfig};
+use iscsi_test_peers::{Peer, free_port};
+
+const NAME: &str = "iqn.2026-11.rs.iscsi:gateway-group";
+
+fn conf() -> String {
+    std::env::var("ISCSI_CEPH_CONF").unwrap_or_else(|_| "/run/iscsi-rs-ceph/ceph.conf".into())
+}
+
+fn rbd(args: &[&str]) -> std::process::Output {
+    Process::new("rbd")
+        .arg("-c")
+        .arg(conf())
+        .args(args)
+        .output()
+        .expect("the rbd CLI runs (scripts/ceph-dev installs it)")
+}
+
+/// An image for the test, removed on drop.
+struct Image(String);
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        let _ = rbd(&["rm", &self.0]);
+    }
+}
+
+/// Gateway `id` of the group {1, 2}, on a port of its own.
+fn gateway(image: &str, id: u16) -> Peer {
+    let port = free_port();
+    let mut command = Process::new(env!("CARGO_BIN_EXE_iscsi"));
+    command
+        .args(["target", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--name", NAME, "--control", "none"])
+        .args([
+            "--target-port-id",
+            &id.to_string(),
+            "--gateway-group",
+            "1,2",
+        ])
+        .arg("--lun")
+        .arg(format!("rbd:{image},conf={}", conf()))
+        .env("RUST_LOG", "warn");
+    Peer::spawn(command, port)
+}
+
+async fn connect(peer: &Peer) -> Session {
+    let url: IscsiUrl = format!("iscsi://127.0.0.1:{}/{NAME}/0", peer.port)
+        .parse()
+        .unwrap();
+    Session::connect(&url, SessionConfig::default())
+        .await
+        .unwrap()
+}
+
+const RTPG: [u8; 12] = [0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 0x04, 0, 0, 0];
+
+fn write10(lba: u32) -> [u8; 10] {
+    let l = lba.to_be_bytes();
+    [0x2A, 0, l[0], l[1], l[2], l[3], 0, 0, 8, 0]
+}
+
+fn read10(lba: u32) -> [u8; 10] {
+    let l = lba.to_be_bytes();
+    [0x28, 0, l[0], l[1], l[2], l[3], 0, 0, 8, 0]
+}
+
+/// (status, sense key, ASC, ASCQ) of a response.
+fn outcome(r: &Response) -> (u8, u8, u8, u8) {
+    let s = r.sense();
+    (
+        r.status,
+        s.as_ref().map_or(0, |s| s.key),
+        s.as_ref().map_or(0, |s| s.asc),
+        s.as_ref().map_or(0, |s| s.ascq),
+    )
+}
+
+async fn rtpg(session: &Session) -> Response {
+    session
+        .execute(Command::read(0, &RTPG, vec![0; 1024]))
+        .await
+        .unwrap()
+}
+
+/// The group states (group id, state) an RTPG answer lists.
+fn states(data: &[u8]) -> Vec<(u16, u8)> {
+    data.get(4..)
+        .unwrap_or_default()
+        .chunks_exact(12)
+        .map(|d| (u16::from_be_bytes([d[2], d[3]]), d[0] & 0x0F))
+        .collect()
+}
+
+/// RTPG through `session` until the owner is `owner` (skipping unit
+/// attentions), or `within` passes.
+async fn wait_for_owner(session: &Session, owner: u16, within: Duration) -> Vec<u8> {
+    let until = Instant::now() + within;
+    loop {
+        let r = rtpg(session).await;
+        if r.status == 0 {
+            let data = r.data[..r.received as usize].to_vec();
+            if states(&data).contains(&(owner, 0)) {
+                return data;
+            }
+        }
+        assert!(
+            Instant::now() < until,
+            "gateway {owner} does not own the LU: {:?}",
+            outcome(&r)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn the_survivor_takes_over_when_the_owner_is_killed() {
+    let image = Image(format!("rbd/cli-gw-{}", std::process::id()));
+    let _ = rbd(&["rm", &image.0]);
+    let out = rbd(&["create", &image.0, "--size", "64M"]);
+    assert!(
+        out.status.success(),
+        "rbd create (is scripts/ceph-dev running?): {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Gateway 1 first, so that it is the owner (the lowest live one).
+    let mut one = gateway(&image.0, 1);
+    let two = gateway(&image.0, 2);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let via_one = connect(&one).await;
+        let via_two = connect(&two).await;
+        let first = wait_for_owner(&via_one, 1, Duration::from_secs(20)).await;
+        let second = wait_for_owner(&via_two, 1, Duration::from_secs(20)).await;
+        assert_eq!(first, second, "RTPG differs between the gateways");
+        assert_eq!(states(&first), [(1, 0x0), (2, 0x2)]);
+
+        // The standby refuses a write: NOT READY, TARGET PORT IN STANDBY.
+        let block = vec![0xC3u8; 4096];
+        let w = via_two
+            .execute(Command::write(0, &write10(16), &block))
+            .await
+            .unwrap();
+        assert_eq!(outcome(&w), (0x02, 0x02, 0x04, 0x0B));
+        let w = via_one
+            .execute(Command::write(0, &write10(16), &block))
+            .await
+            .unwrap();
+        assert_eq!(w.status, 0, "{:?}", outcome(&w));
+
+        // The owner dies.
+        let killed = Instant::now();
+        let _ = Process::new("kill")
+            .args(["-KILL", &one.pid().to_string()])
+            .status();
+        let _ = one.terminate(Duration::from_secs(5));
+        let mut saw_ua = false;
+        let data = block.iter().map(|b| !b).collect::<Vec<u8>>();
+        let took = loop {
+            let w = via_two
+                .execute(Command::write(0, &write10(32), &data))
+                .await
+                .unwrap();
+            match outcome(&w) {
+                (0, ..) => break killed.elapsed(),
+                (_, 0x06, 0x2A, 0x06) => saw_ua = true,
+                (_, 0x02, 0x04, 0x0A | 0x0B) => {}
+                other => panic!("a write through the survivor ended {other:?}"),
+            }
+            assert!(
+                killed.elapsed() < Duration::from_secs(10),
+                "no takeover within 10 s"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        println!("gateway group: from SIGKILL of the owner to the first completed write through the survivor: {took:?}");
+        assert!(saw_ua, "no ASYMMETRIC ACCESS STATE CHANGED");
+        let after = wait_for_owner(&via_two, 2, Duration::from_secs(1)).await;
+        assert_eq!(states(&after)[1], (2, 0x0));
+        // What was written before the kill is there, and the new write.
+        let r = via_two
+            .execute(Command::read(0, &read10(16), vec![0; 4096]))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 0, "{:?}", outcome(&r));
+        assert!(r.data == block, "data written before the kill changed");
+        let r = via_two
+            .execute(Command::read(0, &read10(32), vec![0; 4096]))
+            .await
+            .unwrap();
+        assert!(r.data == data);
+    });
+    drop(two);
+}
+
+/// The owner is paused (SIGSTOP), not killed: the survivor takes the LU
+/// over and its lock break blocklists the paused one. Resumed, the old
+/// owner finds itself fenced: it says so in its log, reports its port
+/// unavailable and refuses writes with NOT READY (04h/0Ch), and nothing it
+/// is sent lands on the image.
+#[test]
+fn a_paused_owner_that_resumes_is_fenced_and_says_so() {
+    let image = Image(format!("rbd/cli-gw-fence-{}", std::process::id()));
+    let _ = rbd(&["rm", &image.0]);
+    let out = rbd(&["create", &image.0, "--size", "64M"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let one = gateway(&image.0, 1);
+    let two = gateway(&image.0, 2);
+    let signal = |name: &str| {
+        let _ = Process::new("kill")
+            .args([name, &one.pid().to_string()])
+            .status();
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let via_one = connect(&one).await;
+        let via_two = connect(&two).await;
+        wait_for_owner(&via_one, 1, Duration::from_secs(20)).await;
+        wait_for_owner(&via_two, 1, Duration::from_secs(20)).await;
+        signal("-STOP");
+        wait_for_owner(&via_two, 2, Duration::from_secs(10)).await;
+        let theirs = vec![0x2Bu8; 4096];
+        let mut done = false;
+        for _ in 0..3 {
+            let w = via_two
+                .execute(Command::write(0, &write10(48), &theirs))
+                .await
+                .unwrap();
+            if w.status == 0 {
+                done = true;
+                break;
+            }
+        }
+        assert!(done, "the survivor does not take writes");
+        signal("-CONT");
+        let mine = vec![0x77u8; 4096];
+        let until = Instant::now() + Duration::from_secs(10);
+        loop {
+            let w = via_one
+                .execute(Command::write(0, &write10(48), &mine))
+                .await
+                .unwrap();
+            match outcome(&w) {
+                (_, 0x02, 0x04, 0x0C) => break,
+                // A unit attention, or the one write that found the
+                // client blocklisted (MEDIUM ERROR) before the fence.
+                (_, 0x06, ..) | (_, 0x03, ..) => {}
+                other => panic!("a write through the fenced gateway ended {other:?}"),
+            }
+            assert!(Instant::now() < until, "the resumed gateway is not fenced");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let r = rtpg(&via_one).await;
+        assert_eq!(r.status, 0);
+        assert!(states(&r.data[..r.received as usize]).contains(&(1, 0x3)));
+        let r = via_two
+            .execute(Command::read(0, &read10(48), vec![0; 4096]))
+            .await
+            .unwrap();
+        assert!(
+            r.data == theirs,
+            "a write through the fenced gateway landed"
+        );
+    });
+    let log = one.log_so_far();
+    assert!(log.contains("was blocklisted"), "{log}");
+    drop(two);
+}

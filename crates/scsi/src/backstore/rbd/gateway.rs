@@ -1,0 +1,467 @@
+//! Who of a group of gateways owns an RBD LU: the holder of the image's
+//! exclusive lock, kept by a thread per LU (the keeper) that sets the LU's
+//! [`AluaGroup`] view from what the cluster says.
+//!
+//! Liveness is a heartbeat, not a RADOS watch: each gateway bumps a counter
+//! in an extended attribute of the image's header object
+//! (`iscsi-rs.hb.<port>` of `rbd_header.<image id>`: it goes with the
+//! image, and librbd keeps no xattrs there) every [`BEAT`], and a peer whose
+//! counter has not moved for [`DEAD_AFTER`] by the observer's own monotonic
+//! clock is dead (no clocks compared between hosts). Ceph 16's C API has no
+//! `rados_list_watchers`, so a watch's liveness could only be read back
+//! through `rados_notify2`'s Ceph-encoded reply, and watching needs a
+//! callback on librados's threads (which the FFI keeps free of Rust code);
+//! two synchronous xattr calls per second need neither. A blocklisted
+//! gateway cannot write its heartbeat, so it stops looking alive by itself.
+//!
+//! The owner's port is kept beside the lock (`iscsi-rs.owner` of the same
+//! object),
+//! written by the gateway that took the lock: every gateway reads the same
+//! two facts (who holds the lock, which port wrote `owner`), so all report
+//! the same owner. Ownership is sticky: a live owner keeps the LU, even
+//! when a preferred or lower-numbered gateway comes back, because taking
+//! it back means blocklisting a working gateway and a path flap for every
+//! host; a returning gateway is standby until the owner dies. With nobody
+//! holding the lock, the preferred gateway (image metadata
+//! [`PREFERRED_KEY`]) takes it if it is alive, else the lowest-numbered
+//! live one. When the owner dies, the lowest-numbered live other member
+//! breaks its lock (which blocklists it: fenced even if it was only
+//! paused) and takes it.
+
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use super::ffi::Image;
+use crate::alua::{AccessState, AluaGroup, AluaView, GatewayGroup, PortGroup};
+
+/// How often a gateway beats and looks at the lock.
+pub const BEAT: Duration = Duration::from_millis(500);
+/// A gateway whose heartbeat has not moved for this long is dead. With
+/// [`BEAT`], a kill is seen in 3 to 3.5 s and a takeover done well within
+/// the 10 s a host's multipath waits.
+pub const DEAD_AFTER: Duration = Duration::from_secs(3);
+/// Image metadata naming the gateway (its port number) that should own the
+/// image when nobody does (`rbd image-meta set POOL/IMAGE
+/// iscsi-rs.preferred-gateway 2`).
+pub const PREFERRED_KEY: &str = "iscsi-rs.preferred-gateway";
+
+/// The prefix of this gateway's extended attributes on the header object.
+const PREFIX: &str = "iscsi-rs.";
+/// The attribute naming the owner's port.
+const OWNER: &str = "iscsi-rs.owner";
+
+/// ESHUTDOWN: what Ceph returns to a blocklisted client (EBLOCKLISTED).
+const EBLOCKLISTED: i32 = 108;
+
+/// Who holds the exclusive lock, as the keeper reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Holder {
+    /// This gateway.
+    Me,
+    /// Another client: the member whose port `owner` names, if any.
+    Other(Option<u16>),
+    /// Nobody.
+    Nobody,
+}
+
+/// What the keeper does after a look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Action {
+    /// Nothing: the owner is alive, or another gateway should act.
+    Wait,
+    /// Take the free lock.
+    Acquire,
+    /// Break the dead owner's lock (blocklisting it), then take it.
+    TakeOver,
+}
+
+/// The pure half of a look: from the group, the holder, who is alive and
+/// the preferred gateway, the owner to report (`None`: transitioning) and
+/// what this gateway does. Every gateway that reads the same facts
+/// reports the same owner, and at most one of them acts.
+pub(super) fn decide(
+    group: &GatewayGroup,
+    holder: Holder,
+    alive: &dyn Fn(u16) -> bool,
+    preferred: Option<u16>,
+) -> (Option<u16>, Action) {
+    let me = group.port;
+    let alive = |m: u16| m == me || alive(m);
+    let chosen = |not: Option<u16>| {
+        let candidates: Vec<u16> = group
+            .members
+            .iter()
+            .copied()
+            .filter(|&m| Some(m) != not && alive(m))
+            .collect();
+        preferred
+            .filter(|p| candidates.contains(p))
+            .or_else(|| candidates.first().copied())
+    };
+    match holder {
+        Holder::Me => (Some(me), Action::Wait),
+        // The lock of this gateway's former self (killed, restarted): the
+        // client that holds it is gone, and this one takes it back.
+        Holder::Other(Some(owner)) if owner == me => (None, Action::TakeOver),
+        Holder::Other(Some(owner)) if owner != me && alive(owner) => (Some(owner), Action::Wait),
+        Holder::Other(dead) => {
+            let act = if chosen(dead) == Some(me) {
+                Action::TakeOver
+            } else {
+                Action::Wait
+            };
+            (None, act)
+        }
+        Holder::Nobody => {
+            let act = if chosen(None) == Some(me) {
+                Action::Acquire
+            } else {
+                Action::Wait
+            };
+            (None, act)
+        }
+    }
+}
+
+/// The heartbeats seen, with when each last changed (this process's clock).
+#[derive(Debug, Default)]
+pub(super) struct Liveness {
+    seen: HashMap<u16, (Vec<u8>, Instant)>,
+}
+
+impl Liveness {
+    /// Records `member`'s heartbeat as read at `now` (`None`: not there).
+    pub fn observe(&mut self, member: u16, beat: Option<Vec<u8>>, now: Instant) {
+        match beat {
+            None => {
+                self.seen.remove(&member);
+            }
+            Some(beat) => {
+                let changed = self.seen.get(&member).is_none_or(|(b, _)| *b != beat);
+                if changed {
+                    self.seen.insert(member, (beat, now));
+                }
+            }
+        }
+    }
+
+    /// Whether `member`'s heartbeat moved within [`DEAD_AFTER`] of `now`
+    /// (a heartbeat first seen counts as moved then: a gateway that starts
+    /// gives its peers the benefit of the doubt for one period).
+    pub fn alive(&self, member: u16, now: Instant) -> bool {
+        self.seen
+            .get(&member)
+            .is_some_and(|(_, at)| now.saturating_duration_since(*at) < DEAD_AFTER)
+    }
+}
+
+/// What a gateway does once it learns that its client of the LU was
+/// blocklisted (another gateway took the LU over), from its keeper or from
+/// an I/O that failed with EBLOCKLISTED: it serves nothing more of the LU
+/// (its port reports unavailable, so every command but INQUIRY, REPORT
+/// LUNS, REQUEST SENSE and REPORT TARGET PORT GROUPS ends in NOT READY,
+/// 04h/0Ch) and says why in its log once, instead of failing every
+/// command with an I/O error nobody can explain.
+#[derive(Debug)]
+pub(super) struct Fence {
+    port: u16,
+    name: String,
+    alua: Arc<AluaGroup>,
+    tripped: AtomicBool,
+}
+
+impl Fence {
+    pub fn new(port: u16, name: String, alua: Arc<AluaGroup>) -> Self {
+        Self {
+            port,
+            name,
+            alua,
+            tripped: AtomicBool::new(false),
+        }
+    }
+
+    /// Passes `e` on, tripping the fence first if it says the client was
+    /// blocklisted.
+    pub fn check(&self, e: io::Error) -> io::Error {
+        if e.raw_os_error() == Some(EBLOCKLISTED) {
+            self.trip();
+        }
+        e
+    }
+
+    /// Whether the fence has tripped.
+    pub fn tripped(&self) -> bool {
+        self.tripped.load(Ordering::Acquire)
+    }
+
+    fn trip(&self) {
+        if self.tripped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.port;
+        eprintln!(
+            "{}: gateway {me} was blocklisted by another gateway of its group (the LU moved \
+             there); this gateway no longer serves the LU (its port reports unavailable) until \
+             it is restarted",
+            self.name
+        );
+        let view = self.alua.view();
+        self.alua
+            .set(AluaView::new(view.groups().iter().map(|g| PortGroup {
+                id: g.id,
+                state: if g.id == me {
+                    AccessState::Unavailable
+                } else {
+                    g.state
+                },
+            })));
+    }
+}
+
+/// The thread that keeps one LU's ownership; stopped (and the lock let go,
+/// so that a peer takes over at once) when the store goes.
+pub(super) struct Keeper {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Drop for Keeper {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl std::fmt::Debug for Keeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keeper").finish_non_exhaustive()
+    }
+}
+
+/// Starts the keeper of `image` (`name` as the log names it) in `group`;
+/// it sets `alua`'s view after every look.
+pub(super) fn start(
+    image: Arc<Image>,
+    name: String,
+    group: GatewayGroup,
+    alua: Arc<AluaGroup>,
+    fence: Arc<Fence>,
+) -> io::Result<Keeper> {
+    let object = format!("rbd_header.{}", image.id()?);
+    let stop = Arc::new(AtomicBool::new(false));
+    let stopping = Arc::clone(&stop);
+    let thread = std::thread::Builder::new()
+        .name(format!("rbd-keeper-{}", group.port))
+        .spawn(move || {
+            let mut k = Look {
+                image: &image,
+                name: &name,
+                object: &object,
+                group: &group,
+                alua: &alua,
+                beat: 0,
+                liveness: Liveness::default(),
+            };
+            while !stopping.load(Ordering::Acquire) && !fence.tripped() {
+                if let Err(e) = k.look() {
+                    let e = fence.check(e);
+                    if e.raw_os_error() == Some(EBLOCKLISTED) {
+                        return;
+                    }
+                    eprintln!("{name}: gateway {}: {e}", group.port);
+                }
+                std::thread::sleep(BEAT);
+            }
+            if image.is_lock_owner().unwrap_or(false) {
+                let _ = image.lock_release();
+            }
+        })?;
+    Ok(Keeper {
+        stop,
+        thread: Some(thread),
+    })
+}
+
+/// One keeper's state between looks.
+struct Look<'a> {
+    image: &'a Image,
+    name: &'a str,
+    object: &'a str,
+    group: &'a GatewayGroup,
+    alua: &'a AluaGroup,
+    beat: u64,
+    liveness: Liveness,
+}
+
+impl Look<'_> {
+    /// Beats, reads the others' beats and the lock, acts, and sets the view.
+    fn look(&mut self) -> io::Result<()> {
+        let me = self.group.port;
+        self.beat += 1;
+        self.image.set_xattr(
+            self.object,
+            &format!("{PREFIX}hb.{me}"),
+            self.beat.to_string().as_bytes(),
+        )?;
+        let now = Instant::now();
+        for &m in self.group.members.iter().filter(|&&m| m != me) {
+            let beat = self.image.xattr(self.object, &format!("{PREFIX}hb.{m}"))?;
+            self.liveness.observe(m, beat, now);
+        }
+        let holder = self.holder()?;
+        let preferred = self
+            .image
+            .metadata(PREFERRED_KEY)?
+            .and_then(|p| p.trim().parse::<u16>().ok());
+        let alive = |m: u16| self.liveness.alive(m, now);
+        let (mut owner, action) = decide(self.group, holder, &alive, preferred);
+        match action {
+            Action::Wait => {}
+            Action::Acquire | Action::TakeOver => {
+                // The view says transitioning while the lock moves.
+                self.alua
+                    .set(AluaView::owned_by(self.group.members.clone(), None));
+                if action == Action::TakeOver {
+                    for o in self.image.lock_owners()? {
+                        eprintln!(
+                            "{}: gateway {me}: the owner ({holder:?}, client {o}) stopped beating; \
+                             breaking its lock (it is blocklisted)",
+                            self.name
+                        );
+                        self.image.lock_break(&o)?;
+                    }
+                }
+                match self.image.lock_acquire() {
+                    Ok(()) => {
+                        self.image
+                            .set_xattr(self.object, OWNER, me.to_string().as_bytes())?;
+                        eprintln!("{}: gateway {me} owns the LU (active/optimized)", self.name);
+                        owner = Some(me);
+                    }
+                    // Another gateway was quicker: it holds the lock now.
+                    Err(e) => eprintln!("{}: gateway {me}: taking the lock: {e}", self.name),
+                }
+            }
+        }
+        self.alua
+            .set(AluaView::owned_by(self.group.members.clone(), owner));
+        Ok(())
+    }
+
+    fn holder(&self) -> io::Result<Holder> {
+        if self.image.is_lock_owner()? {
+            return Ok(Holder::Me);
+        }
+        if self.image.lock_owners()?.is_empty() {
+            return Ok(Holder::Nobody);
+        }
+        let port = self
+            .image
+            .xattr(self.object, OWNER)?
+            .and_then(|b| String::from_utf8(b).ok()?.trim().parse::<u16>().ok())
+            .filter(|p| self.group.members.contains(p));
+        Ok(Holder::Other(port))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(me: u16) -> GatewayGroup {
+        GatewayGroup::new(me, [1, 2, 3])
+    }
+
+    #[test]
+    fn a_live_owner_keeps_the_lu() {
+        let all = |_| true;
+        for me in [1, 2, 3] {
+            assert_eq!(
+                decide(&group(me), Holder::Other(Some(3)), &all, Some(1)).0,
+                if me == 3 { None } else { Some(3) }
+            );
+        }
+        assert_eq!(
+            decide(&group(3), Holder::Me, &all, Some(1)),
+            (Some(3), Action::Wait)
+        );
+    }
+
+    #[test]
+    fn a_dead_owner_is_taken_over_by_the_lowest_live_other() {
+        let alive = |m| m != 1;
+        assert_eq!(
+            decide(&group(2), Holder::Other(Some(1)), &alive, None),
+            (None, Action::TakeOver)
+        );
+        assert_eq!(
+            decide(&group(3), Holder::Other(Some(1)), &alive, None),
+            (None, Action::Wait)
+        );
+        // The preferred one, if alive, even if not the lowest.
+        assert_eq!(
+            decide(&group(3), Holder::Other(Some(1)), &alive, Some(3)),
+            (None, Action::TakeOver)
+        );
+    }
+
+    #[test]
+    fn a_restarted_owner_takes_back_its_former_selfs_lock() {
+        let all = |_| true;
+        assert_eq!(
+            decide(&group(1), Holder::Other(Some(1)), &all, None),
+            (None, Action::TakeOver)
+        );
+        assert_eq!(
+            decide(&group(2), Holder::Other(Some(1)), &all, None),
+            (Some(1), Action::Wait)
+        );
+    }
+
+    #[test]
+    fn a_free_lock_goes_to_the_preferred_else_the_lowest_live() {
+        let all = |_| true;
+        assert_eq!(
+            decide(&group(1), Holder::Nobody, &all, None).1,
+            Action::Acquire
+        );
+        assert_eq!(
+            decide(&group(2), Holder::Nobody, &all, None).1,
+            Action::Wait
+        );
+        assert_eq!(
+            decide(&group(2), Holder::Nobody, &all, Some(2)).1,
+            Action::Acquire
+        );
+        assert_eq!(
+            decide(&group(1), Holder::Nobody, &all, Some(2)).1,
+            Action::Wait
+        );
+        let not_1 = |m| m != 1;
+        assert_eq!(
+            decide(&group(2), Holder::Nobody, &not_1, Some(1)).1,
+            Action::Acquire
+        );
+    }
+
+    #[test]
+    fn a_heartbeat_that_stops_moving_dies() {
+        let t0 = Instant::now();
+        let mut l = Liveness::default();
+        assert!(!l.alive(2, t0));
+        l.observe(2, Some(b"1".to_vec()), t0);
+        assert!(l.alive(2, t0 + Duration::from_secs(1)));
+        l.observe(2, Some(b"1".to_vec()), t0 + Duration::from_secs(2));
+        assert!(!l.alive(2, t0 + DEAD_AFTER));
+        l.observe(2, Some(b"2".to_vec()), t0 + DEAD_AFTER);
+        assert!(l.alive(2, t0 + DEAD_AFTER + Duration::from_secs(1)));
+        l.observe(2, None, t0 + DEAD_AFTER);
+        assert!(!l.alive(2, t0 + DEAD_AFTER));
+    }
+}
