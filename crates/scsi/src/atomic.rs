@@ -11,10 +11,10 @@
 
 use crate::DataOut;
 use crate::backstore::Backstore;
+use crate::cdb::MAX_TRANSFER_BYTES;
 use crate::cdb::{self, Blocks, Lba, check_range};
 use crate::lu::ModeParams;
 use crate::sense::{FieldPointer, Sense};
-use crate::spc::MAX_TRANSFER_BYTES;
 
 /// What one LU advertises for atomic writes, in logical blocks (the five
 /// atomic fields of the Block Limits VPD page).

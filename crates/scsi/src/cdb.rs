@@ -4,6 +4,10 @@
 
 use crate::sense::Sense;
 
+/// Largest READ/WRITE transfer accepted, in bytes (reported in the Block
+/// Limits VPD page; larger requests end in INVALID FIELD IN CDB).
+pub const MAX_TRANSFER_BYTES: u64 = 32 << 20;
+
 /// Operation codes this crate knows (SPC-4 / SBC-3).
 pub mod opcode {
     /// TEST UNIT READY.
@@ -337,7 +341,7 @@ pub fn command_info(cdb: &[u8], block_size: u32) -> (DataDirection, u32) {
         RECEIVE_COPY_RESULTS => be32(cdb, 10),
         READ_DEFECT_DATA_12 => be32(cdb, 6),
         VERIFY_10 | VERIFY_12 | VERIFY_16 => {
-            return write(crate::sbc::verify_data_len(cdb, block_size));
+            return write(verify_data_len(cdb, block_size));
         }
         _ => return none,
     };
@@ -345,6 +349,29 @@ pub fn command_info(cdb: &[u8], block_size: u32) -> (DataDirection, u32) {
         Ok(0) | Err(_) => none,
         Ok(n) => (DataDirection::Read, n),
     }
+}
+
+/// The LBA and block count of a VERIFY or WRITE AND VERIFY CDB of any size.
+pub(crate) fn verify_lba_and_len(cdb: &[u8]) -> Result<(Lba, Blocks), Sense> {
+    use opcode::*;
+    let op = byte(cdb, 0)?;
+    let (lba, n) = match op {
+        VERIFY_10 | WRITE_AND_VERIFY_10 => (u64::from(be32(cdb, 2)?), u64::from(be16(cdb, 7)?)),
+        VERIFY_12 | WRITE_AND_VERIFY_12 => (u64::from(be32(cdb, 2)?), u64::from(be32(cdb, 6)?)),
+        _ => (be64(cdb, 2)?, u64::from(be32(cdb, 10)?)),
+    };
+    Ok((Lba(lba), Blocks(n)))
+}
+
+/// The Data-Out length of a VERIFY CDB: BYTCHK 01b sends the blocks to
+/// compare, 11b one block; 00b nothing.
+pub fn verify_data_len(cdb: &[u8], block_size: u32) -> Result<u64, Sense> {
+    let (_, n) = verify_lba_and_len(cdb)?;
+    Ok(match (byte(cdb, 1)? >> 1) & 0x03 {
+        0x01 => n.bytes(block_size),
+        0x03 if n.0 > 0 => u64::from(block_size),
+        _ => 0,
+    })
 }
 
 #[cfg(test)]

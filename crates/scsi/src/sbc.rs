@@ -463,33 +463,6 @@ pub(crate) fn compare_and_write(
     write_data(lu, mode, offset, write, fua)
 }
 
-/// The LBA and block count of a VERIFY or WRITE AND VERIFY CDB of any size.
-fn lba_and_len(cdb: &[u8]) -> Result<(Lba, Blocks), Sense> {
-    use opcode::*;
-    let op = cdb::byte(cdb, 0)?;
-    let (lba, n) = match op {
-        VERIFY_10 | WRITE_AND_VERIFY_10 => {
-            (u64::from(cdb::be32(cdb, 2)?), u64::from(cdb::be16(cdb, 7)?))
-        }
-        VERIFY_12 | WRITE_AND_VERIFY_12 => {
-            (u64::from(cdb::be32(cdb, 2)?), u64::from(cdb::be32(cdb, 6)?))
-        }
-        _ => (cdb::be64(cdb, 2)?, u64::from(cdb::be32(cdb, 10)?)),
-    };
-    Ok((Lba(lba), Blocks(n)))
-}
-
-/// The Data-Out length of a VERIFY CDB: BYTCHK 01b sends the blocks to
-/// compare, 11b one block; 00b nothing.
-pub fn verify_data_len(cdb: &[u8], block_size: u32) -> Result<u64, Sense> {
-    let (_, n) = lba_and_len(cdb)?;
-    Ok(match (cdb::byte(cdb, 1)? >> 1) & 0x03 {
-        0x01 => n.bytes(block_size),
-        0x03 if n.0 > 0 => u64::from(block_size),
-        _ => 0,
-    })
-}
-
 /// VERIFY(10/12/16) (SBC-3 §5.33-5.35). BYTCHK 00b: the range must be
 /// readable. 01b: the Data-Out must equal the medium. 11b: every block must
 /// equal the one block of Data-Out. A mismatch is MISCOMPARE with the
@@ -505,7 +478,7 @@ pub(crate) fn verify(lu: &dyn Backstore, cdb: &[u8], data_out: &[u8]) -> Result<
     if bytchk == 0x02 {
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
-    let (lba, n) = lba_and_len(cdb)?;
+    let (lba, n) = cdb::verify_lba_and_len(cdb)?;
     check_range(lba, n, Blocks(lu.block_count()))?;
     if n.0 == 0 {
         return Ok(());
@@ -574,7 +547,7 @@ pub(crate) fn write_and_verify(
         return Err(Sense::INVALID_FIELD_IN_CDB);
     }
     let bytchk = b1 & 0x02 != 0;
-    let (lba, n) = lba_and_len(cdb)?;
+    let (lba, n) = cdb::verify_lba_and_len(cdb)?;
     check_range(lba, n, Blocks(lu.block_count()))?;
     let bs = lu.block_size();
     let len = transfer_len(n, bs, MAX_TRANSFER_BYTES)?;

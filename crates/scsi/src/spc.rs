@@ -39,9 +39,9 @@ pub fn naa_designator(company_id: u32, unique_id: u64) -> [u8; 16] {
     d
 }
 
-/// Largest READ/WRITE transfer accepted, in bytes (reported in the Block
-/// Limits VPD page; larger requests end in INVALID FIELD IN CDB).
-pub const MAX_TRANSFER_BYTES: u64 = 32 << 20;
+/// Largest READ/WRITE transfer accepted (`cdb`, where requests are
+/// checked), reported in the Block Limits VPD page.
+pub use crate::cdb::MAX_TRANSFER_BYTES;
 /// Largest number of blocks one UNMAP block descriptor may deallocate
 /// (libiscsi calls limits above 2^20 insane unless unlimited).
 pub const MAX_UNMAP_LBA_COUNT: u32 = 0x0010_0000;
