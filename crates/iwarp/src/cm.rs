@@ -20,7 +20,7 @@ use tokio::net::TcpStream;
 
 use crate::error::{Error, llp_code};
 use crate::fpdu::Encoder;
-use crate::qp::{Agreed, QueuePair};
+use crate::qp::{Agreed, PeerParams, QueuePair};
 use crate::verbs::{QpCaps, RecvRequest};
 use crate::wire::WireError;
 use crate::wire::ddp::{Buffer, DdpRepr};
@@ -58,21 +58,6 @@ impl Default for ConnectParams {
             timeout: Duration::from_secs(10),
         }
     }
-}
-
-/// The peer's side of the MPA exchange, and what was agreed.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PeerParams {
-    /// The peer ULP's private data (IRD/ORD words removed).
-    pub private_data: Vec<u8>,
-    /// The peer's IRD as it stated it (our ORD when it stated none).
-    pub ird: u16,
-    /// The peer's ORD as it stated it (our IRD when it stated none).
-    pub ord: u16,
-    /// CRC in use on this stream (in a request not yet answered: the peer's wish).
-    pub crc: bool,
-    /// MPA revision the peer used (1 or 2).
-    pub revision: u8,
 }
 
 /// Active side: MPA Request on an already connected TCP stream, waits for the Reply.

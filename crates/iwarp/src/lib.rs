@@ -46,10 +46,10 @@ mod mr;
 mod qp;
 mod verbs;
 
-pub use cm::{ConnectParams, ConnectRequest, PeerParams, accept_request, connect};
+pub use cm::{ConnectParams, ConnectRequest, accept_request, connect};
 pub use error::{Error, TerminateReason};
 pub use mr::{Access, MemoryRegion, ProtectionDomain};
-pub use qp::QueuePair;
+pub use qp::{PeerParams, QueuePair};
 pub use verbs::{
     Completion, CompletionQueue, LocalBuffer, QpCaps, RecvRequest, RemoteBuffer, SendOp,
     SendRequest, Sge, WcOpcode, WcStatus,

@@ -22,7 +22,6 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::sync::{Notify, watch};
 
-use crate::cm::PeerParams;
 use crate::error::{Error, Layer, TerminateReason, ddp_code, ddp_etype, rdmap_code, rdmap_etype};
 use crate::fpdu::{self, Encoder, Reassembly, Segment};
 use crate::mr::{Access, ProtectionDomain, Refusal};
@@ -32,6 +31,22 @@ use crate::verbs::{
 };
 use crate::wire::ddp::{self, Buffer, DdpRepr};
 use crate::wire::rdmap::{CtrlRepr, Opcode, ReadRequestRepr, TerminateRepr};
+
+/// The peer's side of the MPA exchange, and what was agreed (made by
+/// `crate::cm`, kept by the queue pair).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerParams {
+    /// The peer ULP's private data (IRD/ORD words removed).
+    pub private_data: Vec<u8>,
+    /// The peer's IRD as it stated it (our ORD when it stated none).
+    pub ird: u16,
+    /// The peer's ORD as it stated it (our IRD when it stated none).
+    pub ord: u16,
+    /// CRC in use on this stream (in a request not yet answered: the peer's wish).
+    pub crc: bool,
+    /// MPA revision the peer used (1 or 2).
+    pub revision: u8,
+}
 
 /// Payload bytes the writer gathers into one write.
 pub const BATCH_BYTES: usize = 1 << 20;

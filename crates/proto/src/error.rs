@@ -6,7 +6,8 @@
 
 use thiserror::Error;
 
-use crate::pdu::{RejectReason, Stage};
+use crate::pdu::reject::RejectReason;
+use crate::pdu::stage::Stage;
 
 /// Whose fault an error is, in the manner of rustls' `InvalidMessage` /
 /// `PeerMisbehaved` / `ApiMisuse` split.

@@ -27,6 +27,8 @@ use super::encode::MAX_HEADER_LEN;
 use super::{Ahs, BHS_LEN, DIGEST_LEN, Digests, Header, MAX_AHS_LEN, Pdu, padding_len};
 use crate::error::DecodeError;
 
+pub use super::stage::Stage;
+
 /// Receive-side settings of one connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct DecoderConfig {
@@ -49,26 +51,6 @@ impl Default for DecoderConfig {
             digests: Digests::default(),
         }
     }
-}
-
-/// What the decoder is reading.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Stage {
-    /// The 48-byte BHS.
-    Bhs,
-    /// TotalAHSLength * 4 bytes of AHS.
-    Ahs,
-    /// The 4-byte header digest.
-    HeaderDigest,
-    /// The data segment; deliver it with `feed`, `receive_data` or
-    /// `data_received`.
-    Data,
-    /// 0-3 padding bytes.
-    Padding,
-    /// The 4-byte data digest.
-    DataDigest,
-    /// The PDU is whole; the next `feed` reports `End` without consuming.
-    Complete,
 }
 
 /// How many bytes the decoder needs next, and for what.

@@ -27,6 +27,7 @@ pub mod nop;
 pub mod reject;
 pub mod scsi;
 pub mod snack;
+pub(crate) mod stage;
 pub mod task;
 pub mod text;
 
