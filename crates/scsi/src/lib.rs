@@ -45,6 +45,7 @@ pub mod opcodes;
 pub mod pr;
 pub mod pr_record;
 mod pr_shared;
+pub(crate) mod pr_state;
 pub mod sanitize;
 pub mod sbc;
 pub mod sense;
@@ -299,7 +300,7 @@ impl ScsiTarget {
             if table.len() <= i {
                 table.resize(i + 1, None);
             }
-            table[i] = Some(LogicalUnit::create(store));
+            table[i] = Some(pr_shared::logical_unit(store));
         }
         Self {
             identity,
@@ -363,7 +364,7 @@ impl ScsiTarget {
         if table.len() <= i {
             table.resize(i + 1, None);
         }
-        table[i] = Some(LogicalUnit::create(store));
+        table[i] = Some(pr_shared::logical_unit(store));
         self.luns.store(Arc::new(table));
         self.inventory_changed(Some(n));
         Ok(())

@@ -14,9 +14,9 @@ use crate::alua::AluaGroup;
 use crate::backstore::{Backstore, SharedPrStore};
 use crate::medium::{LuOptions, Medium};
 use crate::nexus::NexusKey;
-use crate::pr::PrState;
 use crate::pr_record::Gateway;
-use crate::sanitize::SanitizeState;
+use crate::pr_state::PrState;
+use crate::sanitize::state::SanitizeState;
 use crate::sense::Sense;
 
 /// Most unit attentions queued for one nexus; older ones are dropped first
@@ -177,16 +177,6 @@ pub(crate) struct LogicalUnit {
 }
 
 impl LogicalUnit {
-    /// The LU of `backstore`, its shared reservation state (if any) joined
-    /// and watched (`crate::pr_shared::attach`).
-    pub fn create(backstore: Arc<dyn Backstore>) -> Arc<Self> {
-        let lu = Arc::new(Self::new(backstore));
-        if lu.shared.is_some() {
-            crate::pr_shared::attach(&lu);
-        }
-        lu
-    }
-
     pub fn new(backstore: Arc<dyn Backstore>) -> Self {
         let shared = backstore.shared_pr();
         let alua = backstore.alua();

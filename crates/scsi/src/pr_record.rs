@@ -30,9 +30,9 @@
 use std::fmt;
 
 use crate::nexus::{Nexus, NexusKey, parse_iscsi_transport_id};
-use crate::pr::{PrState, PrType, Registration, Reservation};
+use crate::pr_state::{PrState, PrType, Registration, Reservation};
 
-pub use crate::pr::MAX_REGISTRATIONS;
+pub use crate::pr_state::MAX_REGISTRATIONS;
 
 /// Most gateways one record remembers for fencing; a new one pushes the
 /// oldest out (it was restarted or is gone: its entry only served to fence

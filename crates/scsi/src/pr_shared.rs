@@ -48,7 +48,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use crate::backstore::SharedPrStore;
+use crate::backstore::{Backstore, SharedPrStore};
 use crate::lu::{ClusterView, LogicalUnit, LuState};
 use crate::nexus::{Nexus, NexusKey};
 use crate::pr::{self, Fail, PrState};
@@ -71,6 +71,16 @@ pub(crate) fn check_fresh(lu: &LogicalUnit) -> Result<(), Fail> {
         return Err(UNREACHABLE.into());
     }
     Ok(())
+}
+
+/// The LU of `backstore`, its shared reservation state (if any) joined
+/// and watched ([`attach`]).
+pub(crate) fn logical_unit(backstore: Arc<dyn Backstore>) -> Arc<LogicalUnit> {
+    let lu = Arc::new(LogicalUnit::new(backstore));
+    if lu.shared.is_some() {
+        attach(&lu);
+    }
+    lu
 }
 
 /// Joins the shared record (adds this gateway to its list, applies the

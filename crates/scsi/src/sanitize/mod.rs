@@ -29,12 +29,16 @@
 
 use std::io;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU16, Ordering};
 
 use crate::backstore::Backstore;
-use crate::cdb::{self, opcode};
+use crate::cdb;
 use crate::lu::LogicalUnit;
 use crate::sense::{Asc, FieldPointer, Sense, SenseKey};
+
+pub(crate) mod state;
+
+pub use self::state::FAILED;
+pub(crate) use self::state::{IN_PROGRESS, Progress, SanitizeState};
 
 /// Service action OVERWRITE.
 pub const SA_SANITIZE_OVERWRITE: u8 = 0x01;
@@ -50,73 +54,6 @@ const STEP: u64 = 1 << 20;
 /// Bytes deallocated per step of a BLOCK ERASE (a step per progress
 /// update; the RAM store frees chunk by chunk anyway).
 const ERASE_STEP: u64 = 64 << 20;
-
-/// NOT READY / SANITIZE IN PROGRESS.
-const IN_PROGRESS: Sense = Sense::new(SenseKey::NotReady, Asc::SANITIZE_IN_PROGRESS);
-/// MEDIUM ERROR / SANITIZE COMMAND FAILED: the failure state's answer.
-pub const FAILED: Sense = Sense::new(SenseKey::MediumError, Asc::SANITIZE_COMMAND_FAILED);
-
-/// How far a running sanitize is, in 65536ths, written by the operation
-/// and read by every command refused meanwhile.
-#[derive(Debug, Default)]
-pub(crate) struct Progress(AtomicU16);
-
-impl Progress {
-    fn set(&self, done: u64, total: u64) {
-        let frac = u128::from(done) * 0xFFFF / u128::from(total.max(1));
-        self.0
-            .store(u16::try_from(frac).unwrap_or(u16::MAX), Ordering::Relaxed);
-    }
-
-    fn get(&self) -> u16 {
-        self.0.load(Ordering::Relaxed)
-    }
-}
-
-/// Where an LU stands with SANITIZE.
-#[derive(Debug, Default, Clone)]
-pub(crate) enum SanitizeState {
-    /// No sanitize running or failed.
-    #[default]
-    Idle,
-    /// An operation runs; its progress.
-    Running(Arc<Progress>),
-    /// The last operation failed; `ause` as that command had it.
-    Failed {
-        /// EXIT FAILURE MODE is allowed.
-        ause: bool,
-    },
-}
-
-impl SanitizeState {
-    /// Whether there is nothing to gate.
-    pub fn is_idle(&self) -> bool {
-        matches!(self, Self::Idle)
-    }
-
-    /// What REQUEST SENSE reports in this state, if anything.
-    pub fn sense(&self) -> Option<Sense> {
-        match self {
-            Self::Idle => None,
-            Self::Running(p) => Some(IN_PROGRESS.with_progress(p.get())),
-            Self::Failed { .. } => Some(FAILED),
-        }
-    }
-
-    /// The check made before a command runs: `Err` with the sense it ends
-    /// in when the state forbids it (see the module's documentation).
-    pub fn gate(&self, cdb: &[u8]) -> Result<(), Sense> {
-        use opcode::*;
-        let op = cdb.first().copied().unwrap_or(0xFF);
-        let always = matches!(op, INQUIRY | REPORT_LUNS | REQUEST_SENSE | MAINTENANCE_IN);
-        match self {
-            Self::Idle => Ok(()),
-            _ if always => Ok(()),
-            Self::Failed { .. } if op == SANITIZE => Ok(()),
-            other => Err(other.sense().unwrap_or(FAILED)),
-        }
-    }
-}
 
 /// One operation, checked and ready to run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -358,6 +295,7 @@ fn run(store: &dyn Backstore, operation: &Operation, progress: &Progress) -> io:
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cdb::opcode;
 
     #[test]
     fn overwrite_parameter_list() {
