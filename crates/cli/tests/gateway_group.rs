@@ -10,35 +10,16 @@
 //! `rbd`.
 #![cfg(feature = "rbd")]
 
+mod common;
+
 use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
+use common::ceph::{Image, conf};
 use iscsi_initiator::{Command, IscsiUrl, Response, Session, SessionConfig};
 use iscsi_test_peers::{Peer, free_port};
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:gateway-group";
-
-fn conf() -> String {
-    std::env::var("ISCSI_CEPH_CONF").unwrap_or_else(|_| "/run/iscsi-rs-ceph/ceph.conf".into())
-}
-
-fn rbd(args: &[&str]) -> std::process::Output {
-    Process::new("rbd")
-        .arg("-c")
-        .arg(conf())
-        .args(args)
-        .output()
-        .expect("the rbd CLI runs (scripts/ceph-dev installs it)")
-}
-
-/// An image for the test, removed on drop.
-struct Image(String);
-
-impl Drop for Image {
-    fn drop(&mut self) {
-        let _ = rbd(&["rm", &self.0]);
-    }
-}
 
 /// Gateway `id` of the group {1, 2}, on a port of its own.
 fn gateway(image: &str, id: u16) -> Peer {
@@ -130,17 +111,10 @@ async fn wait_for_owner(session: &Session, owner: u16, within: Duration) -> Vec<
 
 #[test]
 fn the_survivor_takes_over_when_the_owner_is_killed() {
-    let image = Image(format!("rbd/cli-gw-{}", std::process::id()));
-    let _ = rbd(&["rm", &image.0]);
-    let out = rbd(&["create", &image.0, "--size", "64M"]);
-    assert!(
-        out.status.success(),
-        "rbd create (is scripts/ceph-dev running?): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let image = Image::new("gw", "64M");
     // Gateway 1 first, so that it is the owner (the lowest live one).
-    let mut one = gateway(&image.0, 1);
-    let two = gateway(&image.0, 2);
+    let mut one = gateway(&image, 1);
+    let two = gateway(&image, 2);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -218,16 +192,9 @@ fn the_survivor_takes_over_when_the_owner_is_killed() {
 /// is sent lands on the image.
 #[test]
 fn a_paused_owner_that_resumes_is_fenced_and_says_so() {
-    let image = Image(format!("rbd/cli-gw-fence-{}", std::process::id()));
-    let _ = rbd(&["rm", &image.0]);
-    let out = rbd(&["create", &image.0, "--size", "64M"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let one = gateway(&image.0, 1);
-    let two = gateway(&image.0, 2);
+    let image = Image::new("gw-fence", "64M");
+    let one = gateway(&image, 1);
+    let two = gateway(&image, 2);
     let signal = |name: &str| {
         let _ = Process::new("kill")
             .args([name, &one.pid().to_string()])

@@ -11,57 +11,22 @@ mod common;
 use std::process::Command;
 use std::sync::Arc;
 
+use common::ceph::{Image, conf, rbd};
 use common::iscsi;
 use iscsi_initiator::{Disk, IscsiUrl, Session, SessionConfig};
 use iscsi_test_peers::{Peer, free_port};
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:rbd-test";
 
-fn conf() -> String {
-    std::env::var("ISCSI_CEPH_CONF").unwrap_or_else(|_| "/run/iscsi-rs-ceph/ceph.conf".into())
-}
-
-fn rbd(args: &[&str]) -> std::process::Output {
-    Command::new("rbd")
-        .arg("-c")
-        .arg(conf())
-        .args(args)
-        .output()
-        .expect("the rbd CLI runs (scripts/ceph-dev installs it)")
-}
-
-/// An image for one test, removed on drop.
-struct Image(String);
-
-impl Image {
-    fn new(tag: &str) -> Image {
-        let name = format!("rbd/cli-{tag}-{}", std::process::id());
-        let _ = rbd(&["rm", &name]);
-        let out = rbd(&["create", &name, "--size", "64M"]);
-        assert!(
-            out.status.success(),
-            "rbd create (is scripts/ceph-dev running?): {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Image(name)
-    }
-}
-
-impl Drop for Image {
-    fn drop(&mut self) {
-        let _ = rbd(&["rm", &self.0]);
-    }
-}
-
 #[test]
 fn reads_writes_and_unmaps_an_rbd_image() {
-    let image = Image::new("rw");
+    let image = Image::new("rw", "64M");
     let port = free_port();
     let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
     command
         .args(["target", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--name", NAME, "--lun"])
-        .arg(format!("rbd:{},conf={}", image.0, conf()))
+        .arg(format!("rbd:{},conf={}", &*image, conf()))
         .env("RUST_LOG", "warn");
     let mut target = Peer::spawn(command, port);
     let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{NAME}/0")
@@ -102,7 +67,7 @@ fn reads_writes_and_unmaps_an_rbd_image() {
 
     // What the image holds, read by librbd's own CLI.
     let export = std::env::temp_dir().join(format!("iscsi-rs-rbd-{}.raw", std::process::id()));
-    let out = rbd(&["export", &image.0, export.to_str().unwrap()]);
+    let out = rbd(&["export", &image, export.to_str().unwrap()]);
     assert!(
         out.status.success(),
         "{}",
@@ -226,14 +191,14 @@ const RBD_SKIPS: &[(&str, &str)] = &[
 #[test]
 fn libiscsi_suite_passes_on_an_rbd_lun() {
     iscsi_test_peers::require("iscsi-test-cu", "libiscsi-bin");
-    let image = Image::new("suite");
+    let image = Image::new("suite", "64M");
     let port = free_port();
     let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
     command
         .args(["target", "--control", "none"])
         .args(["--listen", &format!("127.0.0.1:{port}"), "--name", NAME])
         .arg("--lun")
-        .arg(format!("rbd:{},conf={}", image.0, conf()))
+        .arg(format!("rbd:{},conf={}", &*image, conf()))
         .args(["--lun", "ram:64M"])
         .env("RUST_LOG", "warn");
     let mut target = Peer::spawn(command, port);
@@ -314,13 +279,13 @@ fn libiscsi_suite_passes_on_an_rbd_lun() {
 /// CAPACITY gives the new size; a shrink is seen the same way.
 #[test]
 fn a_resized_image_raises_capacity_data_has_changed() {
-    let image = Image::new("resize");
+    let image = Image::new("resize", "64M");
     let port = free_port();
     let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
     command
         .args(["target", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--name", NAME, "--lun"])
-        .arg(format!("rbd:{},conf={}", image.0, conf()))
+        .arg(format!("rbd:{},conf={}", &*image, conf()))
         .env("RUST_LOG", "warn");
     let mut target = Peer::spawn(command, port);
     let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{NAME}/0")
@@ -336,7 +301,7 @@ fn a_resized_image_raises_capacity_data_has_changed() {
             .unwrap();
         assert_eq!(session.read_capacity(0).await.unwrap().blocks, 64 << 11);
         for (size, blocks) in [("128M", 128u64 << 11), ("32M", 32 << 11)] {
-            let out = rbd(&["resize", &image.0, "--size", size, "--allow-shrink"]);
+            let out = rbd(&["resize", &image, "--size", size, "--allow-shrink"]);
             assert!(
                 out.status.success(),
                 "{}",

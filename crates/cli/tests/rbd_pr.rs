@@ -10,27 +10,17 @@
 //! lands in the image. Built only with the cargo feature `rbd`.
 #![cfg(feature = "rbd")]
 
+mod common;
+
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use common::ceph::{Image, conf, rbd};
 use iscsi_initiator::{Command as ScsiCommand, IscsiUrl, Session, SessionConfig};
 use iscsi_test_peers::{Peer, free_port};
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:rbd-pr";
-
-fn conf() -> String {
-    std::env::var("ISCSI_CEPH_CONF").unwrap_or_else(|_| "/run/iscsi-rs-ceph/ceph.conf".into())
-}
-
-fn rbd(args: &[&str]) -> std::process::Output {
-    Command::new("rbd")
-        .arg("-c")
-        .arg(conf())
-        .args(args)
-        .output()
-        .expect("the rbd CLI runs (scripts/ceph-dev installs it)")
-}
 
 /// One gateway: `iscsi target --config` with its own port and
 /// portal_group_tag (the relative target port of its nexuses).
@@ -150,14 +140,7 @@ async fn past_attentions(s: &Session) {
 
 #[test]
 fn reservations_hold_across_two_gateways_and_preempt_fences_a_stopped_one() {
-    let image = format!("rbd/cli-pr-{}", std::process::id());
-    let _ = rbd(&["rm", &image]);
-    let out = rbd(&["create", &image, "--size", "16M"]);
-    assert!(
-        out.status.success(),
-        "rbd create (is scripts/ceph-dev running?): {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let image = Image::new("pr", "16M");
     let g1 = Gateway::start(&image, 1);
     let g2 = Gateway::start(&image, 2);
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -257,14 +240,7 @@ fn reservations_hold_across_two_gateways_and_preempt_fences_a_stopped_one() {
 #[test]
 fn libiscsi_reservation_tests_pass_across_two_gateways() {
     iscsi_test_peers::require("iscsi-test-cu", "libiscsi-bin");
-    let image = format!("rbd/cli-pr-suite-{}", std::process::id());
-    let _ = rbd(&["rm", &image]);
-    let out = rbd(&["create", &image, "--size", "64M"]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let image = Image::new("pr-suite", "64M");
     let g1 = Gateway::start(&image, 1);
     let g2 = Gateway::start(&image, 2);
     let families = [

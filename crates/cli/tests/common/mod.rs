@@ -3,6 +3,9 @@
 //! (Each test file compiles this module on its own and uses part of it.)
 #![allow(dead_code)]
 
+#[cfg(feature = "rbd")]
+pub mod ceph;
+
 use std::process::{Command, Output};
 
 use iscsi_test_peers::{Peer, free_port};
