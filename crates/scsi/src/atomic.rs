@@ -156,5 +156,5 @@ pub(crate) fn write_atomic_16(
         DataOut::Pieces { pieces, .. } if through => lu.write_pieces_through(offset, pieces, len),
         DataOut::Pieces { pieces, .. } => lu.write_pieces(offset, pieces, len),
     };
-    r.map_err(|_| Sense::WRITE_ERROR)
+    r.map_err(Sense::write_failed)
 }

@@ -53,7 +53,7 @@ use crate::lu::{ClusterView, LogicalUnit, LuState};
 use crate::nexus::{Nexus, NexusKey};
 use crate::pr::{self, Fail, PrState};
 use crate::pr_record::{Gateway, MAX_GATEWAYS, PrRecord};
-use crate::sense::{Asc, Sense, SenseKey};
+use crate::sense::{Asc, Sense};
 
 /// Most compare-and-set attempts of one command: each failed one means
 /// another gateway committed meanwhile, so more only under a storm of
@@ -63,7 +63,7 @@ pub(crate) const MAX_TRIES: usize = 16;
 
 /// NOT READY, LOGICAL UNIT COMMUNICATION FAILURE: the shared state could
 /// not be read, written or trusted.
-const UNREACHABLE: Sense = Sense::new(SenseKey::NotReady, Asc::new(0x08, 0x00));
+const UNREACHABLE: Sense = Sense::LU_COMMUNICATION_FAILURE;
 
 /// Persistent reservation commands fail while the cached state is stale.
 pub(crate) fn check_fresh(lu: &LogicalUnit) -> Result<(), Fail> {

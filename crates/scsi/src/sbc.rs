@@ -46,7 +46,7 @@ fn write_data(
     } else {
         lu.write_at(offset, buf)
     };
-    r.map_err(|_| Sense::WRITE_ERROR)
+    r.map_err(Sense::write_failed)
 }
 
 /// `blocks` blocks as a byte count no larger than `limit`, else INVALID
@@ -68,7 +68,7 @@ fn compare_medium(lu: &dyn Backstore, offset: u64, expect: &[u8]) -> Result<(), 
         let start = (i as u64).saturating_mul(IO_CHUNK);
         buf.resize(want.len(), 0);
         lu.read_at(offset.saturating_add(start), &mut buf)
-            .map_err(|_| Sense::READ_ERROR)?;
+            .map_err(Sense::read_failed)?;
         if let Some(k) = buf.iter().zip(want).position(|(a, b)| a != b) {
             return Err(Sense::miscompare(start.saturating_add(k as u64)));
         }
@@ -133,7 +133,7 @@ pub fn get_lba_status(lu: &dyn Backstore, cdb: &[u8], data_in: &mut Vec<u8>) -> 
         let want = (cap - pos).min(u64::from(u32::MAX));
         let a = lu
             .allocation_status(pos * bs, want * bs)
-            .map_err(|_| Sense::READ_ERROR)?;
+            .map_err(Sense::read_failed)?;
         // A partly mapped block counts as mapped.
         let (mapped, blocks) = if a.mapped {
             (true, a.len.div_ceil(bs))
@@ -228,7 +228,7 @@ pub(crate) fn read_write(
                 } else {
                     lu.write_pieces(offset, pieces, len)
                 };
-                r.map_err(|_| Sense::WRITE_ERROR)?;
+                r.map_err(Sense::write_failed)?;
             }
         }
     } else if let Some((loan, lent)) = lent
@@ -238,14 +238,14 @@ pub(crate) fn read_write(
         // The store lent its memory: nothing copied; the scratch buffer
         // goes back to the caller as it came (its length is what a
         // buffer pool needs to reuse it without zeroing it again).
-        *lent = loan.map_err(|_| Sense::READ_ERROR)?;
+        *lent = loan.map_err(Sense::read_failed)?;
         *data_in = scratch;
     } else {
         // Only growth is zeroed: a reused buffer is overwritten, not
         // cleared (a 1 MiB memset per READ was 9% of the target's CPU time).
         scratch.resize(len, 0);
         lu.read_at(offset, &mut scratch)
-            .map_err(|_| Sense::READ_ERROR)?;
+            .map_err(Sense::read_failed)?;
         *data_in = scratch;
     }
     Ok(())
@@ -265,7 +265,7 @@ pub fn synchronize_cache(lu: &dyn Backstore, cdb: &[u8]) -> Result<(), Sense> {
         (u64::from(cdb::be32(cdb, 2)?), u64::from(cdb::be16(cdb, 7)?))
     };
     check_range(Lba(lba), Blocks(blocks), capacity(lu))?;
-    lu.flush().map_err(|_| Sense::WRITE_ERROR)
+    lu.flush().map_err(Sense::write_failed)
 }
 
 /// UNMAP (SBC-3 §5.28): validates the whole parameter list (lengths,
@@ -320,7 +320,7 @@ pub(crate) fn unmap(
     for (lba, n) in ranges {
         if n.0 > 0 {
             lu.unmap(lba.byte_offset(bs), n.bytes(bs))
-                .map_err(|_| Sense::WRITE_ERROR)?;
+                .map_err(Sense::write_failed)?;
         }
     }
     Ok(())
@@ -392,12 +392,12 @@ pub(crate) fn write_same(
     // blocks then read as zeros, which is what Linux's target does and
     // libiscsi's suite checks.
     if unmap {
-        return lu.unmap(offset, total).map_err(|_| Sense::WRITE_ERROR);
+        return lu.unmap(offset, total).map_err(Sense::write_failed);
     }
     // A store that repeats the block itself is sent it once (RBD: one
     // `writesame` op per object instead of every byte).
     if let Some(r) = lu.write_same(offset, total, block, !mode.wce) {
-        return r.map_err(|_| Sense::WRITE_ERROR);
+        return r.map_err(Sense::write_failed);
     }
     let per_step = (IO_CHUNK / u64::from(bs)).max(1).min(count);
     let mut pattern = Vec::with_capacity(usize::try_from(per_step).unwrap_or(1) * block_len);
@@ -456,7 +456,7 @@ pub(crate) fn compare_and_write(
         return match r {
             Ok(None) => Ok(()),
             Ok(Some(at)) => Err(Sense::miscompare(at)),
-            Err(_) => Err(Sense::WRITE_ERROR),
+            Err(e) => Err(Sense::write_failed(e)),
         };
     }
     compare_medium(lu, offset, verify)?;
@@ -496,7 +496,7 @@ pub(crate) fn verify(lu: &dyn Backstore, cdb: &[u8], data_out: &[u8]) -> Result<
                     .get_mut(..usize::try_from(step).unwrap_or(0))
                     .unwrap_or_default();
                 lu.read_at(offset + done, part)
-                    .map_err(|_| Sense::READ_ERROR)?;
+                    .map_err(Sense::read_failed)?;
                 done += step;
             }
             Ok(())
@@ -518,7 +518,7 @@ pub(crate) fn verify(lu: &dyn Backstore, cdb: &[u8], data_out: &[u8]) -> Result<
                 let blocks = ((total - done) / u64::from(bs)).min(per_step);
                 buf.resize(usize::try_from(Blocks(blocks).bytes(bs)).unwrap_or(0), 0);
                 lu.read_at(offset + done, &mut buf)
-                    .map_err(|_| Sense::READ_ERROR)?;
+                    .map_err(Sense::read_failed)?;
                 for (i, got) in buf.chunks(bs as usize).enumerate() {
                     if let Some(k) = got.iter().zip(block).position(|(a, b)| a != b) {
                         let at = done + (i as u64) * u64::from(bs) + k as u64;
@@ -583,7 +583,7 @@ pub(crate) fn start_stop_unit(lu: &dyn Backstore, cdb: &[u8]) -> Result<Option<L
     let loej = b4 & 0x02 != 0;
     let no_flush = b4 & 0x04 != 0;
     if !start && !no_flush {
-        lu.flush().map_err(|_| Sense::WRITE_ERROR)?;
+        lu.flush().map_err(Sense::write_failed)?;
     }
     Ok(match (b4 >> 4, loej, start) {
         (0, true, false) => Some(LoadEject::Eject),
@@ -652,7 +652,7 @@ pub(crate) fn orwrite(
     for (i, chunk) in data.chunks(step).enumerate() {
         let at = offset + (i * step) as u64;
         let old = &mut medium[..chunk.len()];
-        lu.read_at(at, old).map_err(|_| Sense::READ_ERROR)?;
+        lu.read_at(at, old).map_err(Sense::read_failed)?;
         for (m, d) in old.iter_mut().zip(chunk) {
             *m |= d;
         }

@@ -123,6 +123,10 @@ pub struct Asc {
 impl Asc {
     /// 00/00 NO ADDITIONAL SENSE INFORMATION.
     pub const NO_ADDITIONAL_SENSE: Self = Self::new(0x00, 0x00);
+    /// 08/00 LOGICAL UNIT COMMUNICATION FAILURE.
+    pub const LU_COMMUNICATION_FAILURE: Self = Self::new(0x08, 0x00);
+    /// 08/01 LOGICAL UNIT COMMUNICATION TIME-OUT.
+    pub const LU_COMMUNICATION_TIMEOUT: Self = Self::new(0x08, 0x01);
     /// 08/04 UNREACHABLE COPY TARGET.
     pub const UNREACHABLE_COPY_TARGET: Self = Self::new(0x08, 0x04);
     /// 0D/02 COPY TARGET DEVICE NOT REACHABLE.
@@ -428,6 +432,60 @@ impl Sense {
     pub const READ_ERROR: Self = Self::new(SenseKey::MediumError, Asc::UNRECOVERED_READ_ERROR);
     /// MEDIUM ERROR / WRITE ERROR (a backstore write or flush failed).
     pub const WRITE_ERROR: Self = Self::new(SenseKey::MediumError, Asc::WRITE_ERROR);
+    /// NOT READY / LOGICAL UNIT COMMUNICATION FAILURE (the medium is
+    /// behind a network, and this gateway may no longer reach it).
+    pub const LU_COMMUNICATION_FAILURE: Self =
+        Self::new(SenseKey::NotReady, Asc::LU_COMMUNICATION_FAILURE);
+    /// NOT READY / LOGICAL UNIT COMMUNICATION TIME-OUT (the medium is
+    /// behind a network that did not answer in the configured time).
+    pub const LU_COMMUNICATION_TIMEOUT: Self =
+        Self::new(SenseKey::NotReady, Asc::LU_COMMUNICATION_TIMEOUT);
+
+    /// The sense for a failed backstore call: `fallback` (READ_ERROR or
+    /// WRITE_ERROR, per the command) unless the error says the medium was
+    /// not reached rather than that it failed. The difference matters to
+    /// the initiator: a MEDIUM ERROR is final (Linux fails the I/O up),
+    /// while NOT READY tells it to retry or to try another path, which is
+    /// what a cluster that is briefly gone, or a gateway fenced in favour
+    /// of another, needs. By errno, so that every backstore shares it:
+    /// - ETIMEDOUT: LOGICAL UNIT COMMUNICATION TIME-OUT (an RBD op ran
+    ///   past the store's `timeout=`; it may or may not have landed, which
+    ///   the initiator's retry of the same write makes harmless);
+    /// - ESHUTDOWN (Ceph's EBLOCKLISTED), ENOTCONN: LOGICAL UNIT
+    ///   COMMUNICATION FAILURE (this client was fenced);
+    /// - ENOENT, ENODEV: MEDIUM NOT PRESENT (the medium itself is gone,
+    ///   e.g. an RBD image removed: SPC-4 says "not ready, medium not
+    ///   present" for a LU that exists with no medium, which keeps the LU
+    ///   in REPORT LUNS consistent; LOGICAL UNIT NOT SUPPORTED would say
+    ///   the LUN does not exist at all).
+    pub fn for_io_error(error: &std::io::Error, fallback: Self) -> Self {
+        const ENOENT: i32 = 2;
+        const ENODEV: i32 = 19;
+        const ENOTCONN: i32 = 107;
+        const ESHUTDOWN: i32 = 108;
+        const ETIMEDOUT: i32 = 110;
+        match error.raw_os_error() {
+            Some(ETIMEDOUT) => Self::LU_COMMUNICATION_TIMEOUT,
+            Some(ESHUTDOWN | ENOTCONN) => Self::LU_COMMUNICATION_FAILURE,
+            Some(ENOENT | ENODEV) => Self::MEDIUM_NOT_PRESENT,
+            _ => match error.kind() {
+                std::io::ErrorKind::TimedOut => Self::LU_COMMUNICATION_TIMEOUT,
+                std::io::ErrorKind::NotFound => Self::MEDIUM_NOT_PRESENT,
+                _ => fallback,
+            },
+        }
+    }
+
+    /// [`Sense::for_io_error`] with [`Sense::READ_ERROR`] as the fallback.
+    pub fn read_failed(error: std::io::Error) -> Self {
+        Self::for_io_error(&error, Self::READ_ERROR)
+    }
+
+    /// [`Sense::for_io_error`] with [`Sense::WRITE_ERROR`] as the fallback.
+    pub fn write_failed(error: std::io::Error) -> Self {
+        Self::for_io_error(&error, Self::WRITE_ERROR)
+    }
+
     /// UNIT ATTENTION / POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
     pub const POWER_ON_RESET: Self = Self::new(SenseKey::UnitAttention, Asc::POWER_ON_RESET);
     /// UNIT ATTENTION / MODE PARAMETERS CHANGED.
@@ -610,5 +668,35 @@ mod tests {
         assert_eq!(Asc::MEDIUM_NOT_PRESENT, Asc::new(0x3A, 0));
         assert_eq!(Asc::POWER_ON_RESET, Asc::new(0x29, 0));
         assert_eq!(Asc::MODE_PARAMETERS_CHANGED, Asc::new(0x2A, 1));
+        assert_eq!(Asc::LU_COMMUNICATION_FAILURE, Asc::new(0x08, 0));
+        assert_eq!(Asc::LU_COMMUNICATION_TIMEOUT, Asc::new(0x08, 1));
+    }
+
+    #[test]
+    fn io_errors_that_mean_unreachable_or_gone_are_not_medium_errors() {
+        use std::io::{Error, ErrorKind};
+        let sense = |e: Error| Sense::for_io_error(&e, Sense::READ_ERROR);
+        let timeout = sense(Error::from_raw_os_error(110));
+        assert_eq!(
+            (timeout.key, timeout.asc),
+            (SenseKey::NotReady, Asc::new(0x08, 1))
+        );
+        assert_eq!(sense(ErrorKind::TimedOut.into()), timeout);
+        let fenced = sense(Error::from_raw_os_error(108));
+        assert_eq!(
+            (fenced.key, fenced.asc),
+            (SenseKey::NotReady, Asc::new(0x08, 0))
+        );
+        let gone = sense(Error::from_raw_os_error(2));
+        assert_eq!(
+            (gone.key, gone.asc),
+            (SenseKey::NotReady, Asc::new(0x3A, 0))
+        );
+        // Anything else is the command's own medium error.
+        assert_eq!(sense(Error::from_raw_os_error(5)), Sense::READ_ERROR);
+        assert_eq!(
+            Sense::write_failed(ErrorKind::WriteZero.into()),
+            Sense::WRITE_ERROR
+        );
     }
 }

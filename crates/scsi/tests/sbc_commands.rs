@@ -573,3 +573,62 @@ fn pre_fetch_checks_the_range_and_read_defect_data_reports_none() {
     let d = good(&t, &n, &[0x37, 0, 0x1D, 0, 0, 0, 0, 0, 2, 0], &[]);
     assert_eq!(d.len(), 2);
 }
+
+/// A store every access to which fails with one errno (a medium behind a
+/// network: timed out, fenced, gone; or a plain I/O error).
+#[derive(Debug)]
+struct Erring(i32);
+
+impl Backstore for Erring {
+    fn block_size(&self) -> u32 {
+        512
+    }
+    fn block_count(&self) -> u64 {
+        2048
+    }
+    fn read_at(&self, _: u64, _: &mut [u8]) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(self.0))
+    }
+    fn write_at(&self, _: u64, _: &[u8]) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(self.0))
+    }
+    fn flush(&self) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(self.0))
+    }
+    fn unmap(&self, _: u64, _: u64) -> io::Result<()> {
+        Err(io::Error::from_raw_os_error(self.0))
+    }
+    fn unique_id(&self) -> u64 {
+        7
+    }
+}
+
+/// A backstore error reaches the initiator through `Sense::for_io_error`:
+/// unreachable or gone media are NOT READY (retry, or another path), only
+/// a real I/O error is the command's MEDIUM ERROR.
+#[test]
+fn backstore_errors_answer_the_sense_their_errno_means() {
+    let sync_cache16 = cdb16(0x91, 0, 0, 0);
+    for (errno, read, write) in [
+        (
+            110, // ETIMEDOUT
+            Sense::LU_COMMUNICATION_TIMEOUT,
+            Sense::LU_COMMUNICATION_TIMEOUT,
+        ),
+        (
+            108, // ESHUTDOWN: Ceph's EBLOCKLISTED
+            Sense::LU_COMMUNICATION_FAILURE,
+            Sense::LU_COMMUNICATION_FAILURE,
+        ),
+        (2, Sense::MEDIUM_NOT_PRESENT, Sense::MEDIUM_NOT_PRESENT), // ENOENT
+        (5, Sense::READ_ERROR, Sense::WRITE_ERROR),                // EIO
+    ] {
+        let t = target_over(Arc::new(Erring(errno)));
+        let a = nexus(1);
+        // The first command after power on gets the unit attention.
+        let _ = run(&t, &a, &[0; 6], &[]);
+        check(&t, &a, &read16(0, 1), &[], read);
+        check(&t, &a, &write16(0, 1), &[0; 512], write);
+        check(&t, &a, &sync_cache16, &[], write);
+    }
+}

@@ -1,6 +1,6 @@
 //! LUN specifications, shared by the command line and the file:
 //! `ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH[,direct]`,
-//! `rbd:POOL/IMAGE[,conf=PATH][,id=USER]` (a Ceph RBD image; cargo feature
+//! `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]` (a Ceph RBD image; cargo feature
 //! `rbd`, parsed in every build so that a file stays valid), each
 //! optionally with the options of any store: `,latency=DURATION`,
 //! `,readonly`, `,removable`, `,physical-block=SIZE`, `,encrypt[=KEYFILE]`. Parsing
@@ -70,7 +70,7 @@ pub enum StoreKind {
         /// O_DIRECT.
         direct: bool,
     },
-    /// `rbd:POOL/IMAGE[,conf=PATH][,id=USER]`: a Ceph RBD image, on a
+    /// `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]`: a Ceph RBD image, on a
     /// RADOS client of the LU's own (`iscsi_scsi::RbdBackstore`).
     Rbd {
         /// The pool.
@@ -81,6 +81,9 @@ pub enum StoreKind {
         conf: Option<String>,
         /// `id=USER`: the cephx user without `client.`; `admin` when absent.
         id: Option<String>,
+        /// `timeout=SECONDS`: how long a cluster operation may take before
+        /// the command fails NOT READY; the store's default when absent.
+        timeout: Option<u32>,
     },
 }
 
@@ -186,11 +189,21 @@ impl LunSpec {
                     .split_once('/')
                     .filter(|(pool, image)| !pool.is_empty() && !image.is_empty())
                     .ok_or_else(|| format!("LUN {spec:?}: rbd: needs POOL/IMAGE"))?;
-                let (mut conf, mut id) = (None, None);
+                let (mut conf, mut id, mut timeout) = (None, None, None);
                 for option in own {
                     match option.split_once('=') {
                         Some(("conf", path)) if !path.is_empty() => conf = Some(path.to_owned()),
                         Some(("id", user)) if !user.is_empty() => id = Some(user.to_owned()),
+                        Some(("timeout", secs)) => {
+                            timeout = Some(secs.parse().ok().filter(|&s: &u32| s > 0).ok_or_else(
+                                || {
+                                    format!(
+                                        "LUN {spec:?}: timeout {secs:?}: a whole number of \
+                                         seconds, at least 1"
+                                    )
+                                },
+                            )?);
+                        }
                         _ => return Err(unknown(option)),
                     }
                 }
@@ -199,6 +212,7 @@ impl LunSpec {
                     image: image.to_owned(),
                     conf,
                     id,
+                    timeout,
                 }
             }
             other => {
@@ -301,6 +315,7 @@ fn open_rbd(
         image,
         conf,
         id,
+        timeout,
     } = kind
     else {
         unreachable!("open_rbd is called for rbd LUNs only")
@@ -310,6 +325,7 @@ fn open_rbd(
         image: image.clone(),
         conf: conf.clone(),
         id: id.clone(),
+        timeout_s: *timeout,
     };
     Ok(Arc::new(
         iscsi_scsi::RbdBackstore::open_in_group(&spec, block_size, group)
@@ -472,7 +488,7 @@ mod tests {
                     }
         );
         assert_eq!(
-            LunSpec::parse("rbd:rbd/img,conf=/etc/ceph/x.conf,id=gw,readonly")
+            LunSpec::parse("rbd:rbd/img,conf=/etc/ceph/x.conf,id=gw,timeout=5,readonly")
                 .unwrap()
                 .kind,
             StoreKind::Rbd {
@@ -480,6 +496,7 @@ mod tests {
                 image: "img".into(),
                 conf: Some("/etc/ceph/x.conf".into()),
                 id: Some("gw".into()),
+                timeout: Some(5),
             }
         );
         assert_eq!(
@@ -489,9 +506,13 @@ mod tests {
                 image: "i".into(),
                 conf: None,
                 id: None,
+                timeout: None,
             }
         );
         for bad in [
+            "rbd:p/i,timeout=0",
+            "rbd:p/i,timeout=",
+            "rbd:p/i,timeout=1.5",
             "rbd:img",
             "rbd:/img",
             "rbd:pool/",

@@ -31,7 +31,7 @@ use super::{
     Allocation, Backstore, BackstoreOpenError, SharedPrStore, check_block_size, check_range,
 };
 
-/// What `rbd:POOL/IMAGE[,conf=PATH][,id=USER]` names.
+/// What `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]` names.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RbdSpec {
     /// The pool.
@@ -42,7 +42,23 @@ pub struct RbdSpec {
     pub conf: Option<String>,
     /// The cephx user without `client.`; `None`: `admin`.
     pub id: Option<String>,
+    /// Seconds a cluster operation may take (`rados_osd_op_timeout` and
+    /// `rados_mon_op_timeout`); `None`: [`DEFAULT_TIMEOUT_S`].
+    pub timeout_s: Option<u32>,
 }
+
+/// The default of [`RbdSpec::timeout_s`]. Without a timeout librados waits
+/// for a lost cluster forever: every command on the LU hangs (and with it
+/// a pool thread, and the LU's state lock where a reservation change is
+/// being written), and the initiator's own command timer (Linux: 30 s)
+/// then aborts and resets, which never completes either. Failing the op
+/// after 30 s turns it into NOT READY / LOGICAL UNIT COMMUNICATION
+/// TIME-OUT, which the initiator retries or sends down another path (the
+/// op may or may not have landed: a retried write writes the same data).
+/// The same value as the initiator's, so that a brief OSD hiccup (a
+/// restart, a peering) passes unseen while a gone cluster is reported in
+/// about the time the initiator would have given up anyway.
+pub const DEFAULT_TIMEOUT_S: u32 = 30;
 
 /// Options this gateway sets on its RADOS client, after the conf file (so
 /// they win over it), and why:
@@ -198,12 +214,16 @@ impl RbdBackstore {
         group: Option<&GatewayGroup>,
     ) -> Result<RbdBackstore, BackstoreOpenError> {
         check_block_size(block_size)?;
+        let timeout = spec.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S).to_string();
+        let mut options: Vec<(&str, &str)> = CLIENT_OPTIONS.to_vec();
+        options.push(("rados_osd_op_timeout", &timeout));
+        options.push(("rados_mon_op_timeout", &timeout));
         let image = ffi::Image::open(ffi::Target {
             conf: spec.conf.as_deref(),
             id: spec.id.as_deref(),
             pool: &spec.pool,
             image: &spec.image,
-            options: CLIENT_OPTIONS,
+            options: &options,
         })
         .map_err(|e| {
             BackstoreOpenError::Io(io::Error::new(
@@ -366,7 +386,9 @@ impl Backstore for RbdBackstore {
                 (n > 0).then(|| &p[..n])
             })
             .collect();
-        self.image().writev(offset, &parts)
+        self.image()
+            .writev(offset, &parts)
+            .map_err(|e| self.failed(e))
     }
 
     /// As [`Backstore::write_pieces`]: with the client's cache off a
