@@ -231,7 +231,14 @@ pub fn is_rtpg(cdb: &[u8]) -> bool {
 /// has: INQUIRY, MODE SENSE/SELECT, REPORT LUNS, REQUEST SENSE, PERSISTENT
 /// RESERVE IN/OUT (reservations are the LU's, not the path's), and the
 /// MAINTENANCE IN reports (REPORT TARGET PORT GROUPS; the two REPORT
-/// SUPPORTED reports only describe the device server). Unavailable and
+/// SUPPORTED reports only describe the device server); and READ CAPACITY
+/// (10) and (16), which the list leaves to the device server: Linux's sd
+/// reads the capacity once, when it finds the disk, and does not read it
+/// again when the path becomes active, so a standby path that refused it
+/// stays a disk of 0 blocks, and every write dm-multipath moves to it
+/// after a failover ends "access beyond end of device" (the
+/// multipath-failover VM job; LIO answers READ CAPACITY(16) in standby for
+/// the same reason). Unavailable and
 /// transitioning run only INQUIRY, REPORT LUNS, REQUEST SENSE and REPORT
 /// TARGET PORT GROUPS (§5.16.2.4.6, §5.16.2.4.8). TEST UNIT READY is in
 /// neither list: a standby path answers it NOT READY, which is how a
@@ -249,7 +256,15 @@ pub fn gate(state: AccessState, cdb: &[u8]) -> Result<(), Sense> {
             | MODE_SELECT_10
             | PERSISTENT_RESERVE_IN
             | PERSISTENT_RESERVE_OUT
-            | MAINTENANCE_IN => Ok(()),
+            | MAINTENANCE_IN
+            | READ_CAPACITY_10 => Ok(()),
+            SERVICE_ACTION_IN_16
+                if cdb
+                    .get(1)
+                    .is_some_and(|b| b & 0x1F == cdb::SA_READ_CAPACITY_16) =>
+            {
+                Ok(())
+            }
             _ => Err(NOT_ACCESSIBLE_STANDBY),
         },
         AccessState::Unavailable => Err(NOT_ACCESSIBLE_UNAVAILABLE),
@@ -369,6 +384,15 @@ mod tests {
         );
     }
 
+    /// SERVICE ACTION IN(16) with service action `sa`.
+    fn sai16(sa: u8) -> [u8; 16] {
+        let mut cdb = [0; 16];
+        cdb[0] = SERVICE_ACTION_IN_16;
+        cdb[1] = sa;
+        cdb[13] = 32;
+        cdb
+    }
+
     #[test]
     fn standby_runs_only_what_spc_lists() {
         let s = AccessState::Standby;
@@ -379,6 +403,8 @@ mod tests {
             &[MODE_SENSE_6, 0, 0x3F, 0, 0xFF, 0],
             &[PERSISTENT_RESERVE_IN, 0, 0, 0, 0, 0, 0, 0, 8, 0],
             &rtpg(0, 100),
+            &[READ_CAPACITY_10, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            &sai16(0x10),
         ] {
             assert_eq!(gate(s, ok), Ok(()), "{ok:02x?}");
         }
@@ -386,7 +412,8 @@ mod tests {
             &[TEST_UNIT_READY, 0, 0, 0, 0, 0][..],
             &[WRITE_10, 0, 0, 0, 0, 0, 0, 0, 1, 0],
             &[READ_10, 0, 0, 0, 0, 0, 0, 0, 1, 0],
-            &[READ_CAPACITY_10, 0, 0, 0, 0, 0, 0, 0, 0, 0],
+            // GET LBA STATUS, the other SERVICE ACTION IN(16).
+            &sai16(0x12),
             &[SYNCHRONIZE_CACHE_10, 0, 0, 0, 0, 0, 0, 0, 0, 0],
         ] {
             assert_eq!(gate(s, refused), Err(NOT_ACCESSIBLE_STANDBY));

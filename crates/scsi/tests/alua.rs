@@ -182,6 +182,12 @@ fn standby_refuses_io_and_the_owner_serves_it() {
         &[PERSISTENT_RESERVE_IN, 0, 0, 0, 0, 0, 0, 0, 8, 0],
         &[],
     );
+    // READ CAPACITY, the owner's answer: Linux's sd reads it once, when it
+    // finds the disk, standby or not.
+    let capacity = [READ_CAPACITY_10, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let via_standby = good(&p.b, &p.via_b, &capacity, &[]);
+    assert_eq!(via_standby, good(&p.a, &p.via_a, &capacity, &[]));
+    assert_eq!(via_standby.len(), 8);
     good(&p.a, &p.via_a, &write, &block);
     assert_eq!(good(&p.a, &p.via_a, &read, &[]), block);
 }
