@@ -18,20 +18,26 @@ use iscsi_test_peers::{Peer, free_port};
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:rbd-test";
 
-#[test]
-fn reads_writes_and_unmaps_an_rbd_image() {
-    let image = Image::new("rw", "64M");
+/// `iscsi target` exporting `image` as LUN 0 on a free port, and its URL.
+fn gateway(image: &Image) -> (Peer, IscsiUrl) {
     let port = free_port();
     let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
     command
         .args(["target", "--listen", &format!("127.0.0.1:{port}")])
         .args(["--name", NAME, "--lun"])
-        .arg(format!("rbd:{},conf={}", &*image, conf()))
+        .arg(format!("rbd:{},conf={}", &**image, conf()))
         .env("RUST_LOG", "warn");
-    let mut target = Peer::spawn(command, port);
-    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{NAME}/0")
+    let target = Peer::spawn(command, port);
+    let url = format!("iscsi://127.0.0.1:{port}/{NAME}/0")
         .parse()
         .unwrap();
+    (target, url)
+}
+
+#[test]
+fn reads_writes_and_unmaps_an_rbd_image() {
+    let image = Image::new("rw", "64M");
+    let (mut target, url) = gateway(&image);
 
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -280,17 +286,7 @@ fn libiscsi_suite_passes_on_an_rbd_lun() {
 #[test]
 fn a_resized_image_raises_capacity_data_has_changed() {
     let image = Image::new("resize", "64M");
-    let port = free_port();
-    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-    command
-        .args(["target", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--name", NAME, "--lun"])
-        .arg(format!("rbd:{},conf={}", &*image, conf()))
-        .env("RUST_LOG", "warn");
-    let mut target = Peer::spawn(command, port);
-    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{NAME}/0")
-        .parse()
-        .unwrap();
+    let (mut target, url) = gateway(&image);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
