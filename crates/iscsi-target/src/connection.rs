@@ -591,17 +591,23 @@ impl Connection {
                 self.text(&header, request, &data).await?;
             }
             Pdu::LogoutRequest(request) => {
-                receiver.receive_data().await?;
+                let Some(_) = self.data_or_reject(receiver, &header).await? else {
+                    return Ok(Flow::Continue);
+                };
                 return self.logout(request).await;
             }
             Pdu::TaskManagementRequest(request)
                 if request.function == TaskFunction::TaskReassign =>
             {
-                receiver.receive_data().await?;
+                let Some(_) = self.data_or_reject(receiver, &header).await? else {
+                    return Ok(Flow::Continue);
+                };
                 self.task_reassign(request).await?;
             }
             Pdu::TaskManagementRequest(request) => {
-                receiver.receive_data().await?;
+                let Some(_) = self.data_or_reject(receiver, &header).await? else {
+                    return Ok(Flow::Continue);
+                };
                 let session = Arc::clone(&self.session);
                 let shared = Arc::clone(&self.shared);
                 let writer = Arc::clone(&self.writer);
@@ -613,11 +619,15 @@ impl Connection {
                 });
             }
             Pdu::SnackRequest(snack) => {
-                receiver.receive_data().await?;
+                let Some(_) = self.data_or_reject(receiver, &header).await? else {
+                    return Ok(Flow::Continue);
+                };
                 self.snack(&header, &snack).await?;
             }
             _ => {
-                receiver.receive_data().await?;
+                let Some(_) = self.data_or_reject(receiver, &header).await? else {
+                    return Ok(Flow::Continue);
+                };
                 self.reject(&header, RejectReason::CommandNotSupported)
                     .await?;
             }
@@ -625,8 +635,12 @@ impl Connection {
         Ok(Flow::Continue)
     }
 
-    /// The data segment of a control PDU, or `None` after answering a data
-    /// digest error with a Reject (RFC 7143 7.8).
+    /// The data segment of a PDU, or `None` after answering a data digest
+    /// error with a Reject (RFC 7143 7.8: the PDU is discarded, the
+    /// connection goes on). Every PDU whose data is received goes through
+    /// here, those whose data is dropped unread included: a write failed at
+    /// ERL 0 still drains its Data-Out, and a second corrupted one among
+    /// them must not cost the connection.
     async fn data_or_reject(
         &mut self,
         receiver: &mut Receiver,
@@ -911,11 +925,13 @@ impl Connection {
                         cmd_sn = command.cmd_sn.get(),
                         "CmdSN outside the window: command ignored"
                     );
-                    receiver.receive_data().await?;
+                    self.data_or_reject(receiver, header).await?;
                     return Ok(());
                 }
                 Admission::TagInUse => {
-                    receiver.receive_data().await?;
+                    if self.data_or_reject(receiver, header).await?.is_none() {
+                        return Ok(());
+                    }
                     return self.reject(header, RejectReason::TaskInProgress).await;
                 }
             };
@@ -923,15 +939,21 @@ impl Connection {
         self.session.luns_used.note(command.lun.0);
         if self.session.scsi.is_none() {
             // SCSI commands in a discovery session.
-            receiver.receive_data().await?;
+            let rejected = self.data_or_reject(receiver, header).await?.is_none();
             self.session.finish(&task);
+            if rejected {
+                return Ok(());
+            }
             return self.reject(header, RejectReason::CommandNotSupported).await;
         };
         let cdb = header.full_cdb().unwrap_or_else(|| command.cdb.to_vec());
         if !command.write {
             if immediate_len > 0 {
-                receiver.receive_data().await?;
+                let rejected = self.data_or_reject(receiver, header).await?.is_none();
                 self.session.finish(&task);
+                if rejected {
+                    return Ok(());
+                }
                 return self.reject(header, RejectReason::ProtocolError).await;
             }
             self.execute(task, command, cdb, WriteBuffer::default(), 0)
@@ -940,7 +962,7 @@ impl Connection {
         }
         let expected = command.expected_data_transfer_length;
         if expected > MAX_WRITE_BUFFER {
-            receiver.receive_data().await?;
+            self.data_or_reject(receiver, header).await?;
             let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
             let unsolicited = self.unsolicited_follows(expected, immediate_len);
             self.answer_when_drained(task, command, outcome, Vec::new(), unsolicited);
@@ -950,8 +972,11 @@ impl Connection {
             Ok(tracker) => tracker,
             Err(e) => {
                 debug!(error = %e, "bad immediate data");
-                receiver.receive_data().await?;
+                let rejected = self.data_or_reject(receiver, header).await?.is_none();
                 self.session.finish(&task);
+                if rejected {
+                    return Ok(());
+                }
                 return self.reject(header, e.reject_reason()).await;
             }
         };

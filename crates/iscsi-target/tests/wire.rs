@@ -440,6 +440,69 @@ async fn a_failed_write_answers_only_after_the_data_still_due() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_digest_error_in_a_failed_writes_data_is_rejected_and_the_connection_goes_on() {
+    // A link that corrupts one Data-Out in N meets the data a failed write
+    // still drains: that PDU is rejected and dropped like the first (RFC
+    // 7143 7.8), not a reason to close the connection. Found by
+    // scripts/fault-matrix (corrupt-data@data-out%40, ERL 0), where it
+    // cost a session reinstatement once in a few runs.
+    let target = Target::start(|_| {}).await;
+    let mut client = Client::login(target.address, offers(), 0).await;
+    let data = pattern(64 * 1024, 9);
+    let before = target.lun_bytes(400 * BLOCK as u64, data.len());
+    let itt = client.itt();
+    client.write10(itt, 400, 128, &[]).await;
+    let mut r2ts = Vec::new();
+    for _ in 0..4 {
+        match client.receive().await.header.pdu {
+            Pdu::ReadyToTransfer(r2t) => r2ts.push(r2t),
+            other => panic!("expected an R2T, got {other:?}"),
+        }
+    }
+    for r2t in &r2ts[..2] {
+        let (start, length) = (
+            r2t.buffer_offset as usize,
+            r2t.desired_data_transfer_length as usize,
+        );
+        let bytes = corrupted_data_out(
+            itt,
+            r2t.target_transfer_tag,
+            r2t.buffer_offset,
+            &data[start..start + length],
+        );
+        raw_write(&mut client.tx, &bytes).await;
+        match client.receive().await.header.pdu {
+            Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::DataDigestError),
+            other => panic!("expected a Reject, got {other:?}"),
+        }
+    }
+    for r2t in &r2ts[2..] {
+        client
+            .answer_r2t(
+                itt,
+                r2t.target_transfer_tag,
+                r2t.buffer_offset,
+                r2t.desired_data_transfer_length,
+                &data,
+            )
+            .await;
+    }
+    let status = client.receive().await;
+    let Pdu::ScsiResponse(response) = status.header.pdu else {
+        panic!("expected the status, got {:?}", status.header.pdu);
+    };
+    assert_eq!(response.status, 2, "CHECK CONDITION");
+    assert_eq!(target.lun_bytes(400 * BLOCK as u64, data.len()), before);
+    // The same connection writes again.
+    assert_eq!(client.write_blocks(400, &data[..4 * BLOCK]).await, 0);
+    assert_eq!(
+        target.lun_bytes(400 * BLOCK as u64, 4 * BLOCK),
+        &data[..4 * BLOCK]
+    );
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn at_erl_1_a_data_out_lost_to_its_digest_is_asked_for_with_a_recovery_r2t() {
     // RFC 7143 7.8 at ERL 1: the PDU is rejected and its data asked for
     // again with a recovery R2T; 13.19: with DataSequenceInOrder=Yes one

@@ -102,7 +102,7 @@ impl Connection {
         let itt = data_out.initiator_task_tag;
         let length = header.data_segment_length;
         let Some(pending) = self.pending_writes.get_mut(&itt) else {
-            receiver.receive_data().await?;
+            let rejected = self.data_or_reject(receiver, header).await?.is_none();
             if let Some(drain) = self.draining.get_mut(&itt) {
                 if data_out.final_flag
                     && drain.sequence_ended(data_out.target_transfer_tag)
@@ -116,11 +116,15 @@ impl Connection {
                 debug!(itt, "Data-Out for an aborted write: dropped");
                 return Ok(());
             }
+            if rejected {
+                // Answered already, for its digest.
+                return Ok(());
+            }
             // Data-Out for no write in progress.
             return self.reject(header, RejectReason::InvalidPduField).await;
         };
         if pending.task.aborted.load(Ordering::Acquire) {
-            receiver.receive_data().await?;
+            self.data_or_reject(receiver, header).await?;
             self.drop_aborted_write(itt);
             return Ok(());
         }
@@ -137,8 +141,9 @@ impl Connection {
                 // At ErrorRecoveryLevel 0 the write cannot be completed:
                 // reject the PDU and end the command with CHECK CONDITION.
                 debug!(error = %e, "bad Data-Out");
-                receiver.receive_data().await?;
-                self.reject(header, e.reject_reason()).await?;
+                if self.data_or_reject(receiver, header).await?.is_some() {
+                    self.reject(header, e.reject_reason()).await?;
+                }
                 self.fail_write(
                     itt,
                     iscsi_scsi::Sense::new(
