@@ -99,6 +99,25 @@ impl WriteBuffer {
         }
     }
 
+    /// The bytes, in order, as the slices of its pieces (one when flat).
+    pub fn slices(&self) -> Vec<&[u8]> {
+        let mut left = self.len;
+        let all: &[Vec<u8>] = match &self.layout {
+            Layout::Flat(one) => std::slice::from_ref(one),
+            Layout::Pieces(pieces) => pieces,
+        };
+        let mut slices = Vec::with_capacity(all.len());
+        for piece in all {
+            let n = piece.len().min(left);
+            if n == 0 {
+                break;
+            }
+            slices.push(&piece[..n]);
+            left -= n;
+        }
+        slices
+    }
+
     /// Bytes `range` as the slices of the pieces they span, in order
     /// (`None` when the range is not within the buffer).
     pub fn slices_mut(&mut self, range: std::ops::Range<usize>) -> Option<Vec<&mut [u8]>> {

@@ -60,6 +60,7 @@ use crate::stats::SessionStats;
 use write::{Drain, PROTOCOL_SERVICE_CRC_ERROR, PendingWrite};
 
 mod execute;
+mod planned;
 mod respond;
 mod task_management;
 pub(crate) mod write;

@@ -42,6 +42,7 @@ pub mod medium;
 pub mod mode;
 pub mod nexus;
 pub mod opcodes;
+mod planned;
 pub mod pr;
 pub mod pr_record;
 mod pr_shared;
@@ -59,15 +60,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
-    Allocation, Backstore, BackstoreOpenError, BlockBackstore, EncryptedBackstore, FileBackstore,
-    Lent, PrEventHandler, RamBackstore, RamBackstoreError, SharedPrStore, SlowBackstore,
-    WithOptions,
+    Allocation, AsyncIo, Backstore, BackstoreOpenError, BlockBackstore, EncryptedBackstore,
+    FileBackstore, IoFuture, Lent, PrEventHandler, RamBackstore, RamBackstoreError, SharedPrStore,
+    SlowBackstore, WithOptions, WriteData,
 };
 #[cfg(feature = "rbd")]
 pub use backstore::{RbdBackstore, RbdSpec};
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};
+pub use planned::{Planned, PlannedIo};
 pub use pr::PrType;
+pub use sbc::Transfer;
 
 pub use cdb::{DataDirection, command_info};
 pub use data_out::DataOut;
@@ -550,7 +553,15 @@ impl ScsiTarget {
         data_out: &[u8],
         data_in: &mut Vec<u8>,
     ) -> CommandOutcome {
-        self.run(nexus, lun, cdb, DataOut::Flat(data_out), data_in, None)
+        self.run(
+            nexus,
+            lun,
+            cdb,
+            DataOut::Flat(data_out),
+            data_in,
+            None,
+            None,
+        )
     }
 
     /// [`ScsiTarget::execute`], except that a READ from a store that lends
@@ -576,13 +587,39 @@ impl ScsiTarget {
         lent: &mut Vec<Lent>,
     ) -> CommandOutcome {
         lent.clear();
-        let outcome = self.run(nexus, lun, cdb, data_out, data_in, Some(&mut *lent));
+        let outcome = self.run(nexus, lun, cdb, data_out, data_in, Some(&mut *lent), None);
         if outcome.status != status::GOOD {
             lent.clear();
         }
         outcome
     }
 
+    /// Checks a READ or WRITE(6/10/12/16) as [`ScsiTarget::execute`] would
+    /// and, when it passes and its LU's store offers asynchronous I/O
+    /// ([`Backstore::async_io`]), hands back the transfer for the caller to
+    /// run ([`PlannedIo`]) instead of running it on this thread. Any other
+    /// command, or a store without asynchronous I/O, is run here as
+    /// `execute` runs it, with no data in: call this only for READ and
+    /// WRITE on such a store.
+    pub fn plan_io(&self, nexus: &Nexus, lun: u64, cdb: &[u8], data_out: DataOut<'_>) -> Planned {
+        let mut plan = None;
+        let mut data_in = Vec::new();
+        let outcome = self.run(
+            nexus,
+            lun,
+            cdb,
+            data_out,
+            &mut data_in,
+            None,
+            Some(&mut plan),
+        );
+        match plan {
+            Some(plan) if outcome.status == status::GOOD => Planned::Io(plan),
+            _ => Planned::Done(outcome),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
     fn run(
         &self,
         nexus: &Nexus,
@@ -591,6 +628,7 @@ impl ScsiTarget {
         data_out: DataOut<'_>,
         data_in: &mut Vec<u8>,
         lent: Option<&mut Vec<Lent>>,
+        plan: Option<&mut Option<PlannedIo>>,
     ) -> CommandOutcome {
         // A READ takes the buffer whole (sbc::read_write); every other
         // command builds its response from empty.
@@ -611,7 +649,9 @@ impl ScsiTarget {
         let lu = number.and_then(|n| Some((n, table.get(usize::from(n))?.as_ref()?)));
         let (result, descriptor) = match lu {
             Some((n, lu)) => {
-                let r = self.dispatch(n, lu, &table, nexus, key, cdb, data_out, data_in, lent);
+                let r = self.dispatch(
+                    n, lu, &table, nexus, key, cdb, data_out, data_in, lent, plan,
+                );
                 (r, lu.mode().d_sense)
             }
             None => (
@@ -648,6 +688,7 @@ impl ScsiTarget {
         data_out: DataOut<'_>,
         data_in: &mut Vec<u8>,
         lent: Option<&mut Vec<Lent>>,
+        plan: Option<&mut Option<PlannedIo>>,
     ) -> Result<(), Fail> {
         use cdb::opcode::*;
         let op = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
@@ -700,6 +741,17 @@ impl ScsiTarget {
         // What the commands that write see: SWP set for a read-only LU, so
         // that each refuses its write where it checks SWP.
         let mode = lu.io_mode();
+        if let Some(plan) = plan
+            && let Some(io) = bs.async_io()
+            && cdb::parse_rw(cdb).is_some()
+        {
+            // Checked here, run by the caller (`ScsiTarget::plan_io`).
+            if let Some(transfer) = sbc::plan_read_write(bs, mode, cdb, data_out.len())? {
+                let permit = transfer.write.then(|| lu.write_async());
+                *plan = Some(PlannedIo::new(transfer, io, permit, lu.mode().d_sense));
+            }
+            return Ok(());
+        }
         match op {
             TEST_UNIT_READY => Ok(()),
             REQUEST_SENSE => {

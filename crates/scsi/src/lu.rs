@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::ops::{Deref, DerefMut};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
@@ -168,6 +168,10 @@ pub(crate) struct LogicalUnit {
     /// takes only its own thread's shard, so writes from many cores do not
     /// share the lock's cache line; the exclusive holder takes them all.
     io: ShardedLock<()>,
+    /// Writes in flight through the store's [`AsyncIo`](crate::backstore::AsyncIo),
+    /// which cannot hold `io` across their wait: counted instead, and
+    /// [`LogicalUnit::write_exclusive`] waits for the count to drain.
+    async_writes: AtomicUsize,
     /// The store's ALUA group ([`Backstore::alua`]), read once: `None` for
     /// an LU that one process alone serves.
     pub alua: Option<Arc<AluaGroup>>,
@@ -198,6 +202,7 @@ impl LogicalUnit {
             quiet: AtomicBool::new(true),
             mode: AtomicU8::new(ModeParams::DEFAULT.to_bits()),
             io: ShardedLock::new(()),
+            async_writes: AtomicUsize::new(0),
             alua_seen: AtomicU64::new(alua.as_ref().map_or(0, |a| a.generation())),
             alua,
         }
@@ -240,9 +245,27 @@ impl LogicalUnit {
         self.io.read().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Exclusive write access (COMPARE AND WRITE, ORWRITE, SANITIZE).
+    /// Exclusive write access (COMPARE AND WRITE, ORWRITE, SANITIZE): no
+    /// other write starts while it is held, and the asynchronous writes
+    /// already in flight have ended when it is granted.
     pub fn write_exclusive(&self) -> ShardedLockWriteGuard<'_, ()> {
-        self.io.write().unwrap_or_else(PoisonError::into_inner)
+        let guard = self.io.write().unwrap_or_else(PoisonError::into_inner);
+        // A wait on the store's I/O (milliseconds at most), by commands
+        // that run on the blocking pool; rare enough to poll.
+        while self.async_writes.load(Ordering::Acquire) != 0 {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        guard
+    }
+
+    /// Shared write access for a write through the store's asynchronous
+    /// I/O, held until the permit drops (after the write completed): it
+    /// does not start while an exclusive writer holds the LU, and an
+    /// exclusive writer waits for it.
+    pub fn write_async(self: &Arc<Self>) -> AsyncWritePermit {
+        let _shared = self.write_shared();
+        self.async_writes.fetch_add(1, Ordering::AcqRel);
+        AsyncWritePermit(Arc::clone(self))
     }
 
     /// The current mode parameters.
@@ -292,5 +315,15 @@ impl Drop for LuStateGuard<'_> {
         self.lu
             .mode
             .store(self.guard.mode.to_bits(), Ordering::Release);
+    }
+}
+
+/// A write in flight through the store's asynchronous I/O
+/// ([`LogicalUnit::write_async`]).
+pub struct AsyncWritePermit(Arc<LogicalUnit>);
+
+impl Drop for AsyncWritePermit {
+    fn drop(&mut self) {
+        self.0.async_writes.fetch_sub(1, Ordering::AcqRel);
     }
 }

@@ -176,6 +176,59 @@ fn read_capacity_16(lu: &dyn Backstore, cdb: &[u8], data_in: &mut Vec<u8>) -> Re
     Ok(())
 }
 
+/// What a READ or WRITE moves, once every check has passed
+/// ([`plan_read_write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transfer {
+    /// The first byte on the medium.
+    pub offset: u64,
+    /// How many bytes.
+    pub len: usize,
+    /// A WRITE (else a READ).
+    pub write: bool,
+    /// A WRITE that must be on stable storage when it completes: FUA, or
+    /// the write cache off (WCE 0).
+    pub through: bool,
+}
+
+/// Checks a READ or WRITE CDB against the LU (protection, range, transfer
+/// size, write protection, the data that came) and says what it moves;
+/// `None` when it moves nothing (a transfer length of 0).
+pub(crate) fn plan_read_write(
+    lu: &dyn Backstore,
+    mode: ModeParams,
+    cdb: &[u8],
+    data_out_len: usize,
+) -> Result<Option<Transfer>, Sense> {
+    let rw = cdb::parse_rw(cdb).ok_or(Sense::INVALID_OPCODE)??;
+    if rw.protect != 0 {
+        // No protection information: RDPROTECT/WRPROTECT must be zero.
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    check_range(rw.lba, rw.blocks, capacity(lu))?;
+    let bs = lu.block_size();
+    let bytes = rw.blocks.bytes(bs);
+    if bytes > MAX_TRANSFER_BYTES {
+        return Err(Sense::INVALID_FIELD_IN_CDB);
+    }
+    if bytes == 0 {
+        return Ok(None);
+    }
+    let len = usize::try_from(bytes).map_err(|_| Sense::INVALID_FIELD_IN_CDB)?;
+    if rw.write {
+        check_writable(mode)?;
+        if data_out_len < len {
+            return Err(Sense::INVALID_FIELD_IN_CDB);
+        }
+    }
+    Ok(Some(Transfer {
+        offset: rw.lba.byte_offset(bs),
+        len,
+        write: rw.write,
+        through: rw.write && (rw.fua || !mode.wce),
+    }))
+}
+
 /// READ and WRITE of every size.
 ///
 /// Precondition (guaranteed by the transport): a WRITE's `data_out` holds at
@@ -189,41 +242,38 @@ pub(crate) fn read_write(
     data_in: &mut Vec<u8>,
     lent: Option<&mut Vec<crate::Lent>>,
 ) -> Result<(), Sense> {
-    let rw = cdb::parse_rw(cdb).ok_or(Sense::INVALID_OPCODE)??;
     // For a READ, `data_in` arrives holding scratch bytes (see
     // `ScsiTarget::execute`). Take them: every early return leaves the
     // response empty, and only a read that succeeds hands them back, every
     // byte overwritten. A WRITE's (empty) buffer stays with the caller,
     // capacity and all, for the next command.
-    let mut scratch = if rw.write {
-        Vec::new()
-    } else {
+    let mut scratch = if cdb::is_read(cdb) {
         std::mem::take(data_in)
+    } else {
+        Vec::new()
     };
-    if rw.protect != 0 {
-        // No protection information: RDPROTECT/WRPROTECT must be zero.
-        return Err(Sense::INVALID_FIELD_IN_CDB);
-    }
-    check_range(rw.lba, rw.blocks, capacity(lu))?;
-    let bs = lu.block_size();
-    let bytes = rw.blocks.bytes(bs);
-    if bytes > MAX_TRANSFER_BYTES {
-        return Err(Sense::INVALID_FIELD_IN_CDB);
-    }
-    if bytes == 0 {
+    let Some(Transfer {
+        offset,
+        len,
+        write,
+        through,
+    }) = plan_read_write(lu, mode, cdb, data_out.len())?
+    else {
         return Ok(());
-    }
-    let len = usize::try_from(bytes).map_err(|_| Sense::INVALID_FIELD_IN_CDB)?;
-    let offset = rw.lba.byte_offset(bs);
-    if rw.write {
-        check_writable(mode)?;
-        if data_out.len() < len {
-            return Err(Sense::INVALID_FIELD_IN_CDB);
-        }
+    };
+    if write {
         match data_out {
-            crate::DataOut::Flat(data) => write_data(lu, mode, offset, &data[..len], rw.fua)?,
+            crate::DataOut::Flat(data) => {
+                let data = &data[..len];
+                let r = if through {
+                    lu.write_through(offset, data)
+                } else {
+                    lu.write_at(offset, data)
+                };
+                r.map_err(Sense::write_failed)?;
+            }
             crate::DataOut::Pieces { pieces, .. } => {
-                let r = if rw.fua || !mode.wce {
+                let r = if through {
                     lu.write_pieces_through(offset, pieces, len)
                 } else {
                     lu.write_pieces(offset, pieces, len)

@@ -63,7 +63,7 @@ impl Connection {
     ) {
         task.start();
         let guard = self.in_flight.enter();
-        let (may_block, here) = iscsi_scsi::decode_lun(command.lun.0)
+        let (may_block, here, asynchronous) = iscsi_scsi::decode_lun(command.lun.0)
             .and_then(|lun| {
                 self.session.scsi.as_ref()?.with_backstore(lun, |store| {
                     // EXTENDED COPY may read and write other LUs than
@@ -75,10 +75,11 @@ impl Connection {
                     (
                         store.may_block() || long,
                         answered_here(Some(store), &command, &cdb),
+                        store.async_io().is_some() && iscsi_scsi::cdb::parse_rw(&cdb).is_some(),
                     )
                 })
             })
-            .unwrap_or((false, false));
+            .unwrap_or((false, false, false));
         let answer = answer(
             Execution {
                 session: Arc::clone(&self.session),
@@ -91,7 +92,10 @@ impl Connection {
                 pieces: Arc::clone(&self.pieces),
                 tap: self.tap.clone(),
             },
-            may_block,
+            Run {
+                may_block,
+                asynchronous,
+            },
             here,
         );
         if here {
@@ -126,10 +130,22 @@ struct Execution {
 /// (a poll: an abort sets a flag, it does not wake the command).
 const ABANDON_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// Runs the command (on the blocking pool when `may_block`) and sends its
-/// Data-In and status; `hold` when the connection's reader answers it
-/// (`Response::hold`).
-async fn answer(execution: Execution, may_block: bool, hold: bool) {
+/// Where a command runs.
+struct Run {
+    /// On the blocking pool.
+    may_block: bool,
+    /// A READ or WRITE on a store with asynchronous I/O: on its own task,
+    /// waiting for the store without a thread (`planned`).
+    asynchronous: bool,
+}
+
+/// Runs the command (see [`Run`]) and sends its Data-In and status; `hold`
+/// when the connection's reader answers it (`Response::hold`).
+async fn answer(execution: Execution, how: Run, hold: bool) {
+    let Run {
+        may_block,
+        asynchronous,
+    } = how;
     let Execution {
         session,
         task,
@@ -148,6 +164,47 @@ async fn answer(execution: Execution, may_block: bool, hold: bool) {
         buffers.take_filled(command.expected_data_transfer_length as usize)
     } else {
         Vec::new()
+    };
+    let written = data_out.len() as u64;
+    let (data_out, data_in) = if asynchronous {
+        let started = tap.as_ref().map(|_| std::time::Instant::now());
+        let ran = planned::run(
+            &session, &task, &command, &cdb, data_out, data_in, &buffers, &pieces,
+        )
+        .await;
+        match ran {
+            Ok(ran) => {
+                if let (Some(tap), Some(started)) = (&tap, started) {
+                    tap.step("execute", itt, started, std::time::Instant::now());
+                }
+                let outcome = (
+                    ran.outcome,
+                    ran.residual,
+                    WriteBuffer::default(),
+                    ran.data_in,
+                    Vec::new(),
+                );
+                finish(
+                    Finish {
+                        session,
+                        task,
+                        command,
+                        r2ts,
+                        buffers,
+                        pieces,
+                        tap,
+                        written,
+                    },
+                    outcome,
+                    hold,
+                )
+                .await;
+                return;
+            }
+            Err(back) => back,
+        }
+    } else {
+        (data_out, data_in)
     };
     let sanitize = cdb.first() == Some(&iscsi_scsi::cdb::opcode::SANITIZE);
     let watched = Arc::clone(&task);
@@ -224,13 +281,67 @@ async fn answer(execution: Execution, may_block: bool, hold: bool) {
             Ok(work())
         }
     };
-    let Ok((outcome, residual, data_out, data_in, lent)) = run else {
+    let Ok(ran) = run else {
         // The blocking task panicked: a bug, reported; the command ends
         // without status (the initiator times out).
         warn!("command execution failed");
         session.finish(&task);
         return;
     };
+    finish(
+        Finish {
+            session,
+            task,
+            command,
+            r2ts,
+            buffers,
+            pieces,
+            tap,
+            written,
+        },
+        ran,
+        hold,
+    )
+    .await;
+}
+
+/// What answering a command that ran needs.
+struct Finish {
+    session: Arc<Session>,
+    task: Arc<Task>,
+    command: ScsiCommand,
+    r2ts: u32,
+    buffers: Arc<BufferPool>,
+    pieces: Arc<BufferPool>,
+    tap: Option<Tap>,
+    /// The bytes of Data-Out it came with.
+    written: u64,
+}
+
+/// Sends a command's Data-In and status once it ran, and gives its buffers
+/// back.
+async fn finish(
+    how: Finish,
+    ran: (
+        CommandOutcome,
+        Residual,
+        WriteBuffer,
+        Vec<u8>,
+        Vec<iscsi_scsi::Lent>,
+    ),
+    hold: bool,
+) {
+    let Finish {
+        session,
+        task,
+        command,
+        r2ts,
+        buffers,
+        pieces,
+        tap,
+        written,
+    } = how;
+    let (outcome, residual, data_out, data_in, lent) = ran;
     SessionStats::add(&session.stats.commands, 1);
     if outcome.status != GOOD {
         SessionStats::add(&session.stats.errors, 1);
@@ -253,11 +364,7 @@ async fn answer(execution: Execution, may_block: bool, hold: bool) {
         data_in: data_in.clone(),
         residual,
         r2ts,
-        written: if command.write {
-            data_out.len() as u64
-        } else {
-            0
-        },
+        written: if command.write { written } else { 0 },
         tap: tap.as_ref(),
         hold,
     };

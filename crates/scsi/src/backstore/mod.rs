@@ -90,6 +90,11 @@ macro_rules! delegate {
     (@ $i:ident may_block) => {
         fn may_block(&self) -> bool { self.$i.may_block() }
     };
+    (@ $i:ident async_io) => {
+        fn async_io(&self) -> Option<std::sync::Arc<dyn $crate::backstore::AsyncIo>> {
+            self.$i.async_io()
+        }
+    };
     (@ $i:ident unmap_granularity) => {
         fn unmap_granularity(&self) -> u64 { self.$i.unmap_granularity() }
     };
@@ -166,6 +171,7 @@ macro_rules! delegate {
     };
 }
 
+mod async_io;
 mod block;
 mod encrypted;
 mod file;
@@ -178,6 +184,7 @@ mod slow;
 use std::fmt;
 use std::io;
 
+pub use async_io::{AsyncIo, IoFuture, WriteData};
 pub use block::{BlockBackstore, MEM_ALIGN};
 pub use encrypted::{EncryptedBackstore, KEY_LEN};
 pub use file::FileBackstore;
@@ -324,6 +331,14 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// inline, without the hand-off.
     fn may_block(&self) -> bool {
         true
+    }
+
+    /// Reads and writes that complete without holding a thread, for a
+    /// store that waits on the network ([`AsyncIo`]); `None`: the
+    /// synchronous methods only. A store offering them still answers the
+    /// synchronous ones (every command but READ and WRITE uses those).
+    fn async_io(&self) -> Option<std::sync::Arc<dyn AsyncIo>> {
+        None
     }
 
     /// The granule (in bytes) in which [`Backstore::unmap`] frees storage;

@@ -5,10 +5,12 @@
 //! connect, ioctx, rbd_open, and the release of a half-built client on each
 //! failure), size, id, fsid, read, write (with and without FUA), the
 //! vectored write and its completion, discard, flush, compare-and-write,
-//! writesame, diff-iterate and its callback, and the close on drop.
+//! writesame, diff-iterate and its callback, and the close on drop; the
+//! asynchronous requests in `tests/aio.rs`.
 
 use std::process::Command;
 
+mod aio;
 mod pr;
 
 use super::*;

@@ -25,7 +25,9 @@
 //! 4. No Rust code runs on librbd's threads: the one callback handed to
 //!    librbd (`rbd_diff_iterate2`'s, in `offload.rs`) runs on the calling
 //!    thread (`offload.rs`, invariant 5); the watch callbacks of [`rados`]
-//!    keep to invariant 7 there; nothing else is registered.
+//!    keep to invariant 7 there; asynchronous requests complete through an
+//!    eventfd, with no callback (`aio.rs`, invariants 6 to 8); nothing
+//!    else is registered.
 //!
 //! `lock.rs` holds the calls of a gateway group (the exclusive lock, image
 //! metadata, extended attributes), with one invariant of its own.
@@ -35,6 +37,7 @@
 //! (`NotFound` for a missing pool or image, `TimedOut` for an unreachable
 //! cluster, `PermissionDenied` for a bad key).
 
+mod aio;
 mod lock;
 mod offload;
 pub(super) mod rados;
@@ -131,6 +134,9 @@ pub(super) struct Image {
     cluster: RadosT,
     ioctx: RadosIoctxT,
     image: RbdImageT,
+    /// The eventfd librbd signals completions on, and the requests in
+    /// flight (`aio.rs`).
+    aio: aio::Aio,
 }
 
 // SAFETY: invariant 2 — the handles are used from many threads only after
@@ -280,10 +286,22 @@ impl Image {
                 target.image, target.pool
             )),
         )?;
+        let aio = match aio::Aio::register(image) {
+            Ok(aio) => aio,
+            Err(error) => {
+                // SAFETY: invariant 1 — opened just above, closed once, here.
+                unsafe { rbd_close(image) };
+                return Err(OpenError {
+                    step: "setting the image's event notification".into(),
+                    error,
+                });
+            }
+        };
         let built = Image {
             cluster: partial.cluster,
             ioctx: partial.ioctx,
             image,
+            aio,
         };
         // The handles now belong to `built` (its Drop releases them).
         std::mem::forget(partial);
@@ -386,7 +404,11 @@ impl Drop for Image {
     fn drop(&mut self) {
         // SAFETY: invariant 1 — the image is open and closed once, here,
         // before its pool context and client go (`Partial` below).
+        // rbd_close returns once every request in flight completed
+        // (`aio.rs`, invariant 8).
         unsafe { rbd_close(self.image) };
+        // The reaper sees the image gone and ends.
+        self.aio.wake();
         drop(Partial {
             cluster: self.cluster,
             ioctx: self.ioctx,

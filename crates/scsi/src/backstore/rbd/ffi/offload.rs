@@ -1,8 +1,8 @@
 //! The librbd calls behind the SCSI offloads of issue 36: COMPARE AND
 //! WRITE in the OSD (`rbd_compare_and_write`), WRITE SAME as one request
 //! per object (`rbd_writesame`) and GET LBA STATUS from the image's
-//! allocated extents (`rbd_diff_iterate2`); and a write that arrived in
-//! pieces as one request (`rbd_aio_writev`, waited for).
+//! allocated extents (`rbd_diff_iterate2`). (A write that arrived in
+//! pieces is one `rbd_aio_writev`, in `aio.rs`.)
 //!
 //! The invariants of `ffi/mod.rs` hold here too (1: the handles of an
 //! [`Image`] are valid while it lives; 2: these calls are thread safe on
@@ -28,18 +28,6 @@ use std::ptr;
 use std::thread::{self, ThreadId};
 
 use super::{Image, RbdImageT};
-
-type RbdCompletionT = *mut c_void;
-
-/// `struct iovec` (sys/uio.h).
-#[repr(C)]
-struct IoVec {
-    base: *const c_void,
-    len: usize,
-}
-
-/// The most pieces one vectored write takes (Linux's IOV_MAX).
-const IOV_MAX: usize = 1024;
 
 /// librbd's answer to a COMPARE AND WRITE whose compare failed.
 const EILSEQ: i32 = 84;
@@ -73,46 +61,6 @@ unsafe extern "C" {
         cb: extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int,
         arg: *mut c_void,
     ) -> c_int;
-    fn rbd_aio_create_completion(
-        cb_arg: *mut c_void,
-        complete_cb: Option<extern "C" fn(RbdCompletionT, *mut c_void)>,
-        c: *mut RbdCompletionT,
-    ) -> c_int;
-    fn rbd_aio_writev(
-        image: RbdImageT,
-        iov: *const IoVec,
-        iovcnt: c_int,
-        off: u64,
-        c: RbdCompletionT,
-    ) -> c_int;
-    fn rbd_aio_wait_for_complete(c: RbdCompletionT) -> c_int;
-    fn rbd_aio_get_return_value(c: RbdCompletionT) -> isize;
-    fn rbd_aio_release(c: RbdCompletionT);
-}
-
-/// A completion with no callback, released once on drop (so also when
-/// the submission fails).
-struct Completion(RbdCompletionT);
-
-impl Completion {
-    fn new() -> io::Result<Completion> {
-        let mut c: RbdCompletionT = ptr::null_mut();
-        // SAFETY: `c` receives the handle; no callback and no argument are
-        // registered, so nothing of ours ever runs on librbd's threads.
-        let r = unsafe { rbd_aio_create_completion(ptr::null_mut(), None, &mut c) };
-        if r < 0 {
-            return Err(io::Error::from_raw_os_error(-r));
-        }
-        Ok(Completion(c))
-    }
-}
-
-impl Drop for Completion {
-    fn drop(&mut self) {
-        // SAFETY: created by rbd_aio_create_completion, released once,
-        // here; a submitted request was waited for before (`writev`).
-        unsafe { rbd_aio_release(self.0) };
-    }
 }
 
 /// The largest range librbd's compare-and-write takes: it refuses with
@@ -258,52 +206,6 @@ impl Image {
                 return Err(io::Error::from_raw_os_error(-r as i32));
             }
             done += n;
-        }
-        Ok(())
-    }
-
-    /// Writes the concatenation of `pieces` at `offset` as one librbd
-    /// request (a 1 MiB SCSI write arrives in 64 KiB pieces; one write
-    /// each cost a round trip each, in series), and waits for it. No op
-    /// flags (the AIO writev takes none): with the client's cache off
-    /// (`CLIENT_OPTIONS`) a completed write is on the OSDs, FUA or not.
-    pub(in crate::backstore::rbd) fn writev(
-        &self,
-        offset: u64,
-        pieces: &[&[u8]],
-    ) -> io::Result<()> {
-        let mut at = offset;
-        for group in pieces.chunks(IOV_MAX) {
-            let iov: Vec<IoVec> = group
-                .iter()
-                .map(|p| IoVec {
-                    base: p.as_ptr().cast(),
-                    len: p.len(),
-                })
-                .collect();
-            let len: usize = group.iter().map(|p| p.len()).sum();
-            let done = Completion::new()?;
-            // SAFETY: invariants 1 and 3 — `iov` and every piece it points
-            // to are borrowed until this function returns, and it returns
-            // only after librbd completed the request (the wait below), so
-            // the memory outlives every use librbd makes of it; `iovcnt`
-            // is `iov`'s length (at most IOV_MAX).
-            let r =
-                unsafe { rbd_aio_writev(self.image, iov.as_ptr(), iov.len() as c_int, at, done.0) };
-            if r < 0 {
-                return Err(io::Error::from_raw_os_error(-r));
-            }
-            // SAFETY: a submitted completion, waited for once; then its
-            // return value is read before `done` releases it.
-            let n = unsafe {
-                rbd_aio_wait_for_complete(done.0);
-                rbd_aio_get_return_value(done.0)
-            };
-            // A write's completion holds 0 or an error (not a byte count).
-            if n < 0 {
-                return Err(io::Error::from_raw_os_error(-n as i32));
-            }
-            at += len as u64;
         }
         Ok(())
     }
