@@ -133,9 +133,46 @@ struct Shared {
     /// for good is said once, not every second.
     failing: AtomicU64,
     name: String,
+    /// The image's header object (`rbd_header.<id>`), which the poll also
+    /// looks for: librbd keeps answering from what it cached after the
+    /// image is removed (for 30 s and more: nothing tells it), reading
+    /// zeros from the data objects that are gone and writing new ones.
+    header: String,
+    /// Set by the poll when the header is gone: every I/O then fails with
+    /// ENOENT (MEDIUM NOT PRESENT) instead of reaching librbd.
+    removed: AtomicBool,
 }
 
 impl Shared {
+    /// Whether the image is still there (its header object exists); says
+    /// so in the log when that changes. An error reaching the cluster
+    /// leaves the answer as it was.
+    fn poll_presence(&self) {
+        let Ok(present) = self.image.object_exists(&self.header) else {
+            return;
+        };
+        let was_removed = self.removed.swap(!present, Ordering::AcqRel);
+        if !present && !was_removed {
+            tracing::error!(
+                "{}: the image was removed (its header {} is gone): every command fails with \
+                 MEDIUM NOT PRESENT until the LUN is removed",
+                self.name,
+                self.header
+            );
+        } else if present && was_removed {
+            tracing::warn!("{}: the image's header is back: serving again", self.name);
+        }
+    }
+
+    /// `Err(ENOENT)` once the image was removed ([`Shared::poll_presence`]).
+    fn present(&self) -> io::Result<()> {
+        if self.removed.load(Ordering::Acquire) {
+            Err(io::Error::from_raw_os_error(2))
+        } else {
+            Ok(())
+        }
+    }
+
     /// Reads the image's size and publishes a change.
     fn poll_size(&self) {
         match self.image.size() {
@@ -178,6 +215,7 @@ fn poll_sizes(shared: Weak<Shared>, stop: mpsc::Receiver<()>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
+        shared.poll_presence();
         shared.poll_size();
     }
 }
@@ -289,6 +327,8 @@ impl RbdBackstore {
             resized: AtomicBool::new(false),
             failing: AtomicU64::new(0),
             name,
+            header: format!("rbd_header.{image_id}"),
+            removed: AtomicBool::new(false),
         });
         let (stop_poll, stop) = mpsc::channel();
         let weak = Arc::downgrade(&shared);
@@ -324,8 +364,10 @@ impl RbdBackstore {
         self.block_count() * u64::from(self.block_size)
     }
 
-    fn image(&self) -> &ffi::Image {
-        &self.shared.image
+    /// The image, unless it was removed ([`Shared::present`]).
+    fn image(&self) -> io::Result<&ffi::Image> {
+        self.shared.present()?;
+        Ok(&self.shared.image)
     }
 
     /// Reads the size now instead of at the next poll (tests).
@@ -363,6 +405,9 @@ impl AsyncIo for RbdAsync {
         if let Err(e) = check_range(offset, buf.len() as u64, self.size()) {
             return Box::pin(std::future::ready((buf, Err(e))));
         }
+        if let Err(e) = self.shared.present() {
+            return Box::pin(std::future::ready((buf, Err(e))));
+        }
         let read = self.shared.image.aio_read(offset, buf);
         let fence = self.fence.clone();
         Box::pin(async move {
@@ -382,6 +427,9 @@ impl AsyncIo for RbdAsync {
         through: bool,
     ) -> IoFuture<io::Result<()>> {
         if let Err(e) = check_range(offset, len as u64, self.size()) {
+            return Box::pin(std::future::ready(Err(e)));
+        }
+        if let Err(e) = self.shared.present() {
             return Box::pin(std::future::ready(Err(e)));
         }
         let write = self.shared.image.aio_write(offset, data, len, fua(through));
@@ -413,12 +461,12 @@ impl Backstore for RbdBackstore {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image().read(offset, buf).map_err(|e| self.failed(e))
+        self.image()?.read(offset, buf).map_err(|e| self.failed(e))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image()
+        self.image()?
             .write(offset, buf, 0)
             .map_err(|e| self.failed(e))
     }
@@ -428,7 +476,7 @@ impl Backstore for RbdBackstore {
     /// file turns a cache on; no image-wide flush.
     fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image()
+        self.image()?
             .write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
             .map_err(|e| self.failed(e))
     }
@@ -446,7 +494,7 @@ impl Backstore for RbdBackstore {
             let n = piece.len().min(len - whole.len());
             whole.extend_from_slice(&piece[..n]);
         }
-        self.image()
+        self.image()?
             .write(offset, &whole, 0)
             .map_err(|e| self.failed(e))
     }
@@ -463,12 +511,12 @@ impl Backstore for RbdBackstore {
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.image().flush().map_err(|e| self.failed(e))
+        self.image()?.flush().map_err(|e| self.failed(e))
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(offset, len, self.size())?;
-        self.image()
+        self.image()?
             .discard(offset, len)
             .map_err(|e| self.failed(e))
     }
@@ -504,11 +552,11 @@ impl Backstore for RbdBackstore {
         if let Err(e) = check_range(offset, len, self.size()) {
             return Some(Err(e));
         }
-        Some(
-            self.image()
+        Some(self.image().and_then(|image| {
+            image
                 .compare_and_write(offset, expect, data, fua(through))
-                .map_err(|e| self.failed(e)),
-        )
+                .map_err(|e| self.failed(e))
+        }))
     }
 
     fn write_same(
@@ -521,11 +569,11 @@ impl Backstore for RbdBackstore {
         if let Err(e) = check_range(offset, len, self.size()) {
             return Some(Err(e));
         }
-        Some(
-            self.image()
+        Some(self.image().and_then(|image| {
+            image
                 .write_same(offset, len, pattern, fua(through))
-                .map_err(|e| self.failed(e)),
-        )
+                .map_err(|e| self.failed(e))
+        }))
     }
 
     /// From the extents librbd reports as holding data (whole objects'
@@ -538,7 +586,7 @@ impl Backstore for RbdBackstore {
         check_range(offset, max_len, self.size())?;
         let window = max_len.min(ALLOCATION_WINDOW);
         let extents = self
-            .image()
+            .image()?
             .allocated(offset, window, ALLOCATION_EXTENTS)
             .map_err(|e| self.failed(e))?;
         Ok(run_from(offset, window, &extents))

@@ -427,6 +427,57 @@ fn a_resize_is_noticed_and_raises_capacity_data_has_changed() {
     assert!(!store.take_capacity_change());
 }
 
+#[test]
+fn a_removed_image_fails_every_io_with_medium_not_present() {
+    use crate::{Nexus, ScsiTarget, Sense, TargetIdentity, status};
+    let image = TestImage::new("removed", "8M");
+    let store = Arc::new(RbdBackstore::open(&image.spec(), 512).unwrap());
+    store.write_at(0, &[7u8; 4096]).unwrap();
+    let target = ScsiTarget::new(
+        TargetIdentity::new("iqn.2026-11.test:rbd"),
+        vec![store.clone() as Arc<dyn Backstore>],
+    );
+    let nexus = Nexus::iscsi("iqn.2024-01.test:init", 1, 1);
+    let read10 = [0x28, 0, 0, 0, 0, 0, 0, 0, 8, 0];
+    let mut din = Vec::new();
+    while target.execute(&nexus, 0, &read10, &[], &mut din).status != status::GOOD {}
+    // `rbd rm` refuses while the gateway has the image open (its watch);
+    // what gets it removed under a gateway is a cluster that lost the
+    // gateway's watch (a partition) or a forced removal: the header goes.
+    let oid = format!("rbd_header.{}", store.shared.image.id().unwrap());
+    let out = Command::new("rados")
+        .args(["-c", &conf(), "-p", "rbd", "rm", &oid])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // librbd alone goes on answering from its cache; the poll (every
+    // second) notices the header is gone.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut block = [0u8; 512];
+    while store.read_at(0, &mut block).is_ok() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the removal was not noticed"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let e = store.write_at(0, &block).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let io = store.async_io().unwrap();
+    let (_, r) = rt.block_on(io.read(0, vec![0; 512]));
+    assert_eq!(r.unwrap_err().kind(), io::ErrorKind::NotFound);
+    let outcome = target.execute(&nexus, 0, &read10, &[], &mut din);
+    assert_eq!(outcome.sense, Some(Sense::MEDIUM_NOT_PRESENT));
+}
+
 /// The exclusive lock's calls (`ffi/lock.rs`): acquire, owners, break
 /// (which blocklists the holder), release; metadata and xattrs.
 #[test]

@@ -1,7 +1,8 @@
 //! The calls a gateway group needs beside I/O: the image's managed
 //! exclusive lock (who owns the LU), its metadata (the preferred owner),
-//! and extended attributes of an object in the image's pool (its header:
-//! gateways' heartbeats and the owner's port).
+//! extended attributes of an object in the image's pool (its header:
+//! gateways' heartbeats and the owner's port), and whether an object (the
+//! header: the image was not removed) exists.
 //!
 //! The invariants of [`super`] (its header) hold here too: every call is
 //! on the handles of an open [`Image`] (invariant 1), synchronous, with
@@ -54,6 +55,7 @@ unsafe extern "C" {
         buf: *const c_char,
         len: usize,
     ) -> c_int;
+    fn rados_stat(io: RadosIoctxT, oid: *const c_char, psize: *mut u64, pmtime: *mut i64) -> c_int;
     fn rados_getxattr(
         io: RadosIoctxT,
         o: *const c_char,
@@ -196,6 +198,21 @@ impl Image {
         let n = usize::try_from(check(ret)?).unwrap_or(0);
         buf.truncate(n);
         Ok(Some(buf))
+    }
+
+    /// Whether object `oid` exists in the image's pool.
+    pub(in crate::backstore::rbd) fn object_exists(&self, oid: &str) -> io::Result<bool> {
+        let oid = cstring("object", oid)?;
+        let (mut size, mut mtime) = (0u64, 0i64);
+        // SAFETY: invariants 1 and 3 — a valid ioctx; `oid` lives across
+        // the call; `size` and `mtime` (time_t: 64 bits on the 64-bit
+        // Linux librados runs on) are valid to write.
+        let ret = unsafe { rados_stat(self.ioctx, oid.as_ptr(), &mut size, &mut mtime) };
+        if ret == -libc_enoent() {
+            return Ok(false);
+        }
+        check(ret)?;
+        Ok(true)
     }
 }
 

@@ -3,7 +3,6 @@
 //! the write in one buffer (with FUA) and in pieces, polling, the
 //! release of completions reaped and of a submission that failed.
 
-use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
