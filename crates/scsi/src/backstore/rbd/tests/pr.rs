@@ -4,7 +4,8 @@
 //! addresses, blocklist, wait for the OSD map), then the protocol of
 //! `crate::pr_shared` through two targets over one image, as two gateways
 //! would have it: the state seen through both, a lost compare-and-set
-//! applied again, a damaged record refused, APTPL across restarts.
+//! applied again, a damaged record refused, APTPL across restarts, and
+//! the SPC-2 reservation, mode parameters and resets seen by both.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
