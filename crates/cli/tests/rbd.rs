@@ -12,7 +12,7 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::ceph::{Image, conf, rbd};
-use common::iscsi;
+use common::{iscsi, libiscsi};
 use iscsi_initiator::{Disk, IscsiUrl, Session, SessionConfig};
 use iscsi_test_peers::{Peer, free_port};
 
@@ -149,47 +149,6 @@ fn an_unreachable_cluster_is_refused_naming_the_monitors() {
     );
 }
 
-/// What libiscsi's suite skips on a plain RBD LUN, and why: the same
-/// families a plain file LUN skips for its options (conformance.rs runs
-/// them on LUNs with those options), plus what the RBD store does not
-/// offer yet.
-const RBD_SKIPS: &[(&str, &str)] = &[
-    ("CompareAndWrite.InvalidDataOutSize", "needs LBPPB > 1"),
-    ("WriteSame10.UnmapUnaligned", "needs LBPPB > 1"),
-    ("WriteSame10.InvalidDataOutSize", "needs LBPPB > 1"),
-    ("WriteSame16.UnmapUnaligned", "needs LBPPB > 1"),
-    ("WriteSame16.InvalidDataOutSize", "needs LBPPB > 1"),
-    ("PreventAllow.2ITNexuses", "needs a removable LU"),
-    ("PreventAllow.ColdReset", "needs a removable LU"),
-    ("PreventAllow.Eject", "needs a removable LU"),
-    ("PreventAllow.ITNexusLoss", "needs a removable LU"),
-    ("PreventAllow.LUNReset", "needs a removable LU"),
-    ("PreventAllow.Logout", "needs a removable LU"),
-    ("PreventAllow.Simple", "needs a removable LU"),
-    ("PreventAllow.WarmReset", "needs a removable LU"),
-    ("StartStopUnit.Simple", "needs a removable LU"),
-    ("ReadOnly.ReadOnlySBC", "needs a write-protected LU"),
-    ("Sanitize.BlockErase", "not offered on RBD (yet)"),
-    ("Sanitize.CryptoErase", "not encrypted"),
-    ("Sanitize.Readonly", "its erase parts are not offered here"),
-    (
-        "Sanitize.Reservations",
-        "its erase parts are not offered here",
-    ),
-    ("WriteAtomic16.BeyondEol", "librbd promises no atomic write"),
-    ("WriteAtomic16.DpoFua", "librbd promises no atomic write"),
-    ("WriteAtomic16.Simple", "librbd promises no atomic write"),
-    ("WriteAtomic16.VPD", "librbd promises no atomic write"),
-    (
-        "WriteAtomic16.WriteProtect",
-        "librbd promises no atomic write",
-    ),
-    (
-        "WriteAtomic16.ZeroBlocks",
-        "librbd promises no atomic write",
-    ),
-];
-
 /// libiscsi's suite (`iscsi-test-cu -S -d`, every family but
 /// Sanitize.Reset, which needs a slow LUN: conformance.rs) on an RBD LUN,
 /// with a second URL for the multipath tests: none fails, and exactly the
@@ -208,76 +167,10 @@ fn libiscsi_suite_passes_on_an_rbd_lun() {
         .args(["--lun", "ram:64M"])
         .env("RUST_LOG", "warn");
     let mut target = Peer::spawn(command, port);
-    let list = Command::new("iscsi-test-cu")
-        .arg("--list")
-        .output()
-        .expect("iscsi-test-cu --list runs");
-    let tests: Vec<String> = String::from_utf8_lossy(&list.stdout)
-        .lines()
-        .map(str::trim)
-        .filter(|l| match l.matches('.').count() {
-            1 => l.starts_with("ALL.") && *l != "ALL.Sanitize",
-            2 => l.starts_with("ALL.Sanitize.") && *l != "ALL.Sanitize.Reset",
-            _ => false,
-        })
-        .map(str::to_owned)
-        .collect();
     let url = format!("iscsi://127.0.0.1:{port}/{NAME}/0");
-    let out = Command::new("timeout")
-        .arg("600")
-        .arg("iscsi-test-cu")
-        .args([
-            "-S",
-            "-d",
-            &format!("--test={}", tests.join(",")),
-            &url,
-            &url,
-        ])
-        .output()
-        .expect("iscsi-test-cu runs");
+    let run = libiscsi::run_suite(&url, &url);
     target.terminate(std::time::Duration::from_secs(10));
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "tests  TOTAL  RAN  PASSED  FAILED  INACTIVE" in CUnit's summary.
-    let counts: Vec<u64> = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("tests "))
-        .unwrap_or_else(|| panic!("no summary in:\n{text}"))
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    let (mut suite, mut test) = (String::new(), String::new());
-    let mut skipped = std::collections::BTreeSet::new();
-    for line in text.lines() {
-        if let Some(name) = line.strip_prefix("Suite: ") {
-            suite = name.trim().to_owned();
-        }
-        if let Some(at) = line.find("Test: ") {
-            let name = line[at + 6..].split_whitespace().next().unwrap_or("");
-            test = format!("{suite}.{}", name.trim_end_matches("..."));
-        }
-        if line.contains("[SKIPPED]") {
-            skipped.insert(test.clone());
-        }
-    }
-    println!(
-        "RBD LUN: {} tests, {} passed, {} failed, {} skipped",
-        counts[0],
-        counts[2],
-        counts[3],
-        skipped.len()
-    );
-    assert!(counts.len() >= 4 && counts[3] == 0, "failures:\n{text}");
-    let expected: std::collections::BTreeSet<String> =
-        RBD_SKIPS.iter().map(|(t, _)| (*t).to_owned()).collect();
-    let unexpected: Vec<_> = skipped.difference(&expected).collect();
-    assert!(
-        unexpected.is_empty(),
-        "skipped unexpectedly: {unexpected:?}"
-    );
-    // And the other way: a test that no longer skips leaves the list.
-    let ran: Vec<_> = expected.difference(&skipped).collect();
-    assert!(ran.is_empty(), "no longer skipped: {ran:?}");
+    run.assert_passes("RBD LUN", libiscsi::RBD_SKIPS);
 }
 
 /// `rbd resize` under a running gateway: a session logged in before sees

@@ -17,6 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::ceph::{Image, conf, rbd};
+use common::libiscsi;
 use iscsi_initiator::{Command as ScsiCommand, IscsiUrl, Session, SessionConfig};
 use iscsi_test_peers::{Peer, free_port};
 
@@ -231,62 +232,20 @@ fn reservations_hold_across_two_gateways_and_preempt_fences_a_stopped_one() {
     let _ = rbd(&["rm", &image]);
 }
 
-/// libiscsi's persistent reservation families (and its multipath tests
-/// but Reset) with its two URLs on two gateways, so that its second
-/// initiator goes through the other gateway: none fails. Left out, and
-/// why: Reserve6 (SPC-2 RESERVE is per gateway: its state is not shared)
-/// and MultipathIO.Reset (a LOGICAL UNIT RESET through one gateway raises
-/// its unit attention on that gateway's nexuses only).
+/// libiscsi's whole suite (as on one RBD LUN: [`libiscsi::run_suite`])
+/// with its two URLs on two gateways, so that its second initiator (the
+/// multipath, multi-initiator, reservation and reset tests) goes through
+/// the other gateway: none fails, and exactly what skips on one RBD LUN
+/// skips ([`libiscsi::RBD_SKIPS`], each with its reason), nothing more.
 #[test]
-fn libiscsi_reservation_tests_pass_across_two_gateways() {
+fn libiscsi_suite_passes_across_two_gateways() {
     iscsi_test_peers::require("iscsi-test-cu", "libiscsi-bin");
     let image = Image::new("pr-suite", "64M");
     let g1 = Gateway::start(&image, 1);
     let g2 = Gateway::start(&image, 2);
-    let families = [
-        "PrinReadKeys",
-        "PrinServiceactionRange",
-        "PrinReportCapabilities",
-        "ProutRegister",
-        "ProutReserve",
-        "ProutClear",
-        "ProutPreempt",
-        "MultipathIO.Simple",
-        "MultipathIO.CompareAndWrite",
-        "MultipathIO.CompareAndWriteAsync",
-    ];
-    let tests: Vec<String> = families.iter().map(|f| format!("ALL.{f}")).collect();
     let url = |g: &Gateway| format!("iscsi://127.0.0.1:{}/{NAME}/0", g.port);
-    let out = Command::new("timeout")
-        .arg("600")
-        .arg("iscsi-test-cu")
-        .args([
-            "-d",
-            &format!("--test={}", tests.join(",")),
-            &url(&g1),
-            &url(&g2),
-        ])
-        .output()
-        .expect("iscsi-test-cu runs");
+    let run = libiscsi::run_suite(&url(&g1), &url(&g2));
     drop((g1, g2));
     let _ = rbd(&["rm", &image]);
-    let text = String::from_utf8_lossy(&out.stdout);
-    // "tests  TOTAL  RAN  PASSED  FAILED  INACTIVE" in CUnit's summary.
-    let counts: Vec<u64> = text
-        .lines()
-        .find(|l| l.trim_start().starts_with("tests "))
-        .unwrap_or_else(|| panic!("no summary in:\n{text}"))
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|n| n.parse().ok())
-        .collect();
-    println!(
-        "two gateways: {} tests, {} passed, {} failed",
-        counts[0], counts[2], counts[3]
-    );
-    assert!(counts.len() >= 4 && counts[0] >= 20, "{text}");
-    assert!(
-        counts[3] == 0 && !text.contains("[FAILED]"),
-        "failures:\n{text}"
-    );
+    run.assert_passes("two gateways", libiscsi::RBD_SKIPS);
 }

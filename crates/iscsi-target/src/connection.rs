@@ -780,6 +780,23 @@ impl Connection {
             self.record(ConnectionEvent::LogoutStarted);
             self.abandon_pending_writes();
             self.in_flight.wait_idle().await;
+            // The session ends with this logout: its nexus is lost (SPC-2
+            // reservation released) before the initiator hears so, as it
+            // may at once ask for that reservation through another nexus,
+            // another gateway of a group included (libiscsi's
+            // Reserve6.Logout). The session's end says it again, harmlessly.
+            let last = self.session.connections.load(Ordering::Acquire) <= 1;
+            if (request.reason == LogoutReason::CloseSession || last)
+                && let Some(scsi) = &self.session.scsi
+            {
+                let (scsi, nexus) = (Arc::clone(scsi), self.session.nexus.clone());
+                if tokio::task::spawn_blocking(move || scsi.nexus_lost(&nexus))
+                    .await
+                    .is_err()
+                {
+                    warn!("logout: releasing the nexus panicked");
+                }
+            }
         }
         let reply = LogoutResponse {
             response,

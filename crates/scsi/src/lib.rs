@@ -212,7 +212,7 @@ pub struct ScsiTarget {
     /// session, so it is swapped whole like `luns`: a command finds its
     /// nexus with a load and a lookup, no lock and no write that cores
     /// would share.
-    nexuses: ArcSwap<HashSet<NexusKey>>,
+    nexuses: lu::KnownNexuses,
     /// Serialises the writers of `nexuses`.
     nexus_changes: Mutex<()>,
     /// Told which nexuses' tasks PREEMPT AND ABORT aborts.
@@ -295,6 +295,7 @@ impl ScsiTarget {
         luns: impl IntoIterator<Item = (u16, Arc<dyn Backstore>)>,
     ) -> Self {
         let mut table: LunTable = Vec::new();
+        let nexuses: lu::KnownNexuses = Arc::new(ArcSwap::from_pointee(HashSet::new()));
         for (n, store) in luns {
             let i = usize::from(n);
             if i >= MAX_LUNS {
@@ -303,13 +304,13 @@ impl ScsiTarget {
             if table.len() <= i {
                 table.resize(i + 1, None);
             }
-            table[i] = Some(pr_shared::logical_unit(store));
+            table[i] = Some(pr_shared::logical_unit(store, &nexuses));
         }
         Self {
             identity,
             luns: ArcSwap::from_pointee(table),
             lun_changes: Mutex::new(()),
-            nexuses: ArcSwap::from_pointee(HashSet::new()),
+            nexuses,
             nexus_changes: Mutex::new(()),
             abort_handler: Mutex::new(None),
             power_on_ua: AtomicBool::new(false),
@@ -367,7 +368,7 @@ impl ScsiTarget {
         if table.len() <= i {
             table.resize(i + 1, None);
         }
-        table[i] = Some(pr_shared::logical_unit(store));
+        table[i] = Some(pr_shared::logical_unit(store, &self.nexuses));
         self.luns.store(Arc::new(table));
         self.inventory_changed(Some(n));
         Ok(())
@@ -484,6 +485,9 @@ impl ScsiTarget {
             .unwrap_or_else(PoisonError::into_inner)
             .drop_nexus(key);
         for lu in self.luns.load().iter().flatten() {
+            if let Some(store) = &lu.shared {
+                pr_shared::nexus_lost(lu, store.as_ref(), key);
+            }
             let mut st = lu.state();
             if st.spc2.as_ref() == Some(key) {
                 st.spc2 = None;
@@ -497,17 +501,22 @@ impl ScsiTarget {
     /// completion here, so no task state remains; the SPC-2 reservation is
     /// released, mode parameters return to their defaults and every nexus
     /// gets BUS DEVICE RESET FUNCTION OCCURRED (29h/03h). Persistent
-    /// reservations survive (SPC-4 §5.12.3).
+    /// reservations survive (SPC-4 §5.12.3). On an LU a gateway group
+    /// shares, every other gateway does the same for its nexuses
+    /// (`pr_shared::lun_reset`); this waits for them to acknowledge (a
+    /// cluster round trip; more, and a fence, when one does not answer),
+    /// so a transport calls it where it may block.
     pub fn lun_reset(&self, lun: u16) {
         let nexuses = self.known_nexuses();
         if let Some(lu) = self.lu(lun) {
-            Self::reset_lu(&lu, &nexuses, Sense::unit_attention(Asc::BUS_DEVICE_RESET));
+            Self::reset_lu(&lu, &nexuses, Asc::BUS_DEVICE_RESET);
         }
     }
 
     /// TARGET WARM RESET or TARGET COLD RESET (RFC 7143 §11.5.1): every LU
-    /// is reset as by [`ScsiTarget::lun_reset`], with the unit attention of
-    /// [`TargetReset`].
+    /// is reset as by [`ScsiTarget::lun_reset`] (on every gateway of a
+    /// group that shares it, and it blocks as that does), with the unit
+    /// attention of [`TargetReset`].
     pub fn target_reset(&self, kind: TargetReset) {
         let nexuses = self.known_nexuses();
         let asc = match kind {
@@ -515,18 +524,18 @@ impl ScsiTarget {
             TargetReset::Cold => Asc::POWER_ON_OCCURRED,
         };
         for lu in self.luns.load().iter().flatten() {
-            Self::reset_lu(lu, &nexuses, Sense::unit_attention(asc));
+            Self::reset_lu(lu, &nexuses, asc);
         }
     }
 
-    fn reset_lu(lu: &LogicalUnit, nexuses: &[NexusKey], ua: Sense) {
-        let mut st = lu.state();
-        st.spc2 = None;
-        st.mode = lu::ModeParams::DEFAULT;
-        // A reset ends every prevention of medium removal (SBC-3 §5.11);
-        // the medium stays loaded or ejected as it was.
-        st.medium.prevented.clear();
-        st.raise_for_all(nexuses, None, ua);
+    /// Resets `lu` ([`lu::LuState::reset`]) with the unit attention `asc`
+    /// for `nexuses`, and on an LU a gateway group shares, for every other
+    /// gateway's nexuses too (`pr_shared::lun_reset`).
+    fn reset_lu(lu: &LogicalUnit, nexuses: &[NexusKey], asc: Asc) {
+        lu.state().reset(nexuses, Sense::unit_attention(asc));
+        if let Some(store) = &lu.shared {
+            pr_shared::lun_reset(lu, store.as_ref(), asc.ascq);
+        }
     }
 
     /// Executes `cdb` on `lun` (the 64-bit LUN field as the initiator sent
@@ -778,19 +787,46 @@ impl ScsiTarget {
             MODE_SENSE_6 | MODE_SENSE_10 => Ok(mode::mode_sense(bs, lu.mode(), cdb, data_in)?),
             MODE_SELECT_6 | MODE_SELECT_10 => {
                 let nexuses = self.known_nexuses();
-                let mut st = lu.state();
-                let changed = mode::mode_select(bs, &mut st.mode, cdb, &data_out.flat())?;
-                if changed {
-                    st.raise_for_all(
-                        &nexuses,
-                        Some(key),
-                        Sense::unit_attention(Asc::MODE_PARAMETERS_CHANGED),
-                    );
+                let data = data_out.flat();
+                let select =
+                    |mode: &mut lu::ModeParams| Ok(mode::mode_select(bs, mode, cdb, &data)?);
+                let done = |st: &mut lu::LuState, changed: &bool| {
+                    if *changed {
+                        st.raise_for_all(
+                            &nexuses,
+                            Some(key),
+                            Sense::unit_attention(Asc::MODE_PARAMETERS_CHANGED),
+                        );
+                    }
+                };
+                match &lu.shared {
+                    Some(store) => pr_shared::mode_select(lu, store.as_ref(), select, done),
+                    None => {
+                        let mut st = lu.state();
+                        let mut mode = st.mode;
+                        let changed = select(&mut mode)?;
+                        st.mode = mode;
+                        done(&mut st, &changed);
+                        Ok(())
+                    }
                 }
-                Ok(())
             }
-            RESERVE_6 | RESERVE_10 => pr::reserve(&mut lu.state(), key, cdb),
-            RELEASE_6 | RELEASE_10 => pr::release(&mut lu.state(), key, cdb),
+            RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10 => {
+                let reserve = matches!(op, RESERVE_6 | RESERVE_10);
+                match &lu.shared {
+                    Some(store) => {
+                        pr_shared::reserve_or_release(lu, store.as_ref(), key, cdb, reserve)
+                    }
+                    None => {
+                        let st = &mut *lu.state();
+                        if reserve {
+                            pr::reserve(&mut st.spc2, &st.pr, key, cdb)
+                        } else {
+                            pr::release(&mut st.spc2, key, cdb)
+                        }
+                    }
+                }
+            }
             PERSISTENT_RESERVE_IN => {
                 pr_shared::check_fresh(lu)?;
                 pr::persistent_reserve_in(&lu.state(), cdb, data_in)

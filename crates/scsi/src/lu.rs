@@ -3,11 +3,12 @@
 //! changeable mode parameters, and the lock that makes COMPARE AND WRITE
 //! atomic against every other write.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
+use arc_swap::ArcSwap;
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
 
 use crate::alua::AluaGroup;
@@ -18,6 +19,12 @@ use crate::pr_record::Gateway;
 use crate::pr_state::PrState;
 use crate::sanitize::state::SanitizeState;
 use crate::sense::Sense;
+
+/// The I_T nexuses that have sent the target a command (SAM-5 §5.14: the
+/// nexuses a unit attention "for every I_T nexus" is queued for): owned
+/// by the target, read by its LUs when a change made by another gateway
+/// (a LOGICAL UNIT RESET) concerns every nexus of this one.
+pub(crate) type KnownNexuses = Arc<ArcSwap<HashSet<NexusKey>>>;
 
 /// Most unit attentions queued for one nexus; older ones are dropped first
 /// (SAM-5 §5.14 lets a device server report only the most recent).
@@ -45,11 +52,12 @@ impl ModeParams {
         swp: false,
     };
 
-    fn to_bits(self) -> u8 {
-        u8::from(self.wce) | u8::from(self.d_sense) << 1 | u8::from(self.swp) << 2
+    /// As `pr_record` keeps them (bit 0 WCE, 1 D_SENSE, 2 SWP).
+    pub(crate) const fn to_bits(self) -> u8 {
+        (self.wce as u8) | (self.d_sense as u8) << 1 | (self.swp as u8) << 2
     }
 
-    fn from_bits(bits: u8) -> Self {
+    pub(crate) const fn from_bits(bits: u8) -> Self {
         Self {
             wce: bits & 1 != 0,
             d_sense: bits & 2 != 0,
@@ -57,6 +65,9 @@ impl ModeParams {
         }
     }
 }
+
+// A version 1 shared record means the power-on mode parameters.
+const _: () = assert!(ModeParams::DEFAULT.to_bits() == crate::pr_record::DEFAULT_MODE);
 
 /// The mutable state of one LU.
 #[derive(Debug)]
@@ -85,6 +96,10 @@ pub(crate) struct LuState {
 pub(crate) struct ClusterView {
     pub epoch: u64,
     pub gateways: Vec<Gateway>,
+    /// The record's count of LOGICAL UNIT RESETs as of `epoch`.
+    pub resets: u64,
+    /// The ASCQ of the last one's unit attention.
+    pub reset_ascq: u8,
 }
 
 impl LuState {
@@ -120,6 +135,19 @@ impl LuState {
             self.uas.remove(nexus);
         }
         s
+    }
+
+    /// What a LOGICAL UNIT RESET (or a target reset) does to the state
+    /// (SAM-5 §6.3.3): the SPC-2 reservation is released, mode parameters
+    /// return to their defaults, every prevention of medium removal ends
+    /// (SBC-3 §5.11; the medium stays loaded or ejected as it was), and
+    /// every nexus of `nexuses` gets `ua`. Persistent reservations survive
+    /// (SPC-4 §5.12.3).
+    pub fn reset<'a>(&mut self, nexuses: impl IntoIterator<Item = &'a NexusKey>, ua: Sense) {
+        self.spc2 = None;
+        self.mode = ModeParams::DEFAULT;
+        self.medium.prevented.clear();
+        self.raise_for_all(nexuses, None, ua);
     }
 
     /// Forgets every unit attention pending for `nexus`.
@@ -172,6 +200,8 @@ pub(crate) struct LogicalUnit {
     /// which cannot hold `io` across their wait: counted instead, and
     /// [`LogicalUnit::write_exclusive`] waits for the count to drain.
     async_writes: AtomicUsize,
+    /// The target's nexuses (see [`KnownNexuses`]).
+    pub nexuses: KnownNexuses,
     /// The store's ALUA group ([`Backstore::alua`]), read once: `None` for
     /// an LU that one process alone serves.
     pub alua: Option<Arc<AluaGroup>>,
@@ -181,7 +211,7 @@ pub(crate) struct LogicalUnit {
 }
 
 impl LogicalUnit {
-    pub fn new(backstore: Arc<dyn Backstore>) -> Self {
+    pub fn new(backstore: Arc<dyn Backstore>, nexuses: KnownNexuses) -> Self {
         let shared = backstore.shared_pr();
         let alua = backstore.alua();
         Self {
@@ -203,6 +233,7 @@ impl LogicalUnit {
             mode: AtomicU8::new(ModeParams::DEFAULT.to_bits()),
             io: ShardedLock::new(()),
             async_writes: AtomicUsize::new(0),
+            nexuses,
             alua_seen: AtomicU64::new(alua.as_ref().map_or(0, |a| a.generation())),
             alua,
         }

@@ -129,7 +129,14 @@ pub(crate) fn check_access(st: &LuState, nexus: &NexusKey, cdb: &[u8]) -> Result
 
 /// RESERVE(6)/(10) (SPC-2 §7.21, §7.22): a logical unit reservation for
 /// the nexus. Third-party and extent reservations are not supported.
-pub(crate) fn reserve(st: &mut LuState, nexus: &NexusKey, cdb: &[u8]) -> Result<(), Fail> {
+/// `spc2` is the holder (changed here), `pr` the persistent reservation
+/// state it must not overlap.
+pub(crate) fn reserve(
+    spc2: &mut Option<NexusKey>,
+    pr: &PrState,
+    nexus: &NexusKey,
+    cdb: &[u8],
+) -> Result<(), Fail> {
     let b1 = cdb::byte(cdb, 1)?;
     let bad = if cdb.first() == Some(&opcode::RESERVE_10) {
         // 3RDPTY (bit 4), LONGID (bit 1).
@@ -141,11 +148,11 @@ pub(crate) fn reserve(st: &mut LuState, nexus: &NexusKey, cdb: &[u8]) -> Result<
     if bad {
         return Err(Sense::INVALID_FIELD_IN_CDB.into());
     }
-    match &st.spc2 {
+    match spc2 {
         Some(h) if h != nexus => Err(Fail::Conflict),
-        _ if st.pr.reservation.is_some() => Err(Fail::Conflict),
+        _ if pr.reservation.is_some() => Err(Fail::Conflict),
         _ => {
-            st.spc2 = Some(nexus.clone());
+            *spc2 = Some(nexus.clone());
             Ok(())
         }
     }
@@ -153,7 +160,11 @@ pub(crate) fn reserve(st: &mut LuState, nexus: &NexusKey, cdb: &[u8]) -> Result<
 
 /// RELEASE(6)/(10) (SPC-2 §7.19, §7.20): releases the nexus's reservation;
 /// from any other nexus it is a no-op with GOOD status.
-pub(crate) fn release(st: &mut LuState, nexus: &NexusKey, cdb: &[u8]) -> Result<(), Fail> {
+pub(crate) fn release(
+    spc2: &mut Option<NexusKey>,
+    nexus: &NexusKey,
+    cdb: &[u8],
+) -> Result<(), Fail> {
     let b1 = cdb::byte(cdb, 1)?;
     let bad = if cdb.first() == Some(&opcode::RELEASE_10) {
         b1 & 0x12 != 0
@@ -163,8 +174,8 @@ pub(crate) fn release(st: &mut LuState, nexus: &NexusKey, cdb: &[u8]) -> Result<
     if bad {
         return Err(Sense::INVALID_FIELD_IN_CDB.into());
     }
-    if st.spc2.as_ref() == Some(nexus) {
-        st.spc2 = None;
+    if spc2.as_ref() == Some(nexus) {
+        *spc2 = None;
     }
     Ok(())
 }

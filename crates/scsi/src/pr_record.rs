@@ -2,19 +2,29 @@
 //! group keeps in one RADOS object per RBD image (`backstore::rbd::pr`),
 //! so that every gateway reads and writes the same state.
 //!
-//! Format, version 1 (big-endian; `str` is a u16 length then that many
-//! bytes of UTF-8):
+//! Format, version 1 or 2 (big-endian; `str` is a u16 length then that
+//! many bytes of UTF-8):
 //!
 //! | field | bytes |
 //! |---|---|
 //! | magic `IRPR` | 4 |
-//! | version (1) | 1 |
+//! | version (1, or 2 when the version-2 tail is not empty) | 1 |
 //! | flags: bit 0 APTPL, others 0 | 1 |
 //! | epoch: +1 on every committed change (the compare-and-set counter) | 8 |
 //! | PRgeneration (SPC-4 §6.15.2) | 4 |
 //! | gateway count (at most [`MAX_GATEWAYS`]), then each: RADOS instance id u64, client address `str` | 2 + ... |
 //! | registration count (at most [`MAX_REGISTRATIONS`]), then each: reservation key u64, relative target port u16, initiator port `str`, TransportID (u16 length + bytes) | 2 + ... |
 //! | reservation: 0, or 1 then type u8, holder's relative target port u16, holder's initiator port `str` | 1 or more |
+//! | version 2 only: resets so far (u64); the ASCQ of ASC 29h the last one raised (0 with no reset); mode parameters (bit 0 WCE, bit 1 D_SENSE, bit 2 SWP, others 0); the SPC-2 RESERVE(6)/(10) holder: 0, or 1 then its relative target port u16 and initiator port `str` | 11 or more |
+//!
+//! Version 2 exists because SPC-2 reservations, resets and mode
+//! parameters came to be shared after version 1 was in use: a record with
+//! none of them (no SPC-2 reservation held, no reset yet, the default mode
+//! parameters) is still written as version 1, so a
+//! gateway that knows only version 1 keeps working beside a newer one
+//! until either is used; it refuses a version 2 record (stale, never a
+//! misread state). A version 2 record with an empty tail is refused: it
+//! would re-encode as version 1.
 //!
 //! [`PrRecord::decode`] refuses anything [`PrRecord::encode`] would not
 //! have written: another magic or version, unknown flags, lengths past the
@@ -41,6 +51,12 @@ pub const MAX_GATEWAYS: usize = 32;
 
 const MAGIC: &[u8; 4] = b"IRPR";
 const VERSION: u8 = 1;
+/// Adds the tail of the table's last row.
+const VERSION_2: u8 = 2;
+/// The mode parameters' bits at power on (WCE set): what a version 1
+/// record means.
+pub(crate) const DEFAULT_MODE: u8 = 0x01;
+const MODE_BITS: u8 = 0x07;
 const FLAG_APTPL: u8 = 0x01;
 /// Longest string field: an iSCSI name is at most 223 bytes (RFC 7143
 /// §4.2.7.1) plus `,i,0x` and 12 hex digits; addresses are short.
@@ -58,13 +74,25 @@ pub struct Gateway {
 }
 
 /// The whole record: the reservation state, its epoch and the gateways.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PrRecord {
     /// Compare-and-set counter, one more on each committed change.
     pub epoch: u64,
     /// Gateways whose clients use the LU (most recent last).
     pub gateways: Vec<Gateway>,
     pub(crate) pr: PrState,
+    /// The I_T nexus holding an SPC-2 RESERVE(6)/(10) reservation.
+    pub(crate) spc2: Option<NexusKey>,
+    /// LOGICAL UNIT RESETs (and target resets) so far: a gateway that sees
+    /// it grow raises the reset's unit attention for its own nexuses
+    /// (SAM-5 §6.3.3: every I_T nexus of the LU, whichever gateway it goes
+    /// through).
+    pub resets: u64,
+    /// The ASCQ (of ASC 29h) of the last reset's unit attention.
+    pub reset_ascq: u8,
+    /// The LU's mode parameters (one set for every nexus, SPC-4 §7.5), as
+    /// `lu::ModeParams` bits.
+    pub(crate) mode: u8,
 }
 
 /// Why bytes are not a record.
@@ -140,6 +168,12 @@ fn put_blob(v: &mut Vec<u8>, b: &[u8]) {
     v.extend_from_slice(b);
 }
 
+impl Default for PrRecord {
+    fn default() -> Self {
+        Self::new(0, Vec::new(), PrState::default())
+    }
+}
+
 impl PrRecord {
     /// The record of `pr` at `epoch`.
     pub(crate) fn new(epoch: u64, gateways: Vec<Gateway>, pr: PrState) -> Self {
@@ -147,7 +181,21 @@ impl PrRecord {
             epoch,
             gateways,
             pr,
+            spc2: None,
+            resets: 0,
+            reset_ascq: 0,
+            mode: DEFAULT_MODE,
         }
+    }
+
+    /// Whether an SPC-2 reservation is held.
+    pub fn is_spc2_reserved(&self) -> bool {
+        self.spc2.is_some()
+    }
+
+    /// Whether the record needs version 2 (see the module's table).
+    fn has_tail(&self) -> bool {
+        self.resets != 0 || self.spc2.is_some() || self.mode != DEFAULT_MODE
     }
 
     /// Number of registrations held.
@@ -170,7 +218,7 @@ impl PrRecord {
         let pr = &self.pr;
         let mut v = Vec::with_capacity(64 + pr.registrations.len() * 96);
         v.extend_from_slice(MAGIC);
-        v.push(VERSION);
+        v.push(if self.has_tail() { VERSION_2 } else { VERSION });
         v.push(if pr.aptpl { FLAG_APTPL } else { 0 });
         v.extend_from_slice(&self.epoch.to_be_bytes());
         v.extend_from_slice(&pr.generation.to_be_bytes());
@@ -196,6 +244,19 @@ impl PrRecord {
                 put_blob(&mut v, res.holder.initiator_port().as_bytes());
             }
         }
+        if self.has_tail() {
+            v.extend_from_slice(&self.resets.to_be_bytes());
+            v.push(self.reset_ascq);
+            v.push(self.mode);
+            match &self.spc2 {
+                None => v.push(0),
+                Some(holder) => {
+                    v.push(1);
+                    v.extend_from_slice(&holder.target_port().to_be_bytes());
+                    put_blob(&mut v, holder.initiator_port().as_bytes());
+                }
+            }
+        }
         v
     }
 
@@ -206,7 +267,8 @@ impl PrRecord {
         if r.bytes(4)? != MAGIC {
             return Err(DecodeError("not a record (magic)"));
         }
-        if r.u8()? != VERSION {
+        let version = r.u8()?;
+        if version != VERSION && version != VERSION_2 {
             return Err(DecodeError("an unknown version"));
         }
         let flags = r.u8()?;
@@ -271,6 +333,29 @@ impl PrRecord {
             }
             _ => return Err(DecodeError("a reservation flag other than 0 or 1")),
         };
+        let (mut resets, mut reset_ascq, mut mode, mut spc2) = (0, 0, DEFAULT_MODE, None);
+        if version == VERSION_2 {
+            resets = r.u64()?;
+            reset_ascq = r.u8()?;
+            if resets == 0 && reset_ascq != 0 {
+                return Err(DecodeError("a reset's ASCQ with no reset"));
+            }
+            mode = r.u8()?;
+            if mode & !MODE_BITS != 0 {
+                return Err(DecodeError("unknown mode parameter bits"));
+            }
+            spc2 = match r.u8()? {
+                0 => None,
+                1 => {
+                    let target_port = r.u16()?;
+                    Some(NexusKey::new(r.port()?, target_port))
+                }
+                _ => return Err(DecodeError("an SPC-2 holder flag other than 0 or 1")),
+            };
+            if resets == 0 && spc2.is_none() && mode == DEFAULT_MODE {
+                return Err(DecodeError("a version 2 record with nothing of version 2"));
+            }
+        }
         if !r.0.is_empty() {
             return Err(DecodeError("bytes after the end"));
         }
@@ -283,6 +368,10 @@ impl PrRecord {
                 reservation,
                 aptpl: flags & FLAG_APTPL != 0,
             },
+            spc2,
+            resets,
+            reset_ascq,
+            mode,
         })
     }
 }
@@ -350,7 +439,7 @@ mod tests {
             Err(DecodeError("not a record (magic)"))
         );
         let mut bad = good.clone();
-        bad[4] = 2;
+        bad[4] = 3;
         assert_eq!(
             PrRecord::decode(&bad),
             Err(DecodeError("an unknown version"))
@@ -383,6 +472,61 @@ mod tests {
         assert!(PrRecord::decode(&rec.encode()).is_err());
     }
 
+    /// SPC-2 reservations and resets make a version 2 record; without them
+    /// it stays version 1, byte for byte what a version-1-only gateway
+    /// wrote and reads.
+    #[test]
+    fn version_2_only_when_needed() {
+        let mut rec = record(&[(1, 1, 0xAB)], Some((0, 5)), false);
+        let v1 = rec.encode();
+        assert_eq!(v1[4], 1);
+        rec.spc2 = Some(NexusKey::new("iqn.x,i,0x000000000009", 2));
+        let v2 = rec.encode();
+        assert_eq!(v2[4], 2);
+        // The same bytes but the version, then the tail.
+        let mut head = v1.clone();
+        head[4] = 2;
+        assert_eq!(&v2[..v1.len()], &head[..]);
+        assert_eq!(PrRecord::decode(&v2), Ok(rec.clone()));
+        // Every truncation of the tail is refused.
+        for cut in v1.len()..v2.len() {
+            assert!(PrRecord::decode(&v2[..cut]).is_err(), "cut at {cut}");
+        }
+        // A version 2 record whose tail says nothing would re-encode as
+        // version 1: refused.
+        let mut empty = v1.clone();
+        empty[4] = 2;
+        empty.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 0, DEFAULT_MODE, 0]);
+        assert_eq!(
+            PrRecord::decode(&empty),
+            Err(DecodeError("a version 2 record with nothing of version 2"))
+        );
+        // A bad holder flag.
+        let mut bad = v1.clone();
+        bad[4] = 2;
+        bad.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 1, 3, 1, 2]);
+        assert!(PrRecord::decode(&bad).is_err());
+        // Unknown mode bits; an ASCQ with no reset.
+        let mut bad = v1.clone();
+        bad[4] = 2;
+        bad.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 1, 3, 0x09, 0]);
+        assert!(PrRecord::decode(&bad).is_err());
+        let mut bad = v1.clone();
+        bad[4] = 2;
+        bad.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0, 0, 3, 0x05, 0]);
+        assert!(PrRecord::decode(&bad).is_err());
+        // Mode parameters alone make version 2.
+        rec.spc2 = None;
+        rec.mode = 0x04;
+        assert_eq!(rec.encode()[4], 2);
+        assert_eq!(PrRecord::decode(&rec.encode()), Ok(rec.clone()));
+        rec.mode = DEFAULT_MODE;
+        // Resets alone make version 2 too.
+        rec.resets = 3;
+        rec.reset_ascq = 3;
+        assert_eq!(PrRecord::decode(&rec.encode()), Ok(rec));
+    }
+
     /// The fuzz target's seed is a record (so the fuzzer starts from one).
     #[test]
     fn the_fuzz_seed_is_a_record() {
@@ -390,6 +534,10 @@ mod tests {
         let rec = PrRecord::decode(seed).unwrap();
         assert!(rec.aptpl() && rec.is_reserved());
         assert_eq!((rec.epoch, rec.registration_count()), (3, 1));
+        assert_eq!(rec.encode(), seed);
+        let seed = include_bytes!("../../../fuzz/seeds/pr_record/spc2-reset.bin");
+        let rec = PrRecord::decode(seed).unwrap();
+        assert!(rec.is_spc2_reserved() && rec.resets == 2);
         assert_eq!(rec.encode(), seed);
     }
 
@@ -399,8 +547,20 @@ mod tests {
             regs in proptest::collection::vec((any::<u8>(), 1u16..4, any::<u64>()), 0..40),
             res in proptest::option::of((any::<usize>(), prop::sample::select(vec![1u8, 3, 5, 6, 7, 8]))),
             aptpl in any::<bool>(),
+            spc2 in proptest::option::of((any::<u8>(), 1u16..4)),
+            resets in prop::sample::select(vec![0u64, 1, u64::MAX]),
+            ascq in 0u8..4,
+            mode in 0u8..8,
         ) {
-            let rec = record(&regs, res, aptpl);
+            let mut rec = record(&regs, res, aptpl);
+            rec.spc2 = spc2.map(|(who, port)| {
+                Nexus::iscsi(&format!("iqn.2026-11.rs.iscsi:i{who}"), u64::from(who), port)
+                    .key()
+                    .clone()
+            });
+            rec.resets = resets;
+            rec.reset_ascq = if resets == 0 { 0 } else { ascq };
+            rec.mode = mode;
             let bytes = rec.encode();
             let back = PrRecord::decode(&bytes).unwrap();
             prop_assert_eq!(&back, &rec);

@@ -39,6 +39,23 @@
 //!   otherwise wake up with the old state). A gateway joining a group that
 //!   is up keeps the state as it is.
 //!
+//! - **Mode parameters** (WCE, D_SENSE, SWP: one set per LU, SPC-4 §7.5)
+//!   too: MODE SELECT commits them, and a gateway that reloads a change
+//!   raises MODE PARAMETERS CHANGED for its nexuses.
+//! - **SPC-2 reservations and LU resets** ride on the same record
+//!   (version 2, [`crate::pr_record`]): RESERVE(6)/(10), RELEASE and the
+//!   loss of the holder's nexus change its SPC-2 holder by the same
+//!   compare-and-set, notify and fence, so a RESERVE through one gateway
+//!   conflicts on every path. A LOGICAL UNIT RESET releases it and counts
+//!   one more reset in the record; a gateway that reloads a grown count
+//!   resets its own copy of the LU as the reset's gateway did: mode
+//!   parameters, prevention, and the reset's unit attention (BUS DEVICE
+//!   RESET FUNCTION OCCURRED, or a target reset's) for every nexus it
+//!   knows (SAM-5 §6.3.3: every I_T nexus of the LU). Its
+//!   commands run to completion in the backstore, so it holds no task
+//!   state of its own to clear; tasks in flight through its transport then
+//!   finish rather than being aborted (see [`lun_reset`]).
+//!
 //! Unit attentions: the gateway that runs a command raises them as a
 //! single target does; a gateway that reloads a change raises, for the
 //! nexuses whose registrations went, REGISTRATIONS PREEMPTED, and for the
@@ -49,7 +66,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
 use crate::backstore::{Backstore, SharedPrStore};
-use crate::lu::{ClusterView, LogicalUnit, LuState};
+use crate::lu::{ClusterView, KnownNexuses, LogicalUnit, LuState, ModeParams};
 use crate::nexus::{Nexus, NexusKey};
 use crate::pr::{self, Fail, PrState};
 use crate::pr_record::{Gateway, MAX_GATEWAYS, PrRecord};
@@ -75,8 +92,11 @@ pub(crate) fn check_fresh(lu: &LogicalUnit) -> Result<(), Fail> {
 
 /// The LU of `backstore`, its shared reservation state (if any) joined
 /// and watched ([`attach`]).
-pub(crate) fn logical_unit(backstore: Arc<dyn Backstore>) -> Arc<LogicalUnit> {
-    let lu = Arc::new(LogicalUnit::new(backstore));
+pub(crate) fn logical_unit(
+    backstore: Arc<dyn Backstore>,
+    nexuses: &KnownNexuses,
+) -> Arc<LogicalUnit> {
+    let lu = Arc::new(LogicalUnit::new(backstore, Arc::clone(nexuses)));
     if lu.shared.is_some() {
         attach(&lu);
     }
@@ -162,6 +182,9 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
             if !record.pr.aptpl {
                 record.pr = PrState::default();
             }
+            // Nor do an SPC-2 reservation and changed mode parameters.
+            record.spc2 = None;
+            record.mode = ModeParams::DEFAULT.to_bits();
         }
         record.epoch = expected.map_or(1, |e| e + 1);
         match store.write_if(expected, record.epoch, &record.encode()) {
@@ -214,10 +237,24 @@ fn load(store: &dyn SharedPrStore) -> Result<Option<PrRecord>, String> {
 /// Makes `record` the cached state.
 fn install(st: &mut LuState, record: PrRecord) {
     st.pr = record.pr;
+    st.spc2 = record.spc2;
+    st.mode = ModeParams::from_bits(record.mode);
     st.cluster = ClusterView {
         epoch: record.epoch,
         gateways: record.gateways,
+        resets: record.resets,
+        reset_ascq: record.reset_ascq,
     };
+}
+
+/// The cached state as a record (the epoch it is the state of).
+fn cached(st: &LuState) -> PrRecord {
+    let mut record = PrRecord::new(st.cluster.epoch, st.cluster.gateways.clone(), st.pr.clone());
+    record.spc2 = st.spc2.clone();
+    record.resets = st.cluster.resets;
+    record.reset_ascq = st.cluster.reset_ascq;
+    record.mode = st.mode.to_bits();
+    record
 }
 
 /// Reloads the record (a notify, or a lost compare-and-set) and takes it
@@ -235,7 +272,20 @@ pub(crate) fn reload(lu: &LogicalUnit) -> bool {
             if record.epoch > st.cluster.epoch {
                 let old = std::mem::take(&mut st.pr);
                 let uas = remote_change_uas(&old, &record.pr);
+                // A reset through another gateway (a state installed
+                // before: the count at joining is history).
+                let joined = st.cluster.epoch != 0;
+                let reset = joined && record.resets > st.cluster.resets;
+                let ua = Sense::unit_attention(Asc::new(0x29, record.reset_ascq));
+                let mode_changed = joined && record.mode != st.mode.to_bits();
                 install(&mut st, record);
+                let nexuses = lu.nexuses.load();
+                if reset {
+                    st.reset(nexuses.iter(), ua);
+                } else if mode_changed {
+                    // MODE SELECT through another gateway (SPC-4 §6.9).
+                    st.raise_for_all(nexuses.iter(), None, Sense::MODE_PARAMETERS_CHANGED);
+                }
                 for (k, s) in uas {
                     st.raise_for(&k, s);
                 }
@@ -288,40 +338,37 @@ fn remote_change_uas(old: &PrState, new: &PrState) -> Vec<(NexusKey, Sense)> {
     uas
 }
 
-/// PERSISTENT RESERVE OUT on a shared state: compute, commit by
-/// compare-and-set (retried on a lost race), take the committed state,
-/// then notify and fence (see the module's doc). Returns the nexuses whose
-/// tasks PREEMPT AND ABORT aborts.
-pub(crate) fn persistent_reserve_out(
+/// Changes the shared state: `step` computes the next record from the
+/// cached one (a copy; its epoch and gateways are the cache's), which is
+/// committed by compare-and-set (retried on a lost race), then becomes the
+/// cache; `done` runs on the state, still locked, once the change (or no
+/// change) is the cache; then the change is notified and late gateways
+/// fenced (see the module's doc).
+fn commit<T>(
     lu: &LogicalUnit,
     store: &dyn SharedPrStore,
-    nexus: &Nexus,
-    cdb: &[u8],
-    data_out: &[u8],
-) -> Result<Vec<NexusKey>, Fail> {
+    mut step: impl FnMut(&mut PrRecord) -> Result<T, Fail>,
+    done: impl FnOnce(&mut LuState, &T),
+) -> Result<T, Fail> {
     check_fresh(lu)?;
     for _ in 0..MAX_TRIES {
         let mut st = lu.state();
-        let mut next = st.pr.clone();
-        let out = pr::prout(&mut next, true, nexus, cdb, data_out)?;
-        if next == st.pr {
-            for (k, s) in out.uas {
-                st.raise_for(&k, s);
-            }
-            return Ok(out.aborted);
+        let current = cached(&st);
+        let mut next = current.clone();
+        let out = step(&mut next)?;
+        if next == current {
+            done(&mut st, &out);
+            return Ok(out);
         }
-        let expected = st.cluster.epoch;
-        let record = PrRecord::new(expected + 1, st.cluster.gateways.clone(), next);
-        match store.write_if(Some(expected), record.epoch, &record.encode()) {
+        next.epoch = current.epoch + 1;
+        match store.write_if(Some(current.epoch), next.epoch, &next.encode()) {
             Ok(true) => {
-                let gateways = record.gateways.clone();
-                install(&mut st, record);
-                for (k, s) in out.uas {
-                    st.raise_for(&k, s);
-                }
+                let gateways = next.gateways.clone();
+                install(&mut st, next);
+                done(&mut st, &out);
                 drop(st);
                 tell_and_fence(lu, store, &gateways)?;
-                return Ok(out.aborted);
+                return Ok(out);
             }
             Ok(false) => {
                 drop(st);
@@ -338,6 +385,128 @@ pub(crate) fn persistent_reserve_out(
         }
     }
     Err(UNREACHABLE.into())
+}
+
+/// PERSISTENT RESERVE OUT on a shared state ([`commit`]). Returns the
+/// nexuses whose tasks PREEMPT AND ABORT aborts.
+pub(crate) fn persistent_reserve_out(
+    lu: &LogicalUnit,
+    store: &dyn SharedPrStore,
+    nexus: &Nexus,
+    cdb: &[u8],
+    data_out: &[u8],
+) -> Result<Vec<NexusKey>, Fail> {
+    let out = commit(
+        lu,
+        store,
+        |next| pr::prout(&mut next.pr, true, nexus, cdb, data_out),
+        |st, out| {
+            for (k, s) in &out.uas {
+                st.raise_for(k, *s);
+            }
+        },
+    )?;
+    Ok(out.aborted)
+}
+
+/// RESERVE(6)/(10) (`reserve`) or RELEASE(6)/(10) on a shared state: the
+/// SPC-2 holder is one for the whole group ([`commit`]).
+pub(crate) fn reserve_or_release(
+    lu: &LogicalUnit,
+    store: &dyn SharedPrStore,
+    nexus: &NexusKey,
+    cdb: &[u8],
+    reserve: bool,
+) -> Result<(), Fail> {
+    commit(
+        lu,
+        store,
+        |next| {
+            if reserve {
+                pr::reserve(&mut next.spc2, &next.pr, nexus, cdb)
+            } else {
+                pr::release(&mut next.spc2, nexus, cdb)
+            }
+        },
+        |_, _| {},
+    )
+}
+
+/// The transport lost `nexus`: the SPC-2 reservation it held, if any, is
+/// released for the whole group. A failure is logged: the holder then
+/// stays until a RELEASE or a reset through another nexus.
+pub(crate) fn nexus_lost(lu: &LogicalUnit, store: &dyn SharedPrStore, nexus: &NexusKey) {
+    if lu.state().spc2.as_ref() != Some(nexus) {
+        return;
+    }
+    let released = commit(
+        lu,
+        store,
+        |next| {
+            if next.spc2.as_ref() == Some(nexus) {
+                next.spc2 = None;
+            }
+            Ok(())
+        },
+        |_, _| {},
+    );
+    if released.is_err() {
+        eprintln!("persistent reservations: releasing a lost nexus's SPC-2 reservation failed");
+    }
+}
+
+/// MODE SELECT on a shared state: one set of mode parameters for the
+/// group ([`commit`]); `select` changes them (`mode::mode_select`) and
+/// says whether anything changed; `done` then runs on the locked state.
+pub(crate) fn mode_select(
+    lu: &LogicalUnit,
+    store: &dyn SharedPrStore,
+    mut select: impl FnMut(&mut ModeParams) -> Result<bool, Fail>,
+    done: impl FnOnce(&mut LuState, &bool),
+) -> Result<(), Fail> {
+    commit(
+        lu,
+        store,
+        |next| {
+            let mut mode = ModeParams::from_bits(next.mode);
+            let changed = select(&mut mode)?;
+            next.mode = mode.to_bits();
+            Ok(changed)
+        },
+        done,
+    )
+    .map(|_| ())
+}
+
+/// A LOGICAL UNIT RESET (or a target reset, which resets every LU)
+/// received here, raising ASC 29h with `ascq`, the local state already
+/// reset: the record's SPC-2 holder goes, its mode parameters return to
+/// their defaults and its reset count grows, which every other gateway's
+/// reload turns into the same reset of its copy (the unit attention for
+/// each of its nexuses). Tasks in flight through another
+/// gateway are not aborted: that gateway's commands run to completion in
+/// the backstore, and the initiator that sent the reset owns none of them
+/// there. A failure is logged: the other gateways then miss the reset,
+/// the reservation may stay.
+pub(crate) fn lun_reset(lu: &LogicalUnit, store: &dyn SharedPrStore, ascq: u8) {
+    let told = commit(
+        lu,
+        store,
+        |next| {
+            next.spc2 = None;
+            next.mode = ModeParams::DEFAULT.to_bits();
+            // Never 0 after a reset: 0 means "no reset yet".
+            next.resets = next.resets.checked_add(1).unwrap_or(1);
+            next.reset_ascq = ascq;
+            Ok(())
+        },
+        |_, _| {},
+    );
+    if told.is_err() {
+        eprintln!(
+            "persistent reservations: telling the other gateways of a LOGICAL UNIT RESET failed"
+        );
+    }
 }
 
 /// Notifies the change; fences every listed gateway that did not
@@ -379,7 +548,9 @@ fn forget_gateways(lu: &LogicalUnit, store: &dyn SharedPrStore, fenced: &[String
     let expected = st.cluster.epoch;
     let mut gateways = st.cluster.gateways.clone();
     gateways.retain(|g| !fenced.contains(&g.addr));
-    let record = PrRecord::new(expected + 1, gateways, st.pr.clone());
+    let mut record = cached(&st);
+    record.epoch = expected + 1;
+    record.gateways = gateways;
     if let Ok(true) = store.write_if(Some(expected), record.epoch, &record.encode()) {
         install(&mut st, record);
     }

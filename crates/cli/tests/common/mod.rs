@@ -5,6 +5,8 @@
 
 #[cfg(feature = "rbd")]
 pub mod ceph;
+#[cfg(feature = "rbd")]
+pub mod libiscsi;
 
 use std::process::{Command, Output};
 

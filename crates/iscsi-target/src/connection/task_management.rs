@@ -198,7 +198,15 @@ pub(super) async fn task_management(
                 if request.function == TaskFunction::LogicalUnitReset
                     && let (Some(scsi), Some(n)) = (&session.scsi, iscsi_scsi::decode_lun(lun))
                 {
-                    scsi.lun_reset(n);
+                    // On an LU a gateway group shares, the reset waits for
+                    // the other gateways to take it: off the runtime.
+                    let scsi = Arc::clone(scsi);
+                    if tokio::task::spawn_blocking(move || scsi.lun_reset(n))
+                        .await
+                        .is_err()
+                    {
+                        warn!("LOGICAL UNIT RESET: the reset panicked");
+                    }
                 }
                 TaskResponse::FunctionComplete
             }
@@ -208,11 +216,19 @@ pub(super) async fn task_management(
             let sessions = same_target();
             abort_tasks(session, request.cmd_sn, &sessions, None).await;
             if let Some(scsi) = &session.scsi {
-                scsi.target_reset(if request.function == TaskFunction::TargetColdReset {
+                let kind = if request.function == TaskFunction::TargetColdReset {
                     TargetReset::Cold
                 } else {
                     TargetReset::Warm
-                });
+                };
+                // As LOGICAL UNIT RESET: off the runtime.
+                let scsi = Arc::clone(scsi);
+                if tokio::task::spawn_blocking(move || scsi.target_reset(kind))
+                    .await
+                    .is_err()
+                {
+                    warn!("target reset: the reset panicked");
+                }
             }
             TaskResponse::FunctionComplete
         }

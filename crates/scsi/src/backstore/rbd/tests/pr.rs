@@ -4,7 +4,8 @@
 //! addresses, blocklist, wait for the OSD map), then the protocol of
 //! `crate::pr_shared` through two targets over one image, as two gateways
 //! would have it: the state seen through both, a lost compare-and-set
-//! applied again, a damaged record refused, APTPL across restarts.
+//! applied again, a damaged record refused, APTPL across restarts, and
+//! the SPC-2 reservation, mode parameters and resets seen by both.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -339,4 +340,78 @@ fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() 
 /// The record as a fresh client reads it.
 fn late_free_read(image: &TestImage) -> Vec<u8> {
     store(image).pr.read().unwrap().unwrap()
+}
+
+/// SPC-2 RESERVE(6) is one reservation for the whole group: through one
+/// gateway it conflicts on the other; a LOGICAL UNIT RESET through the
+/// other gateway releases it and raises BUS DEVICE RESET FUNCTION
+/// OCCURRED for the nexuses of both; the holder's nexus lost on its
+/// gateway releases it for both.
+#[test]
+fn spc2_reservations_and_lu_resets_span_the_group() {
+    let image = TestImage::new("pr-spc2", "8M");
+    let (g1, g2) = (target(&image), target(&image));
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    let b = Nexus::iscsi("iqn.2026-11.rs.iscsi:b", 1, 2);
+    const TUR: [u8; 6] = [0; 6];
+    const RESERVE6: [u8; 6] = [0x16, 0, 0, 0, 0, 0];
+    const RELEASE6: [u8; 6] = [0x17, 0, 0, 0, 0, 0];
+    assert_eq!(run(&g1, &a, &TUR, &[]).0, CommandOutcome::GOOD);
+    assert_eq!(run(&g2, &b, &TUR, &[]).0, CommandOutcome::GOOD);
+    assert_eq!(run(&g1, &a, &RESERVE6, &[]).0, CommandOutcome::GOOD);
+    let conflict = status::RESERVATION_CONFLICT;
+    assert_eq!(write10(&g2, &b).status, conflict);
+    assert_eq!(run(&g2, &b, &TUR, &[]).0.status, conflict);
+    assert_eq!(run(&g2, &b, &RESERVE6, &[]).0.status, conflict);
+    // RELEASE from a nexus that does not hold it: GOOD, and nothing goes.
+    assert_eq!(run(&g2, &b, &RELEASE6, &[]).0, CommandOutcome::GOOD);
+    assert_eq!(write10(&g2, &b).status, conflict);
+    assert_eq!(write10(&g1, &a), CommandOutcome::GOOD);
+    let record = |s: &RbdBackstore| PrRecord::decode(&s.pr.read().unwrap().unwrap()).unwrap();
+    let side = store(&image);
+    assert!(record(&side).is_spc2_reserved());
+
+    // A LOGICAL UNIT RESET through gateway 2: the reservation goes, and
+    // every nexus of the LU hears of the reset, through either gateway.
+    g2.lun_reset(0);
+    let reset = Some(crate::Sense::unit_attention(crate::Asc::BUS_DEVICE_RESET));
+    assert_eq!(run(&g1, &a, &TUR, &[]).0.sense, reset);
+    assert_eq!(run(&g2, &b, &TUR, &[]).0.sense, reset);
+    assert_eq!(run(&g1, &a, &TUR, &[]).0, CommandOutcome::GOOD);
+    assert_eq!(write10(&g2, &b), CommandOutcome::GOOD);
+    let rec = record(&side);
+    assert!(!rec.is_spc2_reserved());
+    assert_eq!(rec.resets, 1);
+
+    // Reserved again through gateway 1; its nexus is lost there: released
+    // for gateway 2 too.
+    assert_eq!(run(&g1, &a, &RESERVE6, &[]).0, CommandOutcome::GOOD);
+    assert_eq!(write10(&g2, &b).status, conflict);
+    g1.nexus_lost(&a);
+    assert_eq!(write10(&g2, &b), CommandOutcome::GOOD);
+    assert!(!record(&side).is_spc2_reserved());
+
+    // One set of mode parameters: SWP set through gateway 2 protects
+    // writes through gateway 1, whose nexus hears MODE PARAMETERS CHANGED.
+    assert_eq!(run(&g1, &a, &TUR, &[]).0, CommandOutcome::GOOD);
+    let (o, d) = run(&g2, &b, &[0x1A, 0x08, 0x0A, 0, 255, 0], &[]);
+    assert_eq!(o, CommandOutcome::GOOD);
+    let mut p = vec![0, 0, 0, 0];
+    p.extend_from_slice(&d[4..]);
+    p[4 + 4] |= 0x08;
+    let select = [0x15, 0x10, 0, 0, p.len() as u8, 0];
+    assert_eq!(run(&g2, &b, &select, &p).0, CommandOutcome::GOOD);
+    assert_eq!(
+        run(&g1, &a, &TUR, &[]).0.sense,
+        Some(crate::Sense::MODE_PARAMETERS_CHANGED)
+    );
+    let protected = write10(&g1, &a).sense.map(|s| s.key);
+    assert_eq!(protected, Some(crate::SenseKey::DataProtect));
+    // A target reset through gateway 1 puts them back for both, with its
+    // own unit attention on gateway 2 (29h, as raised there).
+    g1.target_reset(crate::TargetReset::Warm);
+    let (o, _) = run(&g2, &b, &TUR, &[]);
+    assert_eq!(o.sense.map(|s| s.asc.asc), Some(0x29));
+    assert_eq!(write10(&g2, &b), CommandOutcome::GOOD);
+    assert_eq!(record(&side).resets, 2);
 }
