@@ -1,0 +1,164 @@
+# shellcheck shell=bash
+# Guest side of jobs/multipath-failover.sh: open-iscsi logged in to the two gateways of one gateway
+# group (the same RBD image behind both, implicit ALUA), dm-multipath on top (group_by_prio, prio
+# alua, the alua hardware handler, tur checker, queue while no path is usable). fio writes at QD32
+# to the multipath device; the gateway owning the image (the path that completes the writes) is
+# SIGKILLed by the host; fio must see no error, the map's count of completed writes gives the
+# time from the kill to the first write completed through the survivor, and a verify-only pass
+# must find every acknowledged write. The killed gateway is started again and its path must come
+# back as a standby (ghost) path.
+# Handshake through the share: the guest writes out/kill-target (the port of the owner), the host
+# kills it and writes ./target-killed; the guest writes out/restart-target, the host starts it
+# again and writes ./target-restarted.
+[ -n "${BASH_VERSION:-}" ] || exec bash "$0" "$@"
+# shellcheck source=open-iscsi-lib.sh
+. ./open-iscsi-lib.sh
+# shellcheck disable=SC1091 # written by the host job
+. ./params.sh # PORT1, PORT2, IQN
+P1=10.0.2.100:$PORT1
+P2=10.0.2.100:$PORT2
+
+# The settings found for this group: ALUA priorities group the owner's path apart from the
+# standby's, the tur checker reads the standby's NOT READY 04h/0Bh as "ghost", and I/O is queued
+# (never failed) while the survivor is being promoted (about 3 s).
+cat >/etc/multipath.conf <<'CONF'
+defaults {
+    user_friendly_names no
+    find_multipaths no
+    polling_interval 1
+}
+blacklist {
+    devnode "^vd[a-z]"
+}
+devices {
+    device {
+        vendor ".*"
+        product ".*"
+        path_grouping_policy group_by_prio
+        prio alua
+        hardware_handler "1 alua"
+        path_checker tur
+        failback immediate
+        no_path_retry queue
+    }
+}
+CONF
+for m in dm_multipath dm_round_robin scsi_dh_alua; do modprobe "$m"; done
+# systemd is PID 1 here (run --systemd: udev, which multipathd needs for the paths' WWIDs).
+systemctl start iscsid.service || fail "systemctl start iscsid"
+for p in "$P1" "$P2"; do
+    node_new "$IQN" "$p"
+    # A dead gateway fails its path after 5 s (the session's replacement_timeout), so that
+    # dm-multipath retries its I/O on the other path; NOP-Outs notice a silent one.
+    node_set "$IQN" "$p" node.session.timeo.replacement_timeout 5
+    node_set "$IQN" "$p" 'node.conn[0].timeo.noop_out_interval' 2
+    node_set "$IQN" "$p" 'node.conn[0].timeo.noop_out_timeout' 2
+    check "login to $p" login "$IQN" "$p"
+done
+
+# disk_of PORTAL: the /dev/sdX of LUN 0 of the session through PORTAL.
+disk_of() {
+    local s d _
+    for _ in $(seq 1 150); do
+        for s in /sys/class/iscsi_session/session*; do
+            for d in "$s"/device/connection*/iscsi_connection/connection*; do
+                [ "$(cat "$d/persistent_address" 2>/dev/null):$(cat "$d/persistent_port" 2>/dev/null)" = "$1" ] || continue
+                for b in "$s"/device/target*/*:*:*:0/block/*; do
+                    [ -b "/dev/${b##*/}" ] && { echo "${b##*/}"; return 0; }
+                done
+            done
+        done
+        sleep 0.2
+    done
+    fail "no disk through $1"
+}
+sd1=$(disk_of "$P1")
+sd2=$(disk_of "$P2")
+note "disks: $sd1 through $P1, $sd2 through $P2"
+
+systemctl start multipathd || fail "multipathd does not start"
+mp=
+for _ in $(seq 1 100); do
+    multipath -r >/dev/null 2>&1 || true
+    mp=
+    for h in /sys/block/"$sd1"/holders/*; do [ -e "$h" ] && mp=${h##*/}; done
+    [ -n "$mp" ] && [ -e "/sys/block/$sd2/holders/$mp" ] && break
+    mp=
+    sleep 0.3
+done
+multipath -ll >out/multipath-before.txt 2>&1 || true
+cat out/multipath-before.txt
+[ -n "$mp" ] || fail "dm-multipath did not put $sd1 and $sd2 into one map"
+ok "one multipath map $mp over $sd1 and $sd2"
+dev=/dev/$mp
+# path_state DISK: multipathd's checker state of DISK (%T: ready, ghost, faulty, ...; %t would be
+# the kernel's active/failed).
+path_state() { multipathd show paths raw format "%d %T" 2>/dev/null | awk -v d="$1" '$1==d {print $2}'; }
+writes() { awk '{print $5}' "/sys/block/$1/stat"; }
+
+job=(--name=mpath --filename="$dev" --ioengine=libaio --direct=1 --iodepth=32 --rw=randwrite
+    --bs=16k --size=160M --verify=crc32c --verify_fatal=1 --verify_state_save=1)
+fio "${job[@]}" --do_verify=0 --output=out/fio-write.txt >/dev/null 2>&1 &
+fio_pid=$!
+w1=$(writes "$sd1"); w2=$(writes "$sd2")
+for _ in $(seq 1 100); do
+    [ $(($(writes "$sd1") - w1 + $(writes "$sd2") - w2)) -gt 200 ] && break
+    sleep 0.1
+done
+d1=$(($(writes "$sd1") - w1)); d2=$(($(writes "$sd2") - w2))
+note "writes completed: $d1 on $sd1, $d2 on $sd2"
+# A flush sent down the standby's path counts as a (failed) write there: a few are allowed.
+if [ "$d1" -gt 200 ] && [ "$d2" -lt 8 ]; then owner=$PORT1 sdo=$sd1 sds=$sd2
+elif [ "$d2" -gt 200 ] && [ "$d1" -lt 8 ]; then owner=$PORT2 sdo=$sd2 sds=$sd1
+else fail "the writes did not all go through one path ($d1 on $sd1, $d2 on $sd2)"; fi
+ok "the owner's path $sdo carries every write, the standby's $sds none (state $(path_state "$sds"))"
+# The failover's end: the first write the map completes after the kill. The map's count, not the
+# survivor's disk's: a disk counts the writes it fails too, the map (queue_if_no_path) completes
+# none but the good ones; the owner's writes in flight at the kill never complete.
+echo "$owner" >out/kill-target
+for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.05; done
+[ -e target-killed ] || fail "the host did not kill the owner"
+t0=$(date +%s%N)
+base=$(writes "$mp")
+first=
+for _ in $(seq 1 12000); do
+    [ "$(writes "$mp")" -gt "$base" ] && { first=$(date +%s%N); break; }
+    kill -0 "$fio_pid" 2>/dev/null || break
+    sleep 0.005
+done
+[ -n "$first" ] || fail "no write completed through $dev after the kill"
+ms=$(((first - t0) / 1000000))
+echo "$ms" >out/failover-ms
+[ "$(writes "$sds")" -gt 0 ] || fail "the survivor's path $sds completed no write"
+ok "failover: the first write completed through the survivor $((ms / 1000)).$(printf %03d $((ms % 1000))) s after the kill"
+fio_rc=0
+wait "$fio_pid" || fio_rc=$?
+cat out/fio-write.txt
+[ "$fio_rc" = 0 ] || fail "the fio write pass failed across the failover (exit $fio_rc)"
+grep -q 'err= 0' out/fio-write.txt || fail "fio reports I/O errors"
+ok "fio wrote 160 MiB at QD32 across the owner's SIGKILL without an I/O error"
+if fio "${job[@]}" --verify_only --verify_state_load=1 --output=out/fio-verify.txt >/dev/null 2>&1; then
+    ok "verify-only pass: every acknowledged write reads back with the right CRC32C"
+else
+    tail -30 out/fio-verify.txt
+    fail "verify-only pass after the failover"
+fi
+
+touch out/restart-target
+for _ in $(seq 1 600); do [ -e target-restarted ] && break; sleep 0.1; done
+[ -e target-restarted ] || fail "the host did not restart the killed gateway"
+state=
+for _ in $(seq 1 120); do
+    state=$(path_state "$sdo")
+    [ "$state" = ghost ] && break
+    sleep 0.5
+done
+multipath -ll >out/multipath-after.txt 2>&1 || true
+cat out/multipath-after.txt
+[ "$state" = ghost ] || { ss -tnoi >out/ss.txt 2>&1 || true; dmesg >out/dmesg.txt; }
+[ "$state" = ghost ] || fail "the restarted gateway's path $sdo is '$state', not ghost (standby)"
+[ "$(path_state "$sds")" = ready ] || fail "the survivor's path $sds is '$(path_state "$sds")', not ready"
+ok "the restarted gateway's path $sdo is back as a standby (ghost), $sds active (ready)"
+dd if="$dev" of=/dev/null bs=1M count=16 iflag=direct 2>/dev/null || fail "read through $dev after the restart"
+ok "reads through $dev after the restart"
+echo "MULTIPATH OK failover_ms=$ms"
