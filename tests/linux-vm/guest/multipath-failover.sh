@@ -45,6 +45,10 @@ devices {
 CONF
 for m in dm_multipath dm_round_robin scsi_dh_alua; do modprobe "$m"; done
 # systemd is PID 1 here (run --systemd: udev, which multipathd needs for the paths' WWIDs).
+# iscsid logs its login and reconnect steps (debug level 4) to the journal: out/iscsid.log.
+mkdir -p /run/systemd/system/iscsid.service.d
+printf '[Service]\nExecStart=\nExecStart=/sbin/iscsid -d 4\n' >/run/systemd/system/iscsid.service.d/debug.conf
+systemctl daemon-reload
 systemctl start iscsid.service || fail "systemctl start iscsid"
 for p in "$P1" "$P2"; do
     node_new "$IQN" "$p"
@@ -94,6 +98,8 @@ dev=/dev/$mp
 # path_state DISK: multipathd's checker state of DISK (%T: ready, ghost, faulty, ...; %t would be
 # the kernel's active/failed).
 path_state() { multipathd show paths raw format "%d %T" 2>/dev/null | awk -v d="$1" '$1==d {print $2}'; }
+# path_dm DISK: the kernel's (dm-multipath's) state of DISK's path: active or failed.
+path_dm() { multipathd show paths raw format "%d %t" 2>/dev/null | awk -v d="$1" '$1==d {print $2}'; }
 writes() { awk '{print $5}' "/sys/block/$1/stat"; }
 
 job=(--name=mpath --filename="$dev" --ioengine=libaio --direct=1 --iodepth=32 --rw=randwrite
@@ -145,20 +151,41 @@ else
 fi
 
 touch out/restart-target
-for _ in $(seq 1 600); do [ -e target-restarted ] && break; sleep 0.1; done
+for _ in $(seq 1 1200); do [ -e target-restarted ] && break; sleep 0.1; done
 [ -e target-restarted ] || fail "the host did not restart the killed gateway"
-state=
-for _ in $(seq 1 120); do
-    state=$(path_state "$sdo")
-    [ "$state" = ghost ] && break
-    sleep 0.5
+t1=$(date +%s%N)
+# The path returns when open-iscsi has logged in again (its next reconnect try), the session's
+# disk answers, and multipathd's checker (every polling_interval) sees it: the kernel's path state
+# active again, the checker's ready or ghost as the port's ALUA state says. Bounded at 120 s, far
+# above what it takes (a few seconds plus one reconnect interval).
+back=
+deadline=$(($(date +%s) + 120))
+while [ "$(date +%s)" -lt "$deadline" ]; do
+    [ "$(path_dm "$sdo")" = active ] && case $(path_state "$sdo") in ready | ghost) true ;; *) false ;; esac &&
+        { back=$(date +%s%N); break; }
+    sleep 0.2
 done
 multipath -ll >out/multipath-after.txt 2>&1 || true
 cat out/multipath-after.txt
-[ "$state" = ghost ] || { ss -tnoi >out/ss.txt 2>&1 || true; dmesg >out/dmesg.txt; }
-[ "$state" = ghost ] || fail "the restarted gateway's path $sdo is '$state', not ghost (standby)"
-[ "$(path_state "$sds")" = ready ] || fail "the survivor's path $sds is '$(path_state "$sds")', not ready"
-ok "the restarted gateway's path $sdo is back as a standby (ghost), $sds active (ready)"
+if [ -z "$back" ]; then
+    ss -tnoi >out/ss.txt 2>&1 || true
+    dmesg >out/dmesg.txt
+    iscsiadm -m session -P 3 >out/sessions.txt 2>&1 || true
+    journalctl -u iscsid --no-pager -o short-precise >out/iscsid.log 2>&1 || true
+    fail "the restarted gateway's path $sdo did not return within 120 s (kernel: '$(path_dm "$sdo")', checker: '$(path_state "$sdo")')"
+fi
+rs=$(((back - t1) / 1000000))
+echo "$rs" >out/return-ms
+ok "path return: $sdo active again $((rs / 1000)).$(printf %03d $((rs % 1000))) s after the gateway's restart"
+# One owner: the two paths' ALUA states are one active/optimized (ready) and one standby (ghost),
+# the survivor's kernel path active too.
+so=$(path_state "$sdo") ss=$(path_state "$sds")
+[ "$(path_dm "$sds")" = active ] || fail "the survivor's path $sds is '$(path_dm "$sds")' in the kernel, not active"
+case "$so/$ss" in
+    ghost/ready | ready/ghost) ;;
+    *) fail "after the restart the checker has $sdo '$so' and $sds '$ss': not one ready and one ghost" ;;
+esac
+ok "both paths active: $sdo $so, $sds $ss"
 dd if="$dev" of=/dev/null bs=1M count=16 iflag=direct 2>/dev/null || fail "read through $dev after the restart"
 ok "reads through $dev after the restart"
-echo "MULTIPATH OK failover_ms=$ms"
+echo "MULTIPATH OK failover_ms=$ms return_ms=$rs"

@@ -49,7 +49,10 @@ port2=$(vm_free_port)
 target_start g2 "$port2" $(gateway 2)
 echo "PORT1=$port1 PORT2=$port2 IQN=$iqn" >params.sh
 guest=$LINUX_VM_DIR/guest
-vm_run_bg --image "$image" --systemd --to-host "$port1" --to-host "$port2" --timeout 900 \
+# --to-host-retry: a stopped gateway looks to the guest like a host that does not answer yet, not
+# like one that accepts and closes at once, which leaves open-iscsi 2.1.8 unable to log in again
+# (see tests/linux-vm/run).
+vm_run_bg --image "$image" --systemd --to-host-retry "$port1" --to-host-retry "$port2" --timeout 900 \
     "$guest/multipath-failover.sh" "$guest/open-iscsi-lib.sh" params.sh
 
 vm_wait_file "$VM_SHARE/out/kill-target" 600 "$VM_RUN_PID" || { wait "$VM_RUN_PID" || true; vm_fail "the guest did not start writing"; }
@@ -66,12 +69,10 @@ vm_wait_file "$VM_SHARE/out/restart-target" 600 "$VM_RUN_PID" || { wait "$VM_RUN
 vm_log "starting $killed again"
 target_restart "$killed"
 touch "$VM_SHARE/target-restarted"
-sleep 20
-ps -eo pid,etime,args | grep "[s]ocat.*:$owner\$" >socat-after-restart.txt || true
 rc=0
 wait "$VM_RUN_PID" || rc=$?
 grep -E '^(ok|not ok) - |^# ' console.log || true
 [ "$rc" = 0 ] || vm_fail "guest script exit $rc"
 grep -q '^MULTIPATH OK' console.log || vm_fail "the guest did not finish"
 for g in g1 g2; do target_alive "$g" || vm_fail "gateway $g died"; done
-vm_log "pass: $(grep -o 'failover: .*' console.log | head -1)"
+vm_log "pass: $(grep -o 'failover: .*' console.log | head -1); $(grep -o 'path return: .*' console.log | head -1)"
