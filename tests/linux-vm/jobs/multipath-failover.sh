@@ -6,7 +6,9 @@
 # fio writes at QD32 with CRC32C verify; the owner is SIGKILLed mid-run: fio must see no error, a
 # verify-only pass must find every acknowledged write, and the guest prints the time from the kill
 # to the first write completed through the survivor. The killed gateway is started again and its
-# path must return as a standby (ghost) path. Guest side: guest/multipath-failover.sh.
+# path must return within 120 s, the two paths then one ready (active/optimized) and one ghost
+# (standby); the guest prints the time from the restart to the return. About 2.5-3 min on 2 busy
+# cores. Guest side: guest/multipath-failover.sh.
 # The gateways need a binary with librbd (cargo feature rbd), which target/ci/iscsi must not be
 # (the guest of the other jobs has no Ceph libraries): $ISCSI_RBD_BIN, by default iscsi-rbd beside
 # $ISCSI_BIN (scripts/test leaves one there), built when missing the way scripts/test builds it.
