@@ -17,21 +17,7 @@
 set -euo pipefail
 # shellcheck source=tests/linux-vm/lib.sh
 source "$(dirname "$0")/../lib.sh"
-rbd_bin=${ISCSI_RBD_BIN:-$(dirname "$ISCSI_BIN")/iscsi-rbd}
-# Built when missing or older than $ISCSI_BIN (left by an earlier build of other sources).
-if [ ! -x "$rbd_bin" ] || { [ -z "${ISCSI_RBD_BIN:-}" ] && [ "$rbd_bin" -ot "$ISCSI_BIN" ]; }; then
-    # cargo build --features rbd writes target/ci/iscsi: keep the plain one aside and put it back
-    # (moved, not copied over: cargo hard-links the binary it puts there).
-    bin=${CARGO_TARGET_DIR:-$LINUX_VM_REPO/target}/ci/iscsi
-    vm_log "building $rbd_bin (cargo feature rbd)"
-    plain=$(mktemp /tmp/iscsi-plain.XXXXXX)
-    [ -x "$bin" ] && cp -p "$bin" "$plain"
-    (cd "$LINUX_VM_REPO" && CEPH_DEV_INSTALL_ONLY=1 scripts/ceph-dev start >/dev/null &&
-        cargo build --profile ci --locked -p iscsi-cli --features rbd)
-    rm -f "$rbd_bin"
-    cp -p "$bin" "$rbd_bin"
-    if [ -s "$plain" ]; then rm -f "$bin"; mv "$plain" "$bin"; else rm -f "$plain"; fi
-fi
+vm_rbd_binary
 image=$("$LINUX_VM_DIR/build-ublk-image")
 vm_setup
 ceph_dir=$VM_WORK/ceph
@@ -40,7 +26,7 @@ ceph_dir=$VM_WORK/ceph
 trap 'rc=$?; "$LINUX_VM_REPO/scripts/ceph-dev" stop "$ceph_dir" >/dev/null 2>&1 || true; _vm_exit $rc' EXIT
 "$LINUX_VM_REPO/scripts/ceph-dev" start "$ceph_dir" >/dev/null
 rbd -c "$ceph_dir/ceph.conf" create rbd/mpath --size 256M
-ISCSI_BIN=$rbd_bin
+ISCSI_BIN=$VM_RBD_BIN
 port1=$(vm_free_port)
 iqn=iqn.2026-11.rs.iscsi.test:mpath
 gateway() { echo --name "$iqn" --control none --target-port-id "$1" --gateway-group 1,2 --lun "rbd:rbd/mpath,conf=$ceph_dir/ceph.conf"; }

@@ -166,127 +166,109 @@ async fn answer(execution: Execution, how: Run, hold: bool) {
         Vec::new()
     };
     let written = data_out.len() as u64;
-    let (data_out, data_in) = if asynchronous {
-        let started = tap.as_ref().map(|_| std::time::Instant::now());
-        let ran = planned::run(
-            &session, &task, &command, &cdb, data_out, data_in, &buffers, &pieces,
-        )
-        .await;
-        match ran {
-            Ok(ran) => {
+    let ran = 'ran: {
+        let (data_out, data_in) = if asynchronous {
+            let started = tap.as_ref().map(|_| std::time::Instant::now());
+            let ran = planned::run(
+                &session, &task, &command, &cdb, data_out, data_in, &buffers, &pieces,
+            )
+            .await;
+            match ran {
+                Ok(ran) => {
+                    if let (Some(tap), Some(started)) = (&tap, started) {
+                        tap.step("execute", itt, started, std::time::Instant::now());
+                    }
+                    let empty = WriteBuffer::default();
+                    break 'ran (ran.outcome, ran.residual, empty, ran.data_in, Vec::new());
+                }
+                Err(back) => back,
+            }
+        } else {
+            (data_out, data_in)
+        };
+        let sanitize = cdb.first() == Some(&iscsi_scsi::cdb::opcode::SANITIZE);
+        let watched = Arc::clone(&task);
+        let run = {
+            let command = command.clone();
+            let session = Arc::clone(&session);
+            let task = Arc::clone(&task);
+            let tap = tap.clone();
+            // The steps a trace shows between the command's PDUs: the hand-off
+            // to the blocking pool, then the SCSI execution (CDB, backstore)
+            // itself.
+            let queued = tap.as_ref().map(|_| std::time::Instant::now());
+            let work = move || {
+                let started = tap.as_ref().map(|tap| {
+                    let now = std::time::Instant::now();
+                    if let (true, Some(queued)) = (may_block, queued) {
+                        tap.step("wait for blocking pool", itt, queued, now);
+                    }
+                    now
+                });
+                let mut data_in = data_in;
+                let mut data_out = data_out;
+                let mut lent = Vec::new();
+                // Aborted while it waited for a thread: it never reaches the
+                // SCSI layer, so the abort is not held up by a slow store (no
+                // status goes out: `respond` sees the abort).
+                let (outcome, residual) = match session.scsi.as_deref() {
+                    Some(_) if task.aborted.load(Ordering::Acquire) => {
+                        (CommandOutcome::GOOD, Residual::NONE)
+                    }
+                    // A discovery session's commands are refused before here.
+                    None => (
+                        CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_OPCODE),
+                        Residual::NONE,
+                    ),
+                    Some(scsi) => run_command(
+                        scsi,
+                        &session.nexus,
+                        &command,
+                        &cdb,
+                        &mut data_out,
+                        &mut data_in,
+                        &mut lent,
+                    ),
+                };
                 if let (Some(tap), Some(started)) = (&tap, started) {
                     tap.step("execute", itt, started, std::time::Instant::now());
                 }
-                let outcome = (
-                    ran.outcome,
-                    ran.residual,
-                    WriteBuffer::default(),
-                    ran.data_in,
-                    Vec::new(),
-                );
-                finish(
-                    Finish {
-                        session,
-                        task,
-                        command,
-                        r2ts,
-                        buffers,
-                        pieces,
-                        tap,
-                        written,
-                    },
-                    outcome,
-                    hold,
-                )
-                .await;
-                return;
-            }
-            Err(back) => back,
-        }
-    } else {
-        (data_out, data_in)
-    };
-    let sanitize = cdb.first() == Some(&iscsi_scsi::cdb::opcode::SANITIZE);
-    let watched = Arc::clone(&task);
-    let run = {
-        let command = command.clone();
-        let session = Arc::clone(&session);
-        let task = Arc::clone(&task);
-        let tap = tap.clone();
-        // The steps a trace shows between the command's PDUs: the hand-off
-        // to the blocking pool, then the SCSI execution (CDB, backstore)
-        // itself.
-        let queued = tap.as_ref().map(|_| std::time::Instant::now());
-        let work = move || {
-            let started = tap.as_ref().map(|tap| {
-                let now = std::time::Instant::now();
-                if let (true, Some(queued)) = (may_block, queued) {
-                    tap.step("wait for blocking pool", itt, queued, now);
-                }
-                now
-            });
-            let mut data_in = data_in;
-            let mut data_out = data_out;
-            let mut lent = Vec::new();
-            // Aborted while it waited for a thread: it never reaches the
-            // SCSI layer, so the abort is not held up by a slow store (no
-            // status goes out: `respond` sees the abort).
-            let (outcome, residual) = match session.scsi.as_deref() {
-                Some(_) if task.aborted.load(Ordering::Acquire) => {
-                    (CommandOutcome::GOOD, Residual::NONE)
-                }
-                // A discovery session's commands are refused before here.
-                None => (
-                    CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_OPCODE),
-                    Residual::NONE,
-                ),
-                Some(scsi) => run_command(
-                    scsi,
-                    &session.nexus,
-                    &command,
-                    &cdb,
-                    &mut data_out,
-                    &mut data_in,
-                    &mut lent,
-                ),
+                (outcome, residual, data_out, data_in, lent)
             };
-            if let (Some(tap), Some(started)) = (&tap, started) {
-                tap.step("execute", itt, started, std::time::Instant::now());
-            }
-            (outcome, residual, data_out, data_in, lent)
-        };
-        if may_block && sanitize {
-            // A SANITIZE goes on after its task is aborted or reset
-            // (SBC-4 4.11.2; LUN and target resets, a lost nexus): the
-            // command ends at the abort while the operation finishes on
-            // its thread, gating the LU meanwhile. Without this, an ABORT
-            // TASK, a reset or a logout would wait for the whole overwrite.
-            let mut running = tokio::task::spawn_blocking(work);
-            loop {
-                tokio::select! {
-                    done = &mut running => break done,
-                    () = tokio::time::sleep(ABANDON_POLL) => {
-                        if watched.aborted.load(Ordering::Acquire) {
-                            let empty = WriteBuffer::flat(&buffers, 0);
-                            break Ok((CommandOutcome::GOOD, Residual::NONE, empty, Vec::new(), Vec::new()));
+            if may_block && sanitize {
+                // A SANITIZE goes on after its task is aborted or reset
+                // (SBC-4 4.11.2; LUN and target resets, a lost nexus): the
+                // command ends at the abort while the operation finishes on
+                // its thread, gating the LU meanwhile. Without this, an ABORT
+                // TASK, a reset or a logout would wait for the whole overwrite.
+                let mut running = tokio::task::spawn_blocking(work);
+                loop {
+                    tokio::select! {
+                        done = &mut running => break done,
+                        () = tokio::time::sleep(ABANDON_POLL) => {
+                            if watched.aborted.load(Ordering::Acquire) {
+                                let empty = WriteBuffer::flat(&buffers, 0);
+                                break Ok((CommandOutcome::GOOD, Residual::NONE, empty, Vec::new(), Vec::new()));
+                            }
                         }
                     }
                 }
+            } else if may_block {
+                tokio::task::spawn_blocking(work).await
+            } else {
+                // Memory only: no thread hand-off (a 4 KiB command costs less
+                // than moving it to the blocking pool and back).
+                Ok(work())
             }
-        } else if may_block {
-            tokio::task::spawn_blocking(work).await
-        } else {
-            // Memory only: no thread hand-off (a 4 KiB command costs less
-            // than moving it to the blocking pool and back).
-            Ok(work())
-        }
-    };
-    let Ok(ran) = run else {
-        // The blocking task panicked: a bug, reported; the command ends
-        // without status (the initiator times out).
-        warn!("command execution failed");
-        session.finish(&task);
-        return;
+        };
+        let Ok(ran) = run else {
+            // The blocking task panicked: a bug, reported; the command ends
+            // without status (the initiator times out).
+            warn!("command execution failed");
+            session.finish(&task);
+            return;
+        };
+        ran
     };
     finish(
         Finish {
