@@ -22,13 +22,7 @@ async fn several_r2ts_are_outstanding_at_once_and_data_lands_in_place() {
     let data = pattern(64 * 1024, 1);
     let itt = client.itt();
     client.write10(itt, 100, 128, &[]).await;
-    let mut r2ts = Vec::new();
-    for _ in 0..4 {
-        match client.receive().await.header.pdu {
-            Pdu::ReadyToTransfer(r2t) => r2ts.push(r2t),
-            other => panic!("expected an R2T, got {other:?}"),
-        }
-    }
+    let r2ts = client.receive_r2ts(4).await;
     let offsets: Vec<u32> = r2ts.iter().map(|r| r.buffer_offset).collect();
     assert_eq!(offsets, [0, 16384, 32768, 49152]);
     let sns: Vec<u32> = r2ts.iter().map(|r| r.r2t_sn.get()).collect();
@@ -389,13 +383,7 @@ async fn a_failed_write_answers_only_after_the_data_still_due() {
     let before = target.lun_bytes(200 * BLOCK as u64, data.len());
     let itt = client.itt();
     client.write10(itt, 200, 128, &[]).await;
-    let mut r2ts = Vec::new();
-    for _ in 0..4 {
-        match client.receive().await.header.pdu {
-            Pdu::ReadyToTransfer(r2t) => r2ts.push(r2t),
-            other => panic!("expected an R2T, got {other:?}"),
-        }
-    }
+    let r2ts = client.receive_r2ts(4).await;
     let first = &r2ts[0];
     let length = first.desired_data_transfer_length as usize;
     assert!(length <= client.params.max_send_data_segment_length as usize);
@@ -452,13 +440,7 @@ async fn a_second_digest_error_in_a_failed_writes_data_is_rejected_and_the_conne
     let before = target.lun_bytes(400 * BLOCK as u64, data.len());
     let itt = client.itt();
     client.write10(itt, 400, 128, &[]).await;
-    let mut r2ts = Vec::new();
-    for _ in 0..4 {
-        match client.receive().await.header.pdu {
-            Pdu::ReadyToTransfer(r2t) => r2ts.push(r2t),
-            other => panic!("expected an R2T, got {other:?}"),
-        }
-    }
+    let r2ts = client.receive_r2ts(4).await;
     for r2t in &r2ts[..2] {
         let (start, length) = (
             r2t.buffer_offset as usize,

@@ -270,59 +270,6 @@ async fn answer(execution: Execution, how: Run, hold: bool) {
         };
         ran
     };
-    finish(
-        Finish {
-            session,
-            task,
-            command,
-            r2ts,
-            buffers,
-            pieces,
-            tap,
-            written,
-        },
-        ran,
-        hold,
-    )
-    .await;
-}
-
-/// What answering a command that ran needs.
-struct Finish {
-    session: Arc<Session>,
-    task: Arc<Task>,
-    command: ScsiCommand,
-    r2ts: u32,
-    buffers: Arc<BufferPool>,
-    pieces: Arc<BufferPool>,
-    tap: Option<Tap>,
-    /// The bytes of Data-Out it came with.
-    written: u64,
-}
-
-/// Sends a command's Data-In and status once it ran, and gives its buffers
-/// back.
-async fn finish(
-    how: Finish,
-    ran: (
-        CommandOutcome,
-        Residual,
-        WriteBuffer,
-        Vec<u8>,
-        Vec<iscsi_scsi::Lent>,
-    ),
-    hold: bool,
-) {
-    let Finish {
-        session,
-        task,
-        command,
-        r2ts,
-        buffers,
-        pieces,
-        tap,
-        written,
-    } = how;
     let (outcome, residual, data_out, data_in, lent) = ran;
     SessionStats::add(&session.stats.commands, 1);
     if outcome.status != GOOD {

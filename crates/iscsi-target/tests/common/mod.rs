@@ -281,6 +281,18 @@ impl Client {
         received
     }
 
+    /// The next `n` PDUs, each of which must be an R2T.
+    pub async fn receive_r2ts(&mut self, n: usize) -> Vec<iscsi_proto::pdu::data::ReadyToTransfer> {
+        let mut r2ts = Vec::with_capacity(n);
+        for _ in 0..n {
+            match self.receive().await.header.pdu {
+                Pdu::ReadyToTransfer(r2t) => r2ts.push(r2t),
+                other => panic!("expected an R2T, got {other:?}"),
+            }
+        }
+        r2ts
+    }
+
     /// A WRITE(10) command PDU for `blocks` at `lba`, with `immediate` as
     /// its data segment.
     pub async fn write10(&mut self, itt: u32, lba: u32, blocks: u16, immediate: &[u8]) {
