@@ -336,6 +336,12 @@ impl Look<'_> {
                         );
                         self.image.lock_break(&o)?;
                     }
+                    // The blocklist is an OSD map change: until every OSD
+                    // this client talks to has it, the old owner's writes
+                    // already on their way could still land after ours
+                    // (what ceph-nvmeof waits for too before it reports
+                    // optimized). The reservation path waits the same way.
+                    self.image.wait_for_latest_osdmap()?;
                 }
                 match self.image.lock_acquire() {
                     Ok(()) => {
