@@ -68,6 +68,7 @@ pub use backstore::{
 pub use backstore::{RbdBackstore, RbdSpec};
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};
+use planned::PlanSlot;
 pub use planned::{Planned, PlannedIo};
 pub use pr::PrType;
 pub use sbc::Transfer;
@@ -611,7 +612,7 @@ impl ScsiTarget {
     /// `execute` runs it, with no data in: call this only for READ and
     /// WRITE on such a store.
     pub fn plan_io(&self, nexus: &Nexus, lun: u64, cdb: &[u8], data_out: DataOut<'_>) -> Planned {
-        let mut plan = None;
+        let mut plan = PlanSlot::Empty;
         let mut data_in = Vec::new();
         let outcome = self.run(
             nexus,
@@ -623,8 +624,10 @@ impl ScsiTarget {
             Some(&mut plan),
         );
         match plan {
-            Some(plan) if outcome.status == status::GOOD => Planned::Io(plan),
-            _ => Planned::Done(outcome),
+            _ if outcome.status != status::GOOD => Planned::Done(outcome),
+            PlanSlot::Io(plan) => Planned::Io(plan),
+            PlanSlot::Synchronous => Planned::Synchronous,
+            PlanSlot::Empty => Planned::Done(outcome),
         }
     }
 
@@ -637,7 +640,7 @@ impl ScsiTarget {
         data_out: DataOut<'_>,
         data_in: &mut Vec<u8>,
         lent: Option<&mut Vec<Lent>>,
-        plan: Option<&mut Option<PlannedIo>>,
+        plan: Option<&mut PlanSlot>,
     ) -> CommandOutcome {
         // A READ takes the buffer whole (sbc::read_write); every other
         // command builds its response from empty.
@@ -697,7 +700,7 @@ impl ScsiTarget {
         data_out: DataOut<'_>,
         data_in: &mut Vec<u8>,
         lent: Option<&mut Vec<Lent>>,
-        plan: Option<&mut Option<PlannedIo>>,
+        plan: Option<&mut PlanSlot>,
     ) -> Result<(), Fail> {
         use cdb::opcode::*;
         let op = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
@@ -756,8 +759,17 @@ impl ScsiTarget {
         {
             // Checked here, run by the caller (`ScsiTarget::plan_io`).
             if let Some(transfer) = sbc::plan_read_write(bs, mode, cdb, data_out.len())? {
-                let permit = transfer.write.then(|| lu.write_async());
-                *plan = Some(PlannedIo::new(transfer, io, permit, lu.mode().d_sense));
+                let permit = match transfer.write {
+                    false => None,
+                    true => match lu.write_async() {
+                        Some(permit) => Some(permit),
+                        None => {
+                            *plan = PlanSlot::Synchronous;
+                            return Ok(());
+                        }
+                    },
+                };
+                *plan = PlanSlot::Io(PlannedIo::new(transfer, io, permit, lu.mode().d_sense));
             }
             return Ok(());
         }

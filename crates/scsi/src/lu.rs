@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::ops::{Deref, DerefMut};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, TryLockError};
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
@@ -290,13 +290,19 @@ impl LogicalUnit {
     }
 
     /// Shared write access for a write through the store's asynchronous
-    /// I/O, held until the permit drops (after the write completed): it
-    /// does not start while an exclusive writer holds the LU, and an
-    /// exclusive writer waits for it.
-    pub fn write_async(self: &Arc<Self>) -> AsyncWritePermit {
-        let _shared = self.write_shared();
+    /// I/O, held until the permit drops (after the write completed): an
+    /// exclusive writer waits for it. `None` while an exclusive writer
+    /// holds the LU: the caller is on an async task, which must not wait
+    /// for a lock held through a whole COMPARE AND WRITE or SANITIZE, so the
+    /// command takes the synchronous path (the blocking pool) instead.
+    pub fn write_async(self: &Arc<Self>) -> Option<AsyncWritePermit> {
+        let _shared = match self.io.try_read() {
+            Ok(shared) => shared,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return None,
+        };
         self.async_writes.fetch_add(1, Ordering::AcqRel);
-        AsyncWritePermit(Arc::clone(self))
+        Some(AsyncWritePermit(Arc::clone(self)))
     }
 
     /// The current mode parameters.

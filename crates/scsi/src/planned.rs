@@ -22,6 +22,20 @@ pub enum Planned {
     Io(PlannedIo),
     /// The command is answered already (refused, or nothing to move).
     Done(CommandOutcome),
+    /// A write that found an exclusive writer (COMPARE AND WRITE, ORWRITE,
+    /// SANITIZE) holding the LU: run it with [`ScsiTarget::execute_lending`](crate::ScsiTarget::execute_lending)
+    /// off the async runtime, where waiting for that writer is fine.
+    Synchronous,
+}
+
+/// What the dispatch leaves for [`ScsiTarget::plan_io`](crate::ScsiTarget::plan_io).
+pub(crate) enum PlanSlot {
+    /// Nothing planned: the command was answered.
+    Empty,
+    /// A transfer for the caller to run.
+    Io(PlannedIo),
+    /// See [`Planned::Synchronous`].
+    Synchronous,
 }
 
 /// A checked READ or WRITE and the store to run it on.

@@ -21,6 +21,8 @@ use tokio::sync::oneshot;
 struct Store {
     ram: Arc<RamBackstore>,
     io: Arc<Io>,
+    /// When set, a synchronous read says it started, then waits to be let go.
+    read_gate: Mutex<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -78,6 +80,11 @@ impl Backstore for Store {
         self.ram.block_count()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
+        let gate = self.read_gate.lock().unwrap().take();
+        if let Some((started, release)) = gate {
+            started.send(()).unwrap();
+            release.recv().unwrap();
+        }
         self.ram.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
@@ -98,6 +105,11 @@ impl Backstore for Store {
 }
 
 fn setup() -> (Arc<ScsiTarget>, Arc<Io>) {
+    let (t, io, _) = setup_with_store();
+    (t, io)
+}
+
+fn setup_with_store() -> (Arc<ScsiTarget>, Arc<Io>, Arc<Store>) {
     let ram = Arc::new(RamBackstore::new(1 << 20, 512, 1).unwrap());
     let io = Arc::new(Io {
         ram: Arc::clone(&ram),
@@ -107,8 +119,9 @@ fn setup() -> (Arc<ScsiTarget>, Arc<Io>) {
     let store = Arc::new(Store {
         ram,
         io: Arc::clone(&io),
+        read_gate: Mutex::new(None),
     });
-    (Arc::new(target_over(store)), io)
+    (Arc::new(target_over(store.clone())), io, store)
 }
 
 fn plan(t: &ScsiTarget, n: &iscsi_scsi::Nexus, cdb: &[u8], out: &[u8]) -> Planned {
@@ -119,6 +132,7 @@ fn planned(p: Planned) -> PlannedIo {
     match p {
         Planned::Io(io) => io,
         Planned::Done(o) => panic!("expected a transfer, got {o:?}"),
+        Planned::Synchronous => panic!("expected a transfer, got Synchronous"),
     }
 }
 
@@ -126,6 +140,7 @@ fn done(p: Planned) -> CommandOutcome {
     match p {
         Planned::Done(o) => o,
         Planned::Io(io) => panic!("expected an answer, got a transfer {:?}", io.transfer),
+        Planned::Synchronous => panic!("expected an answer, got Synchronous"),
     }
 }
 
@@ -228,4 +243,44 @@ async fn compare_and_write_waits_for_an_asynchronous_write_in_flight() {
     let o = caw.await.unwrap();
     assert_eq!(o.status, status::CHECK_CONDITION);
     assert_eq!(good(&t, &n, &read16(0, 1), &[]), new);
+}
+
+#[test]
+fn a_write_that_finds_an_exclusive_writer_is_sent_to_the_synchronous_path() {
+    // The planner runs on the transport's async task: it must not wait for
+    // a COMPARE AND WRITE (or a SANITIZE) holding the LU exclusively.
+    let (t, _, store) = setup_with_store();
+    let n = nexus(1);
+    let old = pattern(1, 512);
+    good(&t, &n, &write16(0, 1), &old);
+    let (started, entered) = std::sync::mpsc::channel();
+    let (release, released) = std::sync::mpsc::channel();
+    *store.read_gate.lock().unwrap() = Some((started, released));
+    let caw = {
+        let t = Arc::clone(&t);
+        let n = n.clone();
+        let mut out = old.clone();
+        out.extend_from_slice(&pattern(3, 512));
+        std::thread::spawn(move || run(&t, &n, &caw(0, 1), &out).0)
+    };
+    // COMPARE AND WRITE holds the LU and waits inside its read.
+    entered.recv_timeout(Duration::from_secs(10)).unwrap();
+    let during = plan(&t, &n, &write16(8, 1), &pattern(4, 512));
+    assert!(
+        matches!(during, Planned::Synchronous),
+        "not sent to the synchronous path"
+    );
+    // Reads need no write access: still planned.
+    assert!(matches!(plan_read(&t, &n), Planned::Io(_)));
+    release.send(()).unwrap();
+    assert_eq!(caw.join().unwrap(), CommandOutcome::GOOD);
+    // Once it is done, writes are planned again.
+    assert!(matches!(
+        plan(&t, &n, &write16(8, 1), &pattern(4, 512)),
+        Planned::Io(_)
+    ));
+}
+
+fn plan_read(t: &ScsiTarget, n: &iscsi_scsi::Nexus) -> Planned {
+    plan(t, n, &read16(8, 1), &[])
 }

@@ -20,7 +20,8 @@ pub(super) struct Ran {
 /// Runs a READ or WRITE(6/10/12/16) through the store's asynchronous I/O.
 /// `Err` gives the buffers back when the command must take the synchronous
 /// path instead: a write whose CDB asks for more data than the initiator
-/// sent (an overflow, cut to the blocks that came: `run_command`).
+/// sent (an overflow, cut to the blocks that came: `run_command`), or one
+/// that found an exclusive writer holding the LU (`Planned::Synchronous`).
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run(
     session: &Session,
@@ -75,6 +76,7 @@ pub(super) async fn run(
         scsi.plan_io(&session.nexus, lun, cdb, view)
     };
     let (outcome, data_in) = match planned {
+        Planned::Synchronous => return Err((data_out, data_in)),
         Planned::Done(outcome) => {
             data_out.give(buffers, pieces);
             buffers.give(data_in);
