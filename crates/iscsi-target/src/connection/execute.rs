@@ -317,22 +317,10 @@ fn run_command(
     data_in: &mut Vec<u8>,
     lent: &mut Vec<iscsi_scsi::Lent>,
 ) -> (CommandOutcome, Residual) {
-    let len = data_out.len();
-    let data_out = if data_out.is_flat() {
-        DataOut::Flat(data_out.flat_mut().map_or(&[][..], |b| &b[..]))
-    } else {
-        DataOut::Pieces {
-            pieces: data_out.pieces_mut(),
-            len,
-        }
-    };
+    let data_out = data_out_view(data_out);
     let expected = command.expected_data_transfer_length;
     if command.write {
-        let block_size = iscsi_scsi::decode_lun(command.lun.0)
-            .and_then(|lun| scsi.with_backstore(lun, |b| b.block_size()))
-            .unwrap_or(512);
-        let (_, wanted) = iscsi_scsi::command_info(cdb, block_size);
-        let residual = Residual::of(u64::from(wanted), expected);
+        let (residual, wanted, block_size) = write_residual(scsi, command, cdb);
         if residual.overflow {
             // FCP-4 / SAM-5: process the command, but transfer no data
             // beyond the EDTL: a READ/WRITE is cut to the whole blocks the
@@ -376,19 +364,53 @@ fn run_command(
         return (outcome, residual);
     }
     let outcome = scsi.execute_lending(nexus, command.lun.0, cdb, DataOut::NONE, data_in, lent);
-    let residual = if command.read {
-        let sent = if lent.is_empty() {
-            data_in.len()
-        } else {
-            lent.iter().map(|l| l.bytes.len()).sum()
-        };
+    let sent = if lent.is_empty() {
+        data_in.len()
+    } else {
+        lent.iter().map(|l| l.bytes.len()).sum()
+    };
+    (outcome, answer_residual(command, sent))
+}
+
+/// A write's Data-Out as the SCSI layer takes it: one buffer, or pieces.
+pub(super) fn data_out_view(data_out: &mut WriteBuffer) -> DataOut<'_> {
+    let len = data_out.len();
+    if data_out.is_flat() {
+        DataOut::Flat(data_out.flat_mut().map_or(&[][..], |b| &b[..]))
+    } else {
+        DataOut::Pieces {
+            pieces: data_out.pieces_mut(),
+            len,
+        }
+    }
+}
+
+/// For a write: the residual of the data its CDB asks for (SPDTL) against
+/// the Expected Data Transfer Length, that SPDTL, and the LU's block size.
+pub(super) fn write_residual(
+    scsi: &ScsiTarget,
+    command: &ScsiCommand,
+    cdb: &[u8],
+) -> (Residual, u32, u32) {
+    let block_size = iscsi_scsi::decode_lun(command.lun.0)
+        .and_then(|lun| scsi.with_backstore(lun, |b| b.block_size()))
+        .unwrap_or(512);
+    let (_, wanted) = iscsi_scsi::command_info(cdb, block_size);
+    let residual = Residual::of(u64::from(wanted), command.expected_data_transfer_length);
+    (residual, wanted, block_size)
+}
+
+/// For any other command: the residual of the `sent` bytes of Data-In
+/// (none for a command that reads nothing) against the EDTL.
+pub(super) fn answer_residual(command: &ScsiCommand, sent: usize) -> Residual {
+    let expected = command.expected_data_transfer_length;
+    if command.read {
         Residual::of(sent as u64, expected)
     } else if expected > 0 {
         Residual::of(0, expected)
     } else {
         Residual::NONE
-    };
-    (outcome, residual)
+    }
 }
 
 /// For a write CDB (WRITE and WRITE AND VERIFY 6/10/12/16), the same CDB

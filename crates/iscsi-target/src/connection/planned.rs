@@ -36,14 +36,8 @@ pub(super) async fn run(
     let Some(scsi) = session.scsi.as_deref() else {
         return Err((data_out, data_in));
     };
-    let expected = command.expected_data_transfer_length;
-    let lun = command.lun.0;
     let residual = if command.write {
-        let block_size = iscsi_scsi::decode_lun(lun)
-            .and_then(|n| scsi.with_backstore(n, |b| b.block_size()))
-            .unwrap_or(512);
-        let (_, wanted) = iscsi_scsi::command_info(cdb, block_size);
-        let residual = Residual::of(u64::from(wanted), expected);
+        let (residual, _, _) = execute::write_residual(scsi, command, cdb);
         if residual.overflow {
             return Err((data_out, data_in));
         }
@@ -63,18 +57,12 @@ pub(super) async fn run(
             data_in: Vec::new(),
         });
     }
-    let planned = {
-        let len = data_out.len();
-        let view = if data_out.is_flat() {
-            DataOut::Flat(data_out.flat_mut().map_or(&[][..], |b| &b[..]))
-        } else {
-            DataOut::Pieces {
-                pieces: data_out.pieces_mut(),
-                len,
-            }
-        };
-        scsi.plan_io(&session.nexus, lun, cdb, view)
-    };
+    let planned = scsi.plan_io(
+        &session.nexus,
+        command.lun.0,
+        cdb,
+        execute::data_out_view(&mut data_out),
+    );
     let (outcome, data_in) = match planned {
         Planned::Synchronous => return Err((data_out, data_in)),
         Planned::Done(outcome) => {
@@ -97,15 +85,7 @@ pub(super) async fn run(
             (outcome, data)
         }
     };
-    let residual = residual.unwrap_or_else(|| {
-        if command.read {
-            Residual::of(data_in.len() as u64, expected)
-        } else if expected > 0 {
-            Residual::of(0, expected)
-        } else {
-            Residual::NONE
-        }
-    });
+    let residual = residual.unwrap_or_else(|| execute::answer_residual(command, data_in.len()));
     Ok(Ran {
         outcome,
         residual,
