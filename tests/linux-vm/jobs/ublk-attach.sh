@@ -22,6 +22,9 @@ target_start t1 "$port2" --name "$iqn2" --lun ram:512M
 echo "PORT=$port IQN=$iqn PORT2=$port2 IQN2=$iqn2 ATTACH_RUST_LOG=${ATTACH_RUST_LOG:-info}" >params.sh
 cp "$ISCSI_BIN" ./iscsi
 guest=$LINUX_VM_DIR/guest
+# Plain --to-host: the killed target ($port) serves only our initiator, which is not subject to
+# open-iscsi 2.1.8's reopen bug and must see a dead target fail fast (not a 10 s retrying forward);
+# open-iscsi uses $port2, whose target is never stopped.
 vm_run_bg --image "$image" --to-host "$port" --to-host "$port2" --timeout 900 \
     "$guest/ublk-attach.sh" "$guest/open-iscsi-lib.sh" params.sh ./iscsi
 
