@@ -187,11 +187,12 @@ fn the_survivor_takes_over_when_the_owner_is_killed() {
 
 /// The owner is paused (SIGSTOP), not killed: the survivor takes the LU
 /// over and its lock break blocklists the paused one. Resumed, the old
-/// owner finds itself fenced: it says so in its log, reports its port
-/// unavailable and refuses writes with NOT READY (04h/0Ch), and nothing it
-/// is sent lands on the image.
+/// owner finds itself fenced and says so in its log; nothing it is sent
+/// lands on the image; it rejoins with a new client by itself and reports
+/// its port standby (refusing writes with NOT READY, 04h/0Bh), the
+/// survivor staying the owner.
 #[test]
-fn a_paused_owner_that_resumes_is_fenced_and_says_so() {
+fn a_paused_owner_that_resumes_is_fenced_then_rejoins_as_standby() {
     let image = Image::new("gw-fence", "64M");
     let one = gateway(&image, 1);
     let two = gateway(&image, 2);
@@ -226,28 +227,37 @@ fn a_paused_owner_that_resumes_is_fenced_and_says_so() {
         assert!(done, "the survivor does not take writes");
         signal("-CONT");
         let mine = vec![0x77u8; 4096];
-        let until = Instant::now() + Duration::from_secs(10);
+        let until = Instant::now() + Duration::from_secs(30);
         loop {
             let w = via_one
                 .execute(Command::write(0, &write10(48), &mine))
                 .await
                 .unwrap();
             match outcome(&w) {
-                (_, 0x02, 0x04, 0x0C) => break,
-                // A unit attention, or the one write that found the
-                // client blocklisted before the fence tripped: NOT READY,
-                // LOGICAL UNIT COMMUNICATION FAILURE (ESHUTDOWN's sense;
-                // `Sense::for_io_error`). Whether such a write comes first
-                // depends on when the keeper looks, so both are allowed.
-                (_, 0x06, ..) | (_, 0x02, 0x08, 0x00) => {}
+                // Standby: rejoined, the other gateway still the owner.
+                (_, 0x02, 0x04, 0x0B) => break,
+                // Fenced: unavailable, or the one write that found the
+                // client blocklisted before the fence tripped (NOT READY,
+                // LOGICAL UNIT COMMUNICATION FAILURE: ESHUTDOWN's sense);
+                // or a unit attention. Which of them come first depends on
+                // when the keeper looks and how soon the rejoin runs.
+                (_, 0x02, 0x04, 0x0C) | (_, 0x02, 0x08, 0x00) => {}
+                (_, 0x06, ..) => {}
                 other => panic!("a write through the fenced gateway ended {other:?}"),
             }
-            assert!(Instant::now() < until, "the resumed gateway is not fenced");
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                Instant::now() < until,
+                "the resumed gateway did not rejoin as standby"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         let r = rtpg(&via_one).await;
         assert_eq!(r.status, 0);
-        assert!(states(&r.data[..r.received as usize]).contains(&(1, 0x3)));
+        let seen = states(&r.data[..r.received as usize]);
+        assert!(
+            seen.contains(&(1, 0x2)) && seen.contains(&(2, 0x0)),
+            "{seen:?}"
+        );
         let r = via_two
             .execute(Command::read(0, &read10(48), vec![0; 4096]))
             .await
@@ -256,8 +266,16 @@ fn a_paused_owner_that_resumes_is_fenced_and_says_so() {
             r.data == theirs,
             "a write through the fenced gateway landed"
         );
+        // The survivor still takes writes: the rejoined gateway took
+        // nothing from it.
+        let w = via_two
+            .execute(Command::write(0, &write10(49), &theirs))
+            .await
+            .unwrap();
+        assert_eq!(w.status, 0);
     });
     let log = one.log_so_far();
     assert!(log.contains("was blocklisted"), "{log}");
+    assert!(log.contains("rejoined with a new client"), "{log}");
     drop(two);
 }

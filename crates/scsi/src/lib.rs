@@ -61,8 +61,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
     Allocation, AsyncIo, Backstore, BackstoreOpenError, BlockBackstore, EncryptedBackstore,
-    FileBackstore, IoFuture, Lent, PrEventHandler, RamBackstore, RamBackstoreError, SharedPrStore,
-    SlowBackstore, WithOptions, WriteData,
+    FileBackstore, IoFuture, Lent, PrEvent, PrEventHandler, RamBackstore, RamBackstoreError,
+    SharedPrStore, SlowBackstore, WithOptions, WriteData,
 };
 #[cfg(feature = "rbd")]
 pub use backstore::{RbdBackstore, RbdSpec};
@@ -707,6 +707,9 @@ impl ScsiTarget {
         if !opcodes::is_supported(cdb) {
             return Err(Sense::INVALID_OPCODE.into());
         }
+        // Before any check: a write started in a later epoch was checked
+        // against a state that may be gone (`LogicalUnit::write_shared_at`).
+        let epoch = lu.io_epoch();
         if lu.backstore.take_capacity_change() {
             // The medium was resized under the LU (`rbd resize`): every
             // nexus hears of it, this command's first (SBC-4 §4.14).
@@ -762,7 +765,9 @@ impl ScsiTarget {
                 let permit = match transfer.write {
                     false => None,
                     true => match lu.write_async() {
-                        Some(permit) => Some(permit),
+                        // Checked in this epoch, started in it too.
+                        Some(permit) if lu.io_epoch() == epoch => Some(permit),
+                        Some(_) => return Err(Sense::LU_COMMUNICATION_FAILURE.into()),
                         None => {
                             *plan = PlanSlot::Synchronous;
                             return Ok(());
@@ -912,11 +917,11 @@ impl ScsiTarget {
             // not exist, as VPD B2 says.
             UNMAP if !bs.is_thin() => Err(Sense::INVALID_OPCODE.into()),
             UNMAP => {
-                let _w = lu.write_shared();
+                let _w = lu.write_shared_at(epoch)?;
                 Ok(sbc::unmap(bs, mode, cdb, &data_out.flat())?)
             }
             WRITE_SAME_10 | WRITE_SAME_16 => {
-                let _w = lu.write_shared();
+                let _w = lu.write_shared_at(epoch)?;
                 Ok(sbc::write_same(bs, mode, cdb, &data_out.flat())?)
             }
             COMPARE_AND_WRITE => {
@@ -932,16 +937,16 @@ impl ScsiTarget {
             READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => Ok(sbc::read_defect_data(cdb, data_in)?),
             VERIFY_10 | VERIFY_12 | VERIFY_16 => Ok(sbc::verify(bs, cdb, &data_out.flat())?),
             WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
-                let _w = lu.write_shared();
+                let _w = lu.write_shared_at(epoch)?;
                 Ok(sbc::write_and_verify(bs, mode, cdb, &data_out.flat())?)
             }
             WRITE_ATOMIC_16 => {
-                let _w = lu.write_shared();
+                let _w = lu.write_shared_at(epoch)?;
                 Ok(atomic::write_atomic_16(bs, mode, cdb, data_out)?)
             }
             SANITIZE => Ok(sanitize::sanitize(lu, cdb, &data_out.flat())?),
             WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => {
-                let _w = lu.write_shared();
+                let _w = lu.write_shared_at(epoch)?;
                 Ok(sbc::read_write(bs, mode, cdb, data_out, data_in, None)?)
             }
             _ => Ok(sbc::read_write(bs, mode, cdb, data_out, data_in, lent)?),

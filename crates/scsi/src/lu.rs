@@ -200,6 +200,10 @@ pub(crate) struct LogicalUnit {
     /// which cannot hold `io` across their wait: counted instead, and
     /// [`LogicalUnit::write_exclusive`] waits for the count to drain.
     async_writes: AtomicUsize,
+    /// Moved on when the state the commands were checked against may have
+    /// changed behind them (a fenced gateway rejoining: see
+    /// [`LogicalUnit::write_shared_at`]).
+    io_epoch: AtomicU64,
     /// The target's nexuses (see [`KnownNexuses`]).
     pub nexuses: KnownNexuses,
     /// The store's ALUA group ([`Backstore::alua`]), read once: `None` for
@@ -233,6 +237,7 @@ impl LogicalUnit {
             mode: AtomicU8::new(ModeParams::DEFAULT.to_bits()),
             io: ShardedLock::new(()),
             async_writes: AtomicUsize::new(0),
+            io_epoch: AtomicU64::new(0),
             nexuses,
             alua_seen: AtomicU64::new(alua.as_ref().map_or(0, |a| a.generation())),
             alua,
@@ -274,6 +279,29 @@ impl LogicalUnit {
     /// Shared write access (any write but COMPARE AND WRITE).
     pub fn write_shared(&self) -> ShardedLockReadGuard<'_, ()> {
         self.io.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The I/O epoch, read before a command is checked.
+    pub fn io_epoch(&self) -> u64 {
+        self.io_epoch.load(Ordering::Acquire)
+    }
+
+    /// Moves the I/O epoch on, under [`LogicalUnit::write_exclusive`]:
+    /// the writes checked before it can no longer start.
+    pub(crate) fn next_io_epoch(&self) {
+        self.io_epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// [`LogicalUnit::write_shared`] for a write checked in I/O epoch
+    /// `epoch`: refused (LOGICAL UNIT COMMUNICATION FAILURE, which the
+    /// initiator retries) when the epoch moved on meanwhile, because the
+    /// state it was checked against (a reservation, say) may be gone.
+    pub fn write_shared_at(&self, epoch: u64) -> Result<ShardedLockReadGuard<'_, ()>, Sense> {
+        let guard = self.write_shared();
+        if self.io_epoch() != epoch {
+            return Err(Sense::LU_COMMUNICATION_FAILURE);
+        }
+        Ok(guard)
     }
 
     /// Exclusive write access (COMPARE AND WRITE, ORWRITE, SANITIZE): no

@@ -65,7 +65,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 
-use crate::backstore::{Backstore, SharedPrStore};
+use crate::backstore::{Backstore, PrEvent, SharedPrStore};
 use crate::lu::{ClusterView, KnownNexuses, LogicalUnit, LuState, ModeParams};
 use crate::nexus::{Nexus, NexusKey};
 use crate::pr::{self, Fail, PrState};
@@ -131,18 +131,20 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
         }
     }
     let weak: Weak<LogicalUnit> = Arc::downgrade(lu);
-    let watched = store.watch(Box::new(move |broken| {
+    let watched = store.watch(Arc::new(move |event| {
         let Some(lu) = weak.upgrade() else {
             return false;
         };
-        if broken {
-            lu.pr_stale.store(true, Ordering::Release);
-            eprintln!(
-                "persistent reservations: the watch of the shared state broke; stale until reloaded"
-            );
-            false
-        } else {
-            reload(&lu)
+        match event {
+            PrEvent::Changed => reload(&lu),
+            PrEvent::Broken => {
+                lu.pr_stale.store(true, Ordering::Release);
+                eprintln!(
+                    "persistent reservations: the watch of the shared state broke; stale until reloaded"
+                );
+                false
+            }
+            PrEvent::Rejoined => rejoin(&lu),
         }
     }));
     if let Err(e) = watched {
@@ -150,7 +152,7 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
         return;
     }
     // Who else is up: every watcher acknowledges, this gateway included.
-    let (me_gid, me_addr) = store.me();
+    let (me_gid, _) = store.me();
     let alone = match store.notify() {
         Ok(acked) => acked.iter().all(|&g| g == me_gid),
         Err(e) => {
@@ -158,13 +160,22 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
             return;
         }
     };
+    join(lu, store.as_ref(), alone);
+}
+
+/// Adds this gateway's client to the record's list of gateways (the ones a
+/// change must hear from, or fence) and installs the record; `alone`: no
+/// other gateway is up, the group's power cycle (see the module's doc).
+/// Whether it joined.
+fn join(lu: &LogicalUnit, store: &dyn SharedPrStore, alone: bool) -> bool {
+    let (me_gid, me_addr) = store.me();
     for _ in 0..MAX_TRIES {
-        let (expected, mut record) = match load(store.as_ref()) {
+        let (expected, mut record) = match load(store) {
             Ok(Some(r)) => (Some(r.epoch), r),
             Ok(None) => (None, PrRecord::default()),
             Err(e) => {
                 eprintln!("persistent reservations: {e}");
-                return;
+                return false;
             }
         };
         record
@@ -204,21 +215,46 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
                 if alone && !others.is_empty() {
                     if let Err(e) = store.fence(&others) {
                         eprintln!("persistent reservations: fencing {others:?} at start: {e}");
-                        return;
+                        return false;
                     }
-                    forget_gateways(lu, store.as_ref(), &others);
+                    forget_gateways(lu, store, &others);
                 }
                 lu.pr_stale.store(false, Ordering::Release);
-                return;
+                return true;
             }
             Ok(false) => continue,
             Err(e) => {
                 eprintln!("persistent reservations: joining the shared state: {e}");
-                return;
+                return false;
             }
         }
     }
     eprintln!("persistent reservations: the shared state kept changing while joining");
+    false
+}
+
+/// This gateway's client of the LU was fenced and the store connected a
+/// new one ([`PrEvent::Rejoined`]). Commands checked against the state
+/// from before the fence must not reach the new client, which the fence
+/// no longer stops: every write in flight is drained (the LU's exclusive
+/// write access), the record reloaded (raising the unit attentions of what
+/// changed meanwhile, a preemption say) and joined again under it, and the
+/// LU's I/O epoch moved on, so that a write checked before this and
+/// started after it is refused ([`LogicalUnit::write_shared_at`]).
+/// Whether the LU may serve again.
+fn rejoin(lu: &LogicalUnit) -> bool {
+    let Some(store) = &lu.shared else {
+        return true;
+    };
+    lu.pr_stale.store(true, Ordering::Release);
+    let _writes = lu.write_exclusive();
+    // Not alone, whatever the notify says: this gateway was up through
+    // the group's life, so no power cycle happened.
+    if !reload(lu) || !join(lu, store.as_ref(), false) {
+        return false;
+    }
+    lu.next_io_epoch();
+    true
 }
 
 /// The record, parsed; `None` when none is stored yet.

@@ -9,6 +9,8 @@
 # host SIGSTOPs gateway 1, A writes through it (the writes hang), B's PREEMPT AND ABORT through
 # gateway 2 must complete (gateway 2 fences gateway 1 first), gateway 1 gets SIGCONT: A's writes
 # fail and none of them is on the image (read back by B and by `rbd export` here), B's own write is.
+# Gateway 1 then rejoins by itself with a new RADOS client: through it B's READ KEYS shows the
+# preemption it missed, A gets RESERVATION CONFLICT, and B writes again.
 # The same proof as crates/cli/tests/rbd_pr.rs with our initiator. No --gateway-group: with ALUA the
 # standby gateway would answer writes NOT READY (standby) before any reservation check.
 # Handshake through the share: the guest writes out/stop-gw1 and out/cont-gw1, the host answers
@@ -69,5 +71,8 @@ blocks_are 8 1 11 || vm_fail "rbd export: LBA 8 is not A's 0x11"
 blocks_are 9 1 00 || vm_fail "rbd export: B's conflicting write landed at LBA 9"
 blocks_are 10 1 33 || vm_fail "rbd export: LBA 10 is not B's 0x33"
 blocks_are 100 8 00 || vm_fail "rbd export: a write through the stopped gateway landed (LBAs 100-107)"
-echo "ok - rbd export: LBA 8 = 0x11, LBA 9 = 0, LBA 10 = 0x33, LBAs 100-107 = 0"
+blocks_are 11 1 55 || vm_fail "rbd export: LBA 11 is not B's 0x55 (written through the rejoined gateway 1)"
+echo "ok - rbd export: LBA 8 = 0x11, LBA 9 = 0, LBA 10 = 0x33, LBA 11 = 0x55, LBAs 100-107 = 0"
+grep -q 'rejoined with a new client' "$(target_log g1)" || vm_fail "gateway 1's log does not say it rejoined"
+vm_log "gateway 1: $(sed 's/\x1b\[[0-9;]*m//g' "$(target_log g1)" | grep -Eo '(was blocklisted|rejoined with a new client)[^;(]*' | tr '\n' ' ')"
 vm_log "pass: $(grep -o 'preempt took .*' console.log | head -1)"

@@ -183,6 +183,7 @@ mod slow;
 
 use std::fmt;
 use std::io;
+use std::sync::Arc;
 
 pub use async_io::{AsyncIo, IoFuture, WriteData};
 pub use block::{BlockBackstore, MEM_ALIGN};
@@ -240,20 +241,38 @@ pub trait SharedPrStore: Send + Sync + fmt::Debug {
     fn fence(&self, addrs: &[String]) -> io::Result<()>;
     /// This gateway's client of the medium: its id and its address.
     fn me(&self) -> (u64, String);
-    /// Starts calling `on_event` on a thread of the store's: `false` for a
-    /// change another gateway notified, `true` when the watch broke
-    /// (changes may have been missed, or this client was fenced); after a
-    /// break the store watches again and calls `on_event(false)` once it
-    /// does. A notify is acknowledged after `on_event` returns, and only
-    /// if it returns `true` (the change is in force here): a gateway that
-    /// could not reload must not acknowledge, so that the notifier fences
-    /// it rather than trust its stale copy.
+    /// Starts calling `on_event` on a thread of the store's: a
+    /// [`PrEvent::Changed`] another gateway notified, [`PrEvent::Broken`]
+    /// when the watch broke (changes may have been missed, or this client
+    /// was fenced); after a break the store watches again and sends
+    /// `Changed` once it does. A notify is acknowledged after `on_event`
+    /// returns, and only if it returns `true` (the change is in force
+    /// here): a gateway that could not reload must not acknowledge, so that
+    /// the notifier fences it rather than trust its stale copy. A store
+    /// whose client was fenced and which connected a new one sends
+    /// [`PrEvent::Rejoined`], and serves data again only if that returns
+    /// `true`.
     fn watch(&self, on_event: PrEventHandler) -> io::Result<()>;
 }
 
-/// What [`SharedPrStore::watch`] calls: the argument says whether the
-/// watch broke; the result, whether to acknowledge.
-pub type PrEventHandler = Box<dyn Fn(bool) -> bool + Send + Sync>;
+/// What [`SharedPrStore::watch`] reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PrEvent {
+    /// Another gateway changed the record: reload it.
+    Changed,
+    /// The watch broke: changes may have been missed until it is back.
+    Broken,
+    /// This gateway's client was fenced (blocklisted) and the store now
+    /// has a new one, watching already, which is not yet in the record's
+    /// list of gateways: drain what was admitted on the old state, join
+    /// the record again and reload it. The store serves no data I/O until
+    /// this returns `true` (a `false` leaves it fenced, to try again).
+    Rejoined,
+}
+
+/// What [`SharedPrStore::watch`] calls; the result says whether to
+/// acknowledge (or, for [`PrEvent::Rejoined`], whether the LU may serve).
+pub type PrEventHandler = Arc<dyn Fn(PrEvent) -> bool + Send + Sync>;
 
 /// The storage behind one logical unit.
 pub trait Backstore: Send + Sync + fmt::Debug {

@@ -32,11 +32,13 @@ use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use super::fence::Fence;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ffi::Image;
-use crate::alua::{AccessState, AluaGroup, AluaView, GatewayGroup, PortGroup};
+use crate::alua::{AluaGroup, AluaView, GatewayGroup};
 
 /// How often a gateway beats and looks at the lock.
 pub const BEAT: Duration = Duration::from_millis(500);
@@ -54,8 +56,7 @@ const PREFIX: &str = "iscsi-rs.";
 /// The attribute naming the owner's port.
 const OWNER: &str = "iscsi-rs.owner";
 
-/// ESHUTDOWN: what Ceph returns to a blocklisted client (EBLOCKLISTED).
-const EBLOCKLISTED: i32 = 108;
+use super::ffi::rados::EBLOCKLISTED;
 
 /// Who holds the exclusive lock, as the keeper reads it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -159,69 +160,6 @@ impl Liveness {
     }
 }
 
-/// What a gateway does once it learns that its client of the LU was
-/// blocklisted (another gateway took the LU over), from its keeper or from
-/// an I/O that failed with EBLOCKLISTED: it serves nothing more of the LU
-/// (its port reports unavailable, so every command but INQUIRY, REPORT
-/// LUNS, REQUEST SENSE and REPORT TARGET PORT GROUPS ends in NOT READY,
-/// 04h/0Ch) and says why in its log once, instead of failing every
-/// command with an I/O error nobody can explain.
-#[derive(Debug)]
-pub(super) struct Fence {
-    port: u16,
-    name: String,
-    alua: Arc<AluaGroup>,
-    tripped: AtomicBool,
-}
-
-impl Fence {
-    pub fn new(port: u16, name: String, alua: Arc<AluaGroup>) -> Self {
-        Self {
-            port,
-            name,
-            alua,
-            tripped: AtomicBool::new(false),
-        }
-    }
-
-    /// Passes `e` on, tripping the fence first if it says the client was
-    /// blocklisted.
-    pub fn check(&self, e: io::Error) -> io::Error {
-        if e.raw_os_error() == Some(EBLOCKLISTED) {
-            self.trip();
-        }
-        e
-    }
-
-    /// Whether the fence has tripped.
-    pub fn tripped(&self) -> bool {
-        self.tripped.load(Ordering::Acquire)
-    }
-
-    fn trip(&self) {
-        if self.tripped.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let me = self.port;
-        eprintln!(
-            "{}: gateway {me} was blocklisted by another gateway of its group (the LU moved \
-             there); this gateway no longer serves the LU (its port reports unavailable) until \
-             it is restarted",
-            self.name
-        );
-        let view = self.alua.view();
-        self.alua
-            .set(AluaView::new(view.groups().iter().map(|g| PortGroup {
-                id: g.id,
-                state: if g.id == me {
-                    AccessState::Unavailable
-                } else {
-                    g.state
-                },
-            })));
-    }
-}
-
 /// The thread that keeps one LU's ownership; stopped (and the lock let go,
 /// so that a peer takes over at once) when the store goes.
 pub(super) struct Keeper {
@@ -244,10 +182,13 @@ impl std::fmt::Debug for Keeper {
     }
 }
 
-/// Starts the keeper of `image` (`name` as the log names it) in `group`;
-/// it sets `alua`'s view after every look.
+/// Starts the keeper of `image` (`name` as the log names it), the
+/// client of `fence`'s generation `generation`, in `group`; it sets
+/// `alua`'s view after every look, and ends when that client is fenced
+/// (a rejoined client gets a keeper of its own).
 pub(super) fn start(
     image: Arc<Image>,
+    generation: u64,
     name: String,
     group: GatewayGroup,
     alua: Arc<AluaGroup>,
@@ -268,9 +209,9 @@ pub(super) fn start(
                 beat: 0,
                 liveness: Liveness::default(),
             };
-            while !stopping.load(Ordering::Acquire) && !fence.tripped() {
+            while !stopping.load(Ordering::Acquire) && fence.serving(generation) {
                 if let Err(e) = k.look() {
-                    let e = fence.check(e);
+                    let e = fence.check(generation, e);
                     if e.raw_os_error() == Some(EBLOCKLISTED) {
                         return;
                     }

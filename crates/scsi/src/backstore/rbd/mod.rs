@@ -15,6 +15,7 @@
 //!
 //! All `unsafe` is in [`ffi`].
 
+mod fence;
 mod ffi;
 mod gateway;
 mod pr;
@@ -22,8 +23,10 @@ mod pr;
 use std::fmt;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak, mpsc};
+use std::sync::{Arc, Mutex, PoisonError, Weak, mpsc};
 use std::time::Duration;
+
+use arc_swap::ArcSwap;
 
 use crate::alua::{AluaGroup, AluaView, GatewayGroup};
 
@@ -101,31 +104,59 @@ const ALLOCATION_EXTENTS: usize = 64;
 /// An RBD image as a logical unit's medium.
 pub struct RbdBackstore {
     shared: Arc<Shared>,
-    /// The LU's persistent reservation record, shared with every gateway
-    /// that exports the image.
-    pr: Arc<pr::RbdPrStore>,
-    /// Stops the keeper (first: it uses the image) when the store goes.
-    _keeper: Option<gateway::Keeper>,
     /// The LU's ALUA view, which the keeper sets; `None` outside a group.
     alua: Option<Arc<AluaGroup>>,
-    /// Tripped by an I/O that finds this client blocklisted (in a group).
-    fence: Option<Arc<gateway::Fence>>,
     spec: RbdSpec,
     block_size: u32,
     unique_id: u64,
     /// Dropped with the store: ends the size poll at its next wake-up.
     _stop_poll: mpsc::Sender<()>,
-    /// READ and WRITE through librbd's AIO ([`Backstore::async_io`]).
-    async_io: Arc<RbdAsync>,
 }
 
-/// What the store and its size poll share.
-struct Shared {
-    image: Arc<ffi::Image>,
+/// What every I/O reads of the image, whichever client it goes through.
+#[derive(Debug)]
+struct Medium {
     block_size: u32,
     /// The size in blocks, as last read: every command reads it, only a
     /// resize writes it.
     block_count: AtomicU64,
+    /// Set by the poll when the header is gone: every I/O then fails with
+    /// ENOENT (MEDIUM NOT PRESENT) instead of reaching librbd.
+    removed: AtomicBool,
+}
+
+impl Medium {
+    fn size(&self) -> u64 {
+        self.block_count.load(Ordering::Acquire) * u64::from(self.block_size)
+    }
+
+    /// `Err(ENOENT)` once the image was removed ([`Shared::poll_presence`]).
+    fn present(&self) -> io::Result<()> {
+        if self.removed.load(Ordering::Acquire) {
+            Err(io::Error::from_raw_os_error(2))
+        } else {
+            Ok(())
+        }
+    }
+}
+
+/// What the store and its size poll share.
+struct Shared {
+    /// The client I/O goes through now: replaced when a fenced gateway
+    /// rejoins ([`Shared::rejoin`]).
+    client: ArcSwap<RbdAsync>,
+    medium: Arc<Medium>,
+    fence: Arc<fence::Fence>,
+    /// The LU's persistent reservation record, shared with every gateway
+    /// that exports the image.
+    pr: Arc<pr::RbdPrStore>,
+    /// What connecting a new client takes.
+    reconnect: Reconnect,
+    /// The gateway group and the LU's view in it; `None` outside a group.
+    group: Option<(GatewayGroup, Arc<AluaGroup>)>,
+    /// The current client's keeper (in a group): stopped, and the lock let
+    /// go so that a peer takes over at once, when the store goes.
+    keeper: Mutex<Option<gateway::Keeper>>,
     /// Set by the poll when the size changed, taken by
     /// [`Backstore::take_capacity_change`].
     resized: AtomicBool,
@@ -138,20 +169,132 @@ struct Shared {
     /// image is removed (for 30 s and more: nothing tells it), reading
     /// zeros from the data objects that are gone and writing new ones.
     header: String,
-    /// Set by the poll when the header is gone: every I/O then fails with
-    /// ENOENT (MEDIUM NOT PRESENT) instead of reaching librbd.
-    removed: AtomicBool,
+}
+
+/// Where the store's client connects, kept to connect a new one.
+struct Reconnect {
+    spec: RbdSpec,
+    options: Vec<(String, String)>,
+    /// The image's id: a new client must find the same image, not one
+    /// created under the same name since.
+    image_id: String,
+    /// The last reason a new client failed, logged once until it changes.
+    failing: Mutex<Option<String>>,
+}
+
+impl Reconnect {
+    fn open(&self) -> Result<ffi::Image, ffi::OpenError> {
+        let options: Vec<(&str, &str)> = self
+            .options
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        ffi::Image::open(ffi::Target {
+            conf: self.spec.conf.as_deref(),
+            id: self.spec.id.as_deref(),
+            pool: &self.spec.pool,
+            image: &self.spec.image,
+            options: &options,
+        })
+    }
 }
 
 impl Shared {
+    /// The current client's image.
+    fn image(&self) -> Arc<ffi::Image> {
+        Arc::clone(&self.client.load().image)
+    }
+
+    /// The fence tripped: connects a new client and goes on through it
+    /// (see `fence.rs`). Runs on the poll's thread, a second apart while
+    /// it fails; the reason is logged when it changes.
+    fn rejoin(&self) {
+        // The fenced client's keeper first, so that no look of it runs
+        // once the fence is open again.
+        drop(
+            self.keeper
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let generation = self.fence.generation() + 1;
+        match self.connect_again(generation) {
+            Ok(()) => {
+                *self
+                    .reconnect
+                    .failing
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = None;
+            }
+            Err(why) => {
+                let mut failing = self
+                    .reconnect
+                    .failing
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                if failing.as_deref() != Some(why.as_str()) {
+                    tracing::error!(
+                        "{}: rejoining after the fence: {why}; trying again",
+                        self.name
+                    );
+                    *failing = Some(why);
+                }
+            }
+        }
+    }
+
+    fn connect_again(&self, generation: u64) -> Result<(), String> {
+        let image = self
+            .reconnect
+            .open()
+            .map_err(|e| format!("{}: {}", e.step, e.error))?;
+        let id = image
+            .id()
+            .map_err(|e| format!("reading the image's id: {e}"))?;
+        if id != self.reconnect.image_id {
+            return Err(format!(
+                "the image is another one now (id {id}, was {}): not serving it",
+                self.reconnect.image_id
+            ));
+        }
+        let image = Arc::new(image);
+        // Refused by the fence until it opens for this generation.
+        self.client.store(Arc::new(RbdAsync {
+            image: Arc::clone(&image),
+            generation,
+            medium: Arc::clone(&self.medium),
+            fence: Arc::clone(&self.fence),
+        }));
+        match self.pr.rejoin(Arc::clone(&image), generation) {
+            Ok(true) => {}
+            Ok(false) => return Err("joining the reservation record failed".into()),
+            Err(e) => return Err(format!("watching the reservation record: {e}")),
+        }
+        self.fence.rejoined(generation);
+        if let Some((group, alua)) = &self.group {
+            // The port stays unavailable until the keeper's first look.
+            let keeper = gateway::start(
+                image,
+                generation,
+                self.name.clone(),
+                group.clone(),
+                Arc::clone(alua),
+                Arc::clone(&self.fence),
+            )
+            .map_err(|e| format!("starting the keeper: {e}"))?;
+            *self.keeper.lock().unwrap_or_else(PoisonError::into_inner) = Some(keeper);
+        }
+        Ok(())
+    }
+
     /// Whether the image is still there (its header object exists); says
     /// so in the log when that changes. An error reaching the cluster
     /// leaves the answer as it was.
     fn poll_presence(&self) {
-        let Ok(present) = self.image.object_exists(&self.header) else {
+        let Ok(present) = self.image().object_exists(&self.header) else {
             return;
         };
-        let was_removed = self.removed.swap(!present, Ordering::AcqRel);
+        let was_removed = self.medium.removed.swap(!present, Ordering::AcqRel);
         if !present && !was_removed {
             tracing::error!(
                 "{}: the image was removed (its header {} is gone): every command fails with \
@@ -164,30 +307,21 @@ impl Shared {
         }
     }
 
-    /// `Err(ENOENT)` once the image was removed ([`Shared::poll_presence`]).
-    fn present(&self) -> io::Result<()> {
-        if self.removed.load(Ordering::Acquire) {
-            Err(io::Error::from_raw_os_error(2))
-        } else {
-            Ok(())
-        }
-    }
-
     /// Reads the image's size and publishes a change.
     fn poll_size(&self) {
-        match self.image.size() {
+        match self.image().size() {
             Ok(size) => {
                 if self.failing.swap(0, Ordering::Relaxed) != 0 {
                     tracing::info!("{}: the image answers again", self.name);
                 }
-                let blocks = size / u64::from(self.block_size);
-                let old = self.block_count.swap(blocks, Ordering::AcqRel);
+                let blocks = size / u64::from(self.medium.block_size);
+                let old = self.medium.block_count.swap(blocks, Ordering::AcqRel);
                 if old != blocks {
                     tracing::warn!(
                         "{}: the image was resized to {size} bytes ({blocks} blocks of {}, \
                          was {old}): CAPACITY DATA HAS CHANGED for every nexus",
                         self.name,
-                        self.block_size
+                        self.medium.block_size
                     );
                     self.resized.store(true, Ordering::Release);
                 }
@@ -215,6 +349,10 @@ fn poll_sizes(shared: Weak<Shared>, stop: mpsc::Receiver<()>) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
+        if shared.fence.tripped() {
+            shared.rejoin();
+            continue;
+        }
         shared.poll_presence();
         shared.poll_size();
     }
@@ -256,17 +394,19 @@ impl RbdBackstore {
     ) -> Result<RbdBackstore, BackstoreOpenError> {
         check_block_size(block_size)?;
         let timeout = spec.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S).to_string();
-        let mut options: Vec<(&str, &str)> = CLIENT_OPTIONS.to_vec();
-        options.push(("rados_osd_op_timeout", &timeout));
-        options.push(("rados_mon_op_timeout", &timeout));
-        let image = ffi::Image::open(ffi::Target {
-            conf: spec.conf.as_deref(),
-            id: spec.id.as_deref(),
-            pool: &spec.pool,
-            image: &spec.image,
-            options: &options,
-        })
-        .map_err(|e| {
+        let mut options: Vec<(String, String)> = CLIENT_OPTIONS
+            .iter()
+            .map(|&(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        options.push(("rados_osd_op_timeout".into(), timeout.clone()));
+        options.push(("rados_mon_op_timeout".into(), timeout));
+        let mut reconnect = Reconnect {
+            spec: spec.clone(),
+            options,
+            image_id: String::new(),
+            failing: Mutex::new(None),
+        };
+        let image = reconnect.open().map_err(|e| {
             BackstoreOpenError::Io(io::Error::new(
                 e.error.kind(),
                 format!("rbd:{}/{}: {}: {}", spec.pool, spec.image, e.step, e.error),
@@ -293,42 +433,60 @@ impl RbdBackstore {
             spec.pool,
             image_id
         );
+        reconnect.image_id = image_id.clone();
         let image = Arc::new(image);
         let name = format!("rbd:{}/{}", spec.pool, spec.image);
-        let (alua, fence, keeper) = match group {
-            None => (None, None, None),
-            Some(group) => {
-                let alua = Arc::new(AluaGroup::new(AluaView::owned_by(
-                    group.members.clone(),
-                    None,
-                )));
-                let fence = Arc::new(gateway::Fence::new(
-                    group.port,
-                    name.clone(),
-                    Arc::clone(&alua),
-                ));
-                let keeper = gateway::start(
+        let group = group.map(|group| {
+            let alua = Arc::new(AluaGroup::new(AluaView::owned_by(
+                group.members.clone(),
+                None,
+            )));
+            (group.clone(), alua)
+        });
+        let fence = Arc::new(fence::Fence::new(
+            group.as_ref().map_or(0, |(g, _)| g.port),
+            name.clone(),
+            group.as_ref().map(|(_, alua)| Arc::clone(alua)),
+        ));
+        let keeper = match &group {
+            None => None,
+            Some((group, alua)) => Some(
+                gateway::start(
                     Arc::clone(&image),
+                    fence.generation(),
                     name.clone(),
                     group.clone(),
-                    Arc::clone(&alua),
+                    Arc::clone(alua),
                     Arc::clone(&fence),
                 )
-                .map_err(named("starting the gateway group's keeper"))?;
-                (Some(alua), Some(fence), Some(keeper))
-            }
+                .map_err(named("starting the gateway group's keeper"))?,
+            ),
         };
-        let pr = pr::RbdPrStore::new(Arc::clone(&image), &image_id)
+        let pr = pr::RbdPrStore::new(Arc::clone(&image), &image_id, Arc::clone(&fence))
             .map_err(named("reading this client's address"))?;
-        let shared = Arc::new(Shared {
-            image,
+        let medium = Arc::new(Medium {
             block_size,
             block_count: AtomicU64::new(size / u64::from(block_size)),
+            removed: AtomicBool::new(false),
+        });
+        let alua = group.as_ref().map(|(_, alua)| Arc::clone(alua));
+        let shared = Arc::new(Shared {
+            client: ArcSwap::from_pointee(RbdAsync {
+                image,
+                generation: fence.generation(),
+                medium: Arc::clone(&medium),
+                fence: Arc::clone(&fence),
+            }),
+            medium,
+            fence,
+            pr: Arc::new(pr),
+            reconnect,
+            group,
+            keeper: Mutex::new(keeper),
             resized: AtomicBool::new(false),
             failing: AtomicU64::new(0),
             name,
             header: format!("rbd_header.{image_id}"),
-            removed: AtomicBool::new(false),
         });
         let (stop_poll, stop) = mpsc::channel();
         let weak = Arc::downgrade(&shared);
@@ -336,17 +494,9 @@ impl RbdBackstore {
             .name("rbd-size".into())
             .spawn(move || poll_sizes(weak, stop))
             .map_err(|e| BackstoreOpenError::Io(named("starting the size poll")(e)))?;
-        let async_io = Arc::new(RbdAsync {
-            shared: Arc::clone(&shared),
-            fence: fence.clone(),
-        });
         Ok(RbdBackstore {
-            _keeper: keeper,
             alua,
-            fence,
             shared,
-            async_io,
-            pr: Arc::new(pr),
             spec: spec.clone(),
             block_size,
             unique_id: fnv1a(identity.as_bytes()),
@@ -354,20 +504,16 @@ impl RbdBackstore {
         })
     }
 
-    /// Passes an I/O error on; in a gateway group, one that says this
-    /// client was blocklisted first trips the fence (see `gateway::Fence`).
-    fn failed(&self, e: io::Error) -> io::Error {
-        fenced(self.fence.as_deref(), e)
-    }
-
     fn size(&self) -> u64 {
-        self.block_count() * u64::from(self.block_size)
+        self.shared.medium.size()
     }
 
-    /// The image, unless it was removed ([`Shared::present`]).
-    fn image(&self) -> io::Result<&ffi::Image> {
-        self.shared.present()?;
-        Ok(&self.shared.image)
+    /// The client to run a command through, unless the image was removed
+    /// ([`Medium::present`]) or the client is fenced ([`fence::Fence`]).
+    fn client(&self) -> io::Result<Arc<RbdAsync>> {
+        let client = self.shared.client.load_full();
+        client.admit()?;
+        Ok(client)
     }
 
     /// Reads the size now instead of at the next poll (tests).
@@ -377,42 +523,46 @@ impl RbdBackstore {
     }
 }
 
-/// Passes an I/O error on, tripping `fence` first when the error says this
-/// client was blocklisted (see `gateway::Fence`).
-fn fenced(fence: Option<&gateway::Fence>, e: io::Error) -> io::Error {
-    match fence {
-        Some(fence) => fence.check(e),
-        None => e,
-    }
-}
-
-/// The store's READ and WRITE through librbd's AIO (`ffi/aio.rs`): the
-/// command waits on the target's task, woken through the image's eventfd,
-/// instead of holding a pool thread through a synchronous call.
+/// One RADOS client of the LU, and the store's READ and WRITE through
+/// librbd's AIO on it (`ffi/aio.rs`): the command waits on the target's
+/// task, woken through the image's eventfd, instead of holding a pool
+/// thread through a synchronous call. A command planned on a client that
+/// has been fenced since fails instead of reaching its successor.
 struct RbdAsync {
-    shared: Arc<Shared>,
-    fence: Option<Arc<gateway::Fence>>,
+    image: Arc<ffi::Image>,
+    /// Its generation ([`fence::Fence`]).
+    generation: u64,
+    medium: Arc<Medium>,
+    fence: Arc<fence::Fence>,
 }
 
 impl RbdAsync {
-    fn size(&self) -> u64 {
-        self.shared.block_count.load(Ordering::Acquire) * u64::from(self.shared.block_size)
+    /// `Ok` while this client may serve and the image is there.
+    fn admit(&self) -> io::Result<()> {
+        self.medium.present()?;
+        self.fence.admit(self.generation)
+    }
+
+    /// Passes an I/O error on, tripping the fence first when it says this
+    /// client was blocklisted.
+    fn failed(&self, e: io::Error) -> io::Error {
+        self.fence.check(self.generation, e)
     }
 }
 
 impl AsyncIo for RbdAsync {
     fn read(&self, offset: u64, buf: Vec<u8>) -> IoFuture<(Vec<u8>, io::Result<()>)> {
-        if let Err(e) = check_range(offset, buf.len() as u64, self.size()) {
+        if let Err(e) = check_range(offset, buf.len() as u64, self.medium.size()) {
             return Box::pin(std::future::ready((buf, Err(e))));
         }
-        if let Err(e) = self.shared.present() {
+        if let Err(e) = self.admit() {
             return Box::pin(std::future::ready((buf, Err(e))));
         }
-        let read = self.shared.image.aio_read(offset, buf);
-        let fence = self.fence.clone();
+        let read = self.image.aio_read(offset, buf);
+        let (fence, generation) = (Arc::clone(&self.fence), self.generation);
         Box::pin(async move {
             let (buf, r) = read.await;
-            (buf, r.map_err(|e| fenced(fence.as_deref(), e)))
+            (buf, r.map_err(|e| fence.check(generation, e)))
         })
     }
 
@@ -426,15 +576,15 @@ impl AsyncIo for RbdAsync {
         len: usize,
         through: bool,
     ) -> IoFuture<io::Result<()>> {
-        if let Err(e) = check_range(offset, len as u64, self.size()) {
+        if let Err(e) = check_range(offset, len as u64, self.medium.size()) {
             return Box::pin(std::future::ready(Err(e)));
         }
-        if let Err(e) = self.shared.present() {
+        if let Err(e) = self.admit() {
             return Box::pin(std::future::ready(Err(e)));
         }
-        let write = self.shared.image.aio_write(offset, data, len, fua(through));
-        let fence = self.fence.clone();
-        Box::pin(async move { write.await.map_err(|e| fenced(fence.as_deref(), e)) })
+        let write = self.image.aio_write(offset, data, len, fua(through));
+        let (fence, generation) = (Arc::clone(&self.fence), self.generation);
+        Box::pin(async move { write.await.map_err(|e| fence.check(generation, e)) })
     }
 }
 
@@ -456,19 +606,19 @@ impl Backstore for RbdBackstore {
     }
 
     fn block_count(&self) -> u64 {
-        self.shared.block_count.load(Ordering::Acquire)
+        self.shared.medium.block_count.load(Ordering::Acquire)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image()?.read(offset, buf).map_err(|e| self.failed(e))
+        let c = self.client()?;
+        c.image.read(offset, buf).map_err(|e| c.failed(e))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image()?
-            .write(offset, buf, 0)
-            .map_err(|e| self.failed(e))
+        let c = self.client()?;
+        c.image.write(offset, buf, 0).map_err(|e| c.failed(e))
     }
 
     /// FUA on the write itself: with the client's cache off a completed
@@ -476,9 +626,10 @@ impl Backstore for RbdBackstore {
     /// file turns a cache on; no image-wide flush.
     fn write_through(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
         check_range(offset, buf.len() as u64, self.size())?;
-        self.image()?
+        let c = self.client()?;
+        c.image
             .write(offset, buf, ffi::OP_FLAG_FADVISE_FUA)
-            .map_err(|e| self.failed(e))
+            .map_err(|e| c.failed(e))
     }
 
     /// One request for all the pieces, gathered into one buffer: the
@@ -494,9 +645,8 @@ impl Backstore for RbdBackstore {
             let n = piece.len().min(len - whole.len());
             whole.extend_from_slice(&piece[..n]);
         }
-        self.image()?
-            .write(offset, &whole, 0)
-            .map_err(|e| self.failed(e))
+        let c = self.client()?;
+        c.image.write(offset, &whole, 0).map_err(|e| c.failed(e))
     }
 
     /// As [`Backstore::write_pieces`]: with the client's cache off a
@@ -511,14 +661,14 @@ impl Backstore for RbdBackstore {
     }
 
     fn flush(&self) -> io::Result<()> {
-        self.image()?.flush().map_err(|e| self.failed(e))
+        let c = self.client()?;
+        c.image.flush().map_err(|e| c.failed(e))
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
         check_range(offset, len, self.size())?;
-        self.image()?
-            .discard(offset, len)
-            .map_err(|e| self.failed(e))
+        let c = self.client()?;
+        c.image.discard(offset, len).map_err(|e| c.failed(e))
     }
 
     fn unique_id(&self) -> u64 {
@@ -530,7 +680,7 @@ impl Backstore for RbdBackstore {
     }
 
     fn async_io(&self) -> Option<Arc<dyn AsyncIo>> {
-        Some(Arc::clone(&self.async_io) as Arc<dyn AsyncIo>)
+        Some(self.shared.client.load_full() as Arc<dyn AsyncIo>)
     }
 
     /// In the OSD when the range lies in one 512-byte sector (librbd
@@ -552,10 +702,10 @@ impl Backstore for RbdBackstore {
         if let Err(e) = check_range(offset, len, self.size()) {
             return Some(Err(e));
         }
-        Some(self.image().and_then(|image| {
-            image
+        Some(self.client().and_then(|c| {
+            c.image
                 .compare_and_write(offset, expect, data, fua(through))
-                .map_err(|e| self.failed(e))
+                .map_err(|e| c.failed(e))
         }))
     }
 
@@ -569,10 +719,10 @@ impl Backstore for RbdBackstore {
         if let Err(e) = check_range(offset, len, self.size()) {
             return Some(Err(e));
         }
-        Some(self.image().and_then(|image| {
-            image
+        Some(self.client().and_then(|c| {
+            c.image
                 .write_same(offset, len, pattern, fua(through))
-                .map_err(|e| self.failed(e))
+                .map_err(|e| c.failed(e))
         }))
     }
 
@@ -585,10 +735,11 @@ impl Backstore for RbdBackstore {
         }
         check_range(offset, max_len, self.size())?;
         let window = max_len.min(ALLOCATION_WINDOW);
-        let extents = self
-            .image()?
+        let c = self.client()?;
+        let extents = c
+            .image
             .allocated(offset, window, ALLOCATION_EXTENTS)
-            .map_err(|e| self.failed(e))?;
+            .map_err(|e| c.failed(e))?;
         Ok(run_from(offset, window, &extents))
     }
 
@@ -598,7 +749,7 @@ impl Backstore for RbdBackstore {
     }
 
     fn shared_pr(&self) -> Option<Arc<dyn SharedPrStore>> {
-        Some(Arc::clone(&self.pr) as Arc<dyn SharedPrStore>)
+        Some(Arc::clone(&self.shared.pr) as Arc<dyn SharedPrStore>)
     }
 
     fn alua(&self) -> Option<Arc<AluaGroup>> {

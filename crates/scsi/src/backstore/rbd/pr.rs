@@ -14,9 +14,12 @@ use std::io;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
+use arc_swap::ArcSwap;
+
+use super::fence::Fence;
 use super::ffi::Image;
 use super::ffi::rados::{EBLOCKLISTED, WatchEvent, WatchEvents, WatchGuard};
-use crate::backstore::{PrEventHandler, SharedPrStore};
+use crate::backstore::{PrEvent, PrEventHandler, SharedPrStore};
 
 /// How long a notify waits for every gateway's acknowledgement; a gateway
 /// that takes longer is fenced. Reloading is one small object read, so a
@@ -32,42 +35,114 @@ const MAX_RECORD: usize = 1 << 20;
 /// The xattr holding the epoch, as decimal ASCII.
 const EPOCH_XATTR: &str = "epoch";
 
-/// The record of one LU, through that LU's own RADOS client.
-#[derive(Debug)]
+/// The record of one LU, through that LU's own RADOS client (replaced
+/// when a fenced gateway rejoins: [`RbdPrStore::rejoin`]).
 pub(crate) struct RbdPrStore {
-    inner: Arc<Inner>,
+    inner: ArcSwap<Inner>,
+    /// What [`SharedPrStore::watch`] was given, for the watch of a new
+    /// client.
+    handler: Mutex<Option<PrEventHandler>>,
+    fence: Arc<Fence>,
 }
 
+impl std::fmt::Debug for RbdPrStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RbdPrStore")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One client's view of the record.
 #[derive(Debug)]
 struct Inner {
     image: Arc<Image>,
+    /// The client's generation ([`Fence`]).
+    generation: u64,
     oid: String,
     gid: u64,
     addr: String,
     watch: Mutex<Option<WatchGuard>>,
 }
 
-impl RbdPrStore {
-    /// The store of the image `image` whose id is `image_id`.
-    pub(crate) fn new(image: Arc<Image>, image_id: &str) -> io::Result<RbdPrStore> {
+impl Inner {
+    fn new(image: Arc<Image>, generation: u64, oid: String) -> io::Result<Inner> {
         let gid = image.instance_id();
         let addr = blocklist_addr(&image.addrs()?)?;
+        Ok(Inner {
+            image,
+            generation,
+            oid,
+            gid,
+            addr,
+            watch: Mutex::new(None),
+        })
+    }
+}
+
+impl RbdPrStore {
+    /// The store of the image `image` whose id is `image_id`, through the
+    /// client of `fence`'s current generation.
+    pub(crate) fn new(
+        image: Arc<Image>,
+        image_id: &str,
+        fence: Arc<Fence>,
+    ) -> io::Result<RbdPrStore> {
+        let inner = Inner::new(image, fence.generation(), format!("iscsi-rs.pr.{image_id}"))?;
         Ok(RbdPrStore {
-            inner: Arc::new(Inner {
-                image,
-                oid: format!("iscsi-rs.pr.{image_id}"),
-                gid,
-                addr,
-                watch: Mutex::new(None),
-            }),
+            inner: ArcSwap::from_pointee(inner),
+            handler: Mutex::new(None),
+            fence,
         })
     }
 
     /// The object's name.
     #[cfg(test)]
-    pub(crate) fn oid(&self) -> &str {
-        &self.inner.oid
+    pub(crate) fn oid(&self) -> String {
+        self.inner.load().oid.clone()
     }
+
+    /// Goes on through `image`, a new client of generation `generation`
+    /// (the old one was fenced): watches through it, then tells the SCSI
+    /// layer ([`PrEvent::Rejoined`]), which joins the record with it.
+    /// Whether the LU may serve again (`true` when nobody watches).
+    pub(crate) fn rejoin(&self, image: Arc<Image>, generation: u64) -> io::Result<bool> {
+        let oid = self.inner.load().oid.clone();
+        let inner = Arc::new(Inner::new(image, generation, oid)?);
+        let handler = self
+            .handler
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let Some(handler) = handler else {
+            self.inner.store(inner);
+            return Ok(true);
+        };
+        let events = inner.rewatch()?;
+        // The old client's watch thread ends when its watch goes with it.
+        self.inner.store(Arc::clone(&inner));
+        spawn_watch(
+            &inner,
+            events,
+            Arc::clone(&handler),
+            Arc::clone(&self.fence),
+        )?;
+        Ok(handler(PrEvent::Rejoined))
+    }
+}
+
+/// Starts the thread that hands `inner`'s watch events to `handler`.
+fn spawn_watch(
+    inner: &Arc<Inner>,
+    events: WatchEvents,
+    handler: PrEventHandler,
+    fence: Arc<Fence>,
+) -> io::Result<()> {
+    let weak = Arc::downgrade(inner);
+    std::thread::Builder::new()
+        .name("rbd-pr-watch".into())
+        .spawn(move || run_watch(weak, events, handler, fence))?;
+    Ok(())
 }
 
 /// One entity address out of `rados_getaddrs`'s vector
@@ -97,13 +172,15 @@ pub(crate) fn blocklist_addr(addrs: &str) -> io::Result<String> {
 
 impl SharedPrStore for RbdPrStore {
     fn read(&self) -> io::Result<Option<Vec<u8>>> {
-        self.inner.image.object_read(&self.inner.oid, MAX_RECORD)
+        let inner = self.inner.load();
+        inner.image.object_read(&inner.oid, MAX_RECORD)
     }
 
     fn write_if(&self, expected: Option<u64>, epoch: u64, bytes: &[u8]) -> io::Result<bool> {
         let old = expected.map(|e| e.to_string());
-        self.inner.image.object_cas(
-            &self.inner.oid,
+        let inner = self.inner.load();
+        inner.image.object_cas(
+            &inner.oid,
             EPOCH_XATTR,
             old.as_deref().map(str::as_bytes),
             epoch.to_string().as_bytes(),
@@ -112,31 +189,29 @@ impl SharedPrStore for RbdPrStore {
     }
 
     fn notify(&self) -> io::Result<Vec<u64>> {
-        let reply = self
-            .inner
-            .image
-            .notify(&self.inner.oid, b"pr", NOTIFY_TIMEOUT_MS)?;
+        let inner = self.inner.load();
+        let reply = inner.image.notify(&inner.oid, b"pr", NOTIFY_TIMEOUT_MS)?;
         Ok(reply.acked.into_iter().map(|(gid, _)| gid).collect())
     }
 
     fn fence(&self, addrs: &[String]) -> io::Result<()> {
+        let inner = self.inner.load();
         for a in addrs {
-            self.inner.image.blocklist_add(a, 0)?;
+            inner.image.blocklist_add(a, 0)?;
         }
-        self.inner.image.wait_for_latest_osdmap()
+        inner.image.wait_for_latest_osdmap()
     }
 
     fn me(&self) -> (u64, String) {
-        (self.inner.gid, self.inner.addr.clone())
+        let inner = self.inner.load();
+        (inner.gid, inner.addr.clone())
     }
 
     fn watch(&self, on_event: PrEventHandler) -> io::Result<()> {
-        let events = self.inner.rewatch()?;
-        let weak = Arc::downgrade(&self.inner);
-        std::thread::Builder::new()
-            .name("rbd-pr-watch".into())
-            .spawn(move || run_watch(weak, events, on_event))?;
-        Ok(())
+        *self.handler.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::clone(&on_event));
+        let inner = self.inner.load_full();
+        let events = inner.rewatch()?;
+        spawn_watch(&inner, events, on_event, Arc::clone(&self.fence))
     }
 }
 
@@ -151,21 +226,26 @@ impl Inner {
     }
 }
 
-/// The watch thread: each notify is handled (`on_event(false)`) and then
-/// acknowledged if that says so; a broken watch is reported (`on_event(true)`) and
+/// The watch thread: each notify is handled ([`PrEvent::Changed`]) and then
+/// acknowledged if that says so; a broken watch is reported ([`PrEvent::Broken`]) and
 /// registered again, each second until that works (a fenced client never
-/// does, and its LU's reservation state stays stale). Ends when the store
-/// is dropped (its watch's pipe closes).
-fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: PrEventHandler) {
+/// does: it trips the fence, and the store rejoins with a new client and a
+/// watch thread of its own). Ends when its client is dropped (its watch's
+/// pipe closes).
+fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: PrEventHandler, fence: Arc<Fence>) {
     let mut events = Some(first);
     loop {
         let Some(current) = &events else {
             std::thread::sleep(Duration::from_secs(1));
             let Some(inner) = weak.upgrade() else { return };
+            if !fence.serving(inner.generation) {
+                // This client is done with: a new one watches.
+                return;
+            }
             if let Ok(fresh) = inner.rewatch() {
                 events = Some(fresh);
                 drop(inner);
-                let _ = on_event(false);
+                let _ = on_event(PrEvent::Changed);
             }
             continue;
         };
@@ -175,7 +255,7 @@ fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: PrEventHandler) {
             WatchEvent::Notify {
                 notify_id, cookie, ..
             } => {
-                if !on_event(false) {
+                if !on_event(PrEvent::Changed) {
                     eprintln!(
                         "rbd: not acknowledging a reservation notify on {}: the change could not be loaded",
                         inner.oid
@@ -188,17 +268,19 @@ fn run_watch(weak: Weak<Inner>, first: WatchEvents, on_event: PrEventHandler) {
                 }
             }
             WatchEvent::Error { err, .. } => {
-                let _ = on_event(true);
+                if !fence.serving(inner.generation) {
+                    return;
+                }
+                let _ = on_event(PrEvent::Broken);
                 if -err == EBLOCKLISTED {
-                    eprintln!(
-                        "rbd: this gateway's client of {} was blocklisted (fenced by another gateway)",
-                        inner.oid
-                    );
+                    // The store rejoins with a new client.
+                    fence.trip(inner.generation);
+                    return;
                 }
                 events = inner.rewatch().ok();
                 drop(inner);
                 if events.is_some() {
-                    let _ = on_event(false);
+                    let _ = on_event(PrEvent::Changed);
                 }
             }
         }

@@ -444,7 +444,7 @@ fn a_removed_image_fails_every_io_with_medium_not_present() {
     // `rbd rm` refuses while the gateway has the image open (its watch);
     // what gets it removed under a gateway is a cluster that lost the
     // gateway's watch (a partition) or a forced removal: the header goes.
-    let oid = format!("rbd_header.{}", store.shared.image.id().unwrap());
+    let oid = format!("rbd_header.{}", store.shared.image().id().unwrap());
     let out = Command::new("rados")
         .args(["-c", &conf(), "-p", "rbd", "rm", &oid])
         .output()
@@ -485,23 +485,23 @@ fn the_lock_moves_only_when_broken_and_the_old_holder_is_fenced() {
     let image = TestImage::new("lock", "16M");
     let a = RbdBackstore::open(&image.spec(), 512).unwrap();
     let b = RbdBackstore::open(&image.spec(), 512).unwrap();
-    assert!(a.shared.image.lock_owners().unwrap().is_empty());
-    a.shared.image.lock_acquire().unwrap();
-    assert!(a.shared.image.is_lock_owner().unwrap());
-    assert!(!b.shared.image.is_lock_owner().unwrap());
-    let owners = b.shared.image.lock_owners().unwrap();
+    assert!(a.shared.image().lock_owners().unwrap().is_empty());
+    a.shared.image().lock_acquire().unwrap();
+    assert!(a.shared.image().is_lock_owner().unwrap());
+    assert!(!b.shared.image().is_lock_owner().unwrap());
+    let owners = b.shared.image().lock_owners().unwrap();
     assert_eq!(owners.len(), 1, "{owners:?}");
     // Application-managed: B cannot simply take it.
-    assert!(b.shared.image.lock_acquire().is_err());
-    b.shared.image.lock_break(&owners[0]).unwrap();
-    b.shared.image.lock_acquire().unwrap();
-    assert!(b.shared.image.is_lock_owner().unwrap());
+    assert!(b.shared.image().lock_acquire().is_err());
+    b.shared.image().lock_break(&owners[0]).unwrap();
+    b.shared.image().lock_acquire().unwrap();
+    assert!(b.shared.image().is_lock_owner().unwrap());
     b.write_at(0, &[7u8; 512]).unwrap();
     // A was blocklisted by the break: its writes fail with ESHUTDOWN.
     let e = a.write_at(0, &[1u8; 512]).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(108), "{e}");
-    b.shared.image.lock_release().unwrap();
-    assert!(b.shared.image.lock_owners().unwrap().is_empty());
+    b.shared.image().lock_release().unwrap();
+    assert!(b.shared.image().lock_owners().unwrap().is_empty());
     // Unblocklist A's client is not needed: it goes with `a`.
 }
 
@@ -510,7 +510,11 @@ fn metadata_and_xattrs_read_back() {
     let image = TestImage::new("meta", "16M");
     let store = RbdBackstore::open(&image.spec(), 512).unwrap();
     assert_eq!(
-        store.shared.image.metadata(gateway::PREFERRED_KEY).unwrap(),
+        store
+            .shared
+            .image()
+            .metadata(gateway::PREFERRED_KEY)
+            .unwrap(),
         None
     );
     let out = Command::new("rbd")
@@ -529,30 +533,30 @@ fn metadata_and_xattrs_read_back() {
     assert_eq!(
         store
             .shared
-            .image
+            .image()
             .metadata(gateway::PREFERRED_KEY)
             .unwrap()
             .as_deref(),
         Some("2")
     );
     // The header object: it goes with the image.
-    let oid = format!("rbd_header.{}", store.shared.image.id().unwrap());
-    assert_eq!(store.shared.image.xattr(&oid, "test.hb.1").unwrap(), None);
+    let oid = format!("rbd_header.{}", store.shared.image().id().unwrap());
+    assert_eq!(store.shared.image().xattr(&oid, "test.hb.1").unwrap(), None);
     store
         .shared
-        .image
+        .image()
         .set_xattr(&oid, "test.hb.1", b"42")
         .unwrap();
     assert_eq!(
         store
             .shared
-            .image
+            .image()
             .xattr(&oid, "test.hb.1")
             .unwrap()
             .as_deref(),
         Some(&b"42"[..])
     );
-    assert_eq!(store.shared.image.xattr(&oid, "test.hb.2").unwrap(), None);
+    assert_eq!(store.shared.image().xattr(&oid, "test.hb.2").unwrap(), None);
 }
 
 /// Two gateways in one group over one image: one owns it (active/optimized
@@ -587,14 +591,14 @@ fn two_gateways_agree_on_one_owner_and_the_survivor_takes_over() {
     };
     settled([ActiveOptimized, Standby]);
     assert_eq!(ga.view(), gb.view());
-    assert!(a.shared.image.is_lock_owner().unwrap());
+    assert!(a.shared.image().is_lock_owner().unwrap());
     drop(a);
     let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
     while gb.state_of(2) != ActiveOptimized {
         assert!(std::time::Instant::now() < until, "{:?}", gb.view());
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
-    assert!(b.shared.image.is_lock_owner().unwrap());
+    assert!(b.shared.image().is_lock_owner().unwrap());
     b.write_at(0, &[3u8; 512]).unwrap();
 }
 

@@ -150,7 +150,7 @@ fn aio_a_short_read_past_the_end_is_an_error() {
     // Past the range check of the store, straight to librbd, which reads
     // to the end and reports fewer bytes.
     let end = 4u64 << 20;
-    let (_, r) = rt.block_on(store.shared.image.aio_read(end - 512, vec![0; 4096]));
+    let (_, r) = rt.block_on(store.shared.image().aio_read(end - 512, vec![0; 4096]));
     let e = r.unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof, "{e:?}");
     // Through the store: refused by its range check, with no request made.

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::*;
+use crate::backstore::PrEvent;
 use crate::pr_record::PrRecord;
 use crate::{CommandOutcome, Nexus, ScsiTarget, TargetIdentity, encode_lun, status};
 
@@ -23,8 +24,8 @@ fn store(image: &TestImage) -> RbdBackstore {
 fn objects_compare_and_set_stat_and_remove() {
     let image = TestImage::new("pr-obj", "8M");
     let s = store(&image);
-    let oid = format!("{}.test", s.pr.oid());
-    let img = &s.shared.image;
+    let oid = format!("{}.test", s.shared.pr.oid());
+    let img = &s.shared.image();
     img.object_remove(&oid).unwrap();
     assert_eq!(img.object_read(&oid, 64).unwrap(), None);
     assert_eq!(img.object_stat(&oid).unwrap(), None);
@@ -61,56 +62,99 @@ fn objects_compare_and_set_stat_and_remove() {
 fn a_notify_reaches_a_second_client_which_handles_it_before_acking() {
     let image = TestImage::new("pr-notify", "8M");
     let (a, b) = (store(&image), store(&image));
-    assert!(a.pr.write_if(None, 1, b"x").unwrap());
+    assert!(a.shared.pr.write_if(None, 1, b"x").unwrap());
     let handled = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&handled);
-    b.pr.watch(Box::new(move |broken| {
-        assert!(!broken);
-        // Slow on purpose: the notifier must still see this done.
-        std::thread::sleep(Duration::from_millis(200));
-        seen.fetch_add(1, Ordering::SeqCst);
-        true
-    }))
-    .unwrap();
-    let (a_gid, a_addr) = a.pr.me();
-    let (b_gid, _) = b.pr.me();
+    b.shared
+        .pr
+        .watch(Arc::new(move |event| {
+            assert_eq!(event, PrEvent::Changed);
+            // Slow on purpose: the notifier must still see this done.
+            std::thread::sleep(Duration::from_millis(200));
+            seen.fetch_add(1, Ordering::SeqCst);
+            true
+        }))
+        .unwrap();
+    let (a_gid, a_addr) = a.shared.pr.me();
+    let (b_gid, _) = b.shared.pr.me();
     assert_ne!(a_gid, b_gid);
     assert!(a_addr.contains('/'), "{a_addr}");
-    let acked = a.pr.notify().unwrap();
+    let acked = a.shared.pr.notify().unwrap();
     assert_eq!(acked, vec![b_gid]);
     assert_eq!(handled.load(Ordering::SeqCst), 1);
     // Dropping the watcher unwatches: nobody is left to ack.
     drop(b);
-    assert!(a.pr.notify().unwrap().is_empty());
+    assert!(a.shared.pr.notify().unwrap().is_empty());
 }
 
+/// A fenced client fails its writes and hears its watch break; the store
+/// then connects a new client, rejoins through it (its handler told so,
+/// before any I/O goes through it) and serves again, with a new address
+/// and a watch that hears notifies.
 #[test]
-fn a_fenced_client_fails_its_writes_and_hears_its_watch_break() {
+fn a_fenced_client_fails_its_writes_and_the_store_rejoins_with_a_new_one() {
     let image = TestImage::new("pr-fence", "8M");
     let (a, b) = (store(&image), store(&image));
-    assert!(a.pr.write_if(None, 1, b"x").unwrap());
+    assert!(a.shared.pr.write_if(None, 1, b"x").unwrap());
     let broke = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&broke);
-    b.pr.watch(Box::new(move |broken| {
-        if broken {
-            seen.fetch_add(1, Ordering::SeqCst);
-        }
-        true
-    }))
-    .unwrap();
+    let rejoined = Arc::new(AtomicUsize::new(0));
+    let changed = Arc::new(AtomicUsize::new(0));
+    let (seen_broke, seen_rejoined, seen_changed) = (
+        Arc::clone(&broke),
+        Arc::clone(&rejoined),
+        Arc::clone(&changed),
+    );
+    b.shared
+        .pr
+        .watch(Arc::new(move |event| {
+            match event {
+                PrEvent::Broken => &seen_broke,
+                PrEvent::Rejoined => &seen_rejoined,
+                PrEvent::Changed => &seen_changed,
+            }
+            .fetch_add(1, Ordering::SeqCst);
+            true
+        }))
+        .unwrap();
     b.write_at(0, &[1u8; 512]).unwrap();
-    let (_, b_addr) = b.pr.me();
-    a.pr.fence(&[b_addr]).unwrap();
+    let (b_gid, b_addr) = b.shared.pr.me();
+    a.shared.pr.fence(std::slice::from_ref(&b_addr)).unwrap();
     let err = b.write_at(0, &[2u8; 512]).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    // Planned on the fenced client: refused by the fence even after the
+    // new client serves.
+    let stale = b.async_io().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while broke.load(Ordering::SeqCst) == 0 {
-        assert!(Instant::now() < deadline, "the fenced watch never broke");
+    while b.write_at(0, &[3u8; 512]).is_err() {
+        assert!(Instant::now() < deadline, "the store never rejoined");
         std::thread::sleep(Duration::from_millis(100));
     }
+    assert_eq!(broke.load(Ordering::SeqCst), 1);
+    assert_eq!(rejoined.load(Ordering::SeqCst), 1);
+    let (new_gid, new_addr) = b.shared.pr.me();
+    assert!(
+        new_gid != b_gid && new_addr != b_addr,
+        "{new_addr} {b_addr}"
+    );
     let mut back = [0u8; 512];
     a.read_at(0, &mut back).unwrap();
-    assert_eq!(back, [1u8; 512]);
+    assert_eq!(back, [3u8; 512]);
+    // The new client watches: a notify reaches it and it acknowledges.
+    let before = changed.load(Ordering::SeqCst);
+    assert_eq!(a.shared.pr.notify().unwrap(), vec![new_gid]);
+    assert_eq!(changed.load(Ordering::SeqCst), before + 1);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let data: Box<dyn crate::backstore::WriteData> = Box::new(vec![4u8; 512]);
+    let err = rt.block_on(stale.write(0, data, 512, false)).unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    a.read_at(0, &mut back).unwrap();
+    assert_eq!(
+        back, [3u8; 512],
+        "a write planned on the fenced client landed"
+    );
 }
 
 fn target(image: &TestImage) -> ScsiTarget {
@@ -201,12 +245,12 @@ fn two_gateways_share_one_state() {
 /// epoch without telling anybody (a gateway whose notify is still on the
 /// way); the new epoch.
 fn change_behind(s: &RbdBackstore, change: impl FnOnce(&mut PrRecord) -> Vec<u8>) -> u64 {
-    let bytes = s.pr.read().unwrap().unwrap();
+    let bytes = s.shared.pr.read().unwrap().unwrap();
     let mut rec = PrRecord::decode(&bytes).unwrap();
     let old = rec.epoch;
     rec.epoch += 1;
     let bytes = change(&mut rec);
-    assert!(s.pr.write_if(Some(old), old + 1, &bytes).unwrap());
+    assert!(s.shared.pr.write_if(Some(old), old + 1, &bytes).unwrap());
     old + 1
 }
 
@@ -233,7 +277,7 @@ fn a_lost_compare_and_set_is_applied_again_on_the_new_state() {
     // both registrations survive.
     assert_eq!(prout(&g1, &a, 0x01, 1, 0xA1, 0, 0), CommandOutcome::GOOD);
     assert_eq!(keys(&g1, &a), (2, vec![0xA1, 0xB2]));
-    let rec = PrRecord::decode(&side.pr.read().unwrap().unwrap()).unwrap();
+    let rec = PrRecord::decode(&side.shared.pr.read().unwrap().unwrap()).unwrap();
     assert_eq!(rec.registration_count(), 2);
     assert!(rec.is_reserved());
 }
@@ -245,12 +289,12 @@ fn a_damaged_record_is_refused_and_the_state_stays_stale_until_a_good_one() {
     let side = store(&image);
     let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
     assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 0), CommandOutcome::GOOD);
-    let good = side.pr.read().unwrap().unwrap();
+    let good = side.shared.pr.read().unwrap().unwrap();
     let epoch = change_behind(&side, |_| b"IRPR\x01\x00garbage".to_vec());
     // Gateway 1 cannot load it: it does not acknowledge (a notifier that
     // lists it would fence it).
     let g1_gid = PrRecord::decode(&good).unwrap().gateways[0].gid;
-    assert!(!side.pr.notify().unwrap().contains(&g1_gid));
+    assert!(!side.shared.pr.notify().unwrap().contains(&g1_gid));
     let unreachable = crate::Sense::new(crate::SenseKey::NotReady, crate::Asc::new(0x08, 0x00));
     let (o, _) = run(&g1, &a, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
     assert_eq!(o.sense, Some(unreachable));
@@ -262,11 +306,12 @@ fn a_damaged_record_is_refused_and_the_state_stays_stale_until_a_good_one() {
     let mut rec = PrRecord::decode(&good).unwrap();
     rec.epoch = epoch + 1;
     assert!(
-        side.pr
+        side.shared
+            .pr
             .write_if(Some(epoch), epoch + 1, &rec.encode())
             .unwrap()
     );
-    assert!(side.pr.notify().unwrap().contains(&g1_gid));
+    assert!(side.shared.pr.notify().unwrap().contains(&g1_gid));
     assert_eq!(keys(&g1, &a), (1, vec![0xA1]));
 }
 
@@ -303,7 +348,7 @@ fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() 
     let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
     // A gateway that joined the record and watches, but answers no notify
     // in time (stopped, partitioned).
-    let (gid, addr) = late.pr.me();
+    let (gid, addr) = late.shared.pr.me();
     change_behind(&late, |rec| {
         rec.gateways.push(crate::pr_record::Gateway {
             gid,
@@ -311,8 +356,9 @@ fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() 
         });
         rec.encode()
     });
-    late.pr
-        .watch(Box::new(|_| {
+    late.shared
+        .pr
+        .watch(std::sync::Arc::new(|_| {
             std::thread::sleep(Duration::from_secs(8));
             true
         }))
@@ -339,7 +385,7 @@ fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() 
 
 /// The record as a fresh client reads it.
 fn late_free_read(image: &TestImage) -> Vec<u8> {
-    store(image).pr.read().unwrap().unwrap()
+    store(image).shared.pr.read().unwrap().unwrap()
 }
 
 /// SPC-2 RESERVE(6) is one reservation for the whole group: through one
@@ -367,7 +413,8 @@ fn spc2_reservations_and_lu_resets_span_the_group() {
     assert_eq!(run(&g2, &b, &RELEASE6, &[]).0, CommandOutcome::GOOD);
     assert_eq!(write10(&g2, &b).status, conflict);
     assert_eq!(write10(&g1, &a), CommandOutcome::GOOD);
-    let record = |s: &RbdBackstore| PrRecord::decode(&s.pr.read().unwrap().unwrap()).unwrap();
+    let record =
+        |s: &RbdBackstore| PrRecord::decode(&s.shared.pr.read().unwrap().unwrap()).unwrap();
     let side = store(&image);
     assert!(record(&side).is_spc2_reserved());
 
@@ -414,4 +461,61 @@ fn spc2_reservations_and_lu_resets_span_the_group() {
     assert_eq!(o.sense.map(|s| s.asc.asc), Some(0x29));
     assert_eq!(write10(&g2, &b), CommandOutcome::GOOD);
     assert_eq!(record(&side).resets, 2);
+}
+
+/// A gateway fenced as the reservation changes (as one that missed a
+/// notify is) rejoins with a new client and the state it missed: its
+/// nexus preempted meanwhile gets RESERVATION CONFLICT through it, the
+/// record lists its new client, and later changes reach it again.
+#[test]
+fn a_fenced_gateway_rejoins_with_the_reservation_state_it_missed() {
+    let image = TestImage::new("pr-rejoin", "8M");
+    let s1 = Arc::new(store(&image));
+    let g1 = ScsiTarget::new(
+        TargetIdentity::new("iqn.2026-11.rs.iscsi:pr"),
+        vec![Arc::clone(&s1) as Arc<dyn Backstore>],
+    );
+    let g2 = target(&image);
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    let b = Nexus::iscsi("iqn.2026-11.rs.iscsi:b", 1, 2);
+    assert_eq!(prout(&g1, &a, 0x00, 0, 0, 0xA, 0), CommandOutcome::GOOD);
+    assert_eq!(write10(&g1, &a), CommandOutcome::GOOD);
+    let (_, old_addr) = s1.shared.pr.me();
+    store(&image)
+        .shared
+        .pr
+        .fence(std::slice::from_ref(&old_addr))
+        .unwrap();
+    let fenced = run(&g1, &a, &[0x2A, 0, 0, 0, 0, 1, 0, 0, 1, 0], &[0x5A; 512]).0;
+    assert_ne!(fenced, CommandOutcome::GOOD, "a fenced gateway wrote");
+    // Through the other gateway, while the first is fenced: B registers,
+    // reserves Write Exclusive and preempts A.
+    assert_eq!(prout(&g2, &b, 0x00, 0, 0, 0xB, 0), CommandOutcome::GOOD);
+    assert_eq!(prout(&g2, &b, 0x01, 1, 0xB, 0, 0), CommandOutcome::GOOD);
+    assert_eq!(prout(&g2, &b, 0x04, 1, 0xB, 0xA, 0), CommandOutcome::GOOD);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let w = write10(&g1, &a);
+        if w == CommandOutcome::RESERVATION_CONFLICT {
+            break;
+        }
+        // Fenced (NOT READY, LOGICAL UNIT COMMUNICATION FAILURE), or the
+        // preemption's unit attention once back: never GOOD.
+        assert_ne!(w, CommandOutcome::GOOD, "a preempted nexus wrote");
+        assert!(Instant::now() < deadline, "the gateway never rejoined");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(keys(&g1, &a).1, vec![0xB]);
+    let (_, new_addr) = s1.shared.pr.me();
+    assert_ne!(new_addr, old_addr);
+    let rec = PrRecord::decode(&late_free_read(&image)).unwrap();
+    assert!(
+        rec.gateways.iter().any(|g| g.addr == new_addr),
+        "{:?}",
+        rec.gateways
+    );
+    // A change through the other gateway reaches the rejoined one before
+    // it completes: with the reservation released, A writes again.
+    assert_eq!(prout(&g2, &b, 0x02, 1, 0xB, 0, 0), CommandOutcome::GOOD);
+    assert_eq!(write10(&g1, &a), CommandOutcome::GOOD);
 }

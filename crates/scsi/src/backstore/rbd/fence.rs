@@ -1,0 +1,172 @@
+//! What a gateway does once it learns that its RADOS client of an LU was
+//! blocklisted: by another gateway of its group that took the LU over
+//! (`gateway.rs`), or by a reservation change it did not acknowledge in
+//! time (`pr.rs`). It hears it from its keeper, its reservation watch or an
+//! I/O that failed with EBLOCKLISTED.
+//!
+//! Fenced, it serves no data I/O of the LU through that client: in a group
+//! its port reports unavailable (every command but INQUIRY, REPORT LUNS,
+//! REQUEST SENSE and REPORT TARGET PORT GROUPS ends in NOT READY, 04h/0Ch),
+//! outside one every I/O ends in NOT READY, LOGICAL UNIT COMMUNICATION
+//! FAILURE; and it says why in its log once, instead of failing every
+//! command with an I/O error nobody can explain.
+//!
+//! A blocklisted client stays so (Ceph keeps the entry for an hour), so
+//! the store connects a new client and rejoins with it (`mod.rs`,
+//! `Shared::rejoin`). Each client has a generation; the fence stops every
+//! client but the current one, so an I/O planned on the fenced client
+//! (its [`super::RbdAsync`] was taken before the new one came) fails
+//! rather than reach the new client, and a late error from the old one
+//! trips nothing.
+
+use std::io;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use super::ffi::rados::EBLOCKLISTED;
+use crate::alua::{AccessState, AluaGroup, AluaView, PortGroup};
+
+/// One LU's fence (see the module's doc).
+#[derive(Debug)]
+pub(super) struct Fence {
+    /// This gateway's port in its group (the log's name for it).
+    port: u16,
+    name: String,
+    /// The LU's ALUA view, in a gateway group.
+    alua: Option<Arc<AluaGroup>>,
+    /// The generation of the client that may serve.
+    generation: AtomicU64,
+    tripped: AtomicBool,
+}
+
+impl Fence {
+    pub fn new(port: u16, name: String, alua: Option<Arc<AluaGroup>>) -> Self {
+        Self {
+            port,
+            name,
+            alua,
+            generation: AtomicU64::new(0),
+            tripped: AtomicBool::new(false),
+        }
+    }
+
+    /// The current client's generation.
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    /// Whether the client of generation `generation` may serve: it is the
+    /// current one and not fenced.
+    pub fn serving(&self, generation: u64) -> bool {
+        !self.tripped() && self.generation() == generation
+    }
+
+    /// `Ok` if the client of `generation` may serve, else the error a
+    /// blocklisted client gets (NOT READY, LOGICAL UNIT COMMUNICATION
+    /// FAILURE: the initiator retries, or tries another path).
+    pub fn admit(&self, generation: u64) -> io::Result<()> {
+        if self.serving(generation) {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(EBLOCKLISTED))
+        }
+    }
+
+    /// Passes `e` on, tripping the fence first if it says the current
+    /// client (of generation `generation`) was blocklisted.
+    pub fn check(&self, generation: u64, e: io::Error) -> io::Error {
+        if e.raw_os_error() == Some(EBLOCKLISTED) {
+            self.trip(generation);
+        }
+        e
+    }
+
+    /// Whether the fence has tripped.
+    pub fn tripped(&self) -> bool {
+        self.tripped.load(Ordering::Acquire)
+    }
+
+    /// Trips the fence if `generation` is the current client's.
+    pub fn trip(&self, generation: u64) {
+        if self.generation() != generation || self.tripped.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let me = self.port;
+        match &self.alua {
+            Some(alua) => {
+                tracing::error!(
+                    "{}: gateway {me} was blocklisted by another gateway of its group (the LU \
+                     moved there, or a reservation change went on without it); its port reports \
+                     unavailable until it has rejoined with a new client",
+                    self.name
+                );
+                let view = alua.view();
+                alua.set(AluaView::new(view.groups().iter().map(|g| PortGroup {
+                    id: g.id,
+                    state: if g.id == me {
+                        AccessState::Unavailable
+                    } else {
+                        g.state
+                    },
+                })));
+            }
+            None => tracing::error!(
+                "{}: this gateway's client was blocklisted by another gateway (a reservation \
+                 change went on without it); every I/O fails until it has rejoined with a new \
+                 client",
+                self.name
+            ),
+        }
+    }
+
+    /// The client of generation `generation` (the one after the fenced
+    /// one) serves from now on.
+    pub fn rejoined(&self, generation: u64) {
+        self.generation.store(generation, Ordering::Release);
+        self.tripped.store(false, Ordering::Release);
+        tracing::warn!(
+            "{}: rejoined with a new client: serving again{}",
+            self.name,
+            if self.alua.is_some() {
+                " (the port's state is the group's again)"
+            } else {
+                ""
+            }
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_current_clients_error_trips_and_only_it_serves() {
+        let f = Fence::new(1, "rbd:p/i".into(), None);
+        assert!(f.serving(0));
+        // An error of an older client trips nothing.
+        let _ = f.check(7, io::Error::from_raw_os_error(EBLOCKLISTED));
+        assert!(f.serving(0));
+        // Nor does another error of the current one.
+        let _ = f.check(0, io::Error::from_raw_os_error(5));
+        assert!(f.serving(0));
+        let _ = f.check(0, io::Error::from_raw_os_error(EBLOCKLISTED));
+        assert!(f.tripped() && !f.serving(0));
+        assert_eq!(f.admit(0).unwrap_err().raw_os_error(), Some(EBLOCKLISTED));
+        f.rejoined(1);
+        assert!(f.serving(1) && !f.serving(0));
+        assert!(f.admit(0).is_err() && f.admit(1).is_ok());
+        // The fenced client's late error does not trip the new one.
+        let _ = f.check(0, io::Error::from_raw_os_error(EBLOCKLISTED));
+        assert!(f.serving(1));
+    }
+
+    #[test]
+    fn in_a_group_a_trip_makes_the_port_unavailable() {
+        let alua = Arc::new(AluaGroup::new(AluaView::owned_by(vec![1, 2], Some(1))));
+        let f = Fence::new(1, "rbd:p/i".into(), Some(Arc::clone(&alua)));
+        f.trip(0);
+        assert_eq!(alua.state_of(1), AccessState::Unavailable);
+        assert_eq!(alua.state_of(2), AccessState::Standby);
+    }
+}
