@@ -9,8 +9,8 @@
 # host SIGSTOPs gateway 1, A writes through it (the writes hang), B's PREEMPT AND ABORT through
 # gateway 2 must complete (gateway 2 fences gateway 1 first), gateway 1 gets SIGCONT: A's writes
 # fail and none of them is on the image (read back by B and by `rbd export` here), B's own write is.
-# Gateway 1 then rejoins by itself with a new RADOS client: through it B's READ KEYS shows the
-# preemption it missed, A gets RESERVATION CONFLICT, and B writes again.
+# Gateway 1 then rejoins by itself with a new RADOS client: the preemption it missed is in force
+# through it (A conflicts), B registers through it and writes.
 # The same proof as crates/cli/tests/rbd_pr.rs with our initiator. No --gateway-group: with ALUA the
 # standby gateway would answer writes NOT READY (standby) before any reservation check.
 # Handshake through the share: the guest writes out/stop-gw1 and out/cont-gw1, the host answers

@@ -170,36 +170,57 @@ pub(crate) fn blocklist_addr(addrs: &str) -> io::Result<String> {
     Ok(bare.to_owned())
 }
 
+impl RbdPrStore {
+    /// Passes an error of `inner`'s client on, tripping the fence first
+    /// when it says the client was blocklisted: a gateway may learn it
+    /// from its reservation record before any data I/O tells it.
+    fn failed(&self, inner: &Inner, e: io::Error) -> io::Error {
+        self.fence.check(inner.generation, e)
+    }
+}
+
 impl SharedPrStore for RbdPrStore {
     fn read(&self) -> io::Result<Option<Vec<u8>>> {
         let inner = self.inner.load();
-        inner.image.object_read(&inner.oid, MAX_RECORD)
+        inner
+            .image
+            .object_read(&inner.oid, MAX_RECORD)
+            .map_err(|e| self.failed(&inner, e))
     }
 
     fn write_if(&self, expected: Option<u64>, epoch: u64, bytes: &[u8]) -> io::Result<bool> {
         let old = expected.map(|e| e.to_string());
         let inner = self.inner.load();
-        inner.image.object_cas(
-            &inner.oid,
-            EPOCH_XATTR,
-            old.as_deref().map(str::as_bytes),
-            epoch.to_string().as_bytes(),
-            bytes,
-        )
+        inner
+            .image
+            .object_cas(
+                &inner.oid,
+                EPOCH_XATTR,
+                old.as_deref().map(str::as_bytes),
+                epoch.to_string().as_bytes(),
+                bytes,
+            )
+            .map_err(|e| self.failed(&inner, e))
     }
 
     fn notify(&self) -> io::Result<Vec<u64>> {
         let inner = self.inner.load();
-        let reply = inner.image.notify(&inner.oid, b"pr", NOTIFY_TIMEOUT_MS)?;
+        let reply = inner
+            .image
+            .notify(&inner.oid, b"pr", NOTIFY_TIMEOUT_MS)
+            .map_err(|e| self.failed(&inner, e))?;
         Ok(reply.acked.into_iter().map(|(gid, _)| gid).collect())
     }
 
     fn fence(&self, addrs: &[String]) -> io::Result<()> {
         let inner = self.inner.load();
-        for a in addrs {
-            inner.image.blocklist_add(a, 0)?;
-        }
-        inner.image.wait_for_latest_osdmap()
+        let fence = || {
+            for a in addrs {
+                inner.image.blocklist_add(a, 0)?;
+            }
+            inner.image.wait_for_latest_osdmap()
+        };
+        fence().map_err(|e| self.failed(&inner, e))
     }
 
     fn me(&self) -> (u64, String) {

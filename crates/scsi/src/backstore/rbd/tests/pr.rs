@@ -119,6 +119,10 @@ fn a_fenced_client_fails_its_writes_and_the_store_rejoins_with_a_new_one() {
     b.write_at(0, &[1u8; 512]).unwrap();
     let (b_gid, b_addr) = b.shared.pr.me();
     a.shared.pr.fence(std::slice::from_ref(&b_addr)).unwrap();
+    // The record's client is the LU's: reaching the record tells it too.
+    let err = b.shared.pr.read().unwrap_err();
+    assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    assert!(b.shared.fence.tripped());
     let err = b.write_at(0, &[2u8; 512]).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(108), "{err}");
     // Planned on the fenced client: refused by the fence even after the
