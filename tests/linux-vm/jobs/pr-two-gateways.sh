@@ -73,6 +73,8 @@ blocks_are 10 1 33 || vm_fail "rbd export: LBA 10 is not B's 0x33"
 blocks_are 100 8 00 || vm_fail "rbd export: a write through the stopped gateway landed (LBAs 100-107)"
 blocks_are 11 1 55 || vm_fail "rbd export: LBA 11 is not B's 0x55 (written through the rejoined gateway 1)"
 echo "ok - rbd export: LBA 8 = 0x11, LBA 9 = 0, LBA 10 = 0x33, LBA 11 = 0x55, LBAs 100-107 = 0"
-grep -q 'rejoined with a new client' "$(target_log g1)" || vm_fail "gateway 1's log does not say it rejoined"
-vm_log "gateway 1: $(sed 's/\x1b\[[0-9;]*m//g' "$(target_log g1)" | grep -Eo '(was blocklisted|rejoined with a new client)[^;(]*' | tr '\n' ' ')"
+# at WHAT: the time of gateway 1's first log line matching WHAT.
+at() { sed 's/\x1b\[[0-9;]*m//g' "$(target_log g1)" | grep -m1 -- "$1" | grep -Eo 'T[0-9:.]+' | head -1 | tr -d T; }
+[ -n "$(at 'serving again')" ] || vm_fail "gateway 1's log does not say it rejoined"
+vm_log "gateway 1: fenced at $(at 'was blocklisted'), rejoined at $(at 'serving again')"
 vm_log "pass: $(grep -o 'preempt took .*' console.log | head -1)"
