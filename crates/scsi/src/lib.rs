@@ -925,12 +925,12 @@ impl ScsiTarget {
                 Ok(sbc::write_same(bs, mode, cdb, &data_out.flat())?)
             }
             COMPARE_AND_WRITE => {
-                let _w = lu.write_exclusive();
+                let _w = lu.write_exclusive_at(epoch)?;
                 Ok(sbc::compare_and_write(bs, mode, cdb, &data_out.flat())?)
             }
             ORWRITE_16 => {
                 // Read-modify-write: atomic against every other write.
-                let _w = lu.write_exclusive();
+                let _w = lu.write_exclusive_at(epoch)?;
                 Ok(sbc::orwrite(bs, mode, cdb, &data_out.flat())?)
             }
             PRE_FETCH_10 | PRE_FETCH_16 => Ok(sbc::pre_fetch(bs, cdb)?),

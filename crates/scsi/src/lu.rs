@@ -293,15 +293,30 @@ impl LogicalUnit {
     }
 
     /// [`LogicalUnit::write_shared`] for a write checked in I/O epoch
-    /// `epoch`: refused (LOGICAL UNIT COMMUNICATION FAILURE, which the
-    /// initiator retries) when the epoch moved on meanwhile, because the
-    /// state it was checked against (a reservation, say) may be gone.
+    /// `epoch`: refused when the epoch moved on meanwhile, because the
+    /// state it was checked against (a reservation, say) may be gone. The
+    /// write does not run; NOT READY, LOGICAL UNIT COMMUNICATION FAILURE
+    /// is what the fenced store answered the commands just before it.
     pub fn write_shared_at(&self, epoch: u64) -> Result<ShardedLockReadGuard<'_, ()>, Sense> {
         let guard = self.write_shared();
-        if self.io_epoch() != epoch {
-            return Err(Sense::LU_COMMUNICATION_FAILURE);
-        }
+        self.still_in(epoch)?;
         Ok(guard)
+    }
+
+    /// [`LogicalUnit::write_exclusive`] for a write checked in I/O epoch
+    /// `epoch` (see [`LogicalUnit::write_shared_at`]).
+    pub fn write_exclusive_at(&self, epoch: u64) -> Result<ShardedLockWriteGuard<'_, ()>, Sense> {
+        let guard = self.write_exclusive();
+        self.still_in(epoch)?;
+        Ok(guard)
+    }
+
+    fn still_in(&self, epoch: u64) -> Result<(), Sense> {
+        if self.io_epoch() == epoch {
+            Ok(())
+        } else {
+            Err(Sense::LU_COMMUNICATION_FAILURE)
+        }
     }
 
     /// Exclusive write access (COMPARE AND WRITE, ORWRITE, SANITIZE): no
@@ -390,5 +405,34 @@ pub struct AsyncWritePermit(Arc<LogicalUnit>);
 impl Drop for AsyncWritePermit {
     fn drop(&mut self) {
         self.0.async_writes.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::RamBackstore;
+
+    /// A write checked before the epoch moved (a rejoin) does not start
+    /// after it, shared or exclusive; one checked after it does.
+    #[test]
+    fn a_write_checked_before_the_epoch_moved_is_refused() {
+        let store: Arc<dyn Backstore> = Arc::new(RamBackstore::new(1 << 20, 512, 1).unwrap());
+        let lu = LogicalUnit::new(store, KnownNexuses::default());
+        let before = lu.io_epoch();
+        assert!(lu.write_shared_at(before).is_ok());
+        assert!(lu.write_exclusive_at(before).is_ok());
+        lu.next_io_epoch();
+        assert_eq!(
+            lu.write_shared_at(before).err(),
+            Some(Sense::LU_COMMUNICATION_FAILURE)
+        );
+        assert_eq!(
+            lu.write_exclusive_at(before).err(),
+            Some(Sense::LU_COMMUNICATION_FAILURE)
+        );
+        let now = lu.io_epoch();
+        assert!(lu.write_shared_at(now).is_ok());
+        assert!(lu.write_exclusive_at(now).is_ok());
     }
 }
