@@ -104,8 +104,6 @@ const ALLOCATION_EXTENTS: usize = 64;
 /// An RBD image as a logical unit's medium.
 pub struct RbdBackstore {
     shared: Arc<Shared>,
-    /// The LU's ALUA view, which the keeper sets; `None` outside a group.
-    alua: Option<Arc<AluaGroup>>,
     spec: RbdSpec,
     block_size: u32,
     unique_id: u64,
@@ -271,19 +269,26 @@ impl Shared {
             Err(e) => return Err(format!("watching the reservation record: {e}")),
         }
         self.fence.rejoined(generation);
-        if let Some((group, alua)) = &self.group {
-            // The port stays unavailable until the keeper's first look.
-            let keeper = gateway::start(
-                image,
-                generation,
-                self.name.clone(),
-                group.clone(),
-                Arc::clone(alua),
-                Arc::clone(&self.fence),
-            )
-            .map_err(|e| format!("starting the keeper: {e}"))?;
-            *self.keeper.lock().unwrap_or_else(PoisonError::into_inner) = Some(keeper);
-        }
+        // The port stays unavailable until the keeper's first look.
+        self.start_keeper(image, generation)
+            .map_err(|e| format!("starting the keeper: {e}"))
+    }
+
+    /// In a gateway group, starts the keeper of `image`, the client of
+    /// generation `generation` (nothing outside a group).
+    fn start_keeper(&self, image: Arc<ffi::Image>, generation: u64) -> io::Result<()> {
+        let Some((group, alua)) = &self.group else {
+            return Ok(());
+        };
+        let keeper = gateway::start(
+            image,
+            generation,
+            self.name.clone(),
+            group.clone(),
+            Arc::clone(alua),
+            Arc::clone(&self.fence),
+        )?;
+        *self.keeper.lock().unwrap_or_else(PoisonError::into_inner) = Some(keeper);
         Ok(())
     }
 
@@ -448,20 +453,6 @@ impl RbdBackstore {
             name.clone(),
             group.as_ref().map(|(_, alua)| Arc::clone(alua)),
         ));
-        let keeper = match &group {
-            None => None,
-            Some((group, alua)) => Some(
-                gateway::start(
-                    Arc::clone(&image),
-                    fence.generation(),
-                    name.clone(),
-                    group.clone(),
-                    Arc::clone(alua),
-                    Arc::clone(&fence),
-                )
-                .map_err(named("starting the gateway group's keeper"))?,
-            ),
-        };
         let pr = pr::RbdPrStore::new(Arc::clone(&image), &image_id, Arc::clone(&fence))
             .map_err(named("reading this client's address"))?;
         let medium = Arc::new(Medium {
@@ -469,11 +460,11 @@ impl RbdBackstore {
             block_count: AtomicU64::new(size / u64::from(block_size)),
             removed: AtomicBool::new(false),
         });
-        let alua = group.as_ref().map(|(_, alua)| Arc::clone(alua));
+        let generation = fence.generation();
         let shared = Arc::new(Shared {
             client: ArcSwap::from_pointee(RbdAsync {
-                image,
-                generation: fence.generation(),
+                image: Arc::clone(&image),
+                generation,
                 medium: Arc::clone(&medium),
                 fence: Arc::clone(&fence),
             }),
@@ -482,12 +473,15 @@ impl RbdBackstore {
             pr: Arc::new(pr),
             reconnect,
             group,
-            keeper: Mutex::new(keeper),
+            keeper: Mutex::new(None),
             resized: AtomicBool::new(false),
             failing: AtomicU64::new(0),
             name,
             header: format!("rbd_header.{image_id}"),
         });
+        shared
+            .start_keeper(image, generation)
+            .map_err(named("starting the gateway group's keeper"))?;
         let (stop_poll, stop) = mpsc::channel();
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
@@ -495,7 +489,6 @@ impl RbdBackstore {
             .spawn(move || poll_sizes(weak, stop))
             .map_err(|e| BackstoreOpenError::Io(named("starting the size poll")(e)))?;
         Ok(RbdBackstore {
-            alua,
             shared,
             spec: spec.clone(),
             block_size,
@@ -752,8 +745,9 @@ impl Backstore for RbdBackstore {
         Some(Arc::clone(&self.shared.pr) as Arc<dyn SharedPrStore>)
     }
 
+    /// The LU's ALUA view, which the keeper sets; `None` outside a group.
     fn alua(&self) -> Option<Arc<AluaGroup>> {
-        self.alua.clone()
+        self.shared.group.as_ref().map(|(_, alua)| Arc::clone(alua))
     }
 }
 
