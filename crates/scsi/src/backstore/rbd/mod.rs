@@ -107,8 +107,6 @@ pub struct RbdBackstore {
     spec: RbdSpec,
     block_size: u32,
     unique_id: u64,
-    /// Dropped with the store: ends the size poll at its next wake-up.
-    _stop_poll: mpsc::Sender<()>,
 }
 
 /// What every I/O reads of the image, whichever client it goes through.
@@ -121,6 +119,8 @@ struct Medium {
     /// Set by the poll when the header is gone: every I/O then fails with
     /// ENOENT (MEDIUM NOT PRESENT) instead of reaching librbd.
     removed: AtomicBool,
+    /// Wakes the poll before its second is up ([`Medium::failed`]).
+    wake: mpsc::SyncSender<()>,
 }
 
 impl Medium {
@@ -135,6 +135,21 @@ impl Medium {
         } else {
             Ok(())
         }
+    }
+
+    /// Looks at an I/O error of librbd's: ENOENT is what librbd answers
+    /// once it found the image's header gone, and the poll is woken to
+    /// confirm it at once. That matters beyond the error itself: from
+    /// then on librbd (with the exclusive-lock feature) holds every write
+    /// until its header watch is back, which for a removed image is
+    /// never, so the sooner [`Medium::present`] refuses I/O, the fewer
+    /// writes wait there for good.
+    fn failed(&self, e: io::Error) -> io::Error {
+        if e.raw_os_error() == Some(2) && !self.removed.load(Ordering::Acquire) {
+            // Full: a wake is pending already.
+            let _ = self.wake.try_send(());
+        }
+        e
     }
 }
 
@@ -347,10 +362,10 @@ impl Shared {
     }
 }
 
-/// The size poll's loop: wakes every [`SIZE_POLL`] until the store drops
-/// its sender.
-fn poll_sizes(shared: Weak<Shared>, stop: mpsc::Receiver<()>) {
-    while let Err(mpsc::RecvTimeoutError::Timeout) = stop.recv_timeout(SIZE_POLL) {
+/// The size poll's loop: runs every [`SIZE_POLL`], or at once when an I/O
+/// error wakes it ([`Medium::failed`]), until the store is gone.
+fn poll_sizes(shared: Weak<Shared>, wake: mpsc::Receiver<()>) {
+    while let Ok(()) | Err(mpsc::RecvTimeoutError::Timeout) = wake.recv_timeout(SIZE_POLL) {
         let Some(shared) = shared.upgrade() else {
             return;
         };
@@ -455,10 +470,12 @@ impl RbdBackstore {
         ));
         let pr = pr::RbdPrStore::new(Arc::clone(&image), &image_id, Arc::clone(&fence))
             .map_err(named("reading this client's address"))?;
+        let (wake, woken) = mpsc::sync_channel(1);
         let medium = Arc::new(Medium {
             block_size,
             block_count: AtomicU64::new(size / u64::from(block_size)),
             removed: AtomicBool::new(false),
+            wake,
         });
         let generation = fence.generation();
         let shared = Arc::new(Shared {
@@ -482,18 +499,16 @@ impl RbdBackstore {
         shared
             .start_keeper(image, generation)
             .map_err(named("starting the gateway group's keeper"))?;
-        let (stop_poll, stop) = mpsc::channel();
         let weak = Arc::downgrade(&shared);
         std::thread::Builder::new()
             .name("rbd-size".into())
-            .spawn(move || poll_sizes(weak, stop))
+            .spawn(move || poll_sizes(weak, woken))
             .map_err(|e| BackstoreOpenError::Io(named("starting the size poll")(e)))?;
         Ok(RbdBackstore {
             shared,
             spec: spec.clone(),
             block_size,
             unique_id: fnv1a(identity.as_bytes()),
-            _stop_poll: stop_poll,
         })
     }
 
@@ -537,9 +552,10 @@ impl RbdAsync {
     }
 
     /// Passes an I/O error on, tripping the fence first when it says this
-    /// client was blocklisted.
+    /// client was blocklisted, waking the poll when it says the image is
+    /// gone.
     fn failed(&self, e: io::Error) -> io::Error {
-        self.fence.check(self.generation, e)
+        failed(&self.fence, self.generation, &self.medium, e)
     }
 }
 
@@ -553,9 +569,10 @@ impl AsyncIo for RbdAsync {
         }
         let read = self.image.aio_read(offset, buf);
         let (fence, generation) = (Arc::clone(&self.fence), self.generation);
+        let medium = Arc::clone(&self.medium);
         Box::pin(async move {
             let (buf, r) = read.await;
-            (buf, r.map_err(|e| fence.check(generation, e)))
+            (buf, r.map_err(|e| failed(&fence, generation, &medium, e)))
         })
     }
 
@@ -577,8 +594,20 @@ impl AsyncIo for RbdAsync {
         }
         let write = self.image.aio_write(offset, data, len, fua(through));
         let (fence, generation) = (Arc::clone(&self.fence), self.generation);
-        Box::pin(async move { write.await.map_err(|e| fence.check(generation, e)) })
+        let medium = Arc::clone(&self.medium);
+        Box::pin(async move {
+            write
+                .await
+                .map_err(|e| failed(&fence, generation, &medium, e))
+        })
     }
+}
+
+/// What every failed I/O of a client goes through: the fence looks for
+/// EBLOCKLISTED ([`fence::Fence::check`]), the medium for ENOENT
+/// ([`Medium::failed`]).
+fn failed(fence: &fence::Fence, generation: u64, medium: &Medium, e: io::Error) -> io::Error {
+    medium.failed(fence.check(generation, e))
 }
 
 /// librados op flags for a write that must be durable when it completes.

@@ -454,17 +454,22 @@ fn a_removed_image_fails_every_io_with_medium_not_present() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    // librbd alone goes on answering from its cache; the poll (every
-    // second) notices the header is gone.
+    // librbd may go on answering from its cache; the poll (every second,
+    // or at once when librbd answers ENOENT) notices the header is gone.
+    // Only writes after that are sent here: one that reached librbd
+    // before would wait there for good (`Medium::failed`).
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let mut block = [0u8; 512];
-    while store.read_at(0, &mut block).is_ok() {
+    while !store.shared.medium.removed.load(Ordering::Acquire) {
         assert!(
             std::time::Instant::now() < deadline,
             "the removal was not noticed"
         );
-        std::thread::sleep(std::time::Duration::from_millis(100));
+        let _ = store.read_at(0, &mut block);
+        std::thread::sleep(std::time::Duration::from_millis(50));
     }
+    let e = store.read_at(0, &mut block).unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::NotFound);
     let e = store.write_at(0, &block).unwrap_err();
     assert_eq!(e.kind(), io::ErrorKind::NotFound);
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -476,6 +481,31 @@ fn a_removed_image_fails_every_io_with_medium_not_present() {
     assert_eq!(r.unwrap_err().kind(), io::ErrorKind::NotFound);
     let outcome = target.execute(&nexus, 0, &read10, &[], &mut din);
     assert_eq!(outcome.sense, Some(Sense::MEDIUM_NOT_PRESENT));
+}
+
+/// The early wake of the poll ([`Medium::failed`]): only ENOENT, once per
+/// poll, and never while the removal is known already.
+#[test]
+fn only_enoent_from_librbd_wakes_the_poll() {
+    let (wake, woken) = mpsc::sync_channel(1);
+    let medium = Medium {
+        block_size: 512,
+        block_count: AtomicU64::new(8),
+        removed: AtomicBool::new(false),
+        wake,
+    };
+    let e = medium.failed(io::Error::from_raw_os_error(5));
+    assert_eq!(e.raw_os_error(), Some(5), "the error goes on unchanged");
+    assert!(woken.try_recv().is_err(), "EIO wakes nothing");
+    let e = medium.failed(io::Error::from_raw_os_error(2));
+    assert_eq!(e.kind(), io::ErrorKind::NotFound);
+    // A second before the poll ran: the wake is pending, nothing blocks.
+    medium.failed(io::Error::from_raw_os_error(2));
+    assert!(woken.try_recv().is_ok());
+    assert!(woken.try_recv().is_err(), "one wake, not one per error");
+    medium.removed.store(true, Ordering::Release);
+    medium.failed(io::Error::from_raw_os_error(2));
+    assert!(woken.try_recv().is_err(), "known removed: no wake");
 }
 
 /// The exclusive lock's calls (`ffi/lock.rs`): acquire, owners, break
