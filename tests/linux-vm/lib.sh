@@ -210,6 +210,24 @@ target_stop() {
 target_kill() { target_stop "$1" KILL; }
 
 target_pid() { echo "${VM_TARGET_PID[$1]:-}"; }
+# process_stop PID: SIGSTOP, returning once every thread of PID has stopped. kill only queues the
+# signal; on a loaded host the threads not chosen to take it run on until the group stop reaches
+# them, long enough to answer one more command (iscsi_test_peers::stop_process says the same).
+process_stop() {
+    local task state i
+    kill -STOP "$1"
+    for ((i = 0; i < 3000; i++)); do
+        state=T
+        for task in /proc/"$1"/task/*; do
+            # The state is the field after the name, which ends at the last ')'.
+            [[ $(cat "$task/stat" 2>/dev/null) =~ \)\ ([A-Za-z]) ]] || continue
+            case ${BASH_REMATCH[1]} in T | t | Z | X) ;; *) state=running ;; esac
+        done
+        [ "$state" = T ] && return 0
+        sleep 0.01
+    done
+    vm_fail "process $1 did not stop in 30 s after SIGSTOP"
+}
 target_log() { echo "$VM_WORK/target-$1.log"; }
 # target_alive NAME: true while the target process runs.
 target_alive() { [ -n "${VM_TARGET_PID[$1]:-}" ] && kill -0 "${VM_TARGET_PID[$1]}" 2>/dev/null; }

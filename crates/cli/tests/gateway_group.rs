@@ -196,11 +196,6 @@ fn a_paused_owner_that_resumes_is_fenced_then_rejoins_as_standby() {
     let image = Image::new("gw-fence", "64M");
     let one = gateway(&image, 1);
     let two = gateway(&image, 2);
-    let signal = |name: &str| {
-        let _ = Process::new("kill")
-            .args([name, &one.pid().to_string()])
-            .status();
-    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -210,7 +205,7 @@ fn a_paused_owner_that_resumes_is_fenced_then_rejoins_as_standby() {
         let via_two = connect(&two).await;
         wait_for_owner(&via_one, 1, Duration::from_secs(20)).await;
         wait_for_owner(&via_two, 1, Duration::from_secs(20)).await;
-        signal("-STOP");
+        iscsi_test_peers::stop_process(one.pid());
         wait_for_owner(&via_two, 2, Duration::from_secs(10)).await;
         let theirs = vec![0x2Bu8; 4096];
         let mut done = false;
@@ -225,7 +220,7 @@ fn a_paused_owner_that_resumes_is_fenced_then_rejoins_as_standby() {
             }
         }
         assert!(done, "the survivor does not take writes");
-        signal("-CONT");
+        iscsi_test_peers::signal_process(one.pid(), "-CONT");
         let mine = vec![0x77u8; 4096];
         let until = Instant::now() + Duration::from_secs(30);
         loop {

@@ -417,7 +417,6 @@ fn a_lost_target_is_an_io_error_and_unmount_still_works() {
 #[test]
 fn a_hung_target_fails_io_in_bounded_time_and_serves_again_when_it_resumes() {
     let (target, url) = our_target("iqn.2026-11.rs.iscsi:mount-hung", &[]);
-    let pid = target.pid().to_string();
     let mount = Mount::start(
         url.trim_end_matches("/0"),
         &["--replacement-timeout", "2", "--timeout", "2"],
@@ -425,7 +424,7 @@ fn a_hung_target_fails_io_in_bounded_time_and_serves_again_when_it_resumes() {
     let file = mount.open_direct("lun0");
     let before = pattern(7, 4096);
     file.write_all_at(&before, 0).unwrap();
-    run("kill", &["-STOP", &pid]);
+    iscsi_test_peers::stop_process(target.pid());
     let start = Instant::now();
     let error = file.write_all_at(&[2; 4096], 4096).unwrap_err();
     let errno = error.raw_os_error();
@@ -458,7 +457,7 @@ fn a_hung_target_fails_io_in_bounded_time_and_serves_again_when_it_resumes() {
         assert!(Instant::now() < deadline, "I/O never failed fast");
     };
     eprintln!("hung target: first failure after {first:?}, then failing in {fast:?}");
-    run("kill", &["-CONT", &pid]);
+    iscsi_test_peers::signal_process(target.pid(), "-CONT");
     // The mount logs in again by itself (an attempt at most 2 s apart).
     let deadline = Instant::now() + Duration::from_secs(30);
     let resumed = Instant::now();

@@ -59,13 +59,13 @@ impl Gateway {
         }
     }
 
-    fn signal(&self, signal: &str) {
-        let ok = Command::new("kill")
-            .args([signal, &self.peer.pid().to_string()])
-            .status()
-            .unwrap()
-            .success();
-        assert!(ok, "kill {signal}");
+    /// SIGSTOP, returning once every thread of the gateway has stopped.
+    fn stop(&self) {
+        iscsi_test_peers::stop_process(self.peer.pid());
+    }
+
+    fn resume(&self) {
+        iscsi_test_peers::signal_process(self.peer.pid(), "-CONT");
     }
 
     async fn session(&self, initiator: &str) -> Arc<Session> {
@@ -82,7 +82,7 @@ impl Gateway {
 
 impl Drop for Gateway {
     fn drop(&mut self) {
-        self.signal("-CONT");
+        self.resume();
         self.peer.terminate(Duration::from_secs(15));
         let _ = std::fs::remove_file(&self.file);
     }
@@ -170,12 +170,12 @@ fn reservations_hold_across_two_gateways_and_preempt_fences_a_stopped_one() {
         assert_eq!(prout(&b, 0x06, 0, 0, 0xBB).await, GOOD);
 
         // Gateway 1 stops: it cannot acknowledge B's preemption.
-        g1.signal("-STOP");
+        g1.stop();
         let start = Instant::now();
         assert_eq!(prout(&b, 0x05, 5, 0xBB, 0xAA).await, GOOD);
         let took = start.elapsed();
         assert_eq!(write(&b, 10, 0x33).await, GOOD);
-        g1.signal("-CONT");
+        g1.resume();
         // A writes through gateway 1, which still holds the old state in
         // its memory: fenced, none of it lands.
         let mut statuses = Vec::new();

@@ -67,6 +67,50 @@ pub struct Peer {
     files: Vec<String>,
 }
 
+/// Sends SIGSTOP to process `pid` and returns once every thread of it has
+/// stopped. kill(2) only queues the signal: one thread takes it and then
+/// stops the others, and on a loaded machine the others run on meanwhile —
+/// long enough for a stopped target to answer one more command (CI saw a
+/// write succeed through a target the test had just stopped).
+pub fn stop_process(pid: u32) {
+    signal_process(pid, "-STOP");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !all_threads_stopped(pid) {
+        assert!(
+            Instant::now() < deadline,
+            "process {pid} did not stop in 30 s after SIGSTOP"
+        );
+        std::thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Sends `signal` (as kill(1) spells it: `-CONT`) to process `pid`.
+pub fn signal_process(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(status.success(), "kill {signal} {pid}");
+}
+
+/// Whether every thread of `pid` is stopped (or gone): the state field of
+/// each `/proc/PID/task/TID/stat`, read after the last `)` because the
+/// thread's name may hold any character.
+fn all_threads_stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            return true;
+        };
+        let state = stat
+            .rfind(')')
+            .and_then(|end| stat[end + 1..].split_whitespace().next());
+        matches!(state, Some("T" | "t" | "Z" | "X"))
+    })
+}
+
 impl Drop for Peer {
     fn drop(&mut self) {
         let _ = self.child.kill();
@@ -329,6 +373,33 @@ mod tests {
             .downcast::<String>()
             .expect("a message");
         assert!(message.contains("cannot bind"), "{message}");
+    }
+
+    #[test]
+    fn a_stopped_process_is_stopped_in_every_thread_when_stop_returns() {
+        // Three threads spinning: every thread busy, the hard case.
+        let mut child = Command::new("python3")
+            .args([
+                "-c",
+                "import threading\nfor _ in range(3): threading.Thread(target=exec, args=('while True: pass',)).start()",
+            ])
+            .spawn()
+            .unwrap();
+        let pid = child.id();
+        while std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |t| t.count()) < 4 {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(!all_threads_stopped(pid));
+        stop_process(pid);
+        assert!(all_threads_stopped(pid));
+        signal_process(pid, "-CONT");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while all_threads_stopped(pid) {
+            assert!(Instant::now() < deadline, "SIGCONT did not resume it");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        child.kill().unwrap();
+        child.wait().unwrap();
     }
 
     #[test]

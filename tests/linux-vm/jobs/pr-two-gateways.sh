@@ -45,7 +45,7 @@ vm_run_bg --to-host "$port1" --to-host "$port2" --timeout 900 \
 g1=$(target_pid g1)
 vm_wait_file "$VM_SHARE/out/stop-gw1" 600 "$VM_RUN_PID" || { wait "$VM_RUN_PID" || true; grep -E '^(ok|not ok) - ' console.log || true; vm_fail "the guest did not reserve"; }
 vm_log "SIGSTOP to gateway 1 (PID $g1)"
-kill -STOP "$g1"
+process_stop "$g1"
 touch "$VM_SHARE/gw1-stopped"
 vm_wait_file "$VM_SHARE/out/cont-gw1" 600 "$VM_RUN_PID" || { wait "$VM_RUN_PID" || true; grep -E '^(ok|not ok) - ' console.log || true; vm_fail "the guest did not preempt"; }
 vm_log "SIGCONT to gateway 1"

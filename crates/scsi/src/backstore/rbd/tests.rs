@@ -640,12 +640,17 @@ fn signal_osd(signal: &str) {
         .parent()
         .unwrap()
         .join("run/osd.0.pid");
-    let pid = std::fs::read_to_string(&run).unwrap();
-    let out = Command::new("kill")
-        .args([signal, pid.trim()])
-        .output()
+    let pid: u32 = std::fs::read_to_string(&run)
+        .unwrap()
+        .trim()
+        .parse()
         .unwrap();
-    assert!(out.status.success(), "kill {signal} {}", pid.trim());
+    if signal == "-STOP" {
+        // Stopped in every thread before the test goes on.
+        iscsi_test_peers::stop_process(pid);
+    } else {
+        iscsi_test_peers::signal_process(pid, signal);
+    }
 }
 
 /// Resumes the OSD however the test ends.
