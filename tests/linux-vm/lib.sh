@@ -127,7 +127,8 @@ _vm_exit() {
 vm_free_port() {
     local p _
     for _ in $(seq 1 200); do
-        p=$((20000 + RANDOM % 20000))
+        # Below the kernel's ephemeral range (32768 on), where no connecting socket gets a port.
+        p=$((10000 + RANDOM % 22000))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && [ -z "$(ss -Htln "sport = :$p" 2>/dev/null)" ]; then
             echo "$p"
             return 0

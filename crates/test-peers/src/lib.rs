@@ -24,20 +24,42 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// Ports this process has handed out already; never handed out twice.
 static HANDED_OUT: Mutex<Option<HashSet<u16>>> = Mutex::new(None);
 
+/// The lowest port handed out: above the well-known and most services'.
+const LOWEST_PORT: u16 = 10000;
+
 /// A loopback TCP port that is free now and that no other caller in this
-/// process has been given.
+/// process has been given. It lies below the kernel's ephemeral range
+/// (`ip_local_port_range`), where the kernel never puts a connecting
+/// socket: a port the kernel picked (bind to port 0) could be given to
+/// some connection's local end between this check and the peer's own bind,
+/// and the peer then failed with EADDRINUSE (CI saw it).
 pub fn free_port() -> u16 {
     let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
     let handed_out = handed_out.get_or_insert_with(HashSet::new);
-    loop {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free loopback port")
-            .port();
-        if handed_out.insert(port) {
+    let below = ephemeral_low().max(LOWEST_PORT + 1000);
+    let span = u64::from(below - LOWEST_PORT);
+    // A random start, so that two processes rarely try the same ports.
+    let start = std::hash::BuildHasher::hash_one(
+        &std::collections::hash_map::RandomState::new(),
+        std::process::id(),
+    ) % span;
+    for step in 0..span {
+        let port = LOWEST_PORT + ((start + step) % span) as u16;
+        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
             return port;
         }
     }
+    panic!("no free loopback port in {LOWEST_PORT}..{below}");
+}
+
+/// The low end of the kernel's ephemeral port range (Linux's default when
+/// it cannot be read).
+fn ephemeral_low() -> u16 {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse().ok())
+        .unwrap_or(32768)
 }
 
 /// Whether `program` is on PATH.
@@ -358,6 +380,12 @@ mod tests {
         let ports: Vec<u16> = (0..200).map(|_| free_port()).collect();
         let unique: HashSet<u16> = ports.iter().copied().collect();
         assert_eq!(unique.len(), ports.len());
+        // None where the kernel picks a connecting socket's port.
+        let below = ephemeral_low();
+        assert!(
+            ports.iter().all(|&p| (LOWEST_PORT..below).contains(&p)),
+            "{ports:?} not all in {LOWEST_PORT}..{below}"
+        );
     }
 
     #[test]
