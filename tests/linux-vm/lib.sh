@@ -221,7 +221,7 @@ process_stop() {
         state=T
         for task in /proc/"$1"/task/*; do
             # The state is the field after the name, which ends at the last ')'.
-            [[ $(cat "$task/stat" 2>/dev/null) =~ \)\ ([A-Za-z]) ]] || continue
+            [[ $(cat "$task/stat" 2>/dev/null) =~ ^.*\)\ ([A-Za-z]) ]] || continue
             case ${BASH_REMATCH[1]} in T | t | Z | X) ;; *) state=running ;; esac
         done
         [ "$state" = T ] && return 0

@@ -145,7 +145,7 @@ impl Medium {
     /// never, so the sooner [`Medium::present`] refuses I/O, the fewer
     /// writes wait there for good.
     fn failed(&self, e: io::Error) -> io::Error {
-        if e.raw_os_error() == Some(2) && !self.removed.load(Ordering::Acquire) {
+        if e.kind() == io::ErrorKind::NotFound && !self.removed.load(Ordering::Acquire) {
             // Full: a wake is pending already.
             let _ = self.wake.try_send(());
         }

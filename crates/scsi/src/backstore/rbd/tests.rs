@@ -634,23 +634,17 @@ fn two_gateways_agree_on_one_owner_and_the_survivor_takes_over() {
 
 /// Sends `signal` to the cluster's OSD (its PID file beside the conf, as
 /// scripts/ceph-dev writes it).
-fn signal_osd(signal: &str) {
+fn osd_pid() -> u32 {
     let conf = conf();
     let run = std::path::Path::new(&conf)
         .parent()
         .unwrap()
         .join("run/osd.0.pid");
-    let pid: u32 = std::fs::read_to_string(&run)
+    std::fs::read_to_string(&run)
         .unwrap()
         .trim()
         .parse()
-        .unwrap();
-    if signal == "-STOP" {
-        // Stopped in every thread before the test goes on.
-        iscsi_test_peers::stop_process(pid);
-    } else {
-        iscsi_test_peers::signal_process(pid, signal);
-    }
+        .unwrap()
 }
 
 /// Resumes the OSD however the test ends.
@@ -658,7 +652,7 @@ struct Resume;
 
 impl Drop for Resume {
     fn drop(&mut self) {
-        signal_osd("-CONT");
+        iscsi_test_peers::signal_process(osd_pid(), "-CONT");
     }
 }
 
@@ -681,7 +675,8 @@ fn a_lost_cluster_times_out_not_ready_and_serves_again() {
     let store = RbdBackstore::open(&spec, 512).unwrap();
     let before = vec![0x5a; 65536];
     store.write_at(0, &before).unwrap();
-    signal_osd("-STOP");
+    // Stopped in every thread before the test goes on.
+    iscsi_test_peers::stop_process(osd_pid());
     let resume = Resume;
     let started = std::time::Instant::now();
     let e = store.write_at(65536, &[0xa5; 4096]).unwrap_err();
