@@ -26,6 +26,8 @@ ISCSI_BIN=${ISCSI_BIN:-$LINUX_VM_REPO/target/ci/iscsi}
 # command, status) before the exit trap's diagnostics.
 # shellcheck source=scripts/lib/on-error.sh
 source "$LINUX_VM_REPO/scripts/lib/on-error.sh"
+# shellcheck source=scripts/lib/ports.sh
+source "$LINUX_VM_REPO/scripts/lib/ports.sh"
 declare -A VM_TARGET_PID=() VM_TARGET_ARGS=() VM_TARGET_PORT=() VM_CAPTURE_PID=()
 
 vm_log() { echo "[$(date +%T)] ${VM_JOB:-job}: $*"; }
@@ -123,18 +125,11 @@ _vm_exit() {
     exit "$rc"
 }
 
-# A TCP port on 127.0.0.1 that nothing listens on (random, so jobs run side by side rarely collide).
+# A TCP port on 127.0.0.1 that nothing uses (free_port of scripts/lib/ports.sh: random, below the
+# kernel's ephemeral range, within the lane's TEST_PORT_RANGE when scripts/linux-vm-tests runs
+# jobs side by side).
 vm_free_port() {
-    local p _
-    for _ in $(seq 1 200); do
-        # Below the kernel's ephemeral range (32768 on), where no connecting socket gets a port.
-        p=$((10000 + RANDOM % 22000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && [ -z "$(ss -Htln "sport = :$p" 2>/dev/null)" ]; then
-            echo "$p"
-            return 0
-        fi
-    done
-    vm_fail "no free port found"
+    free_port || vm_fail "no free port found"
 }
 
 # Waits until 127.0.0.1:PORT accepts a connection, or the target NAME died, or 15 s passed.

@@ -18,6 +18,12 @@
 # reads and queries around them. Over siw in the emulated guest data moves at 1-2 MB/s, and most
 # "Simple" tests move 30-50 MB (SCSI.Write10.Simple alone took 74 s; ALL ran 15 tests in 233 s, so
 # the whole suite would take about an hour). ISER_LIBISCSI_TESTS=ALL runs everything, slowly.
+# Left out for time alone (each passes; CI's whole budget is 90 minutes): SCSI.Write16.BeyondEol,
+# SCSI.WriteVerify10.BeyondEol and SCSI.OrWrite.BeyondEol (about 100 s each: the target fetches
+# every write's data by RDMA Read before it finds the LBA out of range, 66 MB per test, which
+# SCSI.Write10.BeyondEol already covers), SCSI.CompareAndWrite.Miscompare (119 s; the TCP job
+# covers its sense, and an iSER SCSI Response carries sense the same way for every command) and
+# SCSI.WriteSame10.Unmap (68 s; SCSI.WriteSame10.Simple and SCSI.Unmap.Simple cover its paths).
 # Left out because libiscsi 1.20's iSER layer, not the target, fails them (the same binary passes
 # them over TCP against the same target, whose residuals and data come from the SCSI layer whatever
 # the transport, and whose RDMA Writes carry exactly each Data-In's bytes):
@@ -48,9 +54,8 @@ default_tests=SCSI.TestUnitReady,SCSI.ReadCapacity16,SCSI.ReportSupportedOpcodes
 default_tests+=,SCSI.ModeSense6.AllPages,SCSI.ModeSense6.Control,SCSI.Inquiry.EVPD,SCSI.Inquiry.SupportedVPD
 default_tests+=,SCSI.Read10.Simple,SCSI.Read16.BeyondEol,SCSI.Read10.ZeroBlocks
 default_tests+=,SCSI.Write10.Async,SCSI.Write10.DpoFua,SCSI.Write10.BeyondEol,SCSI.Write10.ZeroBlocks
-default_tests+=,SCSI.Write16.BeyondEol,SCSI.WriteVerify10.BeyondEol,SCSI.OrWrite.BeyondEol
-default_tests+=,SCSI.CompareAndWrite.Simple,SCSI.CompareAndWrite.Miscompare,SCSI.CompareAndWrite.InvalidDataOutSize
-default_tests+=,SCSI.WriteSame10.Simple,SCSI.WriteSame10.Unmap,SCSI.WriteSame10.InvalidDataOutSize,SCSI.WriteSame16.Simple
+default_tests+=,SCSI.CompareAndWrite.Simple,SCSI.CompareAndWrite.InvalidDataOutSize
+default_tests+=,SCSI.WriteSame10.Simple,SCSI.WriteSame10.InvalidDataOutSize,SCSI.WriteSame16.Simple
 default_tests+=,SCSI.Unmap.Simple,SCSI.PrinReadKeys,SCSI.ProutRegister,SCSI.ProutReserve,iSCSI.iSCSINop
 tests=${ISER_LIBISCSI_TESTS:-$default_tests}
 suite_s=${ISER_LIBISCSI_SUITE_S:-900}
