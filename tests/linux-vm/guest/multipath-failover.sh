@@ -122,7 +122,10 @@ ok "the owner's path $sdo carries every write, the standby's $sds none (state $(
 # The failover's end: the first write the map completes after the kill. The map's count, not the
 # survivor's disk's: a disk counts the writes it fails too, the map (queue_if_no_path) completes
 # none but the good ones; the owner's writes in flight at the kill never complete.
-echo "$owner" >out/kill-target
+# Written aside and renamed: the host acts on the file as soon as it exists, and once read it empty
+# (the port not yet written through the share: CI, two jobs side by side).
+echo "$owner" >out/kill-target.part
+mv out/kill-target.part out/kill-target
 for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.05; done
 [ -e target-killed ] || fail "the host did not kill the owner"
 t0=$(date +%s%N)
