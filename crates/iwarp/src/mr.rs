@@ -195,6 +195,12 @@ impl Memory {
 
 struct Region {
     buf: Memory,
+    /// The length registered, which the bounds of a work request are
+    /// checked against: `buf` reads as empty while the reader has it out
+    /// for a placement ([`ProtectionDomain::checkout`]), and a request for
+    /// another range of the region may be posted meanwhile (many RDMA
+    /// Reads into one sink, each placed as its response arrives).
+    len: usize,
     access: Access,
     base: u64,
     valid: bool,
@@ -319,6 +325,7 @@ impl ProtectionDomain {
         slot.key = if slot.key == 255 { 1 } else { slot.key + 1 };
         slot.region = Some(Region {
             buf: buffer,
+            len,
             access,
             base,
             valid: true,
@@ -427,10 +434,10 @@ impl ProtectionDomain {
         if !r.access.contains(need) {
             return Err(format!("local STag {stag:#x} lacks {need:?}"));
         }
-        if offset.checked_add(len).is_none_or(|end| end > r.buf.len()) {
+        if offset.checked_add(len).is_none_or(|end| end > r.len) {
             return Err(format!(
                 "{len} bytes at {offset} do not fit STag {stag:#x} of {} bytes",
-                r.buf.len()
+                r.len
             ));
         }
         Ok(())
@@ -455,7 +462,9 @@ impl ProtectionDomain {
     /// `buf[start..start + len]` without holding the table's lock across
     /// the wait, and puts it back with [`ProtectionDomain::checkin`]. The
     /// same checks as [`ProtectionDomain::place`]. While it is out, the
-    /// region reads as empty (any other access fails its bounds check):
+    /// region reads as empty (any other placement or read of its bytes
+    /// fails its bounds check; a work request posted meanwhile is checked
+    /// against the length registered, [`ProtectionDomain::check_local`]):
     /// only the stream's single reader places, and a region is not used
     /// locally before its placement completed (the Read's completion, the
     /// response that follows the Writes).
@@ -618,5 +627,38 @@ mod tests {
         let mr = pd.register_frozen(bytes.clone(), Access::REMOTE_READ);
         assert!(pd.deregister(mr).is_empty());
         drop(bytes);
+    }
+
+    /// Many RDMA Reads into one sink: the reader has the region out to
+    /// place one response while the next request is posted. Its bounds
+    /// are the region's registered length, not the empty buffer left in
+    /// the table (CI saw "65536 bytes at 983040 do not fit STag 0x1 of 0
+    /// bytes" in `many_reads_beyond_ord_wait_in_order`).
+    #[test]
+    fn a_request_posted_while_its_region_is_placed_into_is_checked_against_its_length() {
+        let pd = ProtectionDomain::new();
+        let mr = pd.register(vec![0; 64], Access::LOCAL_WRITE);
+        let placement = pd
+            .checkout(mr.stag(), mr.addr(), 16, Access::LOCAL_WRITE)
+            .expect("checkout");
+        assert_eq!(
+            pd.check_local(mr.stag(), 48, 16, Access::LOCAL_WRITE),
+            Ok(())
+        );
+        assert!(
+            pd.check_local(mr.stag(), 48, 17, Access::LOCAL_WRITE)
+                .is_err()
+        );
+        // Placement itself still waits for the buffer to come back.
+        assert_eq!(
+            pd.place(mr.stag(), mr.addr() + 32, b"x", Access::LOCAL_WRITE),
+            Err(Refusal::Bounds)
+        );
+        pd.checkin(placement);
+        assert_eq!(
+            pd.place(mr.stag(), mr.addr() + 32, b"x", Access::LOCAL_WRITE),
+            Ok(())
+        );
+        assert_eq!(pd.deregister(mr).len(), 64);
     }
 }
