@@ -15,14 +15,6 @@ PROBE_PLOT_FONT=${PROBE_PLOT_FONT:-/usr/share/fonts/truetype/dejavu/DejaVuSans.t
 # probe_plot_font: the plot font is installed.
 probe_plot_font() { [ -f "$PROBE_PLOT_FONT" ]; }
 
-# libclang, which bindgen loads when libublk-rs-sys (`iscsi attach`) is built: a glob of where
-# Debian's libclang-dev puts it. PROBE_LIBCLANG set beforehand replaces it
-# (tests/scripts/fresh-machine points it at files that are not there, then at its stub's).
-PROBE_LIBCLANG=${PROBE_LIBCLANG:-/usr/lib/llvm-*/lib/libclang.so*}
-
-# probe_libclang: some file matches PROBE_LIBCLANG.
-probe_libclang() { compgen -G "$PROBE_LIBCLANG" >/dev/null; }
-
 # The URL the qemu-img probe opens: port 1 on loopback, which refuses at once, so no traffic leaves
 # the machine and the probe takes milliseconds.
 PROBE_QEMU_ISCSI_URL=iscsi://127.0.0.1:1/iqn.2026-11.rs.iscsi:probe/0
@@ -176,14 +168,6 @@ SOURCES
     apt-get "${private[@]}" update -qq >"$dir/apt.log" 2>&1 &&
         (cd "$dir" && apt-get "${private[@]}" source --download-only "$package") >>"$dir/apt.log" 2>&1
 }
-
-# Where librbd's and librados's headers are (Debian packages librbd-dev, librados-dev; the `rbd`
-# cargo feature of crates/scsi links the libraries). PROBE_CEPH_INCLUDE set beforehand replaces it
-# (tests/scripts/fresh-machine points it at an empty directory).
-PROBE_CEPH_INCLUDE=${PROBE_CEPH_INCLUDE:-/usr/include}
-
-# probe_ceph_headers HEADER: HEADER (rbd/librbd.h, rados/librados.h) is installed.
-probe_ceph_headers() { [ -f "$PROBE_CEPH_INCLUDE/$1" ]; }
 
 # tgtd's RBD backing store (`--bstype rbd`), Debian package tgt-rbd: the plugin tgtd loads at start.
 # scripts/bench-target's RBD mode compares against it. PROBE_TGT_RBD set beforehand replaces the glob

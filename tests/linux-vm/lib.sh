@@ -60,29 +60,6 @@ vm_iscsi_has_iser_target() {
 }
 
 # Creates the job's work directory and makes it the current directory (./vm-out lands there).
-# vm_rbd_binary: sets VM_RBD_BIN to an `iscsi` built with librbd (cargo feature rbd), for the
-# gateways a job runs on the host (target/ci/iscsi must stay without it: the guests have no Ceph
-# libraries): $ISCSI_RBD_BIN, else iscsi-rbd beside $ISCSI_BIN (scripts/test leaves one there),
-# built when missing or older than $ISCSI_BIN (left by an earlier build of other sources) the way
-# scripts/test builds it.
-vm_rbd_binary() {
-    VM_RBD_BIN=${ISCSI_RBD_BIN:-$(dirname "$ISCSI_BIN")/iscsi-rbd}
-    if [ -x "$VM_RBD_BIN" ] && { [ -n "${ISCSI_RBD_BIN:-}" ] || [ ! "$VM_RBD_BIN" -ot "$ISCSI_BIN" ]; }; then
-        return 0
-    fi
-    # cargo build --features rbd writes target/ci/iscsi: the plain one is kept aside and put back
-    # (moved, not copied over: cargo hard-links the binary it puts there).
-    local bin=${CARGO_TARGET_DIR:-$LINUX_VM_REPO/target}/ci/iscsi plain
-    vm_log "building $VM_RBD_BIN (cargo feature rbd)"
-    plain=$(mktemp /tmp/iscsi-plain.XXXXXX)
-    if [ -x "$bin" ]; then cp -p "$bin" "$plain"; fi
-    (cd "$LINUX_VM_REPO" && CEPH_DEV_INSTALL_ONLY=1 scripts/ceph-dev start >/dev/null &&
-        cargo build --profile ci --locked -p iscsi-cli --features rbd)
-    rm -f "$VM_RBD_BIN"
-    cp -p "$bin" "$VM_RBD_BIN"
-    if [ -s "$plain" ]; then rm -f "$bin"; mv "$plain" "$bin"; else rm -f "$plain"; fi
-}
-
 vm_setup() {
     VM_JOB=${VM_JOB:-$(basename "$0" .sh)}
     [ -x "$ISCSI_BIN" ] || vm_fail "no iscsi binary at $ISCSI_BIN (set ISCSI_BIN)"

@@ -99,13 +99,10 @@ fn main() -> ExitCode {
     let logs = tracing_subscriber::fmt()
         // fuser (iscsi mount) says "[Not Implemented]" at warn for
         // every request a file system leaves to the kernel's defaults:
-        // noise for an operator. libublk (iscsi attach) says at info what
-        // `iscsi attach` says itself ("dev N initialized/deinitialized",
-        // queue affinities): its warnings and errors are kept.
+        // noise for an operator: its errors are kept.
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-                tracing_subscriber::EnvFilter::new("info,fuser=error,libublk=warn")
-            }),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=error")),
         )
         .with_writer(std::io::stderr)
         // Colours for a person at a terminal only: a log file or journal

@@ -25,7 +25,7 @@ fn without_ublk_attach_and_detach_say_to_load_the_module() {
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(output.status.code(), Some(1), "iscsi {args:?}: {stderr}");
         assert!(output.stdout.is_empty(), "iscsi {args:?} printed a device");
-        let missing = "/dev/ublk-control is missing: load the ublk_drv module (Linux 6.0+)";
+        let missing = "/dev/ublk-control is missing: load the ublk_drv module (Linux 6.5+)";
         if Path::new("/dev/ublk-control").exists() {
             assert!(!stderr.contains(missing), "{stderr}");
         } else {

@@ -7,8 +7,8 @@
 //! active/optimized and ASYMMETRIC ACCESS STATE CHANGED, and serves writes,
 //! with the data written before the kill intact. Prints the time from the
 //! kill to the first completed write. Built only with the cargo feature
-//! `rbd`.
-#![cfg(feature = "rbd")]
+//! `ceph-tests`.
+#![cfg(feature = "ceph-tests")]
 
 mod common;
 

@@ -3,8 +3,8 @@
 //! `ISCSI_CEPH_CONF`): data written through our initiator lands in the
 //! image (read back by `rbd export`), UNMAP reads zeros, and a missing image
 //! or an unreachable cluster stops the target with a message naming what
-//! failed. Built only with the cargo feature `rbd`.
-#![cfg(feature = "rbd")]
+//! failed. Built only with the cargo feature `ceph-tests`.
+#![cfg(feature = "ceph-tests")]
 
 mod common;
 

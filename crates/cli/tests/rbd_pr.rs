@@ -7,8 +7,8 @@
 //! FULL STATUS read the same through both; then, with gateway 1 stopped
 //! (SIGSTOP), B's PREEMPT AND ABORT through gateway 2 completes only after
 //! gateway 1 is fenced, and nothing A writes through gateway 1 afterwards
-//! lands in the image. Built only with the cargo feature `rbd`.
-#![cfg(feature = "rbd")]
+//! lands in the image. Built only with the cargo feature `ceph-tests`.
+#![cfg(feature = "ceph-tests")]
 
 mod common;
 

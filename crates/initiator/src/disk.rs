@@ -250,6 +250,12 @@ impl Disk {
 
     async fn read_blocks(&self, lba: u64, blocks: u64) -> Result<Vec<u8>, Error> {
         let bs = self.limits.block_size;
+        if blocks <= self.per_command() {
+            // One command: its buffer is the answer, with no copy into a
+            // second one (every 4 KiB read of `iscsi attach` comes here).
+            let buffer = vec![0u8; (blocks * u64::from(bs)) as usize];
+            return self.session.read(self.lun, lba, bs, buffer).await;
+        }
         let mut out = Vec::with_capacity((blocks * u64::from(bs)) as usize);
         for (at, count) in pieces(lba, blocks, self.per_command()) {
             let buffer = vec![0u8; (count * u64::from(bs)) as usize];

@@ -64,7 +64,6 @@ pub use backstore::{
     FileBackstore, IoFuture, Lent, PrEvent, PrEventHandler, RamBackstore, RamBackstoreError,
     SharedPrStore, SlowBackstore, WithOptions, WriteData,
 };
-#[cfg(feature = "rbd")]
 pub use backstore::{RbdBackstore, RbdSpec};
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};

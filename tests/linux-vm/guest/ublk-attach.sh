@@ -15,7 +15,7 @@
 # shellcheck source=open-iscsi-lib.sh
 . ./open-iscsi-lib.sh
 # shellcheck disable=SC1091 # written by the host job
-. ./params.sh # PORT, IQN, PORT2, IQN2, ATTACH_RUST_LOG
+. ./params.sh # PORT, IQN, PORT2, IQN2, ATTACH_RUST_LOG, BENCH_ROUNDS
 # shellcheck disable=SC2153 # PORT and IQN come from params.sh
 url=iscsi://10.0.2.100:$PORT/$IQN/0
 # Seconds a command may take before it fails (iscsi --timeout): the bad case's bound.
@@ -41,11 +41,11 @@ diagnose() {
     } 2>&1 | tee out/diagnose.txt >&2
 }
 # attach N [ARGS]: `iscsi attach ... ARGS` in the background; sets dev once it printed the device (60 s at most).
-# Its commands time out after ATTACH_TIMEOUT seconds if given, else TIMEOUT.
+# Its commands time out after ATTACH_TIMEOUT seconds if given, else TIMEOUT; ATTACH_QUEUES queues (2).
 attach() {
     local n=$1 _
     shift
-    RUST_LOG=${ATTACH_RUST_LOG:-info} ./iscsi attach "$url" --queues 2 --depth 64 --timeout "${ATTACH_TIMEOUT:-$TIMEOUT}" "$@" >"out/attach-$n.out" 2>"out/attach-$n.log" &
+    RUST_LOG=${ATTACH_RUST_LOG:-info} ./iscsi attach "$url" --queues "${ATTACH_QUEUES:-2}" --depth 64 --timeout "${ATTACH_TIMEOUT:-$TIMEOUT}" "$@" >"out/attach-$n.out" 2>"out/attach-$n.log" &
     attach_pid=$!
     for _ in $(seq 1 600); do
         dev=$(head -1 "out/attach-$n.out" 2>/dev/null || true)
@@ -214,40 +214,56 @@ ok "all $acked writes acknowledged before the kill are on the LUN"
 rm -f /tmp/pattern.bin
 
 # Side by side, when the image has open-iscsi: the kernel's initiator and ours on the same
-# target (a second RAM LUN on the host), 4 KiB randread/randwrite QD32 and 1 MiB sequential.
+# target (a second RAM LUN on the host), 4 KiB randread/randwrite QD32 and 1 MiB sequential, in
+# BENCH_ROUNDS interleaved rounds (params.sh; 1 in CI), each side's median over the rounds and our
+# ratio to the kernel's. Ours with one queue (attach's default: the queue and the session on one
+# thread), like open-iscsi's one session of one connection.
 if [ -n "${PORT2:-}" ] && command -v iscsiadm >/dev/null; then
     url=iscsi://10.0.2.100:$PORT2/$IQN2/0
-    bench() { # NAME DEV: the four fio runs; one line each into out/compare.txt
-        local name=$1 d=$2 rw bs
+    bench() { # NAME DEV ROUND: the four fio runs, a JSON file each
+        local name=$1 d=$2 round=$3 rw bs
         for spec in randread:4k randwrite:4k read:1m write:1m; do
             rw=${spec%:*} bs=${spec#*:}
             fio --name="$name-$rw-$bs" --filename="$d" --ioengine=libaio --direct=1 --iodepth=32 \
                 --rw="$rw" --bs="$bs" --size=256M --runtime=10 --time_based=1 --output-format=json \
-                --output="out/bench-$name-$rw-$bs.json" >/dev/null 2>&1 || fail "fio $name $rw $bs"
-            python3 - "out/bench-$name-$rw-$bs.json" "$name" "$rw" "$bs" >>out/compare.txt <<'PY'
-import json, sys
-j = json.load(open(sys.argv[1]))["jobs"][0]
-side = j["read"] if j["read"]["io_bytes"] else j["write"]
-lat = side["clat_ns"]
-print(f"{sys.argv[2]:10} {sys.argv[3]:10} {sys.argv[4]:4} {side['iops']:10.0f} IOPS "
-      f"{side['bw'] / 1024:8.1f} MiB/s  clat mean {lat['mean'] / 1000:8.0f} us  p99 {lat['percentile'].get('99.000000', 0) / 1000:8.0f} us")
-PY
+                --output="out/bench-$name-$rw-$bs-$round.json" >/dev/null 2>&1 || fail "fio $name $rw $bs"
         done
     }
-    # Not the bad case's 10 s: 32 writes of 1 MiB queued in the emulated guest wait their turn for
-    # longer than that when a second VM shares the machine (CI runs two jobs side by side), and the
-    # bench is a comparison, not a bound.
-    ATTACH_TIMEOUT=120 attach 4
-    bench ublk "$dev"
-    detach 4
     start_iscsid
     P=10.0.2.100:$PORT2
     node_new "$IQN2" "$P"
-    login "$IQN2" "$P"
-    kdev=$(disk "$IQN2" 0)
-    bench open-iscsi "$kdev"
-    logout "$IQN2" "$P"
-    echo "side by side (emulated guest: relative figures only):"
+    for round in $(seq 1 "${BENCH_ROUNDS:-1}"); do
+        # Not the bad case's 10 s: 32 writes of 1 MiB queued in the emulated guest wait their turn
+        # for longer than that when a second VM shares the machine (CI runs two jobs side by side),
+        # and the bench is a comparison, not a bound.
+        ATTACH_QUEUES=1 ATTACH_TIMEOUT=120 attach "4-$round"
+        bench ublk "$dev" "$round"
+        detach "4-$round"
+        login "$IQN2" "$P"
+        kdev=$(disk "$IQN2" 0)
+        bench open-iscsi "$kdev" "$round"
+        logout "$IQN2" "$P"
+    done
+    python3 - out >out/compare.txt <<'PY'
+import glob, json, statistics, sys
+rows = {}
+for path in sorted(glob.glob(f"{sys.argv[1]}/bench-*.json")):
+    j = json.load(open(path))["jobs"][0]
+    name, rw, bs = j["jobname"].rsplit("-", 2)
+    side = j["read"] if j["read"]["io_bytes"] else j["write"]
+    rows.setdefault((rw, bs), {}).setdefault(name, []).append(
+        (side["iops"], side["bw"] / 1024, side["clat_ns"]["mean"] / 1000))
+print(f"{'':10} {'':4} {'ublk IOPS':>10} {'kernel IOPS':>12} {'ratio':>6} "
+      f"{'ublk MiB/s':>10} {'kernel MiB/s':>12} {'ublk clat us':>12} {'kernel clat us':>14}  rounds")
+for (rw, bs), sides in rows.items():
+    u, k = sides.get("ublk", []), sides.get("open-iscsi", [])
+    if not u or not k:
+        continue
+    med = lambda runs, i: statistics.median(r[i] for r in runs)
+    print(f"{rw:10} {bs:4} {med(u, 0):10.0f} {med(k, 0):12.0f} {med(u, 0) / med(k, 0):6.2f} "
+          f"{med(u, 1):10.1f} {med(k, 1):12.1f} {med(u, 2):12.0f} {med(k, 2):14.0f}  {len(u)}")
+PY
+    echo "side by side (emulated guest: relative figures only; medians of ${BENCH_ROUNDS:-1} rounds):"
     cat out/compare.txt
 fi
 dmesg >out/dmesg.txt

@@ -9,15 +9,13 @@
 # path must return within 120 s, the two paths then one ready (active/optimized) and one ghost
 # (standby); the guest prints the time from the restart to the return. About 2.5-3 min on 2 busy
 # cores. Guest side: guest/multipath-failover.sh.
-# The gateways need a binary with librbd (cargo feature rbd), which target/ci/iscsi must not be
-# (the guest of the other jobs has no Ceph libraries): $ISCSI_RBD_BIN, by default iscsi-rbd beside
-# $ISCSI_BIN (scripts/test leaves one there), built when missing the way scripts/test builds it.
+# The gateways are $ISCSI_BIN itself, which loads librbd (installed by scripts/ceph-dev) when the
+# rbd: LUN opens.
 # multipathd is in the image of build-ublk-image only (bookworm-backports' 6.12), which this job
 # boots.
 set -euo pipefail
 # shellcheck source=tests/linux-vm/lib.sh
 source "$(dirname "$0")/../lib.sh"
-vm_rbd_binary
 image=$("$LINUX_VM_DIR/build-ublk-image")
 vm_setup
 ceph_dir=$VM_WORK/ceph
@@ -26,7 +24,6 @@ ceph_dir=$VM_WORK/ceph
 trap 'rc=$?; "$LINUX_VM_REPO/scripts/ceph-dev" stop "$ceph_dir" >/dev/null 2>&1 || true; _vm_exit $rc' EXIT
 "$LINUX_VM_REPO/scripts/ceph-dev" start "$ceph_dir" >/dev/null
 rbd -c "$ceph_dir/ceph.conf" create rbd/mpath --size 256M
-ISCSI_BIN=$VM_RBD_BIN
 port1=$(vm_free_port)
 iqn=iqn.2026-11.rs.iscsi.test:mpath
 gateway() { echo --name "$iqn" --control none --target-port-id "$1" --gateway-group 1,2 --lun "rbd:rbd/mpath,conf=$ceph_dir/ceph.conf"; }

@@ -15,12 +15,11 @@
 # standby gateway would answer writes NOT READY (standby) before any reservation check.
 # Handshake through the share: the guest writes out/stop-gw1 and out/cont-gw1, the host answers
 # ./gw1-stopped and ./gw1-continued. Guest side: guest/pr-two-gateways.sh.
-# The gateways need a binary with librbd (cargo feature rbd): $ISCSI_RBD_BIN, by default iscsi-rbd
-# beside $ISCSI_BIN, built when missing the way scripts/test builds it.
+# The gateways are $ISCSI_BIN itself, which loads librbd (installed by scripts/ceph-dev) when the
+# rbd: LUN opens.
 set -euo pipefail
 # shellcheck source=tests/linux-vm/lib.sh
 source "$(dirname "$0")/../lib.sh"
-vm_rbd_binary
 vm_setup
 ceph_dir=$VM_WORK/ceph
 # Ceph goes with the job whatever happens (its daemons killed by the PIDs they wrote), before the
@@ -29,7 +28,6 @@ trap 'rc=$?; [ -n "$(target_pid g1)" ] && kill -CONT "$(target_pid g1)" 2>/dev/n
 "$LINUX_VM_REPO/scripts/ceph-dev" start "$ceph_dir" >/dev/null
 conf=$ceph_dir/ceph.conf
 rbd -c "$conf" create rbd/pr --size 64M
-ISCSI_BIN=$VM_RBD_BIN
 iqn=iqn.2026-11.rs.iscsi.test:pr
 gateway() { echo --name "$iqn" --control none --target-port-id "$1" --lun "rbd:rbd/pr,conf=$conf"; }
 port1=$(vm_free_port)

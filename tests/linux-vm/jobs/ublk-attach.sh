@@ -19,7 +19,8 @@ target_start t0 "$port" --name "$iqn" --lun "file:$VM_WORK/ublk.img,size=512M"
 port2=$(vm_free_port)
 iqn2=iqn.2026-11.rs.iscsi.test:ublk-bench
 target_start t1 "$port2" --name "$iqn2" --lun ram:512M
-echo "PORT=$port IQN=$iqn PORT2=$port2 IQN2=$iqn2 ATTACH_RUST_LOG=${ATTACH_RUST_LOG:-info}" >params.sh
+# BENCH_ROUNDS: rounds of the side-by-side bench (1; medians over them, for a measurement: 3).
+echo "PORT=$port IQN=$iqn PORT2=$port2 IQN2=$iqn2 ATTACH_RUST_LOG=${ATTACH_RUST_LOG:-info} BENCH_ROUNDS=${BENCH_ROUNDS:-1}" >params.sh
 cp "$ISCSI_BIN" ./iscsi
 guest=$LINUX_VM_DIR/guest
 # Plain --to-host: the killed target ($port) serves only our initiator, which is not subject to

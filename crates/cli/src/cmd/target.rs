@@ -42,9 +42,9 @@ pub struct Args {
     /// 256M or 1G), `file:PATH[,size=SIZE]` (created or extended to SIZE),
     /// `block:PATH[,direct]` (a block device, optionally O_DIRECT),
     /// `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]` (a Ceph RBD
-    /// image through librbd; builds with the cargo feature `rbd`; a cluster
-    /// op that takes longer than the timeout, 30 s by default, fails the
-    /// command with NOT READY); any of
+    /// image through librbd, loaded when the first one opens: Debian's
+    /// librbd1; a cluster op that takes longer than the timeout, 30 s by
+    /// default, fails the command with NOT READY); any of
     /// them with `,latency=DURATION` (e.g. 20ms) waits that long on every
     /// access, as a slow device would; `,readonly` refuses writes (DATA
     /// PROTECT); `,removable` makes the medium removable (START STOP UNIT

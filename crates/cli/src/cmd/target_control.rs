@@ -77,7 +77,12 @@ pub fn run(action: &Action) -> anyhow::Result<()> {
         Action::Check { file, control } => {
             let text = std::fs::read_to_string(file)
                 .with_context(|| format!("reading {}", file.display()))?;
-            ParsedConfig::parse(&text).with_context(|| format!("{}", file.display()))?;
+            let parsed =
+                ParsedConfig::parse(&text).with_context(|| format!("{}", file.display()))?;
+            // What the file needs of this machine (librbd for rbd: LUNs).
+            parsed
+                .check_libraries()
+                .with_context(|| format!("{}", file.display()))?;
             println!("{}: valid", file.display());
             let path = socket(control);
             if !path.exists() {

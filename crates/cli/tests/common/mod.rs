@@ -3,9 +3,9 @@
 //! (Each test file compiles this module on its own and uses part of it.)
 #![allow(dead_code)]
 
-#[cfg(feature = "rbd")]
+#[cfg(feature = "ceph-tests")]
 pub mod ceph;
-#[cfg(feature = "rbd")]
+#[cfg(feature = "ceph-tests")]
 pub mod libiscsi;
 
 use std::process::{Command, Output};

@@ -34,7 +34,7 @@
 //! alias = "disk one"              # optional
 //! block_size = 512                # optional, 512 or 4096
 //! luns = ["ram:1G", "file:/srv/disk.img,size=10G", "block:/dev/loop0,direct"]
-//! # or "rbd:POOL/IMAGE,conf=/etc/ceph/ceph.conf,id=USER" (cargo feature rbd)
+//! # or "rbd:POOL/IMAGE,conf=/etc/ceph/ceph.conf,id=USER" (needs librbd1 installed)
 //! # any LUN may add ,readonly ,removable ,physical-block=4096 ,latency=5ms
 //! # and ,encrypt (RAM: a key in memory) or ,encrypt=KEYFILE (any store)
 //! # or, numbers that stay when a LUN before them goes (instead of luns):
@@ -448,6 +448,21 @@ impl ParsedConfig {
             luns: all_luns,
             force: file.force,
         })
+    }
+
+    /// Checks that this machine has what the LUNs need beyond their
+    /// specifications (librbd for `rbd:` ones: [`LunSpec::check_libraries`]);
+    /// the error names the target, the LUN and its line.
+    pub fn check_libraries(&self) -> Result<(), ConfigError> {
+        for (target, planned) in self.config.targets.iter().zip(&self.luns) {
+            for (n, lun) in planned {
+                lun.parsed.check_libraries().map_err(|e| ConfigError::At {
+                    line: lun.line,
+                    message: format!("target {} LUN {n} {:?}: {e}", target.name, lun.spec),
+                })?;
+            }
+        }
+        Ok(())
     }
 
     /// Opens every store and returns the configuration to serve.

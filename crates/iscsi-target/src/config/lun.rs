@@ -1,7 +1,7 @@
 //! LUN specifications, shared by the command line and the file:
 //! `ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH[,direct]`,
-//! `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]` (a Ceph RBD image; cargo feature
-//! `rbd`, parsed in every build so that a file stays valid), each
+//! `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]` (a Ceph RBD image, through
+//! librbd, which the first one to open loads: [`LunSpec::check_libraries`]), each
 //! optionally with the options of any store: `,latency=DURATION`,
 //! `,readonly`, `,removable`, `,physical-block=SIZE`, `,encrypt[=KEYFILE]`. Parsing
 //! ([`LunSpec::parse`]) opens nothing, so `iscsi target check` and a reload
@@ -86,9 +86,6 @@ pub enum StoreKind {
         timeout: Option<u32>,
     },
 }
-
-/// Why an `rbd:` LUN cannot open in a build without the `rbd` feature.
-pub const NO_RBD: &str = "this iscsi was built without RBD support (cargo feature rbd)";
 
 impl LunSpec {
     /// Parses a specification. The error names the specification and
@@ -283,6 +280,20 @@ impl LunSpec {
         Ok(Arc::new(WithOptions::new(store, self.options)?))
     }
 
+    /// Checks what opening needs of this machine beyond the specification:
+    /// for an `rbd:` LUN, that librbd loads (loading it, once per process).
+    /// The error says what to install ("librbd.so.1 not found: install
+    /// librbd1"). What `iscsi target check` runs, so that a file is refused
+    /// on a gateway without Ceph's libraries before a reload opens anything.
+    pub fn check_libraries(&self) -> Result<(), String> {
+        match self.kind {
+            StoreKind::Rbd { .. } => {
+                iscsi_scsi::RbdBackstore::load_library().map_err(|e| e.to_string())
+            }
+            StoreKind::Ram { .. } | StoreKind::File { .. } | StoreKind::Block { .. } => Ok(()),
+        }
+    }
+
     /// What identifies the medium: the kind of store and its path (a RAM
     /// store has none), without sizes or options, so that a LUN keeps its
     /// identifiers when it is made read-only or grown.
@@ -304,7 +315,6 @@ impl LunSpec {
 
 /// Opens an [`StoreKind::Rbd`] (its LU identifier comes from the cluster
 /// and the image, the same in every gateway: see `RbdBackstore::open`).
-#[cfg(feature = "rbd")]
 fn open_rbd(
     kind: &StoreKind,
     block_size: u32,
@@ -331,17 +341,6 @@ fn open_rbd(
         iscsi_scsi::RbdBackstore::open_in_group(&spec, block_size, group)
             .map_err(|e| e.to_string())?,
     ))
-}
-
-/// Without the `rbd` feature an `rbd:` LUN parses (a config file stays
-/// valid for builds that have it) but refuses to open.
-#[cfg(not(feature = "rbd"))]
-fn open_rbd(
-    _kind: &StoreKind,
-    _block_size: u32,
-    _group: Option<&GatewayGroup>,
-) -> Result<Arc<dyn Backstore>, String> {
-    Err(NO_RBD.to_owned())
 }
 
 /// 512 or 4096: the logical block sizes every store supports.
@@ -588,16 +587,6 @@ mod tests {
         let bad = open_lun("ram:1M,latency=soon", 512, "t", 3).unwrap_err();
         assert!(bad.contains("latency \"soon\""), "{bad}");
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[cfg(not(feature = "rbd"))]
-    #[test]
-    fn rbd_without_the_feature_is_refused_at_open() {
-        let error = open_lun("rbd:rbd/img", 512, "t", 1).unwrap_err();
-        assert!(
-            error.contains(NO_RBD) && error.contains("rbd:rbd/img"),
-            "{error}"
-        );
     }
 
     #[test]

@@ -102,6 +102,7 @@ impl ServerHandle {
     /// now, applying nothing (`iscsi target check FILE`).
     pub fn plan(&self, text: &str) -> Result<Plan, ConfigError> {
         let parsed = ParsedConfig::parse(text)?;
+        parsed.check_libraries()?;
         Ok(plan::plan(
             &self.shared.config(),
             &parsed,

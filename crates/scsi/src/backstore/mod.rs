@@ -9,7 +9,7 @@
 //! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
 //! | `slow.rs` | [`SlowBackstore`]: any store behind a fixed latency (a slow device, for tests) |
 //! | `encrypted.rs` | [`EncryptedBackstore`]: any store kept encrypted (AES-256-XTS) under a key that SANITIZE CRYPTOGRAPHIC ERASE replaces |
-//! | `rbd/` | [`RbdBackstore`] (cargo feature `rbd`): a Ceph RBD image through librbd, one RADOS client per LU; all FFI in `rbd/ffi/` |
+//! | `rbd/` | [`RbdBackstore`]: a Ceph RBD image through librbd (loaded when the first image opens), one RADOS client per LU; all FFI in `rbd/ffi/` |
 //! | `options.rs` | [`WithOptions`]: any store with LU options (read-only, removable, physical block size) |
 //!
 //! The SCSI layer has already range-checked every request in LBAs before it
@@ -177,7 +177,6 @@ mod encrypted;
 mod file;
 mod options;
 mod ram;
-#[cfg(feature = "rbd")]
 mod rbd;
 mod slow;
 
@@ -192,7 +191,6 @@ pub use file::FileBackstore;
 pub use file::copy_file_range_all;
 pub use options::WithOptions;
 pub use ram::{RAM_CHUNK_SIZE, RamBackstore, RamBackstoreError};
-#[cfg(feature = "rbd")]
 pub use rbd::{RbdBackstore, RbdSpec};
 pub use slow::SlowBackstore;
 

@@ -8,8 +8,9 @@
 //! with no request left in flight, SYNCHRONIZE CACHE and log out.
 //!
 //! Queues: `--queues` ublk hardware queues of `--depth` requests, one
-//! thread each; every request runs as a task on one tokio runtime over one
-//! iSCSI session. With `--connections N` (MC/S) queue q's commands go on
+//! thread each, whose requests run on that thread straight into one iSCSI
+//! session. With one queue (the default) the session's connections share
+//! that thread too: a current-thread runtime, nothing crossing threads. With `--connections N` (MC/S) queue q's commands go on
 //! connection q mod N (`with_connection_affinity`): `--queues N
 //! --connections N` gives each queue a connection of its own.
 //!
@@ -87,10 +88,18 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
     if let Some(device) = ublk::attached_already(&identity) {
         bail!("{url} is attached already as {device} (`iscsi detach {device}` first)");
     }
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .context("starting the runtime")?;
+    // One queue: one thread for everything, the queue's ring and the
+    // session's sockets on one reactor, no request crossing threads. More
+    // queues: each on a thread of its own, the session's connections on
+    // the runtime's workers.
+    let runtime = if args.queues == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+    }
+    .enable_all()
+    .build()
+    .context("starting the runtime")?;
     let disk = runtime.block_on(async {
         let session = Arc::new(connect(&url, &args.session.for_disk()).await?);
         let disk = Disk::open(Arc::clone(&session), url.lun).await;
@@ -112,13 +121,7 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
         queues: args.queues,
         depth: args.depth,
     };
-    let served = ublk::serve(
-        Arc::clone(&disk),
-        runtime.handle().clone(),
-        shape,
-        identity,
-        live,
-    );
+    let served = ublk::serve(Arc::clone(&disk), &runtime, shape, identity, live);
     watcher.abort();
     tracing::info!(
         per_connection = ?disk.session().commands_per_connection(),

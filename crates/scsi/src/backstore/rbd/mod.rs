@@ -403,6 +403,16 @@ impl RbdBackstore {
         Self::open_in_group(spec, block_size, None)
     }
 
+    /// Loads librbd and librados unless this process already has (the first
+    /// image to open does it too): what a configuration check runs, so that
+    /// a gateway without them says so before it opens anything. The error
+    /// says what to install ("librbd.so.1 not found: install librbd1", kind
+    /// `NotFound`). `$ISCSI_LIBRBD` names another file to load than
+    /// `librbd.so.1` (tests; a librbd outside the loader's search path).
+    pub fn load_library() -> io::Result<()> {
+        ffi::load().map(drop)
+    }
+
     /// [`RbdBackstore::open`] for a gateway of `group`: the LU answers with
     /// implicit ALUA, and a keeper thread decides from the cluster which
     /// gateway owns it (the image's exclusive lock; see `gateway.rs`). It
@@ -525,7 +535,7 @@ impl RbdBackstore {
     }
 
     /// Reads the size now instead of at the next poll (tests).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "ceph-tests"))]
     fn poll_size_now(&self) {
         self.shared.poll_size();
     }
@@ -813,5 +823,7 @@ fn run_from(offset: u64, window: u64, extents: &[ffi::Extent]) -> Allocation {
     }
 }
 
-#[cfg(test)]
+// Against a running cluster (scripts/ceph-dev): the cargo feature
+// `ceph-tests`, as scripts/test runs them.
+#[cfg(all(test, feature = "ceph-tests"))]
 mod tests;

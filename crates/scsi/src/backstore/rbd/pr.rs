@@ -97,7 +97,7 @@ impl RbdPrStore {
     }
 
     /// The object's name.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "ceph-tests"))]
     pub(crate) fn oid(&self) -> String {
         self.inner.load().oid.clone()
     }

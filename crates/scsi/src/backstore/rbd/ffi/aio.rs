@@ -44,7 +44,7 @@
 //! Tests: `aio_*` in `rbd/tests.rs`, against a ceph-dev cluster.
 
 use std::collections::HashMap;
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::future::Future;
 use std::io;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -56,10 +56,9 @@ use rustix::event::{EventfdFlags, eventfd};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
-use super::{Image, RbdImageT, check};
+use super::sys::{Api, IoVec, RbdCompletionT, RbdImageT};
+use super::{Image, check};
 use crate::backstore::{IoFuture, WriteData};
-
-type RbdCompletionT = *mut c_void;
 
 /// `EVENT_TYPE_EVENTFD` of `rbd_image_event_t` (librbd.h).
 const EVENT_TYPE_EVENTFD: c_int = 2;
@@ -70,51 +69,6 @@ const IOV_MAX: usize = 1024;
 
 /// Completions taken from librbd per call.
 const POLL_BATCH: usize = 32;
-
-/// `struct iovec` (sys/uio.h).
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct IoVec {
-    base: *const c_void,
-    len: usize,
-}
-
-#[link(name = "rbd")]
-unsafe extern "C" {
-    fn rbd_set_image_notification(image: RbdImageT, fd: c_int, kind: c_int) -> c_int;
-    fn rbd_poll_io_events(image: RbdImageT, comps: *mut RbdCompletionT, numcomp: c_int) -> c_int;
-    fn rbd_aio_create_completion(
-        cb_arg: *mut c_void,
-        complete_cb: Option<extern "C" fn(RbdCompletionT, *mut c_void)>,
-        c: *mut RbdCompletionT,
-    ) -> c_int;
-    fn rbd_aio_get_arg(c: RbdCompletionT) -> *mut c_void;
-    fn rbd_aio_get_return_value(c: RbdCompletionT) -> isize;
-    fn rbd_aio_release(c: RbdCompletionT);
-    fn rbd_aio_read2(
-        image: RbdImageT,
-        off: u64,
-        len: usize,
-        buf: *mut c_char,
-        c: RbdCompletionT,
-        op_flags: c_int,
-    ) -> c_int;
-    fn rbd_aio_write2(
-        image: RbdImageT,
-        off: u64,
-        len: usize,
-        buf: *const c_char,
-        c: RbdCompletionT,
-        op_flags: c_int,
-    ) -> c_int;
-    fn rbd_aio_writev(
-        image: RbdImageT,
-        iov: *const IoVec,
-        iovcnt: c_int,
-        off: u64,
-        c: RbdCompletionT,
-    ) -> c_int;
-}
 
 /// A buffer's address, carried into the future that submits the request.
 #[derive(Clone, Copy)]
@@ -175,12 +129,14 @@ impl std::fmt::Debug for Aio {
 
 impl Aio {
     /// An eventfd, registered with the open `image` as its event socket.
-    pub(super) fn register(image: RbdImageT) -> io::Result<Aio> {
+    pub(super) fn register(api: &Api, image: RbdImageT) -> io::Result<Aio> {
         let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
         // SAFETY: invariant 1 — an open image; the fd is an eventfd that
         // stays open until the image is closed (`Image`'s drop closes the
         // image before its `Aio` goes).
-        check(unsafe { rbd_set_image_notification(image, fd.as_raw_fd(), EVENT_TYPE_EVENTFD) })?;
+        check(unsafe {
+            api.rbd_set_image_notification(image, fd.as_raw_fd(), EVENT_TYPE_EVENTFD)
+        })?;
         Ok(Aio {
             eventfd: Arc::new(fd),
             ops: Mutex::new(HashMap::new()),
@@ -226,11 +182,11 @@ impl Image {
         let image = Arc::clone(self);
         async move {
             let (ptr, len) = (SendPtr(buf.as_mut_ptr()), buf.len());
-            let started = image.start(Held::Read(buf), |image, c| {
+            let started = image.start(Held::Read(buf), |api, image, c| {
                 // SAFETY: invariants 1 and 6 — `ptr..ptr+len` is the heap
                 // memory of the Vec now held in the table until this
                 // request's completion is reaped.
-                unsafe { rbd_aio_read2(image, offset, len, ptr.0.cast(), c, 0) }
+                unsafe { api.rbd_aio_read2(image, offset, len, ptr.0.cast(), c, 0) }
             });
             let (held, outcome) = match started {
                 Ok(done) => match done.await {
@@ -306,10 +262,10 @@ impl Image {
                     _data: data,
                     _iov: iov,
                 },
-                |image, c| {
+                |api, image, c| {
                     // SAFETY: invariants 1 and 6 — `base..base+n` lies in the
                     // boxed data held in the table until the completion is reaped.
-                    unsafe { rbd_aio_write2(image, offset, n, base.cast(), c, flags) }
+                    unsafe { api.rbd_aio_write2(image, offset, n, base.cast(), c, flags) }
                 },
             ))
         } else {
@@ -319,12 +275,12 @@ impl Image {
                     _data: data,
                     _iov: iov,
                 },
-                |image, c| {
+                |api, image, c| {
                     // SAFETY: invariants 1 and 6 — the iovec array (a Vec's heap
                     // memory) and every piece it points to are held in the table
                     // until the completion is reaped; `count` is its length, at
                     // most IOV_MAX.
-                    unsafe { rbd_aio_writev(image, array, count, offset, c) }
+                    unsafe { api.rbd_aio_writev(image, array, count, offset, c) }
                 },
             ))
         };
@@ -351,7 +307,7 @@ impl Image {
     fn start(
         self: &Arc<Self>,
         held: Held,
-        submit: impl FnOnce(RbdImageT, RbdCompletionT) -> c_int,
+        submit: impl FnOnce(&Api, RbdImageT, RbdCompletionT) -> c_int,
     ) -> Result<oneshot::Receiver<(Held, isize)>, (Held, io::Error)> {
         if let Err(e) = self.ensure_reaper() {
             return Err((held, e));
@@ -362,17 +318,20 @@ impl Image {
         // SAFETY: `c` receives the handle; no callback is registered, so
         // nothing of ours runs on librbd's threads; the argument is a
         // number, never dereferenced.
-        let r = unsafe { rbd_aio_create_completion(id as *mut c_void, None, &mut c) };
+        let r = unsafe {
+            self.api
+                .rbd_aio_create_completion(id as *mut c_void, None, &mut c)
+        };
         if r < 0 {
             return Err((held, io::Error::from_raw_os_error(-r)));
         }
         let (done, waiting) = oneshot::channel();
         aio.ops().insert(id, Op { held, done });
-        let r = submit(self.image, c);
+        let r = submit(self.api, self.image, c);
         if r < 0 {
             // SAFETY: invariant 7 — a submission that failed never
             // completes: the completion is ours to release, once.
-            unsafe { rbd_aio_release(c) };
+            unsafe { self.api.rbd_aio_release(c) };
             let op = aio.ops().remove(&id);
             let e = io::Error::from_raw_os_error(-r);
             return match op {
@@ -419,17 +378,19 @@ impl Image {
             let mut ready = [ptr::null_mut(); POLL_BATCH];
             // SAFETY: invariants 1 and 7 — an open image; `ready` has room
             // for POLL_BATCH handles, each a completion of ours.
-            let n =
-                unsafe { rbd_poll_io_events(self.image, ready.as_mut_ptr(), POLL_BATCH as c_int) };
+            let n = unsafe {
+                self.api
+                    .rbd_poll_io_events(self.image, ready.as_mut_ptr(), POLL_BATCH as c_int)
+            };
             let n = usize::try_from(n).unwrap_or(0).min(POLL_BATCH);
             for &c in &ready[..n] {
                 // SAFETY: invariant 7 — `c` was returned by
                 // rbd_poll_io_events: completed, not yet released; it is
                 // read, then released once, here.
                 let (id, ret) = unsafe {
-                    let id = rbd_aio_get_arg(c) as u64;
-                    let ret = rbd_aio_get_return_value(c);
-                    rbd_aio_release(c);
+                    let id = self.api.rbd_aio_get_arg(c) as u64;
+                    let ret = self.api.rbd_aio_get_return_value(c);
+                    self.api.rbd_aio_release(c);
                     (id, ret)
                 };
                 if let Some(op) = self.aio.ops().remove(&id) {

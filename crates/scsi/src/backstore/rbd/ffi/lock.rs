@@ -17,53 +17,13 @@ use std::ffi::{CStr, c_char, c_int};
 use std::io;
 use std::ptr;
 
-use super::{Image, RadosIoctxT, RbdImageT, check, cstring};
+use super::{Image, check, cstring};
 
 /// `RBD_LOCK_MODE_EXCLUSIVE` (librbd.h `rbd_lock_mode_t`).
 const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
 
 /// Most lock owners asked for at once: an exclusive lock has one.
 const MAX_OWNERS: usize = 8;
-
-#[link(name = "rbd")]
-unsafe extern "C" {
-    fn rbd_is_exclusive_lock_owner(image: RbdImageT, is_owner: *mut c_int) -> c_int;
-    fn rbd_lock_acquire(image: RbdImageT, lock_mode: c_int) -> c_int;
-    fn rbd_lock_release(image: RbdImageT) -> c_int;
-    fn rbd_lock_get_owners(
-        image: RbdImageT,
-        lock_mode: *mut c_int,
-        lock_owners: *mut *mut c_char,
-        max_lock_owners: *mut usize,
-    ) -> c_int;
-    fn rbd_lock_get_owners_cleanup(lock_owners: *mut *mut c_char, lock_owner_count: usize);
-    fn rbd_lock_break(image: RbdImageT, lock_mode: c_int, lock_owner: *const c_char) -> c_int;
-    fn rbd_metadata_get(
-        image: RbdImageT,
-        key: *const c_char,
-        value: *mut c_char,
-        val_len: *mut usize,
-    ) -> c_int;
-}
-
-#[link(name = "rados")]
-unsafe extern "C" {
-    fn rados_setxattr(
-        io: RadosIoctxT,
-        o: *const c_char,
-        name: *const c_char,
-        buf: *const c_char,
-        len: usize,
-    ) -> c_int;
-    fn rados_stat(io: RadosIoctxT, oid: *const c_char, psize: *mut u64, pmtime: *mut i64) -> c_int;
-    fn rados_getxattr(
-        io: RadosIoctxT,
-        o: *const c_char,
-        name: *const c_char,
-        buf: *mut c_char,
-        len: usize,
-    ) -> c_int;
-}
 
 impl Image {
     /// Whether this client holds the image's exclusive lock. librbd asks
@@ -72,7 +32,7 @@ impl Image {
     pub(in crate::backstore::rbd) fn is_lock_owner(&self) -> io::Result<bool> {
         let mut owner: c_int = 0;
         // SAFETY: invariants 1 and 3 — an open image; `owner` is a valid int to write.
-        check(unsafe { rbd_is_exclusive_lock_owner(self.image, &mut owner) })?;
+        check(unsafe { self.api.rbd_is_exclusive_lock_owner(self.image, &mut owner) })?;
         Ok(owner != 0)
     }
 
@@ -81,14 +41,17 @@ impl Image {
     /// moves to a peer that writes; only [`Image::lock_break`] takes it.
     pub(in crate::backstore::rbd) fn lock_acquire(&self) -> io::Result<()> {
         // SAFETY: invariant 1 — an open image; no memory is passed.
-        check(unsafe { rbd_lock_acquire(self.image, RBD_LOCK_MODE_EXCLUSIVE) })?;
+        check(unsafe {
+            self.api
+                .rbd_lock_acquire(self.image, RBD_LOCK_MODE_EXCLUSIVE)
+        })?;
         Ok(())
     }
 
     /// Lets the exclusive lock go (a clean hand-over).
     pub(in crate::backstore::rbd) fn lock_release(&self) -> io::Result<()> {
         // SAFETY: invariant 1 — an open image; no memory is passed.
-        check(unsafe { rbd_lock_release(self.image) })?;
+        check(unsafe { self.api.rbd_lock_release(self.image) })?;
         Ok(())
     }
 
@@ -100,8 +63,10 @@ impl Image {
         let mut mode: c_int = 0;
         // SAFETY: invariants 1, 3 and 5 — `owners` has room for `count`
         // pointers, `mode` and `count` are valid to write.
-        let ret =
-            unsafe { rbd_lock_get_owners(self.image, &mut mode, owners.as_mut_ptr(), &mut count) };
+        let ret = unsafe {
+            self.api
+                .rbd_lock_get_owners(self.image, &mut mode, owners.as_mut_ptr(), &mut count)
+        };
         if ret == -libc_enoent() {
             return Ok(Vec::new());
         }
@@ -115,7 +80,10 @@ impl Image {
             .map(|&p| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
             .collect();
         // SAFETY: invariant 5 — the strings librbd gave, for its count, once.
-        unsafe { rbd_lock_get_owners_cleanup(owners.as_mut_ptr(), count) };
+        unsafe {
+            self.api
+                .rbd_lock_get_owners_cleanup(owners.as_mut_ptr(), count)
+        };
         Ok(names)
     }
 
@@ -125,7 +93,10 @@ impl Image {
     pub(in crate::backstore::rbd) fn lock_break(&self, owner: &str) -> io::Result<()> {
         let owner = cstring("lock owner", owner)?;
         // SAFETY: invariants 1 and 3 — an open image; `owner` lives across the call.
-        check(unsafe { rbd_lock_break(self.image, RBD_LOCK_MODE_EXCLUSIVE, owner.as_ptr()) })?;
+        check(unsafe {
+            self.api
+                .rbd_lock_break(self.image, RBD_LOCK_MODE_EXCLUSIVE, owner.as_ptr())
+        })?;
         Ok(())
     }
 
@@ -138,7 +109,8 @@ impl Image {
         // is writable for `len` bytes; librbd writes the needed length
         // into `len` and returns -ERANGE when it is bigger.
         let ret = unsafe {
-            rbd_metadata_get(self.image, key.as_ptr(), buf.as_mut_ptr().cast(), &mut len)
+            self.api
+                .rbd_metadata_get(self.image, key.as_ptr(), buf.as_mut_ptr().cast(), &mut len)
         };
         if ret == -libc_enoent() {
             return Ok(None);
@@ -160,7 +132,7 @@ impl Image {
         // SAFETY: invariants 1 and 3 — a valid ioctx; both strings and
         // `value` (for its length) live across the call.
         check(unsafe {
-            rados_setxattr(
+            self.api.rados_setxattr(
                 self.ioctx,
                 oid.as_ptr(),
                 name.as_ptr(),
@@ -184,7 +156,7 @@ impl Image {
         // SAFETY: invariants 1 and 3 — a valid ioctx; both strings live
         // across the call and `buf` is writable for its length.
         let ret = unsafe {
-            rados_getxattr(
+            self.api.rados_getxattr(
                 self.ioctx,
                 oid.as_ptr(),
                 name.as_ptr(),
@@ -207,7 +179,10 @@ impl Image {
         // SAFETY: invariants 1 and 3 — a valid ioctx; `oid` lives across
         // the call; `size` and `mtime` (time_t: 64 bits on the 64-bit
         // Linux librados runs on) are valid to write.
-        let ret = unsafe { rados_stat(self.ioctx, oid.as_ptr(), &mut size, &mut mtime) };
+        let ret = unsafe {
+            self.api
+                .rados_stat(self.ioctx, oid.as_ptr(), &mut size, &mut mtime)
+        };
         if ret == -libc_enoent() {
             return Ok(false);
         }

@@ -2,7 +2,11 @@
 //! 16.2.15, `LIBRBD_VER` 1.16.0, `LIBRADOS_VER` 3.0.0). No maintained crate
 //! wraps librbd (crates.io's `librbd-sys` 0.1.0 dates from 2016 and has no
 //! AIO completions we could trust), so the few functions used are declared
-//! here by hand from `rbd/librbd.h` and `rados/librados.h`.
+//! by hand from `rbd/librbd.h` and `rados/librados.h`, once, in `sys.rs`,
+//! which loads the libraries when the first image opens (not linked: the
+//! default build needs no Ceph; the invariants of that loading, L1 to L3,
+//! are in its header). Every call goes through the `sys::Api` an
+//! [`Image`] holds, which exists only once the libraries are loaded.
 //!
 //! Invariants every `unsafe` block below relies on:
 //! 1. A [`Image`] owns exactly one RADOS client (`rados_t`), one pool
@@ -41,67 +45,20 @@ mod aio;
 mod lock;
 mod offload;
 pub(super) mod rados;
+mod sys;
 
 pub(super) use offload::{CAW_SECTOR, Extent};
+pub(super) use sys::api as load;
 
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, c_int};
 use std::io;
 use std::ptr;
 
-type RadosT = *mut c_void;
-type RadosIoctxT = *mut c_void;
-type RbdImageT = *mut c_void;
+use sys::{Api, RadosIoctxT, RadosT, RbdImageT};
 
 /// `LIBRADOS_OP_FLAG_FADVISE_FUA` (librados.h): the write is durable when
 /// it completes, whatever caching the client has.
 pub(super) const OP_FLAG_FADVISE_FUA: c_int = 0x80;
-
-#[link(name = "rados")]
-unsafe extern "C" {
-    fn rados_create(cluster: *mut RadosT, id: *const c_char) -> c_int;
-    fn rados_conf_read_file(cluster: RadosT, path: *const c_char) -> c_int;
-    fn rados_conf_set(cluster: RadosT, option: *const c_char, value: *const c_char) -> c_int;
-    fn rados_conf_get(
-        cluster: RadosT,
-        option: *const c_char,
-        buf: *mut c_char,
-        len: usize,
-    ) -> c_int;
-    fn rados_connect(cluster: RadosT) -> c_int;
-    fn rados_shutdown(cluster: RadosT);
-    fn rados_cluster_fsid(cluster: RadosT, buf: *mut c_char, len: usize) -> c_int;
-    fn rados_ioctx_create(cluster: RadosT, pool: *const c_char, ioctx: *mut RadosIoctxT) -> c_int;
-    fn rados_ioctx_destroy(ioctx: RadosIoctxT);
-}
-
-#[link(name = "rbd")]
-unsafe extern "C" {
-    fn rbd_open(
-        io: RadosIoctxT,
-        name: *const c_char,
-        image: *mut RbdImageT,
-        snap_name: *const c_char,
-    ) -> c_int;
-    fn rbd_close(image: RbdImageT) -> c_int;
-    fn rbd_get_size(image: RbdImageT, size: *mut u64) -> c_int;
-    fn rbd_get_id(image: RbdImageT, id: *mut c_char, id_len: usize) -> c_int;
-    fn rbd_read2(
-        image: RbdImageT,
-        ofs: u64,
-        len: usize,
-        buf: *mut c_char,
-        op_flags: c_int,
-    ) -> isize;
-    fn rbd_write2(
-        image: RbdImageT,
-        ofs: u64,
-        len: usize,
-        buf: *const c_char,
-        op_flags: c_int,
-    ) -> isize;
-    fn rbd_discard(image: RbdImageT, ofs: u64, len: u64) -> c_int;
-    fn rbd_flush(image: RbdImageT) -> c_int;
-}
 
 /// Where to connect and what to open ([`Image::open`]).
 #[derive(Debug, Clone, Copy)]
@@ -131,6 +88,9 @@ pub(super) struct OpenError {
 /// One open RBD image on a RADOS client of its own (invariant 1).
 #[derive(Debug)]
 pub(super) struct Image {
+    /// librbd's and librados's functions (`sys.rs`): an `Image` exists
+    /// only once they are loaded.
+    api: &'static Api,
     cluster: RadosT,
     ioctx: RadosIoctxT,
     image: RbdImageT,
@@ -174,6 +134,7 @@ fn from_buf(buf: &[u8]) -> String {
 /// A half-built [`Image`]: what [`Image::open`] has created so far,
 /// released on an early return (reverse order, invariant 1).
 struct Partial {
+    api: &'static Api,
     cluster: RadosT,
     ioctx: RadosIoctxT,
 }
@@ -182,11 +143,11 @@ impl Drop for Partial {
     fn drop(&mut self) {
         if !self.ioctx.is_null() {
             // SAFETY: invariant 1 — created by rados_ioctx_create, released once, here.
-            unsafe { rados_ioctx_destroy(self.ioctx) };
+            unsafe { self.api.rados_ioctx_destroy(self.ioctx) };
         }
         if !self.cluster.is_null() {
             // SAFETY: invariant 1 — created by rados_create, released once, here (after its ioctx).
-            unsafe { rados_shutdown(self.cluster) };
+            unsafe { self.api.rados_shutdown(self.cluster) };
         }
     }
 }
@@ -201,7 +162,7 @@ impl Partial {
         // SAFETY: invariant 3 — `name` lives across the call, `buf` is
         // writable for its length; librados NUL-terminates within it.
         let ret = unsafe {
-            rados_conf_get(
+            self.api.rados_conf_get(
                 self.cluster,
                 name.as_ptr(),
                 buf.as_mut_ptr().cast(),
@@ -225,14 +186,16 @@ impl Image {
             .map(|id| cstring("user", id))
             .transpose()
             .map_err(fail("naming the user".into()))?;
+        let api = sys::api().map_err(fail("loading librbd".into()))?;
         let mut partial = Partial {
+            api,
             cluster: ptr::null_mut(),
             ioctx: ptr::null_mut(),
         };
         // SAFETY: invariant 3 — `id` (or null: the default user) lives across
         // the call; `partial.cluster` receives the handle, released by `Partial`.
         check(unsafe {
-            rados_create(
+            api.rados_create(
                 &mut partial.cluster,
                 id.as_ref().map_or(ptr::null(), |id| id.as_ptr()),
             )
@@ -246,7 +209,7 @@ impl Image {
         // SAFETY: invariants 2 and 3 — not connected yet; `conf` (or null:
         // the default search path) lives across the call.
         check(unsafe {
-            rados_conf_read_file(
+            api.rados_conf_read_file(
                 partial.cluster,
                 conf.as_ref().map_or(ptr::null(), |c| c.as_ptr()),
             )
@@ -259,11 +222,11 @@ impl Image {
             let name = cstring("option", option).map_err(fail("setting options".into()))?;
             let value_c = cstring("value", value).map_err(fail("setting options".into()))?;
             // SAFETY: invariants 2 and 3 — not connected yet; both strings live across the call.
-            check(unsafe { rados_conf_set(partial.cluster, name.as_ptr(), value_c.as_ptr()) })
+            check(unsafe { api.rados_conf_set(partial.cluster, name.as_ptr(), value_c.as_ptr()) })
                 .map_err(fail(format!("setting {option}={value}")))?;
         }
         // SAFETY: invariant 1 — a created, configured, not yet connected client.
-        check(unsafe { rados_connect(partial.cluster) }).map_err(|error| OpenError {
+        check(unsafe { api.rados_connect(partial.cluster) }).map_err(|error| OpenError {
             step: format!(
                 "connecting as client.{} to the monitors {}",
                 target.id.unwrap_or("admin"),
@@ -274,23 +237,24 @@ impl Image {
         let pool = cstring("pool", target.pool).map_err(fail("naming the pool".into()))?;
         // SAFETY: invariants 1 and 3 — a connected client; `pool` lives
         // across the call; `partial.ioctx` receives the handle, released by `Partial`.
-        check(unsafe { rados_ioctx_create(partial.cluster, pool.as_ptr(), &mut partial.ioctx) })
-            .map_err(fail(format!("opening pool {:?}", target.pool)))?;
+        check(unsafe {
+            api.rados_ioctx_create(partial.cluster, pool.as_ptr(), &mut partial.ioctx)
+        })
+        .map_err(fail(format!("opening pool {:?}", target.pool)))?;
         let name = cstring("image", target.image).map_err(fail("naming the image".into()))?;
         let mut image: RbdImageT = ptr::null_mut();
         // SAFETY: invariants 1 and 3 — a valid ioctx; `name` lives across the
         // call; a null snapshot name opens the image's head.
-        check(unsafe { rbd_open(partial.ioctx, name.as_ptr(), &mut image, ptr::null()) }).map_err(
-            fail(format!(
+        check(unsafe { api.rbd_open(partial.ioctx, name.as_ptr(), &mut image, ptr::null()) })
+            .map_err(fail(format!(
                 "opening image {:?} in pool {:?}",
                 target.image, target.pool
-            )),
-        )?;
-        let aio = match aio::Aio::register(image) {
+            )))?;
+        let aio = match aio::Aio::register(api, image) {
             Ok(aio) => aio,
             Err(error) => {
                 // SAFETY: invariant 1 — opened just above, closed once, here.
-                unsafe { rbd_close(image) };
+                unsafe { api.rbd_close(image) };
                 return Err(OpenError {
                     step: "setting the image's event notification".into(),
                     error,
@@ -298,6 +262,7 @@ impl Image {
             }
         };
         let built = Image {
+            api,
             cluster: partial.cluster,
             ioctx: partial.ioctx,
             image,
@@ -312,7 +277,7 @@ impl Image {
     pub(super) fn size(&self) -> io::Result<u64> {
         let mut size = 0u64;
         // SAFETY: invariants 1 and 3 — an open image; `size` is a valid u64 to write.
-        check(unsafe { rbd_get_size(self.image, &mut size) })?;
+        check(unsafe { self.api.rbd_get_size(self.image, &mut size) })?;
         Ok(size)
     }
 
@@ -321,7 +286,10 @@ impl Image {
         let mut buf = vec![0u8; 64];
         // SAFETY: invariants 1 and 3 — `buf` is writable for its length;
         // librbd NUL-terminates the id within it or returns -ERANGE.
-        check(unsafe { rbd_get_id(self.image, buf.as_mut_ptr().cast(), buf.len()) })?;
+        check(unsafe {
+            self.api
+                .rbd_get_id(self.image, buf.as_mut_ptr().cast(), buf.len())
+        })?;
         Ok(from_buf(&buf))
     }
 
@@ -330,7 +298,10 @@ impl Image {
         let mut buf = vec![0u8; 64];
         // SAFETY: invariants 1 and 3 — a connected client; `buf` (37 bytes
         // needed) is writable for its length.
-        check(unsafe { rados_cluster_fsid(self.cluster, buf.as_mut_ptr().cast(), buf.len()) })?;
+        check(unsafe {
+            self.api
+                .rados_cluster_fsid(self.cluster, buf.as_mut_ptr().cast(), buf.len())
+        })?;
         Ok(from_buf(&buf))
     }
 
@@ -343,7 +314,7 @@ impl Image {
             // SAFETY: invariants 1 and 3 — `rest` is writable for `rest.len()`
             // bytes for the whole (synchronous) call.
             let n = unsafe {
-                rbd_read2(
+                self.api.rbd_read2(
                     self.image,
                     offset + done as u64,
                     rest.len(),
@@ -368,7 +339,7 @@ impl Image {
             // SAFETY: invariants 1 and 3 — `rest` is readable for
             // `rest.len()` bytes for the whole (synchronous) call.
             let n = unsafe {
-                rbd_write2(
+                self.api.rbd_write2(
                     self.image,
                     offset + done as u64,
                     rest.len(),
@@ -388,14 +359,14 @@ impl Image {
     /// Deallocates `len` bytes from `offset`.
     pub(super) fn discard(&self, offset: u64, len: u64) -> io::Result<()> {
         // SAFETY: invariant 1 — an open image; no memory is passed.
-        check(unsafe { rbd_discard(self.image, offset, len) })?;
+        check(unsafe { self.api.rbd_discard(self.image, offset, len) })?;
         Ok(())
     }
 
     /// Makes every completed write durable.
     pub(super) fn flush(&self) -> io::Result<()> {
         // SAFETY: invariant 1 — an open image; no memory is passed.
-        check(unsafe { rbd_flush(self.image) })?;
+        check(unsafe { self.api.rbd_flush(self.image) })?;
         Ok(())
     }
 }
@@ -406,10 +377,11 @@ impl Drop for Image {
         // before its pool context and client go (`Partial` below).
         // rbd_close returns once every request in flight completed
         // (`aio.rs`, invariant 8).
-        unsafe { rbd_close(self.image) };
+        unsafe { self.api.rbd_close(self.image) };
         // The reaper sees the image gone and ends.
         self.aio.wake();
         drop(Partial {
+            api: self.api,
             cluster: self.cluster,
             ioctx: self.ioctx,
         });

@@ -22,46 +22,15 @@
 //!    `allocation_follows_what_was_written_and_discarded` checks it on the
 //!    installed librbd.
 
-use std::ffi::{c_char, c_int, c_void};
+use std::ffi::{c_int, c_void};
 use std::io;
 use std::ptr;
 use std::thread::{self, ThreadId};
 
-use super::{Image, RbdImageT};
+use super::Image;
 
 /// librbd's answer to a COMPARE AND WRITE whose compare failed.
 const EILSEQ: i32 = 84;
-
-#[link(name = "rbd")]
-unsafe extern "C" {
-    fn rbd_compare_and_write(
-        image: RbdImageT,
-        ofs: u64,
-        len: usize,
-        cmp_buf: *const c_char,
-        buf: *const c_char,
-        mismatch_off: *mut u64,
-        op_flags: c_int,
-    ) -> isize;
-    fn rbd_writesame(
-        image: RbdImageT,
-        ofs: u64,
-        len: usize,
-        buf: *const c_char,
-        data_len: usize,
-        op_flags: c_int,
-    ) -> isize;
-    fn rbd_diff_iterate2(
-        image: RbdImageT,
-        fromsnapname: *const c_char,
-        ofs: u64,
-        len: u64,
-        include_parent: u8,
-        whole_object: u8,
-        cb: extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int,
-        arg: *mut c_void,
-    ) -> c_int;
-}
 
 /// The largest range librbd's compare-and-write takes: it refuses with
 /// EINVAL any range that leaves one 512-byte sector
@@ -144,7 +113,7 @@ impl Image {
         // SAFETY: invariants 1 and 3 — `expect` and `data` are readable for
         // `len` bytes and `mismatch` writable for the whole synchronous call.
         let n = unsafe {
-            rbd_compare_and_write(
+            self.api.rbd_compare_and_write(
                 self.image,
                 offset,
                 data.len(),
@@ -193,7 +162,7 @@ impl Image {
             // SAFETY: invariants 1 and 3 — `pattern` is readable for its
             // length for the whole synchronous call; librbd reads only it.
             let r = unsafe {
-                rbd_writesame(
+                self.api.rbd_writesame(
                     self.image,
                     offset + done,
                     n as usize,
@@ -232,7 +201,7 @@ impl Image {
         // null snapshot name diffs the head against nothing (every
         // allocated extent).
         let r = unsafe {
-            rbd_diff_iterate2(
+            self.api.rbd_diff_iterate2(
                 self.image,
                 ptr::null(),
                 offset,

@@ -32,9 +32,8 @@ use std::os::fd::OwnedFd;
 use std::ptr;
 use std::sync::Arc;
 
-use super::{Image, RadosIoctxT, RadosT, check, cstring};
-
-type RadosWriteOpT = *mut c_void;
+use super::sys::{Api, RadosWriteOpT};
+use super::{Image, check, cstring};
 
 /// `LIBRADOS_CMPXATTR_OP_EQ`.
 const CMPXATTR_OP_EQ: u8 = 1;
@@ -45,93 +44,21 @@ const CREATE_EXCLUSIVE: c_int = 1;
 /// Ceph defines as `ESHUTDOWN`).
 pub(in crate::backstore::rbd) const EBLOCKLISTED: i32 = 108;
 
-type WatchCb =
-    extern "C" fn(arg: *mut c_void, notify_id: u64, handle: u64, notifier: u64, *mut c_void, usize);
-type WatchErrCb = extern "C" fn(arg: *mut c_void, cookie: u64, err: c_int);
-
-#[link(name = "rados")]
-unsafe extern "C" {
-    fn rados_read(
-        io: RadosIoctxT,
-        oid: *const c_char,
-        buf: *mut c_char,
-        len: usize,
-        off: u64,
-    ) -> c_int;
-    #[cfg(test)]
-    fn rados_remove(io: RadosIoctxT, oid: *const c_char) -> c_int;
-    #[cfg(test)]
-    fn rados_stat(io: RadosIoctxT, oid: *const c_char, size: *mut u64, mtime: *mut i64) -> c_int;
-    fn rados_create_write_op() -> RadosWriteOpT;
-    fn rados_release_write_op(op: RadosWriteOpT);
-    fn rados_write_op_create(op: RadosWriteOpT, exclusive: c_int, category: *const c_char);
-    fn rados_write_op_cmpxattr(
-        op: RadosWriteOpT,
-        name: *const c_char,
-        comparison: u8,
-        value: *const c_char,
-        value_len: usize,
-    );
-    fn rados_write_op_setxattr(
-        op: RadosWriteOpT,
-        name: *const c_char,
-        value: *const c_char,
-        value_len: usize,
-    );
-    fn rados_write_op_write_full(op: RadosWriteOpT, buf: *const c_char, len: usize);
-    fn rados_write_op_operate(
-        op: RadosWriteOpT,
-        io: RadosIoctxT,
-        oid: *const c_char,
-        mtime: *mut c_void,
-        flags: c_int,
-    ) -> c_int;
-    fn rados_watch2(
-        io: RadosIoctxT,
-        oid: *const c_char,
-        cookie: *mut u64,
-        cb: WatchCb,
-        errcb: WatchErrCb,
-        arg: *mut c_void,
-    ) -> c_int;
-    fn rados_unwatch2(io: RadosIoctxT, cookie: u64) -> c_int;
-    fn rados_watch_flush(cluster: RadosT) -> c_int;
-    fn rados_notify2(
-        io: RadosIoctxT,
-        oid: *const c_char,
-        buf: *const c_char,
-        buf_len: c_int,
-        timeout_ms: u64,
-        reply: *mut *mut c_char,
-        reply_len: *mut usize,
-    ) -> c_int;
-    fn rados_notify_ack(
-        io: RadosIoctxT,
-        oid: *const c_char,
-        notify_id: u64,
-        cookie: u64,
-        buf: *const c_char,
-        buf_len: c_int,
-    ) -> c_int;
-    fn rados_buffer_free(buf: *mut c_char);
-    fn rados_get_instance_id(cluster: RadosT) -> u64;
-    fn rados_getaddrs(cluster: RadosT, addrs: *mut *mut c_char) -> c_int;
-    fn rados_blocklist_add(cluster: RadosT, addr: *mut c_char, expire_seconds: u32) -> c_int;
-    fn rados_wait_for_latest_osdmap(cluster: RadosT) -> c_int;
-}
-
 unsafe extern "C" {
     /// libc's `free`, for `rados_getaddrs`'s `strdup`ed string.
     fn free(p: *mut c_void);
 }
 
 /// A write op, released on drop (invariant 5).
-struct WriteOp(RadosWriteOpT);
+struct WriteOp {
+    api: &'static Api,
+    op: RadosWriteOpT,
+}
 
 impl Drop for WriteOp {
     fn drop(&mut self) {
         // SAFETY: invariant 5 — created by rados_create_write_op, released once, here.
-        unsafe { rados_release_write_op(self.0) };
+        unsafe { self.api.rados_release_write_op(self.op) };
     }
 }
 
@@ -283,10 +210,10 @@ unsafe impl Sync for WatchGuard {}
 impl Drop for WatchGuard {
     fn drop(&mut self) {
         // SAFETY: invariant 6 — a cookie rados_watch2 returned, unwatched once.
-        unsafe { rados_unwatch2(self.image.ioctx, self.cookie) };
+        unsafe { self.image.api.rados_unwatch2(self.image.ioctx, self.cookie) };
         // SAFETY: invariants 1 and 6 — the client lives (the Arc); after
         // this no callback of the watch runs.
-        unsafe { rados_watch_flush(self.image.cluster) };
+        unsafe { self.image.api.rados_watch_flush(self.image.cluster) };
         // SAFETY: invariant 6 — the Box leaked by `watch`, freed once, here,
         // after the last callback.
         drop(unsafe { Box::from_raw(self.sink.cast::<Sink>()) });
@@ -306,7 +233,7 @@ impl Image {
         // SAFETY: invariants 1 and 3 — `buf` is writable for its length and
         // `name` lives across the (synchronous) call.
         let n = unsafe {
-            rados_read(
+            self.api.rados_read(
                 self.ioctx,
                 name.as_ptr(),
                 buf.as_mut_ptr().cast(),
@@ -330,7 +257,7 @@ impl Image {
 
     /// Size and mtime of object `oid`; `None` when it does not exist
     /// (tests: what a compare-and-set left).
-    #[cfg(test)]
+    #[cfg(all(test, feature = "ceph-tests"))]
     pub(in crate::backstore::rbd) fn object_stat(
         &self,
         oid: &str,
@@ -339,7 +266,10 @@ impl Image {
         let (mut size, mut mtime) = (0u64, 0i64);
         // SAFETY: invariants 1 and 3 — `name` lives across the call; both
         // outputs are valid to write.
-        let r = unsafe { rados_stat(self.ioctx, name.as_ptr(), &mut size, &mut mtime) };
+        let r = unsafe {
+            self.api
+                .rados_stat(self.ioctx, name.as_ptr(), &mut size, &mut mtime)
+        };
         if r == -libc_enoent() {
             return Ok(None);
         }
@@ -348,11 +278,11 @@ impl Image {
     }
 
     /// Removes object `oid` (tests' cleanup); a missing one is fine.
-    #[cfg(test)]
+    #[cfg(all(test, feature = "ceph-tests"))]
     pub(in crate::backstore::rbd) fn object_remove(&self, oid: &str) -> io::Result<()> {
         let name = cstring("object", oid)?;
         // SAFETY: invariants 1 and 3 — `name` lives across the call.
-        let r = unsafe { rados_remove(self.ioctx, name.as_ptr()) };
+        let r = unsafe { self.api.rados_remove(self.ioctx, name.as_ptr()) };
         if r == -libc_enoent() {
             return Ok(());
         }
@@ -374,17 +304,20 @@ impl Image {
     ) -> io::Result<bool> {
         let name = cstring("object", oid)?;
         let attr = cstring("xattr", xattr)?;
-        // SAFETY: invariant 5 — no arguments; the op is released by `WriteOp`.
-        let op = WriteOp(unsafe { rados_create_write_op() });
-        if op.0.is_null() {
+        let op = WriteOp {
+            api: self.api,
+            // SAFETY: invariant 5 — no arguments; the op is released by `WriteOp`.
+            op: unsafe { self.api.rados_create_write_op() },
+        };
+        if op.op.is_null() {
             return Err(io::ErrorKind::OutOfMemory.into());
         }
         match expected {
             // SAFETY: invariant 5 — a live op; `attr` and `old` outlive the
             // operate below (locals of this function).
             Some(old) => unsafe {
-                rados_write_op_cmpxattr(
-                    op.0,
+                self.api.rados_write_op_cmpxattr(
+                    op.op,
                     attr.as_ptr(),
                     CMPXATTR_OP_EQ,
                     old.as_ptr().cast(),
@@ -392,18 +325,25 @@ impl Image {
                 )
             },
             // SAFETY: invariant 5 — a live op; a null category is allowed.
-            None => unsafe { rados_write_op_create(op.0, CREATE_EXCLUSIVE, ptr::null()) },
+            None => unsafe {
+                self.api
+                    .rados_write_op_create(op.op, CREATE_EXCLUSIVE, ptr::null())
+            },
         }
         // SAFETY: invariant 5 — a live op; `attr`, `new` and `data` outlive
         // the operate below.
         unsafe {
-            rados_write_op_setxattr(op.0, attr.as_ptr(), new.as_ptr().cast(), new.len());
-            rados_write_op_write_full(op.0, data.as_ptr().cast(), data.len());
+            self.api
+                .rados_write_op_setxattr(op.op, attr.as_ptr(), new.as_ptr().cast(), new.len());
+            self.api
+                .rados_write_op_write_full(op.op, data.as_ptr().cast(), data.len());
         }
         // SAFETY: invariants 1 and 5 — a live op and ioctx; `name` lives
         // across the call; a null mtime means "now".
-        let r =
-            unsafe { rados_write_op_operate(op.0, self.ioctx, name.as_ptr(), ptr::null_mut(), 0) };
+        let r = unsafe {
+            self.api
+                .rados_write_op_operate(op.op, self.ioctx, name.as_ptr(), ptr::null_mut(), 0)
+        };
         // ECANCELED: the xattr differed; EEXIST: created meanwhile; ENOENT
         // (or ENODATA) with an expected value: removed meanwhile.
         match -r {
@@ -426,7 +366,7 @@ impl Image {
         // SAFETY: invariants 1, 3 and 6 — `name` lives across the call; the
         // sink stays alive until the guard's drop has flushed the watch.
         let r = unsafe {
-            rados_watch2(
+            self.api.rados_watch2(
                 self.ioctx,
                 name.as_ptr(),
                 &mut cookie,
@@ -461,7 +401,8 @@ impl Image {
         let name = cstring("object", oid)?;
         // SAFETY: invariants 1 and 3 — `name` lives across the call; no payload.
         check(unsafe {
-            rados_notify_ack(self.ioctx, name.as_ptr(), notify_id, cookie, ptr::null(), 0)
+            self.api
+                .rados_notify_ack(self.ioctx, name.as_ptr(), notify_id, cookie, ptr::null(), 0)
         })
         .map(drop)
     }
@@ -482,7 +423,7 @@ impl Image {
         // SAFETY: invariants 1 and 3 — `name` and `payload` live across the
         // (synchronous) call; the reply pointer and length are valid to write.
         let r = unsafe {
-            rados_notify2(
+            self.api.rados_notify2(
                 self.ioctx,
                 name.as_ptr(),
                 payload.as_ptr().cast(),
@@ -499,7 +440,7 @@ impl Image {
             let bytes =
                 unsafe { std::slice::from_raw_parts(reply.cast::<u8>(), reply_len) }.to_vec();
             // SAFETY: invariant 8 — librados's buffer, released once, here.
-            unsafe { rados_buffer_free(reply) };
+            unsafe { self.api.rados_buffer_free(reply) };
             NotifyReply::parse(&bytes)
         };
         // With some watchers timed out the call fails with ETIMEDOUT but
@@ -518,7 +459,7 @@ impl Image {
     /// This client's instance id (the gid notify replies name).
     pub(in crate::backstore::rbd) fn instance_id(&self) -> u64 {
         // SAFETY: invariant 1 — a connected client.
-        unsafe { rados_get_instance_id(self.cluster) }
+        unsafe { self.api.rados_get_instance_id(self.cluster) }
     }
 
     /// This client's addresses as librados prints them (an address vector
@@ -526,7 +467,7 @@ impl Image {
     pub(in crate::backstore::rbd) fn addrs(&self) -> io::Result<String> {
         let mut out: *mut c_char = ptr::null_mut();
         // SAFETY: invariants 1 and 3 — a connected client; `out` is valid to write.
-        check(unsafe { rados_getaddrs(self.cluster, &mut out) })?;
+        check(unsafe { self.api.rados_getaddrs(self.cluster, &mut out) })?;
         if out.is_null() {
             return Err(io::ErrorKind::OutOfMemory.into());
         }
@@ -549,15 +490,18 @@ impl Image {
         let a = cstring("address", addr)?;
         // SAFETY: invariants 1 and 3 — `a` lives across the call; librados
         // only reads it (the C signature lacks the const).
-        check(unsafe { rados_blocklist_add(self.cluster, a.as_ptr().cast_mut(), expire_seconds) })
-            .map(drop)
+        check(unsafe {
+            self.api
+                .rados_blocklist_add(self.cluster, a.as_ptr().cast_mut(), expire_seconds)
+        })
+        .map(drop)
     }
 
     /// Waits until this client has the latest OSD map (after a blocklist:
     /// the OSDs then refuse the fenced client).
     pub(in crate::backstore::rbd) fn wait_for_latest_osdmap(&self) -> io::Result<()> {
         // SAFETY: invariant 1 — a connected client.
-        check(unsafe { rados_wait_for_latest_osdmap(self.cluster) }).map(drop)
+        check(unsafe { self.api.rados_wait_for_latest_osdmap(self.cluster) }).map(drop)
     }
 }
 
