@@ -235,11 +235,24 @@ impl Disk {
     /// Reads `length` bytes at byte `offset` (any alignment), in commands
     /// of at most the maximum transfer.
     pub async fn read(&self, offset: u64, length: usize) -> Result<Vec<u8>, Error> {
+        self.read_with(offset, length, Vec::new()).await
+    }
+
+    /// [`Disk::read`] into `buffer` where it can (a range of whole blocks
+    /// in one command: the buffer is handed to the session and comes back
+    /// holding the data), so that a caller that keeps its buffers (a ublk
+    /// queue, one per tag) neither allocates nor zeroes one per read.
+    pub async fn read_with(
+        &self,
+        offset: u64,
+        length: usize,
+        buffer: Vec<u8>,
+    ) -> Result<Vec<u8>, Error> {
         self.check_range(offset, length as u64)?;
         let bs = u64::from(self.limits.block_size);
         let first = offset / bs;
         let end = (offset + length as u64).div_ceil(bs);
-        let mut data = self.read_blocks(first, end - first).await?;
+        let mut data = self.read_blocks(first, end - first, buffer).await?;
         let skip = (offset - first * bs) as usize;
         if skip > 0 {
             data.drain(..skip);
@@ -248,14 +261,29 @@ impl Disk {
         Ok(data)
     }
 
-    async fn read_blocks(&self, lba: u64, blocks: u64) -> Result<Vec<u8>, Error> {
+    /// Reads `blocks` blocks at `lba`, into `buffer` when one command
+    /// does (its length is set; only bytes it never had are zeroed).
+    async fn read_blocks(
+        &self,
+        lba: u64,
+        blocks: u64,
+        mut buffer: Vec<u8>,
+    ) -> Result<Vec<u8>, Error> {
         let bs = self.limits.block_size;
         if blocks <= self.per_command() {
             // One command: its buffer is the answer, with no copy into a
             // second one (every 4 KiB read of `iscsi attach` comes here).
-            let buffer = vec![0u8; (blocks * u64::from(bs)) as usize];
+            buffer.resize((blocks * u64::from(bs)) as usize, 0);
             return self.session.read(self.lun, lba, bs, buffer).await;
         }
+        Box::pin(self.read_pieces(lba, blocks)).await
+    }
+
+    /// [`Disk::read_blocks`] of more than one command's worth, in commands
+    /// of the maximum transfer. Boxed by its caller (see
+    /// [`Disk::write_unaligned`]).
+    async fn read_pieces(&self, lba: u64, blocks: u64) -> Result<Vec<u8>, Error> {
+        let bs = self.limits.block_size;
         let mut out = Vec::with_capacity((blocks * u64::from(bs)) as usize);
         for (at, count) in pieces(lba, blocks, self.per_command()) {
             let buffer = vec![0u8; (count * u64::from(bs)) as usize];
@@ -280,16 +308,25 @@ impl Disk {
             let _shared = self.writes.read().await;
             return self.write_blocks(offset / bs, data, fua).await;
         }
+        Box::pin(self.write_unaligned(offset, data, fua)).await
+    }
+
+    /// [`Disk::write`] of a range that does not start and end on block
+    /// boundaries: the edge blocks are read, patched and written back, with
+    /// every other write held off meanwhile. Boxed by its caller: a path
+    /// aligned writes never take should not size every write's future.
+    async fn write_unaligned(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), Error> {
+        let bs = u64::from(self.limits.block_size);
         let _alone = self.writes.write().await;
         let first = offset / bs;
         let end = (offset + data.len() as u64).div_ceil(bs);
         let skip = (offset - first * bs) as usize;
         // Only the two edge blocks need their old contents.
         let mut blocks = vec![0u8; ((end - first) * bs) as usize];
-        let head = self.read_blocks(first, 1).await?;
+        let head = self.read_blocks(first, 1, Vec::new()).await?;
         blocks[..bs as usize].copy_from_slice(&head);
         if end - first > 1 && !(offset + data.len() as u64).is_multiple_of(bs) {
-            let tail = self.read_blocks(end - 1, 1).await?;
+            let tail = self.read_blocks(end - 1, 1, Vec::new()).await?;
             let at = blocks.len() - bs as usize;
             blocks[at..].copy_from_slice(&tail);
         }

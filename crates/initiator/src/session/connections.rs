@@ -26,12 +26,14 @@ tokio::task_local! {
 /// of its own (`iscsi attach`'s ublk queues) keeps each queue on one
 /// connection of an MC/S session: a queue's commands then share one
 /// connection's window and order, and the queues' connections run side by
-/// side.
-pub async fn with_connection_affinity<F: std::future::Future>(
+/// side. (A plain fn returning the scope's future, not an async fn: that
+/// would hold `future` twice, as its argument and inside the scope, and
+/// every request's future would be twice the size to build and move.)
+pub fn with_connection_affinity<F: std::future::Future>(
     index: usize,
     future: F,
-) -> F::Output {
-    CONNECTION_AFFINITY.scope(index, future).await
+) -> impl std::future::Future<Output = F::Output> {
+    CONNECTION_AFFINITY.scope(index, future)
 }
 
 impl Inner {

@@ -122,13 +122,14 @@ impl Inner {
                         if let (true, Some(lost)) = (connection_recovery, lost) {
                             // ERL 2: no connection is usable; a reinstated
                             // one continues the session (RFC 7143 8.3 N4).
-                            match self.recover_connection(&lost, deadline, timeout).await? {
+                            match Box::pin(self.recover_connection(&lost, deadline, timeout))
+                                .await?
+                            {
                                 Some(_) => continue,
                                 None => connection_recovery = false,
                             }
                         }
-                        self.await_recovery(generation, &mut deadline, timeout)
-                            .await?;
+                        Box::pin(self.await_recovery(generation, &mut deadline, timeout)).await?;
                         continue;
                     };
                     (connection, self.itt(), Start::Fresh)
@@ -174,8 +175,13 @@ impl Inner {
                         // The target may still run the command: the caller
                         // hears of the timeout once it no longer can, so a
                         // write of the same blocks sent next never races it.
-                        self.abort_timed_out(&connection, itt, command.lun, cmd_sn as u32)
-                            .await;
+                        Box::pin(self.abort_timed_out(
+                            &connection,
+                            itt,
+                            command.lun,
+                            cmd_sn as u32,
+                        ))
+                        .await;
                     }
                     return Err(Error::Timeout {
                         timeout,
@@ -203,10 +209,7 @@ impl Inner {
                 continue;
             }
             if connection_recovery {
-                match self
-                    .recover_connection(&connection, deadline, timeout)
-                    .await?
-                {
+                match Box::pin(self.recover_connection(&connection, deadline, timeout)).await? {
                     Some(replacement) => {
                         let cmd_sn = sent_cmd_sn.load(Ordering::SeqCst);
                         if cmd_sn != NO_CMD_SN {
@@ -227,8 +230,7 @@ impl Inner {
                 retries,
                 "command interrupted by a lost connection: retrying"
             );
-            self.await_recovery(generation, &mut deadline, timeout)
-                .await?;
+            Box::pin(self.await_recovery(generation, &mut deadline, timeout)).await?;
         }
     }
 
@@ -306,10 +308,8 @@ impl Attempt<'_> {
         let numbered = match self.start {
             Start::Fresh => None,
             Start::Reassign(cmd_sn) => {
-                let reassigned = self
-                    .inner
-                    .reassign(connection, self.itt, self.lun, cmd_sn)
-                    .await;
+                let reassigned =
+                    Box::pin(self.inner.reassign(connection, self.itt, self.lun, cmd_sn)).await;
                 let (response, exp_cmd_sn) = match reassigned {
                     Ok(answer) => answer,
                     Err(error) => return Err(self.lost_or(error, &mut events)),
@@ -525,17 +525,34 @@ impl Attempt<'_> {
                 .send_data_out(data, RESERVED_TAG, plan.unsolicited, self.unsolicited(plan))
                 .await;
         }
+        Box::pin(self.send_command_directly(immediate, header, data, plan)).await
+    }
+
+    /// [`Attempt::send_command`] for a command whose data is too large to
+    /// post: the command and its unsolicited Data-Out written directly from
+    /// the caller's buffer under the write lock. Boxed by its caller, like
+    /// every path a small command never takes: an async fn's state is as
+    /// large as its largest path, and every command's future is moved (so
+    /// copied) as it is built.
+    async fn send_command_directly(
+        &self,
+        immediate: &[u8],
+        header: impl Fn(CmdSn) -> Header,
+        data: &[u8],
+        plan: &WritePlan,
+    ) -> Result<(), Error> {
+        let connection = self.connection;
         let mut sending = loop {
             let mut sending = connection.sending().await;
             if sending
-                .send_command(self.itt, immediate, header)
+                .send_command(self.itt, immediate, &header)
                 .await?
                 .is_some()
             {
                 break sending;
             }
             drop(sending);
-            window.wait_open().await;
+            connection.window().wait_open().await;
         };
         self.write_data_out(&mut sending, data, RESERVED_TAG, self.unsolicited(plan))
             .await
@@ -597,9 +614,13 @@ impl Attempt<'_> {
             }
             return Ok(());
         }
-        let mut sending = connection.sending().await;
-        self.write_data_out(&mut sending, data, target_transfer_tag, segments)
-            .await
+        // Boxed: see `send_command_directly`.
+        Box::pin(async move {
+            let mut sending = connection.sending().await;
+            self.write_data_out(&mut sending, data, target_transfer_tag, segments)
+                .await
+        })
+        .await
     }
 
     /// Writes the Data-Out PDUs of `segments` directly from `data`, under

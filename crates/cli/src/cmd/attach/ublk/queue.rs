@@ -102,6 +102,9 @@ impl Queue {
         let mut requests = 0usize;
         let mut live = usize::from(depth);
         let mut running = FuturesUnordered::new();
+        // Each tag's data buffer, kept from one request to the next: no
+        // allocation, no zeroing, no fresh page per request.
+        let mut buffers: Vec<Vec<u8>> = vec![Vec::new(); usize::from(depth)];
         let mut may_abandon = true;
         loop {
             submit(ring.get_ref())?;
@@ -111,9 +114,10 @@ impl Queue {
                     IO_RES_OK => {
                         requests += 1;
                         let request = descriptors.get(tag);
+                        let buffer = std::mem::take(&mut buffers[usize::from(tag)]);
                         running.push(with_connection_affinity(
                             usize::from(qid),
-                            serve_request(cdev, (qid, tag), request, max_io, disk),
+                            serve_request(cdev, (qid, tag), request, max_io, disk, buffer),
                         ));
                     }
                     IO_RES_ABORT => live -= 1,
@@ -133,10 +137,12 @@ impl Queue {
                 return Ok(());
             }
             tokio::select! {
-                Some((tag, result)) = running.next(), if !running.is_empty() => {
+                Some((tag, result, buffer)) = running.next(), if !running.is_empty() => {
+                    buffers[usize::from(tag)] = buffer;
                     sys::push_io(ring.get_mut(), fd, commit, (qid, tag), result, u64::from(tag));
                     // Every other answer ready now goes in the same submit.
-                    while let Some(Some((tag, result))) = running.next().now_or_never() {
+                    while let Some(Some((tag, result, buffer))) = running.next().now_or_never() {
+                        buffers[usize::from(tag)] = buffer;
                         sys::push_io(ring.get_mut(), fd, commit, (qid, tag), result, u64::from(tag));
                     }
                 }
@@ -175,33 +181,47 @@ fn submit(ring: &IoUring) -> io::Result<()> {
     }
 }
 
-/// Runs the request in tag `(qid, tag)`; the tag and the answer ublk wants
-/// (bytes moved, or a negative errno).
+/// Runs the request in tag `(qid, tag)` with the tag's `buffer`; the tag,
+/// the answer ublk wants (bytes moved, or a negative errno) and the buffer
+/// to keep for the tag's next request (empty after a failed read).
 async fn serve_request(
     cdev: &File,
     (qid, tag): (u16, u16),
     desc: uapi::IoDesc,
     max_io: usize,
     disk: &Disk,
-) -> (u16, i32) {
+    mut buffer: Vec<u8>,
+) -> (u16, i32, Vec<u8>) {
     let Some(request) = Request::from_descriptor(desc.op_flags, desc.start_sector, desc.nr_sectors)
     else {
-        return (tag, -libc::EOPNOTSUPP);
+        return (tag, -libc::EOPNOTSUPP, buffer);
     };
     if request.data_len() > max_io {
-        return (tag, -libc::EINVAL);
+        return (tag, -libc::EINVAL, buffer);
     }
     tracing::trace!("queue {qid} tag {tag}: {request:?}");
     let at = uapi::user_copy_offset(qid, tag);
     let result = match request {
-        Request::Read { offset, len } => match disk.read(offset, len).await {
-            Ok(data) => copy_out(cdev, &data, at),
-            Err(e) => Err(errno(&e)),
+        Request::Read { offset, len } => match disk.read_with(offset, len, buffer).await {
+            Ok(data) => {
+                let copied = copy_out(cdev, &data, at);
+                buffer = data;
+                copied
+            }
+            Err(e) => {
+                buffer = Vec::new();
+                Err(errno(&e))
+            }
         },
         Request::Write { offset, len, fua } => {
-            let mut data = vec![0u8; len];
-            match copy_in(cdev, &mut data, at) {
-                Ok(()) => disk.write(offset, &data, fua).await.map_err(|e| errno(&e)),
+            // Zeroed only where the buffer grows (a tag's first request
+            // this large); the bytes are overwritten by the copy anyway.
+            if buffer.len() < len {
+                buffer.resize(len, 0);
+            }
+            let data = &mut buffer[..len];
+            match copy_in(cdev, data, at) {
+                Ok(()) => disk.write(offset, data, fua).await.map_err(|e| errno(&e)),
                 Err(code) => Err(code),
             }
         }
@@ -217,10 +237,13 @@ async fn serve_request(
             .map_err(|e| errno(&e)),
     };
     match result {
-        Ok(()) => (tag, i32::try_from(request.data_len()).unwrap_or(i32::MAX)),
+        Ok(()) => {
+            let done = i32::try_from(request.data_len()).unwrap_or(i32::MAX);
+            (tag, done, buffer)
+        }
         Err(code) => {
             tracing::warn!("{request:?}: {}", io::Error::from_raw_os_error(code));
-            (tag, -code)
+            (tag, -code, buffer)
         }
     }
 }
