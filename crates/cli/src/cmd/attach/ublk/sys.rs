@@ -208,19 +208,25 @@ mod tests {
     use std::io::Write;
     use std::os::fd::{AsFd, AsRawFd};
 
-    /// The mapping and volatile reads, over an ordinary file standing in
-    /// for the character device (the same `mmap` call; the driver's array
-    /// is laid out the same way).
-    #[test]
-    fn descriptors_are_read_from_the_mapping_at_their_tag() {
-        let path = std::env::temp_dir().join(format!("ublk-descs-{}", std::process::id()));
-        let mut file = std::fs::File::options()
+    /// A new empty file of this test process's own, read and written.
+    fn scratch_file(name: &str) -> (std::fs::File, std::path::PathBuf) {
+        let path = std::env::temp_dir().join(format!("ublk-{name}-{}", std::process::id()));
+        let file = std::fs::File::options()
             .read(true)
             .write(true)
             .create(true)
             .truncate(true)
             .open(&path)
             .unwrap();
+        (file, path)
+    }
+
+    /// The mapping and volatile reads, over an ordinary file standing in
+    /// for the character device (the same `mmap` call; the driver's array
+    /// is laid out the same way).
+    #[test]
+    fn descriptors_are_read_from_the_mapping_at_their_tag() {
+        let (mut file, path) = scratch_file("descs");
         let mut bytes = vec![0u8; 4096];
         for tag in 0..3u32 {
             let at = tag as usize * IO_DESC_LEN;
@@ -245,14 +251,7 @@ mod tests {
     #[test]
     #[should_panic(expected = "tag 3 of a queue of 3")]
     fn a_tag_beyond_the_queue_is_refused() {
-        let path = std::env::temp_dir().join(format!("ublk-descs-beyond-{}", std::process::id()));
-        let file = std::fs::File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&path)
-            .unwrap();
+        let (file, path) = scratch_file("descs-beyond");
         file.set_len(4096).unwrap();
         let d = Descriptors::map(file.as_fd(), 0, 3).unwrap();
         std::fs::remove_file(&path).unwrap();
