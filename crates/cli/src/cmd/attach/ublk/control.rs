@@ -4,7 +4,7 @@
 //! calling thread (START_DEV waits in the kernel until every tag of every
 //! queue has been fetched, so it is called from a thread that serves none).
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io;
 use std::os::fd::AsRawFd;
 
@@ -17,30 +17,33 @@ use super::uapi::{
 pub struct Control {
     file: File,
     ring: ControlRing,
-    encoding: Encoding,
+    /// The driver's `UBLK_F_*`, asked once at open; `None` before Linux
+    /// 6.5, whose driver has no GET_FEATURES.
+    features: Option<u64>,
 }
 
 impl Control {
-    /// Opens `path` (normally [`super::CONTROL`]). Command numbers are
-    /// ioctl-encoded where the driver answers GET_FEATURES (Linux 6.5+,
-    /// which every driver with user copy is), the legacy numbers otherwise.
-    pub fn open(path: &std::path::Path) -> io::Result<Control> {
-        let file = OpenOptions::new().read(true).write(true).open(path)?;
+    /// The control device `file` (normally [`super::CONTROL`], opened read
+    /// and write), with a ring of its own; asks the driver what it supports.
+    pub fn new(file: File) -> io::Result<Control> {
         let ring = ControlRing::builder().build(4)?;
         let mut control = Control {
             file,
             ring,
-            encoding: Encoding::Legacy,
+            features: None,
         };
-        if control.features().is_ok() {
-            control.encoding = Encoding::Ioctl;
-        }
+        control.features = control.query_features().ok();
         Ok(control)
     }
 
-    /// How this driver's command numbers are written (I/O commands too).
+    /// How this driver's command numbers are written (I/O commands too):
+    /// ioctl-encoded where the driver answers GET_FEATURES (Linux 6.5+,
+    /// which every driver with user copy is), the legacy numbers otherwise.
     pub fn encoding(&self) -> Encoding {
-        self.encoding
+        match self.features {
+            Some(_) => Encoding::Ioctl,
+            None => Encoding::Legacy,
+        }
     }
 
     /// Runs `op` for `cmd`; the driver's answer as a Result, and the buffer.
@@ -53,7 +56,7 @@ impl Control {
         let cmd_op = match op {
             // Only ever ioctl-encoded: there is no legacy number for it.
             CtrlOp::GetFeatures => Encoding::Ioctl.ctrl(op),
-            _ => self.encoding.ctrl(op),
+            _ => self.encoding().ctrl(op),
         };
         let (res, buffer) =
             sys::control(&mut self.ring, self.file.as_raw_fd(), cmd_op, cmd, buffer)?;
@@ -63,8 +66,8 @@ impl Control {
         Ok(buffer)
     }
 
-    /// The driver's `UBLK_F_*` (fails before Linux 6.5).
-    pub fn features(&mut self) -> io::Result<u64> {
+    /// GET_FEATURES: the driver's `UBLK_F_*` (fails before Linux 6.5).
+    fn query_features(&mut self) -> io::Result<u64> {
         let buffer = vec![0u8; FEATURES_LEN].into_boxed_slice();
         let back = self.command(
             CtrlOp::GetFeatures,
@@ -80,8 +83,8 @@ impl Control {
 
     /// Whether the driver serves devices with user copy (Linux 6.5+): the
     /// only kind this driver makes.
-    pub fn supports_user_copy(&mut self) -> bool {
-        self.features().is_ok_and(|f| f & F_USER_COPY != 0)
+    pub fn supports_user_copy(&self) -> bool {
+        self.features.is_some_and(|f| f & F_USER_COPY != 0)
     }
 
     /// Creates a device as `wanted` says (`dev_id` `u32::MAX`: any free id)

@@ -64,19 +64,18 @@ const NO_USER_COPY: &str = "this kernel's ublk_drv has no user copy (UBLK_F_USER
 /// Checks that ublk can be used here, saying what to do when it cannot:
 /// the driver itself would only report an errno.
 pub fn check_available() -> anyhow::Result<()> {
-    check_control(Path::new(CONTROL))?;
-    let mut control = Control::open(Path::new(CONTROL)).context(CONTROL)?;
+    let control = open_control(Path::new(CONTROL))?;
     if !control.supports_user_copy() {
         bail!(NO_USER_COPY);
     }
     Ok(())
 }
 
-/// The checks of [`check_available`] that need no driver: the control
-/// device at `path` is there and ours to open.
-fn check_control(path: &Path) -> anyhow::Result<()> {
-    match OpenOptions::new().read(true).write(true).open(path) {
-        Ok(_) => Ok(()),
+/// The control device at `path` with its ring; a device that is missing or
+/// not ours to open is refused saying what to do.
+fn open_control(path: &Path) -> anyhow::Result<Control> {
+    let file = match OpenOptions::new().read(true).write(true).open(path) {
+        Ok(file) => file,
         Err(e) if e.kind() == ErrorKind::NotFound => bail!(
             "{} is missing: load the ublk_drv module (Linux 6.5+)",
             path.display()
@@ -85,8 +84,9 @@ fn check_control(path: &Path) -> anyhow::Result<()> {
             "{}: permission denied: attaching a device needs root (or CAP_SYS_ADMIN)",
             path.display()
         ),
-        Err(e) => Err(e).with_context(|| format!("opening {}", path.display())),
-    }
+        Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+    };
+    Control::new(file).with_context(|| format!("a ring for {}", path.display()))
 }
 
 /// How the device is built.
@@ -141,10 +141,9 @@ pub fn serve(
     identity: Identity,
     live: impl FnOnce(String, u32),
 ) -> anyhow::Result<()> {
-    let mut control = Control::open(Path::new(CONTROL)).context(CONTROL)?;
-    if !control.supports_user_copy() {
-        bail!(NO_USER_COPY);
-    }
+    // The driver's features were checked before the login
+    // (`check_available`); what ADD_DEV made of the flags is checked below.
+    let mut control = open_control(Path::new(CONTROL))?;
     let wanted = DevInfo {
         nr_hw_queues: shape.queues,
         queue_depth: shape.depth,
@@ -219,18 +218,14 @@ fn serve_device(
             if let Err(e) = spawned {
                 // The queues spawned already wait for requests that will
                 // never come: let them go.
-                abandon.into_iter().for_each(|a| {
-                    let _ = a.send(());
-                });
+                abandon_all(abandon);
                 return Err(e).context("starting a ublk queue thread");
             }
         }
         drop(events_tx);
         if let Err(e) = start(control, id, abandon.len(), &events) {
             let _ = control.stop(id);
-            abandon.into_iter().for_each(|a| {
-                let _ = a.send(());
-            });
+            abandon_all(abandon);
             return Err(e);
         }
         // Started: the queues end only with the device now.
@@ -250,6 +245,14 @@ fn serve_device(
         }
         failed.map_or(Ok(()), Err)
     })
+}
+
+/// Ends queues that will never serve (the device did not start): each
+/// returns, and its commands are cancelled as its ring closes.
+fn abandon_all(abandon: Vec<tokio::sync::oneshot::Sender<()>>) {
+    for queue in abandon {
+        let _ = queue.send(());
+    }
 }
 
 /// What a queue thread tells the thread that starts the device.
@@ -325,7 +328,7 @@ fn write_run_file(path: &Path, info: &DevInfo, identity: Identity) {
 /// requests it holds), then ends the serving process's queues, which
 /// flushes, logs out and deletes the device.
 pub fn stop(id: u32) -> anyhow::Result<()> {
-    let mut control = Control::open(Path::new(CONTROL)).context(CONTROL)?;
+    let mut control = open_control(Path::new(CONTROL))?;
     control.stop(id).context("stopping the ublk device")
 }
 
@@ -334,7 +337,7 @@ pub fn stop(id: u32) -> anyhow::Result<()> {
 /// deleted); `Ok(false)` when a live process still serves it, which
 /// [`stop`] is for. Deleting a served device would wait for its server.
 pub fn remove_orphan(id: u32) -> anyhow::Result<bool> {
-    let mut control = Control::open(Path::new(CONTROL)).context(CONTROL)?;
+    let mut control = open_control(Path::new(CONTROL))?;
     let info = control
         .dev_info(id)
         .context("reading the ublk device's state")?;
@@ -385,7 +388,9 @@ mod tests {
 
     #[test]
     fn a_missing_control_device_says_to_load_the_module() {
-        let e = check_control(std::path::Path::new("/nonexistent/ublk-control")).unwrap_err();
+        let Err(e) = open_control(std::path::Path::new("/nonexistent/ublk-control")) else {
+            panic!("a missing control device opened");
+        };
         assert_eq!(
             e.to_string(),
             "/nonexistent/ublk-control is missing: load the ublk_drv module (Linux 6.5+)"
