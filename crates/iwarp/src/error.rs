@@ -30,6 +30,10 @@ pub enum Error {
     /// API misuse (unknown local STag, region too small...), reported not hidden.
     #[error("misuse: {0}")]
     Misuse(String),
+    /// A driver task of ours failed (a bug): the stream is ended rather
+    /// than left silent.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl From<std::io::Error> for Error {

@@ -50,13 +50,42 @@ pub fn decode(buf: &[u8], crc: bool) -> Result<Option<(Segment<'_>, usize)>, Ter
         if sent != computed {
             return Err(TerminateReason::llp(
                 llp_code::CRC,
-                format!("FPDU CRC {sent:#010x}, computed {computed:#010x}"),
+                format!(
+                    "FPDU CRC {sent:#010x}, computed {computed:#010x}, on {}",
+                    describe(&buf[2..2 + ulpdu_len])
+                ),
             ));
         }
     }
     let ulpdu = &buf[2..2 + ulpdu_len];
     let segment = parse_ulpdu(ulpdu)?;
     Ok(Some((segment, total)))
+}
+
+/// What a ULPDU claims to be, for the message of a Terminate that refuses
+/// it (a bad CRC says nothing of where the damage is: the headers, which
+/// may themselves be damaged, are the one clue to which message it was).
+fn describe(ulpdu: &[u8]) -> String {
+    let len = ulpdu.len();
+    match parse_ulpdu(ulpdu) {
+        Ok(seg) => {
+            let last = if seg.last { ", last" } else { "" };
+            match seg.buffer {
+                Buffer::Tagged { stag, to } => format!(
+                    "a {len}-byte ULPDU: {:?}, STag {stag:#x}, TO {to:#x}{last}",
+                    seg.opcode
+                ),
+                Buffer::Untagged { qn, msn, mo, .. } => format!(
+                    "a {len}-byte ULPDU: {:?}, queue {qn}, MSN {msn}, MO {mo}{last}",
+                    seg.opcode
+                ),
+            }
+        }
+        Err(_) => format!(
+            "a {len}-byte ULPDU whose headers do not parse (first bytes {:02x?})",
+            &ulpdu[..len.min(8)]
+        ),
+    }
 }
 
 /// Checks one ULPDU's DDP and RDMAP headers.

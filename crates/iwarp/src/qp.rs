@@ -133,6 +133,20 @@ impl Drop for Owner {
     }
 }
 
+/// Ends the stream with [`Error::Internal`] when a driver task unwinds:
+/// tokio outlives a panicking task, and a stream whose reader or writer is
+/// gone must fail its requests and tell its user, not go silent.
+struct EndOnPanic(Arc<Shared>, &'static str);
+
+impl Drop for EndOnPanic {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let what = format!("the {} task of this stream panicked", self.1);
+            self.0.fail(Error::Internal(what), None);
+        }
+    }
+}
+
 /// What the connection manager agreed, for [`QueuePair::start`].
 pub(crate) struct Agreed {
     pub peer: PeerParams,
@@ -183,8 +197,16 @@ impl QueuePair {
             mulpdu: AtomicUsize::new(agreed.mulpdu),
             aligned: std::sync::atomic::AtomicBool::new(false),
         });
-        tokio::spawn(rx_task(shared.clone(), rd));
-        tokio::spawn(tx_task(shared.clone(), wr));
+        let rx_guard = EndOnPanic(shared.clone(), "receive");
+        tokio::spawn(async move {
+            rx_task(rx_guard.0.clone(), rd).await;
+            drop(rx_guard);
+        });
+        let tx_guard = EndOnPanic(shared.clone(), "send");
+        tokio::spawn(async move {
+            tx_task(tx_guard.0.clone(), wr).await;
+            drop(tx_guard);
+        });
         Ok(QueuePair {
             _owner: Arc::new(Owner(shared.clone())),
             shared,
@@ -717,19 +739,22 @@ impl Shared {
             .pd
             .checkout(d.stag, d.to, d.payload, need)
             .map_err(|r| local(tagged_refusal(r, what, d.stag, d.to, d.payload)))?;
-        let have = buffered.len() - d.header.len();
+        // What came with the header: some of the payload, or all of it
+        // and the start of the trailer (never all of the trailer: then the
+        // FPDU would be whole and not placed here).
+        let after_header = buffered.start + d.header.len()..buffered.end;
+        let have = after_header.len().min(d.payload);
+        let early_tail = after_header.len() - have;
         // The payload's place: one slice, or the pages of a page-list
         // region it spans.
         let mut dst = placement.destination(d.payload);
-        copy_into(
-            &mut dst,
-            0,
-            &buf[buffered.start + d.header.len()..buffered.end],
-        );
+        copy_into(&mut dst, 0, &buf[after_header.start..][..have]);
+        // The trailer bytes already here go where the reads below put the rest.
+        buf.copy_within(after_header.end - early_tail..after_header.end, 0);
         let trailer_len = d.pad + 4;
         let room = trailer_len + DIRECT_HEADER;
         let received = async {
-            let (mut filled, mut tail) = (have, 0);
+            let (mut filled, mut tail) = (have, early_tail);
             while tail < trailer_len {
                 let n = if filled < d.payload {
                     read_into(rd, &mut dst, filled, &mut buf[..room]).await?
@@ -767,7 +792,10 @@ impl Shared {
         if !good {
             return Err(local(TerminateReason::llp(
                 crate::error::llp_code::CRC,
-                "FPDU CRC mismatch (placed directly)",
+                format!(
+                    "FPDU CRC mismatch on a {}-byte {:?} payload placed directly at STag {:#x}, TO {:#x}",
+                    d.payload, d.opcode, d.stag, d.to
+                ),
             )));
         }
         if d.opcode == Opcode::ReadResponse {

@@ -333,6 +333,72 @@ async fn a_run_of_large_writes_is_placed_from_the_socket() {
     assert!(qp.pd().deregister(mr) == expected, "placed bytes differ");
 }
 
+/// The same run cut once at each place a TCP read can end: inside a
+/// header, inside a payload, inside a pad or CRC, on an FPDU's boundary.
+/// Whatever the reader holds when it decides to place a segment from the
+/// socket (some of its trailer included), every byte lands where it belongs.
+#[tokio::test]
+async fn large_writes_cut_anywhere_are_placed() {
+    use iscsi_iwarp::wire::rdmap::Opcode;
+    use tokio::io::AsyncWriteExt;
+    let mut lens = Vec::new();
+    let mut template = Vec::new();
+    for i in 0..3usize {
+        // Lengths with pads of 3, 2 and 1 bytes.
+        let payload: Vec<u8> = (0..(1 << 15) - 1 - i).map(|b| (b * 7 + i) as u8).collect();
+        template.push(payload);
+    }
+    let mut cuts = vec![1, 10, 100];
+    let mut at = 0;
+    for payload in &template {
+        let n = fpdu(&tagged(Opcode::Write, 0, 0), &[], payload).len();
+        lens.push(n);
+        for back in [1, 2, 4, 5, 6, 8] {
+            cuts.push(at + n - back);
+        }
+        cuts.extend([at + n, at + n + 1, at + n + 15, at + n + 16, at + n + 17]);
+        at += n;
+    }
+    for cut in cuts {
+        let (mut raw, qp) = raw_peer(ConnectParams::default(), recvs(1, 64)).await;
+        let mr = qp.pd().register(vec![0; 3 << 15], Access::REMOTE_WRITE);
+        let mut stream = Vec::new();
+        let mut expected = Vec::new();
+        for (i, payload) in template.iter().enumerate() {
+            let to = mr.addr() + ((i as u64) << 15);
+            stream.extend_from_slice(&fpdu(&tagged(Opcode::Write, mr.stag(), to), &[], payload));
+            expected.extend_from_slice(payload);
+            expected.resize((i + 1) << 15, 0);
+        }
+        assert_eq!(stream.len(), lens.iter().sum::<usize>());
+        stream.extend_from_slice(&fpdu(
+            &untagged(Opcode::Send, true, 0, 0, 1, 0),
+            &[],
+            b"done",
+        ));
+        let rest = stream.split_off(cut);
+        raw.write_all(&stream).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        raw.write_all(&rest).await.unwrap();
+        let done = tokio::time::timeout(T, qp.recv_cq().next())
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| panic!("cut at {cut}: the Send never completed: {:?}", qp.error()));
+        assert_eq!(
+            (done.status, done.byte_len),
+            (WcStatus::Success, 4),
+            "cut at {cut}: {:?}",
+            qp.error()
+        );
+        assert!(qp.error().is_none(), "cut at {cut}: {:?}", qp.error());
+        assert!(
+            qp.pd().deregister(mr) == expected,
+            "cut at {cut}: placed bytes differ"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_reads_beyond_ord_wait_in_order() {
     let params = ConnectParams {
