@@ -164,17 +164,17 @@ impl Sense {
         })
     }
 
-    /// The sense data as the SCSI crate types it, for its words.
-    fn typed(&self) -> iscsi_scsi::Sense {
-        iscsi_scsi::Sense::new(
-            iscsi_scsi::SenseKey::from_code(self.key),
-            iscsi_scsi::Asc::new(self.asc, self.ascq),
+    /// The sense data as `iscsi-sense` types it, for its words.
+    fn typed(&self) -> iscsi_sense::Sense {
+        iscsi_sense::Sense::new(
+            iscsi_sense::SenseKey::from_code(self.key),
+            iscsi_sense::Asc::new(self.asc, self.ascq),
         )
     }
 }
 
 /// In words, then the codes: "Illegal Request: Logical unit not supported
-/// (ASC 0x25, ASCQ 0x00)", through the SCSI crate's table of T10's names so
+/// (ASC 0x25, ASCQ 0x00)", through `iscsi-sense`'s table of T10's names so
 /// that initiator and target print sense data the same way.
 impl fmt::Display for Sense {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

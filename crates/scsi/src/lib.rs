@@ -19,7 +19,7 @@
 //! | [`medium`] | [`LuOptions`] (read-only, removable, physical block size) and the removable medium's load/eject and prevent state |
 //! | [`nexus`] | [`Nexus`], [`NexusKey`], iSCSI TransportIDs (SPC-4 §7.6.4.6) |
 //! | [`cdb`] | opcodes, bounds-checked field readers, [`cdb::Lba`]/[`cdb::Blocks`], READ/WRITE decoding, [`command_info`] (Data-Out and allocation lengths of every command) |
-//! | [`sense`] | sense keys, named ASC/ASCQ constants, INFORMATION, fixed and descriptor formats |
+//! | [`sense`] | the `iscsi-sense` crate, re-exported: sense keys, named ASC/ASCQ constants, INFORMATION, fixed and descriptor formats (a crate of its own because the initiator reads sense data too) |
 //! | [`spc`] | primary commands: INQUIRY and VPD pages (00h, 80h, 83h, B0h, B1h, B2h), REPORT LUNS, TEST UNIT READY, REQUEST SENSE |
 //! | [`mode`] | MODE SENSE(6/10), MODE SELECT(6/10): caching, control, informational exceptions pages |
 //! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules |
@@ -49,7 +49,10 @@ mod pr_shared;
 pub(crate) mod pr_state;
 pub mod sanitize;
 pub mod sbc;
-pub mod sense;
+/// Sense data: the `iscsi-sense` crate, which the initiator shares, so that
+/// `iscsi_scsi::sense::...` and the crate-internal `crate::sense::...` paths
+/// name the same types.
+pub use iscsi_sense as sense;
 pub mod spc;
 pub mod xcopy;
 

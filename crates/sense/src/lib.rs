@@ -1,13 +1,21 @@
-//! Sense data (SPC-4 §4.5): the sense keys, the additional sense codes this
-//! crate reports, and the fixed (0x70) and descriptor (0x72) encodings.
+//! Sense data (SPC-4 §4.5): the sense keys, the additional sense codes the
+//! target reports, and the fixed (0x70) and descriptor (0x72) encodings.
 //!
-//! Every ASC/ASCQ pair is a named constant checked against SPC-4's Annex D
-//! table ("ASC and ASCQ assignments"); nothing else in the crate writes a raw
-//! ASC number.
+//! Every ASC/ASCQ pair the target sends is a named constant checked against
+//! SPC-4's Annex D table ("ASC and ASCQ assignments"); nothing in the SCSI
+//! target core (`iscsi-scsi`) writes a raw ASC number.
 //!
 //! The same types put sense data into words for people (the `Display`
-//! impls, over T10's names in [`asc_names`]): the initiator and the CLI
+//! impls, over T10's names in `asc_names.rs`): the initiator and the CLI
 //! print a CHECK CONDITION through them, so there is one table to extend.
+//!
+//! Why a crate of its own: both sides of the stack speak sense data. The
+//! target (`iscsi-scsi`, which re-exports this crate as `iscsi_scsi::sense`)
+//! builds and encodes it; the initiator (`iscsi-initiator`) only decodes it
+//! and prints it in words. Kept here, with nothing but `std` beneath it, the
+//! initiator gets the sense keys and T10's names without depending on the
+//! whole target core (its logical units, backstores and their
+//! dependencies), and the two sides still print sense data the same way.
 
 use std::fmt;
 
@@ -321,7 +329,7 @@ impl fmt::Display for Sense {
     }
 }
 
-/// Length of fixed-format sense data this crate produces.
+/// Length of the fixed-format sense data [`Sense::to_fixed_format`] produces.
 pub const FIXED_SENSE_LEN: usize = 18;
 
 impl Sense {
