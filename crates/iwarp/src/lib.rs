@@ -12,7 +12,7 @@
 //! | `mr` | protection domain and memory regions: STags, bounds, access rights, invalidation (RFC 5040 §5.2, §6.4) |
 //! | `verbs` | requests, completions, completion queues |
 //! | `cm` | the MPA exchange: [`connect`], [`accept_request`], [`ConnectRequest`] |
-//! | `qp` | [`QueuePair`]: the stream's state and its tokio driver (RFC 5040 §5-§7 semantics) |
+//! | `qp` | [`QueuePair`]: the stream's state and its tokio driver (RFC 5040 §5-§7 semantics); `qp/rx.rs` the reading task, `qp/tx.rs` the writing task |
 //!
 //! Design notes (why it is built this way):
 //! - One reading and one writing task per QP; all placement happens on the
