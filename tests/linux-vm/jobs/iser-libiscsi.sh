@@ -38,8 +38,13 @@
 #     window: command ignored"), and the test waits for libiscsi to time the task out; only the TCP
 #     transport's service function scans task timeouts (lib/socket.c, iscsi_timeout_scan), so over
 #     iSER the synchronous loop's own deadline ends it as "Connect timedout" instead.
+# ISER_LIBISCSI_LOG=N: libiscsi logs at level N (its LIBISCSI_DEBUG) into cu-ours.log; 3 shows the
+# failed work completions behind a "Can not reconnect right now" or a dropped connection.
+# A run that ends before its CUnit summary (a segfault or a failed login, not a timeout) runs once
+# more, and the summary lists it (guest/iser-libiscsi.sh says why); a second failure fails the job.
 # Results: $LINUX_VM_RESULTS/iser-libiscsi/ (default <repo>/target/linux-vm-results/iser-libiscsi/):
-# cu-ours.log, cu-ours.rc, cu-ours.seconds, summary.txt, the target's log and the guest's dmesg.
+# cu-ours.log, cu-ours.rc, cu-ours.retried, cu-retried.log, cu-ours.seconds, summary.txt, the
+# target's log and the guest's dmesg.
 # Guest side: guest/iser-libiscsi.sh (+ guest/siw-up.sh).
 set -euo pipefail
 # shellcheck source=tests/linux-vm/lib.sh
@@ -68,6 +73,7 @@ PORT=$port
 IQN=$iqn
 TESTS=$tests
 SUITE_S=$suite_s
+LIBISCSI_LOG=${ISER_LIBISCSI_LOG:-0}
 PARAMS
 # No NOP-In pings: libiscsi answers one only while a test calls into that session, and in the
 # emulated guest a test on one session outlasts the ping interval of the other (the multipath
@@ -109,6 +115,8 @@ failed_tests=$(grep -E '^  Test: .*FAILED|\.\.\.FAILED' "$log" || true)
     echo "iscsi-test-cu -d, $runs runs (one per pattern of --test=$tests) in $seconds s, $n_summaries summaries"
     echo "tests $total, ran $ran, passed $passed, failed $failed, [SKIPPED] lines $(grep -c '\[SKIPPED\]' "$log" || true)"
     [ -z "$bad_runs" ] || printf 'runs that did not exit 0 (pattern, status; 139 is a segfault):\n%s\n' "$bad_runs"
+    [ ! -s "$results/cu-ours.retried" ] || printf 'runs retried after ending before their summary (pattern, first status; output in cu-retried.log):\n%s\n' "$(cat "$results/cu-ours.retried")"
+    ! grep -q "terminated the stream" "$(target_log ours)" || printf 'iWARP streams the target ended (target.log):\n%s\n' "$(grep -o "iWARP stream .*" "$(target_log ours)")"
     [ -z "$failed_tests" ] || printf 'failed:\n%s\n' "$failed_tests"
 } | tee "$results/summary.txt"
 echo "logs: $results"
