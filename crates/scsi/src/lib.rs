@@ -14,7 +14,8 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `lib.rs` | [`ScsiTarget`], [`CommandOutcome`], LUN addressing, resets, dispatch by opcode (unit attention, then reservation check, then the command) |
+//! | `lib.rs` | [`ScsiTarget`], [`CommandOutcome`], LUN addressing, resets; finding a command's LU |
+//! | `dispatch.rs` | one command on its LU: the checks (unit attentions, CONTROL, sanitize, reservations, medium, ALUA) as one step, then plan or run, then the opcode table (primary, block) |
 //! | `lu.rs` | per-LU state: unit attention queues per nexus, the SPC-2 reservation, PR state, mode parameters, the removable medium, the COMPARE AND WRITE lock |
 //! | [`medium`] | [`LuOptions`] (read-only, removable, physical block size) and the removable medium's load/eject and prevent state |
 //! | [`nexus`] | [`Nexus`], [`NexusKey`], iSCSI TransportIDs (SPC-4 §7.6.4.6) |
@@ -37,6 +38,7 @@ pub mod atomic;
 pub mod backstore;
 pub mod cdb;
 mod data_out;
+mod dispatch;
 mod lu;
 pub mod medium;
 pub mod mode;
@@ -68,6 +70,7 @@ pub use backstore::{
     SharedPrStore, SlowBackstore, WithOptions, WriteData,
 };
 pub use backstore::{RbdBackstore, RbdSpec};
+use dispatch::{OnLu, lun_numbers};
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};
 use planned::PlanSlot;
@@ -228,7 +231,7 @@ pub struct ScsiTarget {
 }
 
 /// LUs indexed by LUN number (`None`: no LU there).
-type LunTable = Vec<Option<Arc<LogicalUnit>>>;
+pub(crate) type LunTable = Vec<Option<Arc<LogicalUnit>>>;
 
 /// The highest LUN number plus one: REPORT LUNS and `encode_lun` address
 /// 16384 LUNs (single-level flat addressing, SAM-5 §4.7.7).
@@ -440,7 +443,7 @@ impl ScsiTarget {
         self.luns.load().get(usize::from(lun))?.clone()
     }
 
-    fn known_nexuses(&self) -> Vec<NexusKey> {
+    pub(crate) fn known_nexuses(&self) -> Vec<NexusKey> {
         self.nexuses.load().iter().cloned().collect()
     }
 
@@ -662,10 +665,16 @@ impl ScsiTarget {
         let number = decode_lun(lun);
         let lu = number.and_then(|n| Some((n, table.get(usize::from(n))?.as_ref()?)));
         let (result, descriptor) = match lu {
-            Some((n, lu)) => {
-                let r = self.dispatch(
-                    n, lu, &table, nexus, key, cdb, data_out, data_in, lent, plan,
-                );
+            Some((number, lu)) => {
+                let command = OnLu {
+                    number,
+                    lu,
+                    table: &table,
+                    nexus,
+                    key,
+                    cdb,
+                };
+                let r = self.dispatch(&command, data_out, data_in, lent, plan);
                 (r, lu.mode().d_sense)
             }
             None => (
@@ -689,304 +698,6 @@ impl ScsiTarget {
             }
         }
     }
-
-    #[allow(clippy::too_many_arguments)]
-    fn dispatch(
-        &self,
-        number: u16,
-        lu: &Arc<LogicalUnit>,
-        table: &LunTable,
-        nexus: &Nexus,
-        key: &NexusKey,
-        cdb: &[u8],
-        data_out: DataOut<'_>,
-        data_in: &mut Vec<u8>,
-        lent: Option<&mut Vec<Lent>>,
-        plan: Option<&mut PlanSlot>,
-    ) -> Result<(), Fail> {
-        use cdb::opcode::*;
-        let op = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
-        if !opcodes::is_supported(cdb) {
-            return Err(Sense::INVALID_OPCODE.into());
-        }
-        // Before any check: a write started in a later epoch was checked
-        // against a state that may be gone (`LogicalUnit::write_shared_at`).
-        let epoch = lu.io_epoch();
-        if lu.backstore.take_capacity_change() {
-            // The medium was resized under the LU (`rbd resize`): every
-            // nexus hears of it, this command's first (SBC-4 §4.14).
-            let nexuses = self.known_nexuses();
-            lu.state().raise_for_all(
-                &nexuses,
-                None,
-                Sense::unit_attention(Asc::CAPACITY_DATA_HAS_CHANGED),
-            );
-        }
-        if lu.alua_changed() {
-            // The owner moved (or the group changed): every nexus of the
-            // LU hears it once (SPC-4 §5.16.2.6), this one included.
-            let nexuses = self.known_nexuses();
-            lu.state()
-                .raise_for_all(&nexuses, None, alua::STATE_CHANGED);
-        }
-        if lu.is_quiet() && !matches!(op, RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10) {
-            // Nothing pending and nothing reserved: the state would say
-            // yes, so it is not locked (a unit attention raised meanwhile
-            // is for the commands after this one).
-            cdb::check_control(cdb)?;
-        } else {
-            let mut st = lu.state();
-            if !matches!(op, INQUIRY | REPORT_LUNS | REQUEST_SENSE)
-                && let Some(ua) = st.take_ua(key)
-            {
-                return Err(ua.into());
-            }
-            cdb::check_control(cdb)?;
-            st.sanitize.gate(cdb)?;
-            pr::check_access(&st, key, cdb)?;
-            if st.medium.ejected && !medium::runs_without_medium(op) {
-                return Err(Sense::MEDIUM_NOT_PRESENT.into());
-            }
-        }
-        // The access state of this nexus's port, after the unit attention
-        // (which tells the host why the state it knew is gone).
-        let alua_port = lu.alua.as_ref().map(|_| nexus.target_port);
-        if let (Some(group), Some(port)) = (&lu.alua, alua_port) {
-            alua::gate(group.state_of(port), cdb)?;
-        }
-        let bs = lu.backstore.as_ref();
-        // What the commands that write see: SWP set for a read-only LU, so
-        // that each refuses its write where it checks SWP.
-        let mode = lu.io_mode();
-        if let Some(plan) = plan
-            && let Some(io) = bs.async_io()
-            && cdb::parse_rw(cdb).is_some()
-        {
-            // Checked here, run by the caller (`ScsiTarget::plan_io`).
-            if let Some(transfer) = sbc::plan_read_write(bs, mode, cdb, data_out.len())? {
-                let permit = match transfer.write {
-                    false => None,
-                    true => match lu.write_async() {
-                        // Checked in this epoch, started in it too.
-                        Some(permit) if lu.io_epoch() == epoch => Some(permit),
-                        Some(_) => return Err(Sense::LU_COMMUNICATION_FAILURE.into()),
-                        None => {
-                            *plan = PlanSlot::Synchronous;
-                            return Ok(());
-                        }
-                    },
-                };
-                *plan = PlanSlot::Io(PlannedIo::new(transfer, io, permit, lu.mode().d_sense));
-            }
-            return Ok(());
-        }
-        match op {
-            TEST_UNIT_READY => Ok(()),
-            REQUEST_SENSE => {
-                // A sanitize's progress (or failure) first: the unit
-                // attention waits for when the LU is usable. Then, with
-                // nothing pending, the LU's state, which without a medium
-                // is NOT READY / MEDIUM NOT PRESENT (SPC-4 §6.39).
-                let mut st = lu.state();
-                let pending = st
-                    .sanitize
-                    .sense()
-                    .or_else(|| st.take_ua(key))
-                    .or_else(|| st.medium.ejected.then_some(Sense::MEDIUM_NOT_PRESENT));
-                drop(st);
-                Ok(spc::request_sense(cdb, pending, data_in)?)
-            }
-            INQUIRY => Ok(spc::inquiry(
-                &self.identity,
-                Some((bs, alua_port)),
-                cdb,
-                data_in,
-            )?),
-            REPORT_LUNS => Ok(spc::report_luns(&lun_numbers(table), cdb, data_in)?),
-            MODE_SENSE_6 | MODE_SENSE_10 => Ok(mode::mode_sense(bs, lu.mode(), cdb, data_in)?),
-            MODE_SELECT_6 | MODE_SELECT_10 => {
-                let nexuses = self.known_nexuses();
-                let data = data_out.flat();
-                let select =
-                    |mode: &mut lu::ModeParams| Ok(mode::mode_select(bs, mode, cdb, &data)?);
-                let done = |st: &mut lu::LuState, changed: &bool| {
-                    if *changed {
-                        st.raise_for_all(
-                            &nexuses,
-                            Some(key),
-                            Sense::unit_attention(Asc::MODE_PARAMETERS_CHANGED),
-                        );
-                    }
-                };
-                match &lu.shared {
-                    Some(store) => pr_shared::mode_select(lu, store.as_ref(), select, done),
-                    None => {
-                        let mut st = lu.state();
-                        let mut mode = st.mode;
-                        let changed = select(&mut mode)?;
-                        st.mode = mode;
-                        done(&mut st, &changed);
-                        Ok(())
-                    }
-                }
-            }
-            RESERVE_6 | RESERVE_10 | RELEASE_6 | RELEASE_10 => {
-                let reserve = matches!(op, RESERVE_6 | RESERVE_10);
-                match &lu.shared {
-                    Some(store) => {
-                        pr_shared::reserve_or_release(lu, store.as_ref(), key, cdb, reserve)
-                    }
-                    None => {
-                        let st = &mut *lu.state();
-                        if reserve {
-                            pr::reserve(&mut st.spc2, &st.pr, key, cdb)
-                        } else {
-                            pr::release(&mut st.spc2, key, cdb)
-                        }
-                    }
-                }
-            }
-            PERSISTENT_RESERVE_IN => {
-                pr_shared::check_fresh(lu)?;
-                pr::persistent_reserve_in(&lu.state(), cdb, data_in)
-            }
-            PERSISTENT_RESERVE_OUT => {
-                let aborted = match &lu.shared {
-                    Some(store) => pr_shared::persistent_reserve_out(
-                        lu,
-                        store.as_ref(),
-                        nexus,
-                        cdb,
-                        &data_out.flat(),
-                    )?,
-                    None => {
-                        pr::persistent_reserve_out(&mut lu.state(), nexus, cdb, &data_out.flat())?
-                    }
-                };
-                if !aborted.is_empty() {
-                    let handler = self
-                        .abort_handler
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .clone();
-                    if let Some(h) = handler {
-                        h(number, &aborted);
-                    }
-                }
-                Ok(())
-            }
-            MAINTENANCE_IN if alua::is_rtpg(cdb) && lu.alua.is_some() => {
-                let view = lu.alua.as_ref().map(|g| g.view()).unwrap_or_default();
-                Ok(alua::report_target_port_groups(&view, cdb, data_in)?)
-            }
-            MAINTENANCE_IN => Ok(opcodes::maintenance_in(
-                cdb,
-                opcodes::Offered::of(bs),
-                data_in,
-            )?),
-            EXTENDED_COPY => self.extended_copy(number, table, key, cdb, &data_out.flat()),
-            RECEIVE_COPY_RESULTS => {
-                Ok(self.receive_copy_results(number, bs.block_size(), key, cdb, data_in)?)
-            }
-            READ_CAPACITY_10 => Ok(sbc::read_capacity_10(bs, cdb, data_in)?),
-            SERVICE_ACTION_IN_16 => Ok(sbc::service_action_in_16(bs, cdb, data_in)?),
-            SYNCHRONIZE_CACHE_10 | SYNCHRONIZE_CACHE_16 => Ok(sbc::synchronize_cache(bs, cdb)?),
-            START_STOP_UNIT => {
-                // LOEJ loads and ejects only a removable medium; a fixed
-                // one ignores it.
-                let action = sbc::start_stop_unit(bs, cdb)?;
-                if let Some(action) = action.filter(|_| lu.options.removable) {
-                    let nexuses = self.known_nexuses();
-                    let mut st = lu.state();
-                    // A medium loaded: NOT READY TO READY CHANGE for every
-                    // other nexus (the medium may have changed); the one that loaded it
-                    // knows, as with MODE SELECT's unit attention.
-                    if st.medium.load_eject(action)? {
-                        st.raise_for_all(&nexuses, Some(key), Sense::MEDIUM_MAY_HAVE_CHANGED);
-                    }
-                }
-                Ok(())
-            }
-            PREVENT_ALLOW_MEDIUM_REMOVAL => {
-                let prevent = sbc::prevent_allow(cdb)?;
-                if lu.options.removable {
-                    lu.state().medium.prevent(key, prevent);
-                }
-                Ok(())
-            }
-            // Logical block provisioning (SBC-3 4.7) is only offered by
-            // thin stores (LBPME=1): on a fully provisioned one UNMAP does
-            // not exist, as VPD B2 says.
-            UNMAP if !bs.is_thin() => Err(Sense::INVALID_OPCODE.into()),
-            UNMAP => {
-                let _w = lu.write_shared_at(epoch)?;
-                Ok(sbc::unmap(bs, mode, cdb, &data_out.flat())?)
-            }
-            WRITE_SAME_10 | WRITE_SAME_16 => {
-                let _w = lu.write_shared_at(epoch)?;
-                Ok(sbc::write_same(bs, mode, cdb, &data_out.flat())?)
-            }
-            COMPARE_AND_WRITE => {
-                let _w = lu.write_exclusive_at(epoch)?;
-                Ok(sbc::compare_and_write(bs, mode, cdb, &data_out.flat())?)
-            }
-            ORWRITE_16 => {
-                // Read-modify-write: atomic against every other write.
-                let _w = lu.write_exclusive_at(epoch)?;
-                Ok(sbc::orwrite(bs, mode, cdb, &data_out.flat())?)
-            }
-            PRE_FETCH_10 | PRE_FETCH_16 => Ok(sbc::pre_fetch(bs, cdb)?),
-            READ_DEFECT_DATA_10 | READ_DEFECT_DATA_12 => Ok(sbc::read_defect_data(cdb, data_in)?),
-            VERIFY_10 | VERIFY_12 | VERIFY_16 => Ok(sbc::verify(bs, cdb, &data_out.flat())?),
-            WRITE_AND_VERIFY_10 | WRITE_AND_VERIFY_12 | WRITE_AND_VERIFY_16 => {
-                let _w = lu.write_shared_at(epoch)?;
-                Ok(sbc::write_and_verify(bs, mode, cdb, &data_out.flat())?)
-            }
-            WRITE_ATOMIC_16 => {
-                let _w = lu.write_shared_at(epoch)?;
-                Ok(atomic::write_atomic_16(bs, mode, cdb, data_out)?)
-            }
-            SANITIZE => Ok(sanitize::sanitize(lu, cdb, &data_out.flat())?),
-            WRITE_6 | WRITE_10 | WRITE_12 | WRITE_16 => {
-                let _w = lu.write_shared_at(epoch)?;
-                Ok(sbc::read_write(bs, mode, cdb, data_out, data_in, None)?)
-            }
-            _ => Ok(sbc::read_write(bs, mode, cdb, data_out, data_in, lent)?),
-        }
-    }
-
-    fn dispatch_missing(
-        &self,
-        table: &LunTable,
-        cdb: &[u8],
-        data_in: &mut Vec<u8>,
-    ) -> Result<(), Sense> {
-        use cdb::opcode::*;
-        let op = *cdb.first().ok_or(Sense::INVALID_OPCODE)?;
-        match op {
-            INQUIRY => {
-                cdb::check_control(cdb)?;
-                spc::inquiry(&self.identity, None, cdb, data_in)
-            }
-            REPORT_LUNS => {
-                cdb::check_control(cdb)?;
-                spc::report_luns(&lun_numbers(table), cdb, data_in)
-            }
-            REQUEST_SENSE => {
-                cdb::check_control(cdb)?;
-                spc::request_sense(cdb, Some(Sense::LUN_NOT_SUPPORTED), data_in)
-            }
-            _ => Err(Sense::LUN_NOT_SUPPORTED),
-        }
-    }
-}
-
-/// The numbers of the LUs in `table`, ascending.
-fn lun_numbers(table: &LunTable) -> Vec<u16> {
-    (0u16..)
-        .zip(table.iter())
-        .filter_map(|(n, lu)| lu.as_ref().map(|_| n))
-        .collect()
 }
 
 #[cfg(test)]
