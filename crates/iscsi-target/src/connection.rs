@@ -37,14 +37,14 @@ use iscsi_proto::pdu::{
     AsyncEvent, AsyncMessage, DataIn, Header, LogoutReason, LogoutRequest, LogoutResponse,
     LogoutResponseCode, Lun, NopIn, NopOut, Pdu, Reject, RejectReason, ScsiCommand, ScsiResponse,
     SegmentLengths, ServiceResponse, SnackRequest, TaskFunction, TaskManagementRequest,
-    TaskManagementResponse, TaskResponse, TextRequest, TextResponse,
+    TaskManagementResponse, TaskResponse, TextRequest,
 };
 use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
 use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachine};
-use iscsi_proto::text::codec::{self, TextPair};
-use iscsi_proto::text::{Negotiator, Role, SessionType, Stage};
+use iscsi_proto::text::SessionType;
 use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, DataOut, Nexus, ScsiTarget, TargetReset};
+use iscsi_target_core::{Keepalive, KeepaliveAction, TextExchange, TransferTags};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -61,6 +61,7 @@ use write::{Drain, PROTOCOL_SERVICE_CRC_ERROR, PendingWrite};
 
 mod execute;
 mod planned;
+mod requests;
 mod respond;
 mod task_management;
 pub(crate) mod write;
@@ -197,11 +198,11 @@ pub(crate) struct Connection {
     /// The session's abort count when `pending_writes` was last swept for
     /// aborted writes.
     aborts_swept: u64,
-    next_transfer_tag: u32,
-    /// A Text Response too long for one PDU: (Initiator Task Tag, Target
-    /// Transfer Tag, the rest of the text), sent a segment per empty Text
-    /// Request that carries the tag (RFC 7143 11.10.2, 11.11.1).
-    text_continuation: Option<(u32, u32, Vec<u8>)>,
+    /// Target Transfer Tags for R2Ts, pings and long Text answers.
+    transfer_tags: TransferTags,
+    /// A Text answer too long for one PDU, sent a part per Text Request
+    /// that carries its tag (RFC 7143 11.10.2, 11.11.1).
+    text: TextExchange,
     /// The connection's state (RFC 7143 8.1, 8.2): LOGGED_IN when created.
     state: ConnectionStateMachine,
     /// Told of each command's steps between its PDUs (`--trace`).
@@ -268,8 +269,8 @@ impl Connection {
             draining: HashMap::new(),
             aborted_writes: std::collections::VecDeque::new(),
             aborts_swept: 0,
-            next_transfer_tag: 1,
-            text_continuation: None,
+            transfer_tags: TransferTags::default(),
+            text: TextExchange::default(),
             state,
             tap,
             answers_held: false,
@@ -298,14 +299,13 @@ impl Connection {
         let mut closing = self.session.closing();
         let mut logout_deadline: Option<Instant> = None;
         let ping_interval = self.shared.config().nop_in_interval;
-        let mut quiet_since = Instant::now();
-        let mut ping_outstanding = false;
+        let mut keepalive = Keepalive::new(ping_interval, Instant::now().into_std());
         // One timer for the connection's life, moved only when it fires:
         // a PDU just notes the time. (A timer armed per PDU was an insert
         // and a removal in the runtime's timer wheel for every PDU.)
         let far = || Instant::now() + Duration::from_secs(86_400 * 365);
         let mut ping_timer = std::pin::pin!(tokio::time::sleep_until(
-            ping_interval.map_or_else(far, |interval| quiet_since + interval)
+            keepalive.deadline().map_or_else(far, Instant::from_std)
         ));
         let result = loop {
             if *closing.borrow() {
@@ -342,29 +342,26 @@ impl Connection {
                     break Ok(());
                 }
                 _ = ping_timer.as_mut(), if ping_interval.is_some() => {
-                    let interval = ping_interval.unwrap_or_default();
-                    let due = quiet_since + interval;
-                    if due > Instant::now() {
-                        // Heard from since it was set: set it again.
-                        ping_timer.as_mut().reset(due);
-                        continue;
+                    match keepalive.timer_fired(Instant::now().into_std()) {
+                        KeepaliveAction::Rearm(due) => ping_timer.as_mut().reset(due.into()),
+                        KeepaliveAction::Drop => {
+                            warn!(cid = self.cid, "no answer to the NOP-In ping: dropping the connection");
+                            break Ok(());
+                        }
+                        KeepaliveAction::Ping => {
+                            if let Err(e) = self.ping().await {
+                                break Err(e);
+                            }
+                            if let Some(due) = keepalive.pinged(Instant::now().into_std()) {
+                                ping_timer.as_mut().reset(due.into());
+                            }
+                        }
                     }
-                    if ping_outstanding {
-                        warn!(cid = self.cid, "no answer to the NOP-In ping: dropping the connection");
-                        break Ok(());
-                    }
-                    if let Err(e) = self.ping().await {
-                        break Err(e);
-                    }
-                    ping_outstanding = true;
-                    quiet_since = Instant::now();
-                    ping_timer.as_mut().reset(quiet_since + interval);
                     continue;
                 }
             };
             // Anything from the initiator shows the connection is alive.
-            quiet_since = Instant::now();
-            ping_outstanding = false;
+            keepalive.heard(Instant::now().into_std());
             let header = match header {
                 Ok(Some(header)) => header,
                 Ok(None) => break Ok(()),
@@ -530,8 +527,7 @@ impl Connection {
     /// a NOP-Out answer, the reserved Initiator Task Tag, StatSN not
     /// advanced.
     async fn ping(&mut self) -> Result<(), DatamoverError> {
-        let tag = self.next_transfer_tag;
-        self.next_transfer_tag = (self.next_transfer_tag % 0x7FFF_FFFF) + 1;
+        let tag = self.transfer_tags.take();
         let ping = NopIn {
             lun: Lun(0),
             initiator_task_tag: RESERVED_TAG,
@@ -658,269 +654,9 @@ impl Connection {
         }
     }
 
-    async fn nop_out(&mut self, nop: NopOut, data: &[u8]) -> Result<(), DatamoverError> {
-        if !nop.immediate {
-            self.session.consume_cmd_sn(nop.cmd_sn);
-        }
-        if nop.initiator_task_tag == RESERVED_TAG {
-            // An answer to our NOP-In, or a bare ExpStatSN update.
-            return Ok(());
-        }
-        // A ping: answer with the same data (RFC 7143 11.19).
-        let reply = NopIn {
-            lun: nop.lun,
-            initiator_task_tag: nop.initiator_task_tag,
-            target_transfer_tag: RESERVED_TAG,
-            ..NopIn::default()
-        };
-        self.writer
-            .send(Pdu::NopIn(reply), data, Stat::Advance)
-            .await
-    }
-
     async fn reject(&self, header: &Header, reason: RejectReason) -> Result<(), DatamoverError> {
         self.session.stats.rejected(reason.to_u8());
         reject(&self.writer, header, reason).await
-    }
-
-    /// Logout (RFC 7143 11.14): writes still collecting data are dropped,
-    /// commands being executed finish, then the response goes out and the
-    /// connection (or the whole session) closes.
-    /// Answers a SNACK (RFC 7143 11.16): at ErrorRecoveryLevel 0 with a
-    /// Reject, at 1 with the Data-In or statuses asked for, sent again from
-    /// what the connection kept (`retention`), or a Reject saying why not.
-    async fn snack(&mut self, header: &Header, snack: &SnackRequest) -> Result<(), DatamoverError> {
-        let Some(retained) = &self.writer.retained else {
-            return self.reject(header, RejectReason::SnackReject).await;
-        };
-        // A command's Data-In and status go out under the writer's lock,
-        // and the status is kept before the lock is let go; a Data SNACK
-        // can come while the command's last Data-In and status are still
-        // going out, so the lock is taken before looking (was: "no
-        // unacknowledged data", a Reject, and the task lost).
-        let mut out = self.writer.lock().await;
-        let answer = self.r2t_replicas(snack).unwrap_or_else(|| {
-            retained
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .answer(snack)
-        });
-        let resends = match answer {
-            Ok(resends) => resends,
-            Err((reason, why)) => {
-                drop(out);
-                warn!(
-                    itt = snack.initiator_task_tag,
-                    beg_run = snack.beg_run,
-                    run_length = snack.run_length,
-                    "SNACK refused: {why}"
-                );
-                return self.reject(header, reason).await;
-            }
-        };
-        SessionStats::add(&self.session.stats.snacks, 1);
-        SessionStats::add(&self.session.stats.resent, resends.len() as u64);
-        info!(
-            itt = snack.initiator_task_tag,
-            kind = ?snack.snack_type,
-            beg_run = snack.beg_run,
-            pdus = resends.len(),
-            "SNACK: sending again"
-        );
-        for resend in resends {
-            match resend {
-                Resend::DataIn(pdu, data) => {
-                    out.send_data_in(&self.session, Pdu::DataIn(pdu), data, Stat::Reserved)
-                        .await?;
-                }
-                Resend::Response(pdu, sense, stat_sn) => {
-                    out.send(
-                        &self.session,
-                        Pdu::ScsiResponse(pdu),
-                        &sense,
-                        Stat::Again(stat_sn),
-                    )
-                    .await?;
-                }
-                Resend::R2t(pdu) => {
-                    out.send(&self.session, Pdu::ReadyToTransfer(pdu), &[], Stat::Current)
-                        .await?;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    async fn logout(&mut self, request: LogoutRequest) -> Result<Flow, DatamoverError> {
-        if !request.immediate {
-            self.session.consume_cmd_sn(request.cmd_sn);
-        }
-        let response = match request.reason {
-            LogoutReason::CloseSession | LogoutReason::CloseConnection => {
-                LogoutResponseCode::ClosedSuccessfully
-            }
-            LogoutReason::RemoveConnectionForRecovery
-                if self.session.recovers_connections() && request.cid != self.cid =>
-            {
-                // ERL 2 (RFC 7143 11.14.1): the connection with that CID
-                // (failed, or about to be given up) is closed, its tasks
-                // left for TASK REASSIGN; the response goes out once they
-                // are in place.
-                if self.session.close_cid(request.cid).await {
-                    info!(cid = request.cid, "connection removed for recovery");
-                    return self.recovery_logout_answer(request).await;
-                }
-                LogoutResponseCode::CidNotFound
-            }
-            // Removing a connection for recovery needs ErrorRecoveryLevel 2
-            // (and is asked for on another connection).
-            _ => LogoutResponseCode::RecoveryNotSupported,
-        };
-        if response == LogoutResponseCode::ClosedSuccessfully {
-            self.record(ConnectionEvent::LogoutStarted);
-            self.abandon_pending_writes();
-            self.in_flight.wait_idle().await;
-            // The session ends with this logout: its nexus is lost (SPC-2
-            // reservation released) before the initiator hears so, as it
-            // may at once ask for that reservation through another nexus,
-            // another gateway of a group included (libiscsi's
-            // Reserve6.Logout). The session's end says it again, harmlessly.
-            let last = self.session.connections.load(Ordering::Acquire) <= 1;
-            if (request.reason == LogoutReason::CloseSession || last)
-                && let Some(scsi) = &self.session.scsi
-            {
-                let (scsi, nexus) = (Arc::clone(scsi), self.session.nexus.clone());
-                if tokio::task::spawn_blocking(move || scsi.nexus_lost(&nexus))
-                    .await
-                    .is_err()
-                {
-                    warn!("logout: releasing the nexus panicked");
-                }
-            }
-        }
-        let reply = LogoutResponse {
-            response,
-            initiator_task_tag: request.initiator_task_tag,
-            time2wait: 0,
-            time2retain: 0,
-            ..LogoutResponse::default()
-        };
-        self.writer
-            .send(Pdu::LogoutResponse(reply), &[], Stat::Advance)
-            .await?;
-        if response != LogoutResponseCode::ClosedSuccessfully {
-            return Ok(Flow::Continue);
-        }
-        info!(cid = self.cid, reason = ?request.reason, "logout");
-        self.record(ConnectionEvent::LogoutSucceeded);
-        if request.reason == LogoutReason::CloseSession {
-            self.session.close_by_logout();
-        }
-        Ok(Flow::Stop)
-    }
-
-    /// Text Request: SendTargets (RFC 7143 13.3, Appendix C) and full
-    /// feature phase negotiation.
-    async fn text(
-        &mut self,
-        header: &Header,
-        request: TextRequest,
-        data: &[u8],
-    ) -> Result<(), DatamoverError> {
-        if !request.immediate {
-            self.session.consume_cmd_sn(request.cmd_sn);
-        }
-        if request.target_transfer_tag != RESERVED_TAG {
-            // The initiator asks for the next part of a long answer.
-            return match self.text_continuation.take() {
-                Some((itt, ttt, rest))
-                    if itt == request.initiator_task_tag && ttt == request.target_transfer_tag =>
-                {
-                    self.send_text(itt, rest).await
-                }
-                _ => self.reject(header, RejectReason::InvalidPduField).await,
-            };
-        }
-        // A new request ends any unfinished long answer.
-        self.text_continuation = None;
-        let Ok(pairs) = codec::parse(data) else {
-            return self.reject(header, RejectReason::ProtocolError).await;
-        };
-        let mut answers = Vec::new();
-        let mut rest = Vec::new();
-        for pair in pairs {
-            if pair.key == "SendTargets" {
-                answers.extend(self.send_targets(&pair.value));
-            } else {
-                rest.push(pair);
-            }
-        }
-        if !rest.is_empty() {
-            let mut negotiator =
-                Negotiator::new(Role::Target, self.shared.config().negotiation.clone(), true);
-            match negotiator.receive(&rest, Stage::FullFeature) {
-                Ok(more) => answers.extend(more),
-                Err(_) => return self.reject(header, RejectReason::ProtocolError).await,
-            }
-        }
-        let mut text = Vec::new();
-        codec::encode(&answers, &mut text);
-        self.send_text(request.initiator_task_tag, text).await
-    }
-
-    /// Sends as much of `text` as the initiator's MaxRecvDataSegmentLength
-    /// allows; if more remains, with the C bit and a Target Transfer Tag the
-    /// initiator returns to fetch the rest.
-    async fn send_text(&mut self, itt: u32, mut text: Vec<u8>) -> Result<(), DatamoverError> {
-        let limit = self.limits.max_send_segment as usize;
-        let (final_flag, continue_flag, ttt) = if text.len() > limit {
-            let rest = text.split_off(limit);
-            let tag = self.next_transfer_tag;
-            self.next_transfer_tag = (self.next_transfer_tag % 0x7FFF_FFFF) + 1;
-            self.text_continuation = Some((itt, tag, rest));
-            (false, true, tag)
-        } else {
-            (true, false, RESERVED_TAG)
-        };
-        let reply = TextResponse {
-            final_flag,
-            continue_flag,
-            lun: Lun(0),
-            initiator_task_tag: itt,
-            target_transfer_tag: ttt,
-            ..TextResponse::default()
-        };
-        self.writer
-            .send(Pdu::TextResponse(reply), &text, Stat::Advance)
-            .await
-    }
-
-    /// The SendTargets answer: every target (discovery session) or this
-    /// session's target, each with the address this connection reached.
-    fn send_targets(&self, value: &str) -> Vec<TextPair> {
-        let address = match self.local {
-            SocketAddr::V4(v4) => format!("{}:{}", v4.ip(), v4.port()),
-            SocketAddr::V6(v6) => format!("[{}]:{}", v6.ip(), v6.port()),
-        };
-        let config = self.shared.config();
-        let tag = config.portal_group_tag;
-        let discovery = self.session.params.session_type == SessionType::Discovery;
-        let mut answers = Vec::new();
-        for target in &config.targets {
-            let wanted = match value {
-                "All" => discovery,
-                "" => {
-                    !discovery && self.session.target_name.as_deref() == Some(target.name.as_str())
-                }
-                name => name == target.name,
-            };
-            if !wanted {
-                continue;
-            }
-            answers.push(TextPair::new("TargetName", target.name.clone()));
-            answers.push(TextPair::new("TargetAddress", format!("{address},{tag}")));
-        }
-        answers
     }
 
     /// A SCSI Command PDU (RFC 7143 11.3).

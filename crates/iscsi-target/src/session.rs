@@ -9,7 +9,7 @@
 //! (the old session's connections are closed and its tasks aborted, RFC
 //! 7143 section 6.3.5).
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -19,6 +19,7 @@ use iscsi_proto::serial::CmdSn;
 use iscsi_proto::state::{Diagram, Machine, SessionEvent, SessionStateMachine};
 use iscsi_proto::text::NegotiatedParameters;
 use iscsi_scsi::{Nexus, ScsiTarget};
+use iscsi_target_core::{CommandWindow, Gaps};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
@@ -129,14 +130,8 @@ impl LunsUsed {
 
 /// The CmdSN window and the task table, under one lock.
 struct WindowState {
-    /// ExpCmdSN: the oldest CmdSN not yet received.
-    exp_cmd_sn: CmdSn,
-    /// CmdSNs past `exp_cmd_sn` already received (several connections
-    /// deliver out of order).
-    received_ahead: BTreeSet<u32>,
-    /// Non-immediate commands received and not yet finished: each holds a
-    /// slot of the window, so MaxCmdSN grows as commands finish.
-    outstanding: u32,
+    /// Which commands to deliver, and the edges responses carry.
+    window: CommandWindow,
     /// Tasks by Initiator Task Tag.
     tasks: HashMap<u32, Arc<Task>>,
 }
@@ -169,8 +164,6 @@ pub(crate) struct Session {
     /// The I_T nexus the SCSI layer knows this session by (reservations,
     /// unit attentions).
     pub nexus: Nexus,
-    /// MaxCmdSN - ExpCmdSN + 1 with nothing outstanding.
-    window: u32,
     state: Mutex<WindowState>,
     /// Woken when ExpCmdSN moves (a command arrived that closes a gap).
     received: Notify,
@@ -232,11 +225,8 @@ impl Session {
             target_name: complete.request.target_name.clone(),
             params: complete.parameters.clone(),
             scsi,
-            window: window.max(1),
             state: Mutex::new(WindowState {
-                exp_cmd_sn: cmd_sn,
-                received_ahead: BTreeSet::new(),
-                outstanding: 0,
+                window: CommandWindow::new(cmd_sn, window),
                 tasks: HashMap::new(),
             }),
             received: Notify::new(),
@@ -439,24 +429,7 @@ impl Session {
     /// ExpCmdSN and MaxCmdSN as they stand (RFC 7143 4.2.2.1): the window
     /// shrinks by one for each command received and not yet finished.
     pub fn window_edges(&self) -> (CmdSn, CmdSn) {
-        let state = self.lock();
-        self.edges(&state)
-    }
-
-    fn edges(&self, state: &WindowState) -> (CmdSn, CmdSn) {
-        // Commands received ahead of a gap (several connections) already
-        // hold a slot in `outstanding` but were granted by an earlier
-        // MaxCmdSN: counting them back keeps MaxCmdSN from ever moving
-        // backwards (RFC 7143 4.2.2.1).
-        let ahead = u32::try_from(state.received_ahead.len()).unwrap_or(u32::MAX);
-        let free = self
-            .window
-            .saturating_add(ahead)
-            .saturating_sub(state.outstanding);
-        // MaxCmdSN = ExpCmdSN - 1 + free: with no free slot the window is
-        // empty (MaxCmdSN = ExpCmdSN - 1).
-        let max = state.exp_cmd_sn.wrapping_add(free).wrapping_add(u32::MAX);
-        (state.exp_cmd_sn, max)
+        self.lock().window.edges()
     }
 
     /// Admits a command PDU (SCSI Command, or a Text/NOP/TMF carrying a
@@ -471,44 +444,26 @@ impl Session {
         task: bool,
     ) -> Admission {
         let mut state = self.lock();
+        let tag_in_use = task && state.tasks.get(&itt).is_some_and(|t| !t.is_done());
         if !immediate {
-            let (exp, max) = self.edges(&state);
-            if cmd_sn.lt(exp) || cmd_sn.gt(max) {
+            let Ok(arrival) = state.window.check(cmd_sn) else {
                 return Admission::OutOfWindow;
-            }
-            let ahead = cmd_sn.get().wrapping_sub(exp.get());
-            if ahead > 0 && state.received_ahead.contains(&ahead) {
-                return Admission::OutOfWindow;
-            }
-            if task && state.tasks.get(&itt).is_some_and(|t| !t.is_done()) {
+            };
+            if tag_in_use {
                 return Admission::TagInUse;
             }
-            let fills_no_gap =
-                self.connections.load(Ordering::Acquire) <= 1 && !self.recovers_connections();
-            if ahead == 0 || fills_no_gap {
-                // In order; on a single connection a gap can never be
-                // filled (TCP delivers in order), so CmdSNs skipped by the
-                // initiator are taken as received. Not at ERL 2: commands
-                // lost with a failed connection come again on its
-                // replacement, in any order (RFC 7143 7.2.1).
-                state.exp_cmd_sn = cmd_sn.next();
-                let shift = ahead.wrapping_add(1);
-                state.received_ahead = state
-                    .received_ahead
-                    .iter()
-                    .filter(|&&a| a >= shift)
-                    .map(|&a| a - shift)
-                    .collect();
-                // Pull ExpCmdSN over CmdSNs received out of order.
-                while state.received_ahead.remove(&0) {
-                    state.exp_cmd_sn = state.exp_cmd_sn.next();
-                    state.received_ahead = state.received_ahead.iter().map(|&a| a - 1).collect();
-                }
+            // ERL 2: commands lost with a failed connection come again on
+            // its replacement, in any order (RFC 7143 7.2.1).
+            let gaps =
+                if self.connections.load(Ordering::Acquire) <= 1 && !self.recovers_connections() {
+                    Gaps::Skip
+                } else {
+                    Gaps::Wait
+                };
+            if state.window.receive(arrival, gaps) {
                 self.received.notify_waiters();
-            } else {
-                state.received_ahead.insert(ahead);
             }
-        } else if task && state.tasks.get(&itt).is_some_and(|t| !t.is_done()) {
+        } else if tag_in_use {
             return Admission::TagInUse;
         }
         let handle = Arc::new(Task {
@@ -525,7 +480,7 @@ impl Session {
         });
         if task {
             if !immediate {
-                state.outstanding += 1;
+                state.window.occupy();
             }
             state.tasks.insert(itt, Arc::clone(&handle));
         }
@@ -545,7 +500,7 @@ impl Session {
             let notified = self.received.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if !self.lock().exp_cmd_sn.lt(before) {
+            if self.lock().window.received_before(before) {
                 return true;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -565,13 +520,7 @@ impl Session {
 
     /// Whether `cmd_sn` is inside the window and not yet received.
     pub fn is_pending_cmd_sn(&self, cmd_sn: CmdSn) -> bool {
-        let state = self.lock();
-        let (exp, max) = self.edges(&state);
-        if cmd_sn.lt(exp) || cmd_sn.gt(max) {
-            return false;
-        }
-        let ahead = cmd_sn.get().wrapping_sub(exp.get());
-        ahead == 0 || !state.received_ahead.contains(&ahead)
+        self.lock().window.is_pending(cmd_sn)
     }
 
     /// Ends a task: frees its window slot (before its status goes out, so
@@ -612,7 +561,7 @@ impl Session {
             return;
         }
         if task.windowed {
-            state.outstanding = state.outstanding.saturating_sub(1);
+            state.window.release();
         }
         if state
             .tasks

@@ -68,9 +68,7 @@ impl Connection {
             let Some((offset, length)) = pending.bursts.pop_front() else {
                 break;
             };
-            let tag = self.next_transfer_tag;
-            // Target Transfer Tags never take the reserved value.
-            self.next_transfer_tag = (self.next_transfer_tag % 0x7FFF_FFFF) + 1;
+            let tag = self.transfer_tags.take();
             pending.tracker.r2t_sent(tag, offset, length);
             let r2t = ReadyToTransfer {
                 lun: pending.command.lun,

@@ -1,0 +1,28 @@
+//! The sans-I/O core of an iSCSI target session: the protocol decisions a
+//! session makes, as plain state machines with no sockets, no async
+//! runtime and no clock. Time comes in as an argument; what to do goes out
+//! as a value. `iscsi-target` is the driver (sockets, shards, timers, the
+//! blocking pool); tests and a simulator can drive the same core in one
+//! thread, deterministically.
+//!
+//! - [`window`]: the CmdSN window of a session (RFC 7143 section 4.2.2.1):
+//!   which commands to deliver, which to drop as duplicates or out of
+//!   window, and the ExpCmdSN/MaxCmdSN every response carries.
+//! - [`tags`]: the Target Transfer Tags of a connection.
+//! - [`text`]: Text Requests in full feature phase: SendTargets,
+//!   negotiation, long answers in parts.
+//! - [`logout`]: what a Logout Request closes and what it answers.
+//! - [`keepalive`]: NOP-In pings of an idle connection, and when to drop
+//!   one that does not answer.
+
+pub mod keepalive;
+pub mod logout;
+pub mod tags;
+pub mod text;
+pub mod window;
+
+pub use keepalive::{Keepalive, KeepaliveAction};
+pub use logout::{LogoutContext, LogoutPlan};
+pub use tags::TransferTags;
+pub use text::{TextAsk, TextExchange, TextReply};
+pub use window::{Arrival, CommandWindow, Gaps, OutOfWindow};
