@@ -1,6 +1,6 @@
 //! One SCSI command on the LU it addresses, in three steps:
 //!
-//! 1. **Checks** every command passes first ([`ScsiTarget::check`]): the
+//! 1. **Checks** every command passes first (`check`): the
 //!    unit attentions a resize or an ALUA change raised, then the
 //!    nexus's unit attention, CONTROL byte, sanitize in progress,
 //!    reservations, medium present, and the port's ALUA state.
@@ -12,18 +12,19 @@
 //!    reservations, copy) and block commands (SBC: capacity, cache,
 //!    provisioning, compare, verify, sanitize, READ and WRITE).
 //!
-//! `ScsiTarget::run` (`lib.rs`) finds the LU; a LUN with none is answered
-//! by [`ScsiTarget::dispatch_missing`].
+//! The entry points (`execute`, `execute_lending`, `plan_io`) find the LU
+//! in `run`; a LUN with none is answered by `dispatch_missing`.
 
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
 use crate::backstore::{AsyncIo, Lent};
 use crate::lu::{self, LogicalUnit};
-use crate::planned::{PlanSlot, PlannedIo};
+use crate::planned::{PlanSlot, Planned, PlannedIo};
 use crate::pr::Fail;
 use crate::{
-    Asc, DataOut, LunTable, Nexus, NexusKey, ScsiTarget, Sense, alua, atomic, cdb, medium, mode,
-    opcodes, pr, pr_shared, sanitize, sbc, spc,
+    Asc, CommandOutcome, DataOut, LunTable, Nexus, NexusKey, ScsiTarget, Sense, alua, atomic, cdb,
+    decode_lun, lun_numbers, medium, mode, opcodes, pr, pr_shared, sanitize, sbc, spc, status,
 };
 
 /// A command addressed to an LU that exists, with what every step needs.
@@ -51,6 +52,161 @@ struct Checked {
 }
 
 impl ScsiTarget {
+    /// Executes `cdb` on `lun` (the 64-bit LUN field as the initiator sent
+    /// it, peripheral or flat addressing) for the I_T nexus `nexus`.
+    ///
+    /// `data_out` holds the command's Data-Out bytes; the transport
+    /// guarantees it is as long as [`command_info`] said, and a shorter one
+    /// ends in CHECK CONDITION (INVALID FIELD IN CDB or PARAMETER LIST
+    /// LENGTH ERROR). On return `data_in` holds exactly the response data;
+    /// the caller truncates it to the Expected Data Transfer Length and
+    /// computes residuals. What it holds on entry is scratch: a READ
+    /// overwrites those bytes in place instead of zeroing a fresh buffer
+    /// first (a transport reuses one buffer from command to command), and
+    /// no stale byte is ever returned.
+    ///
+    /// An unknown LUN answers INQUIRY with peripheral qualifier 3 / device
+    /// type 0x1F, serves REPORT LUNS and REQUEST SENSE, and fails everything
+    /// else with ILLEGAL REQUEST / LOGICAL UNIT NOT SUPPORTED.
+    pub fn execute(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cdb: &[u8],
+        data_out: &[u8],
+        data_in: &mut Vec<u8>,
+    ) -> CommandOutcome {
+        self.run(
+            nexus,
+            lun,
+            cdb,
+            DataOut::Flat(data_out),
+            data_in,
+            None,
+            None,
+        )
+    }
+
+    /// [`ScsiTarget::execute`], except that a READ from a store that lends
+    /// its memory ([`Backstore::lend`]) returns its data as shared pieces
+    /// in `lent`, in order: the transport sends them with no copy. Anything
+    /// else fills `data_in` as `execute` does and leaves `lent` empty.
+    ///
+    /// `data_out` may come in pieces: a WRITE then hands them to
+    /// [`Backstore::write_pieces`], which may keep whole pieces as its own
+    /// memory (no copy) and leave other buffers in their place.
+    ///
+    /// When `lent` is not empty, `data_in` comes back as it went in:
+    /// scratch whose bytes are NOT the data (old contents of a pooled
+    /// buffer), returned whole so that its pool can hand it to a write
+    /// without zeroing it again. Look at `lent` first.
+    pub fn execute_lending(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cdb: &[u8],
+        data_out: DataOut<'_>,
+        data_in: &mut Vec<u8>,
+        lent: &mut Vec<Lent>,
+    ) -> CommandOutcome {
+        lent.clear();
+        let outcome = self.run(nexus, lun, cdb, data_out, data_in, Some(&mut *lent), None);
+        if outcome.status != status::GOOD {
+            lent.clear();
+        }
+        outcome
+    }
+
+    /// Checks a READ or WRITE(6/10/12/16) as [`ScsiTarget::execute`] would
+    /// and, when it passes and its LU's store offers asynchronous I/O
+    /// ([`Backstore::async_io`]), hands back the transfer for the caller to
+    /// run ([`PlannedIo`]) instead of running it on this thread. Any other
+    /// command, or a store without asynchronous I/O, is run here as
+    /// `execute` runs it, with no data in: call this only for READ and
+    /// WRITE on such a store.
+    pub fn plan_io(&self, nexus: &Nexus, lun: u64, cdb: &[u8], data_out: DataOut<'_>) -> Planned {
+        let mut plan = PlanSlot::Empty;
+        let mut data_in = Vec::new();
+        let outcome = self.run(
+            nexus,
+            lun,
+            cdb,
+            data_out,
+            &mut data_in,
+            None,
+            Some(&mut plan),
+        );
+        match plan {
+            _ if outcome.status != status::GOOD => Planned::Done(outcome),
+            PlanSlot::Io(plan) => Planned::Io(plan),
+            PlanSlot::Synchronous => Planned::Synchronous,
+            PlanSlot::Empty => Planned::Done(outcome),
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &self,
+        nexus: &Nexus,
+        lun: u64,
+        cdb: &[u8],
+        data_out: DataOut<'_>,
+        data_in: &mut Vec<u8>,
+        lent: Option<&mut Vec<Lent>>,
+        plan: Option<&mut PlanSlot>,
+    ) -> CommandOutcome {
+        // A READ takes the buffer whole (sbc::read_write); every other
+        // command builds its response from empty.
+        if !cdb::is_read(cdb) {
+            data_in.clear();
+        }
+        let key = nexus.key();
+        let new_nexus = !self.nexuses.load().contains(key) && self.change_nexuses(key, true);
+        // One load per command: the LU a command starts on is the one it
+        // ends on, whatever a reload does meanwhile.
+        let table = self.luns.load();
+        if new_nexus && self.power_on_ua.load(Ordering::Relaxed) {
+            for lu in table.iter().flatten() {
+                lu.state().raise_for(key, Sense::POWER_ON_RESET);
+            }
+        }
+        let number = decode_lun(lun);
+        let lu = number.and_then(|n| Some((n, table.get(usize::from(n))?.as_ref()?)));
+        let (result, descriptor) = match lu {
+            Some((number, lu)) => {
+                let command = OnLu {
+                    number,
+                    lu,
+                    table: &table,
+                    nexus,
+                    key,
+                    cdb,
+                };
+                let r = self.dispatch(&command, data_out, data_in, lent, plan);
+                (r, lu.mode().d_sense)
+            }
+            None => (
+                self.dispatch_missing(&table, cdb, data_in)
+                    .map_err(Fail::Check),
+                false,
+            ),
+        };
+        match result {
+            Ok(()) => CommandOutcome::GOOD,
+            Err(Fail::Check(sense)) => {
+                data_in.clear();
+                CommandOutcome {
+                    descriptor_sense: descriptor,
+                    ..CommandOutcome::check_condition(sense)
+                }
+            }
+            Err(Fail::Conflict) => {
+                data_in.clear();
+                CommandOutcome::RESERVATION_CONFLICT
+            }
+        }
+    }
+
     /// Runs `command`: checks, then plans (when `plan` is given and the
     /// store has asynchronous I/O) or runs it.
     pub(crate) fn dispatch(
@@ -438,12 +594,4 @@ impl ScsiTarget {
             _ => Ok(sbc::read_write(bs, mode, cdb, data_out, data_in, lent)?),
         }
     }
-}
-
-/// The numbers of the LUs in `table`, ascending.
-pub(crate) fn lun_numbers(table: &LunTable) -> Vec<u16> {
-    (0u16..)
-        .zip(table.iter())
-        .filter_map(|(n, lu)| lu.as_ref().map(|_| n))
-        .collect()
 }

@@ -14,8 +14,8 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `lib.rs` | [`ScsiTarget`], [`CommandOutcome`], LUN addressing, resets; finding a command's LU |
-//! | `dispatch.rs` | one command on its LU: the checks (unit attentions, CONTROL, sanitize, reservations, medium, ALUA) as one step, then plan or run, then the opcode table (primary, block) |
+//! | `lib.rs` | [`ScsiTarget`], [`CommandOutcome`], LUN addressing, the LUN table, resets |
+//! | `dispatch.rs` | [`ScsiTarget::execute`], [`ScsiTarget::execute_lending`], [`ScsiTarget::plan_io`]: finding a command's LU, then one command on its LU: the checks (unit attentions, CONTROL, sanitize, reservations, medium, ALUA) as one step, then plan or run, then the opcode table (primary, block) |
 //! | `lu.rs` | per-LU state: unit attention queues per nexus, the SPC-2 reservation, PR state, mode parameters, the removable medium, the COMPARE AND WRITE lock |
 //! | [`medium`] | [`LuOptions`] (read-only, removable, physical block size) and the removable medium's load/eject and prevent state |
 //! | [`nexus`] | [`Nexus`], [`NexusKey`], iSCSI TransportIDs (SPC-4 §7.6.4.6) |
@@ -70,10 +70,8 @@ pub use backstore::{
     SharedPrStore, SlowBackstore, WithOptions, WriteData,
 };
 pub use backstore::{RbdBackstore, RbdSpec};
-use dispatch::{OnLu, lun_numbers};
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};
-use planned::PlanSlot;
 pub use planned::{Planned, PlannedIo};
 pub use pr::PrType;
 pub use sbc::Transfer;
@@ -81,7 +79,6 @@ pub use sbc::Transfer;
 pub use cdb::{DataDirection, command_info};
 pub use data_out::DataOut;
 use lu::LogicalUnit;
-use pr::Fail;
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};
 
 /// SAM-5 status codes.
@@ -543,161 +540,14 @@ impl ScsiTarget {
             pr_shared::lun_reset(lu, store.as_ref(), asc.ascq);
         }
     }
+}
 
-    /// Executes `cdb` on `lun` (the 64-bit LUN field as the initiator sent
-    /// it, peripheral or flat addressing) for the I_T nexus `nexus`.
-    ///
-    /// `data_out` holds the command's Data-Out bytes; the transport
-    /// guarantees it is as long as [`command_info`] said, and a shorter one
-    /// ends in CHECK CONDITION (INVALID FIELD IN CDB or PARAMETER LIST
-    /// LENGTH ERROR). On return `data_in` holds exactly the response data;
-    /// the caller truncates it to the Expected Data Transfer Length and
-    /// computes residuals. What it holds on entry is scratch: a READ
-    /// overwrites those bytes in place instead of zeroing a fresh buffer
-    /// first (a transport reuses one buffer from command to command), and
-    /// no stale byte is ever returned.
-    ///
-    /// An unknown LUN answers INQUIRY with peripheral qualifier 3 / device
-    /// type 0x1F, serves REPORT LUNS and REQUEST SENSE, and fails everything
-    /// else with ILLEGAL REQUEST / LOGICAL UNIT NOT SUPPORTED.
-    pub fn execute(
-        &self,
-        nexus: &Nexus,
-        lun: u64,
-        cdb: &[u8],
-        data_out: &[u8],
-        data_in: &mut Vec<u8>,
-    ) -> CommandOutcome {
-        self.run(
-            nexus,
-            lun,
-            cdb,
-            DataOut::Flat(data_out),
-            data_in,
-            None,
-            None,
-        )
-    }
-
-    /// [`ScsiTarget::execute`], except that a READ from a store that lends
-    /// its memory ([`Backstore::lend`]) returns its data as shared pieces
-    /// in `lent`, in order: the transport sends them with no copy. Anything
-    /// else fills `data_in` as `execute` does and leaves `lent` empty.
-    ///
-    /// `data_out` may come in pieces: a WRITE then hands them to
-    /// [`Backstore::write_pieces`], which may keep whole pieces as its own
-    /// memory (no copy) and leave other buffers in their place.
-    ///
-    /// When `lent` is not empty, `data_in` comes back as it went in:
-    /// scratch whose bytes are NOT the data (old contents of a pooled
-    /// buffer), returned whole so that its pool can hand it to a write
-    /// without zeroing it again. Look at `lent` first.
-    pub fn execute_lending(
-        &self,
-        nexus: &Nexus,
-        lun: u64,
-        cdb: &[u8],
-        data_out: DataOut<'_>,
-        data_in: &mut Vec<u8>,
-        lent: &mut Vec<Lent>,
-    ) -> CommandOutcome {
-        lent.clear();
-        let outcome = self.run(nexus, lun, cdb, data_out, data_in, Some(&mut *lent), None);
-        if outcome.status != status::GOOD {
-            lent.clear();
-        }
-        outcome
-    }
-
-    /// Checks a READ or WRITE(6/10/12/16) as [`ScsiTarget::execute`] would
-    /// and, when it passes and its LU's store offers asynchronous I/O
-    /// ([`Backstore::async_io`]), hands back the transfer for the caller to
-    /// run ([`PlannedIo`]) instead of running it on this thread. Any other
-    /// command, or a store without asynchronous I/O, is run here as
-    /// `execute` runs it, with no data in: call this only for READ and
-    /// WRITE on such a store.
-    pub fn plan_io(&self, nexus: &Nexus, lun: u64, cdb: &[u8], data_out: DataOut<'_>) -> Planned {
-        let mut plan = PlanSlot::Empty;
-        let mut data_in = Vec::new();
-        let outcome = self.run(
-            nexus,
-            lun,
-            cdb,
-            data_out,
-            &mut data_in,
-            None,
-            Some(&mut plan),
-        );
-        match plan {
-            _ if outcome.status != status::GOOD => Planned::Done(outcome),
-            PlanSlot::Io(plan) => Planned::Io(plan),
-            PlanSlot::Synchronous => Planned::Synchronous,
-            PlanSlot::Empty => Planned::Done(outcome),
-        }
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn run(
-        &self,
-        nexus: &Nexus,
-        lun: u64,
-        cdb: &[u8],
-        data_out: DataOut<'_>,
-        data_in: &mut Vec<u8>,
-        lent: Option<&mut Vec<Lent>>,
-        plan: Option<&mut PlanSlot>,
-    ) -> CommandOutcome {
-        // A READ takes the buffer whole (sbc::read_write); every other
-        // command builds its response from empty.
-        if !cdb::is_read(cdb) {
-            data_in.clear();
-        }
-        let key = nexus.key();
-        let new_nexus = !self.nexuses.load().contains(key) && self.change_nexuses(key, true);
-        // One load per command: the LU a command starts on is the one it
-        // ends on, whatever a reload does meanwhile.
-        let table = self.luns.load();
-        if new_nexus && self.power_on_ua.load(Ordering::Relaxed) {
-            for lu in table.iter().flatten() {
-                lu.state().raise_for(key, Sense::POWER_ON_RESET);
-            }
-        }
-        let number = decode_lun(lun);
-        let lu = number.and_then(|n| Some((n, table.get(usize::from(n))?.as_ref()?)));
-        let (result, descriptor) = match lu {
-            Some((number, lu)) => {
-                let command = OnLu {
-                    number,
-                    lu,
-                    table: &table,
-                    nexus,
-                    key,
-                    cdb,
-                };
-                let r = self.dispatch(&command, data_out, data_in, lent, plan);
-                (r, lu.mode().d_sense)
-            }
-            None => (
-                self.dispatch_missing(&table, cdb, data_in)
-                    .map_err(Fail::Check),
-                false,
-            ),
-        };
-        match result {
-            Ok(()) => CommandOutcome::GOOD,
-            Err(Fail::Check(sense)) => {
-                data_in.clear();
-                CommandOutcome {
-                    descriptor_sense: descriptor,
-                    ..CommandOutcome::check_condition(sense)
-                }
-            }
-            Err(Fail::Conflict) => {
-                data_in.clear();
-                CommandOutcome::RESERVATION_CONFLICT
-            }
-        }
-    }
+/// The numbers of the LUs in `table`, ascending.
+pub(crate) fn lun_numbers(table: &LunTable) -> Vec<u16> {
+    (0u16..)
+        .zip(table.iter())
+        .filter_map(|(n, lu)| lu.as_ref().map(|_| n))
+        .collect()
 }
 
 #[cfg(test)]
