@@ -19,7 +19,7 @@ use iscsi_proto::serial::CmdSn;
 use iscsi_proto::state::{Diagram, Machine, SessionEvent, SessionStateMachine};
 use iscsi_proto::text::NegotiatedParameters;
 use iscsi_scsi::{Nexus, ScsiTarget};
-use iscsi_target_core::{CommandWindow, Gaps};
+use iscsi_target_core::{Arriving, CommandWindow, Gaps, Refusal, SessionTasks, TaskHandle};
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
@@ -128,12 +128,17 @@ impl LunsUsed {
     }
 }
 
-/// The CmdSN window and the task table, under one lock.
-struct WindowState {
-    /// Which commands to deliver, and the edges responses carry.
-    window: CommandWindow,
-    /// Tasks by Initiator Task Tag.
-    tasks: HashMap<u32, Arc<Task>>,
+/// What the core's task table asks of a task.
+impl TaskHandle for Task {
+    fn itt(&self) -> u32 {
+        self.itt
+    }
+    fn lun(&self) -> u64 {
+        self.lun
+    }
+    fn is_done(&self) -> bool {
+        Task::is_done(self)
+    }
 }
 
 /// What admitting a command's CmdSN decided (RFC 7143 4.2.2.1).
@@ -164,7 +169,8 @@ pub(crate) struct Session {
     /// The I_T nexus the SCSI layer knows this session by (reservations,
     /// unit attentions).
     pub nexus: Nexus,
-    state: Mutex<WindowState>,
+    /// The CmdSN window and the task table, under one lock.
+    state: Mutex<SessionTasks<Task>>,
     /// Woken when ExpCmdSN moves (a command arrived that closes a gap).
     received: Notify,
     /// Becomes `true` to close every connection (logout of the session,
@@ -225,10 +231,7 @@ impl Session {
             target_name: complete.request.target_name.clone(),
             params: complete.parameters.clone(),
             scsi,
-            state: Mutex::new(WindowState {
-                window: CommandWindow::new(cmd_sn, window),
-                tasks: HashMap::new(),
-            }),
+            state: Mutex::new(SessionTasks::new(CommandWindow::new(cmd_sn, window))),
             received: Notify::new(),
             close: watch::channel(false).0,
             logout_asked: watch::channel(false).0,
@@ -322,11 +325,7 @@ impl Session {
 
     /// Commands received and not yet answered (the task table's size).
     pub fn commands_in_flight(&self) -> usize {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .tasks
-            .len()
+        self.lock().len()
     }
 
     /// Asks every connection to have its initiator log out (Asynchronous
@@ -422,14 +421,14 @@ impl Session {
         self.close();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, WindowState> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, SessionTasks<Task>> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// ExpCmdSN and MaxCmdSN as they stand (RFC 7143 4.2.2.1): the window
     /// shrinks by one for each command received and not yet finished.
     pub fn window_edges(&self) -> (CmdSn, CmdSn) {
-        self.lock().window.edges()
+        self.lock().window().edges()
     }
 
     /// Admits a command PDU (SCSI Command, or a Text/NOP/TMF carrying a
@@ -443,34 +442,32 @@ impl Session {
         lun: u64,
         task: bool,
     ) -> Admission {
+        let pdu = Arriving {
+            cmd_sn,
+            immediate,
+            itt,
+            task,
+        };
+        // ERL 2: commands lost with a failed connection come again on its
+        // replacement, in any order (RFC 7143 7.2.1).
+        let gaps = if self.connections.load(Ordering::Acquire) <= 1 && !self.recovers_connections()
+        {
+            Gaps::Skip
+        } else {
+            Gaps::Wait
+        };
         let mut state = self.lock();
-        let tag_in_use = task && state.tasks.get(&itt).is_some_and(|t| !t.is_done());
-        if !immediate {
-            let Ok(arrival) = state.window.check(cmd_sn) else {
-                return Admission::OutOfWindow;
-            };
-            if tag_in_use {
-                return Admission::TagInUse;
-            }
-            // ERL 2: commands lost with a failed connection come again on
-            // its replacement, in any order (RFC 7143 7.2.1).
-            let gaps =
-                if self.connections.load(Ordering::Acquire) <= 1 && !self.recovers_connections() {
-                    Gaps::Skip
-                } else {
-                    Gaps::Wait
-                };
-            if state.window.receive(arrival, gaps) {
-                self.received.notify_waiters();
-            }
-        } else if tag_in_use {
-            return Admission::TagInUse;
+        match state.admit(pdu, gaps) {
+            Ok(true) => self.received.notify_waiters(),
+            Ok(false) => {}
+            Err(Refusal::OutOfWindow) => return Admission::OutOfWindow,
+            Err(Refusal::TagInUse) => return Admission::TagInUse,
         }
         let handle = Arc::new(Task {
             itt,
             lun,
             cmd_sn,
-            windowed: task && !immediate,
+            windowed: pdu.windowed(),
             aborted: AtomicBool::new(false),
             executing: AtomicBool::new(false),
             done: AtomicBool::new(!task),
@@ -479,10 +476,7 @@ impl Session {
             arrived: std::time::Instant::now(),
         });
         if task {
-            if !immediate {
-                state.window.occupy();
-            }
-            state.tasks.insert(itt, Arc::clone(&handle));
+            state.register(Arc::clone(&handle), pdu.windowed());
         }
         Admission::Accepted(handle)
     }
@@ -500,7 +494,7 @@ impl Session {
             let notified = self.received.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if self.lock().window.received_before(before) {
+            if self.lock().window().received_before(before) {
                 return true;
             }
             if tokio::time::timeout_at(deadline, notified).await.is_err() {
@@ -520,7 +514,7 @@ impl Session {
 
     /// Whether `cmd_sn` is inside the window and not yet received.
     pub fn is_pending_cmd_sn(&self, cmd_sn: CmdSn) -> bool {
-        self.lock().window.is_pending(cmd_sn)
+        self.lock().window().is_pending(cmd_sn)
     }
 
     /// Ends a task: frees its window slot (before its status goes out, so
@@ -556,36 +550,22 @@ impl Session {
         true
     }
 
-    fn finish_locked(state: &mut WindowState, task: &Task) {
+    fn finish_locked(state: &mut SessionTasks<Task>, task: &Task) {
         if task.done.swap(true, Ordering::AcqRel) {
             return;
         }
-        if task.windowed {
-            state.window.release();
-        }
-        if state
-            .tasks
-            .get(&task.itt)
-            .is_some_and(|t| std::ptr::eq(Arc::as_ptr(t), task))
-        {
-            state.tasks.remove(&task.itt);
-        }
+        state.finish(task, task.windowed);
         task.finished.notify_waiters();
     }
 
     /// The live task with this tag.
     pub fn task(&self, itt: u32) -> Option<Arc<Task>> {
-        self.lock().tasks.get(&itt).cloned()
+        self.lock().get(itt).cloned()
     }
 
     /// Live tasks, optionally only those addressed to `lun`.
     pub fn tasks(&self, lun: Option<u64>) -> Vec<Arc<Task>> {
-        self.lock()
-            .tasks
-            .values()
-            .filter(|t| lun.is_none_or(|l| t.lun == l))
-            .cloned()
-            .collect()
+        self.lock().select(lun)
     }
 
     /// Connections in full feature phase.

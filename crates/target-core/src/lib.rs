@@ -8,6 +8,8 @@
 //! - [`window`]: the CmdSN window of a session (RFC 7143 section 4.2.2.1):
 //!   which commands to deliver, which to drop as duplicates or out of
 //!   window, and the ExpCmdSN/MaxCmdSN every response carries.
+//! - [`tasks`]: the window and the task table together: which command PDUs
+//!   are delivered, which live task holds each Initiator Task Tag.
 //! - [`tags`]: the Target Transfer Tags of a connection.
 //! - [`text`]: Text Requests in full feature phase: SendTargets,
 //!   negotiation, long answers in parts.
@@ -18,11 +20,13 @@
 pub mod keepalive;
 pub mod logout;
 pub mod tags;
+pub mod tasks;
 pub mod text;
 pub mod window;
 
 pub use keepalive::{Keepalive, KeepaliveAction};
 pub use logout::{LogoutContext, LogoutPlan};
 pub use tags::TransferTags;
+pub use tasks::{Arriving, Refusal, SessionTasks, TaskHandle};
 pub use text::{TextAsk, TextExchange, TextReply};
 pub use window::{Arrival, CommandWindow, Gaps, OutOfWindow};

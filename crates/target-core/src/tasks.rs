@@ -1,0 +1,270 @@
+//! A session's command window and task table together (RFC 7143 sections
+//! 4.2.2.1, 4.2.3): whether a command PDU is delivered, which live task
+//! owns each Initiator Task Tag, and the window slot each task holds
+//! until it ends.
+//!
+//! The order of the checks is the RFC's: a CmdSN outside the window (or a
+//! duplicate) is dropped silently before anything else is looked at; a
+//! command inside it whose tag a live task still holds is refused (the
+//! driver answers with a Reject); only then is its CmdSN recorded.
+//!
+//! The table holds the driver's tasks (`Arc<T>`, shared with whoever
+//! runs them); the core asks them only their tag, LUN and whether they
+//! are over.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use iscsi_proto::serial::CmdSn;
+
+use crate::window::{CommandWindow, Gaps};
+
+/// What the table needs of a driver's task.
+pub trait TaskHandle {
+    /// The Initiator Task Tag.
+    fn itt(&self) -> u32;
+    /// The LUN field of its command.
+    fn lun(&self) -> u64;
+    /// Whether the task is over (its tag may be used again).
+    fn is_done(&self) -> bool;
+}
+
+/// A command PDU the session does not deliver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// Outside the window, or a duplicate: dropped without an answer.
+    OutOfWindow,
+    /// Its Initiator Task Tag is held by a live task: a Reject.
+    TagInUse,
+}
+
+/// The command PDU the session was asked to admit.
+#[derive(Clone, Copy, Debug)]
+pub struct Arriving {
+    /// Its CmdSN.
+    pub cmd_sn: CmdSn,
+    /// The I bit: immediate delivery, outside the window.
+    pub immediate: bool,
+    /// Its Initiator Task Tag.
+    pub itt: u32,
+    /// It starts a task (a SCSI Command or a task management request),
+    /// rather than only consuming its CmdSN (NOP-Out, Text, Logout, an
+    /// ABORT TASK's RefCmdSN).
+    pub task: bool,
+}
+
+impl Arriving {
+    /// Whether its task holds a slot of the window while it lives.
+    pub fn windowed(&self) -> bool {
+        self.task && !self.immediate
+    }
+}
+
+/// The command window and the live tasks of one session.
+#[derive(Debug)]
+pub struct SessionTasks<T> {
+    window: CommandWindow,
+    tasks: HashMap<u32, Arc<T>>,
+}
+
+impl<T: TaskHandle> SessionTasks<T> {
+    /// An empty table over `window`.
+    pub fn new(window: CommandWindow) -> Self {
+        SessionTasks {
+            window,
+            tasks: HashMap::new(),
+        }
+    }
+
+    /// The window, for its edges and questions about CmdSNs.
+    pub fn window(&self) -> &CommandWindow {
+        &self.window
+    }
+
+    /// Decides whether `pdu` is delivered and, if so, records its CmdSN.
+    /// Returns whether ExpCmdSN moved (whoever waits for earlier commands
+    /// is to be woken). A task it starts is then [`register`](Self::register)ed.
+    pub fn admit(&mut self, pdu: Arriving, gaps: Gaps) -> Result<bool, Refusal> {
+        let tag_in_use = pdu.task && self.tasks.get(&pdu.itt).is_some_and(|t| !t.is_done());
+        if pdu.immediate {
+            return if tag_in_use {
+                Err(Refusal::TagInUse)
+            } else {
+                Ok(false)
+            };
+        }
+        let arrival = self
+            .window
+            .check(pdu.cmd_sn)
+            .map_err(|_| Refusal::OutOfWindow)?;
+        if tag_in_use {
+            return Err(Refusal::TagInUse);
+        }
+        Ok(self.window.receive(arrival, gaps))
+    }
+
+    /// Enters the task an admitted PDU started; it holds a window slot
+    /// when `windowed` ([`Arriving::windowed`]).
+    pub fn register(&mut self, task: Arc<T>, windowed: bool) {
+        if windowed {
+            self.window.occupy();
+        }
+        self.tasks.insert(task.itt(), task);
+    }
+
+    /// `task` ended (its status sent, or its abort took effect): its slot
+    /// is free and its tag too, unless a later task already took the tag.
+    /// Call once per task.
+    pub fn finish(&mut self, task: &T, windowed: bool) {
+        if windowed {
+            self.window.release();
+        }
+        let itt = task.itt();
+        if self
+            .tasks
+            .get(&itt)
+            .is_some_and(|t| std::ptr::eq(Arc::as_ptr(t), task))
+        {
+            self.tasks.remove(&itt);
+        }
+    }
+
+    /// The live task with this tag.
+    pub fn get(&self, itt: u32) -> Option<&Arc<T>> {
+        self.tasks.get(&itt)
+    }
+
+    /// How many tasks the table holds.
+    pub fn len(&self) -> usize {
+        self.tasks.len()
+    }
+
+    /// Whether the table holds no task.
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// The tasks in the table, optionally only those addressed to `lun`.
+    pub fn select(&self, lun: Option<u64>) -> Vec<Arc<T>> {
+        self.tasks
+            .values()
+            .filter(|t| lun.is_none_or(|l| t.lun() == l))
+            .cloned()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use super::*;
+
+    /// A task as a driver's would be: a tag, a LUN, a done flag.
+    #[derive(Debug)]
+    struct Handle(u32, u64, AtomicBool);
+
+    impl Handle {
+        fn new(itt: u32, lun: u64) -> Arc<Self> {
+            Arc::new(Handle(itt, lun, AtomicBool::new(false)))
+        }
+    }
+
+    impl TaskHandle for Handle {
+        fn itt(&self) -> u32 {
+            self.0
+        }
+        fn lun(&self) -> u64 {
+            self.1
+        }
+        fn is_done(&self) -> bool {
+            self.2.load(Ordering::Relaxed)
+        }
+    }
+
+    fn command(cmd_sn: u32, itt: u32) -> Arriving {
+        Arriving {
+            cmd_sn: CmdSn::new(cmd_sn),
+            immediate: false,
+            itt,
+            task: true,
+        }
+    }
+
+    fn table() -> SessionTasks<Handle> {
+        SessionTasks::new(CommandWindow::new(CmdSn::new(1), 4))
+    }
+
+    #[test]
+    fn a_live_tag_is_refused_and_frees_when_its_task_ends() {
+        let mut tasks = table();
+        assert_eq!(tasks.admit(command(1, 7), Gaps::Skip), Ok(true));
+        let first = Handle::new(7, 0);
+        tasks.register(first.clone(), true);
+        assert_eq!(
+            tasks.admit(command(2, 7), Gaps::Skip),
+            Err(Refusal::TagInUse)
+        );
+        // The refused command did not consume its CmdSN.
+        assert_eq!(tasks.window().exp_cmd_sn(), CmdSn::new(2));
+        first.2.store(true, Ordering::Relaxed);
+        tasks.finish(&first, true);
+        assert!(tasks.get(7).is_none());
+        assert_eq!(tasks.admit(command(2, 7), Gaps::Skip), Ok(true));
+    }
+
+    #[test]
+    fn out_of_window_comes_before_tag_in_use() {
+        let mut tasks = table();
+        tasks.admit(command(1, 7), Gaps::Skip).unwrap();
+        tasks.register(Handle::new(7, 0), true);
+        // A duplicate of the command itself: dropped, not rejected.
+        assert_eq!(
+            tasks.admit(command(1, 7), Gaps::Skip),
+            Err(Refusal::OutOfWindow)
+        );
+        let immediate = Arriving {
+            immediate: true,
+            ..command(1, 7)
+        };
+        assert_eq!(tasks.admit(immediate, Gaps::Skip), Err(Refusal::TagInUse));
+    }
+
+    #[test]
+    fn a_finished_task_does_not_remove_a_later_one_with_its_tag() {
+        let mut tasks = table();
+        let old = Handle::new(7, 0);
+        tasks.admit(command(1, 7), Gaps::Skip).unwrap();
+        tasks.register(old.clone(), true);
+        old.2.store(true, Ordering::Relaxed);
+        // The tag is free once the old task is over, even before the
+        // driver reports it finished.
+        tasks.admit(command(2, 7), Gaps::Skip).unwrap();
+        let new = Handle::new(7, 1);
+        tasks.register(new.clone(), true);
+        tasks.finish(&old, true);
+        assert!(tasks.get(7).is_some_and(|t| Arc::ptr_eq(t, &new)));
+    }
+
+    #[test]
+    fn tasks_hold_slots_and_are_selected_by_lun() {
+        let mut tasks = table();
+        for (sn, itt, lun) in [(1, 1, 0), (2, 2, 1), (3, 3, 1)] {
+            tasks.admit(command(sn, itt), Gaps::Skip).unwrap();
+            tasks.register(Handle::new(itt, lun), true);
+        }
+        assert_eq!(tasks.window().outstanding(), 3);
+        let mut on_one: Vec<u32> = tasks.select(Some(1)).iter().map(|t| t.itt()).collect();
+        on_one.sort_unstable();
+        assert_eq!(on_one, [2, 3]);
+        assert_eq!(tasks.select(None).len(), 3);
+        // A NOP-Out consumes its CmdSN and holds nothing.
+        let nop = Arriving {
+            task: false,
+            ..command(4, 9)
+        };
+        assert!(!nop.windowed());
+        assert_eq!(tasks.admit(nop, Gaps::Skip), Ok(true));
+        assert_eq!(tasks.window().outstanding(), 3);
+    }
+}
