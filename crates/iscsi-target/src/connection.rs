@@ -44,7 +44,7 @@ use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachin
 use iscsi_proto::text::SessionType;
 use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, DataOut, Nexus, ScsiTarget, TargetReset};
-use iscsi_target_core::{Keepalive, KeepaliveAction, TextExchange, TransferTags};
+use iscsi_target_core::{Keepalive, KeepaliveAction, Solicitation, TextExchange, TransferTags};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -779,19 +779,15 @@ impl Connection {
                 return Err(e);
             }
         }
-        let bursts = self
-            .limits
-            .r2t_bursts(expected, tracker.solicited_from())
-            .into();
+        let bursts = self.limits.r2t_bursts(expected, tracker.solicited_from());
+        let solicit = Solicitation::new(command.lun, itt, bursts);
         let mut pending = PendingWrite {
             task,
             command,
             cdb,
             buffer,
             tracker,
-            bursts,
-            r2ts_sent: 0,
-            r2ts: Vec::new(),
+            solicit,
         };
         self.requeue_lost(&mut pending);
         self.solicit_and_keep(itt, pending).await

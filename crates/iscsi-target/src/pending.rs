@@ -3,12 +3,12 @@
 //! ERL 2 a failed connection leaves it to the session's orphans for a TASK
 //! REASSIGN (`recovery.rs`).
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 
 use iscsi_datamover::WriteBuffer;
-use iscsi_proto::pdu::{ReadyToTransfer, ScsiCommand};
+use iscsi_proto::pdu::ScsiCommand;
 use iscsi_proto::transfer::DataOutTracker;
+use iscsi_target_core::Solicitation;
 
 use crate::task::Task;
 
@@ -19,10 +19,7 @@ pub(crate) struct PendingWrite {
     pub(crate) cdb: Vec<u8>,
     pub(crate) buffer: WriteBuffer,
     pub(crate) tracker: DataOutTracker,
-    /// Solicited bursts not yet asked for: (offset, length).
-    pub(crate) bursts: VecDeque<(u32, u32)>,
-    pub(crate) r2ts_sent: u32,
-    /// The R2Ts sent whose data has not all arrived, as sent: what an R2T
-    /// SNACK gets again (RFC 7143 11.16: "exact replicas").
-    pub(crate) r2ts: Vec<ReadyToTransfer>,
+    /// Its R2Ts: those to send, those sent and awaiting data (what an
+    /// R2T SNACK gets again, RFC 7143 11.16).
+    pub(crate) solicit: Solicitation,
 }

@@ -11,6 +11,8 @@
 //! - [`tasks`]: the window and the task table together: which command PDUs
 //!   are delivered, which live task holds each Initiator Task Tag.
 //! - [`tags`]: the Target Transfer Tags of a connection.
+//! - [`solicit`]: the R2Ts of one WRITE: bursts asked for while the
+//!   outstanding limit allows, kept for SNACKs, recovery R2Ts first.
 //! - [`text`]: Text Requests in full feature phase: SendTargets,
 //!   negotiation, long answers in parts.
 //! - [`logout`]: what a Logout Request closes and what it answers.
@@ -19,6 +21,7 @@
 
 pub mod keepalive;
 pub mod logout;
+pub mod solicit;
 pub mod tags;
 pub mod tasks;
 pub mod text;
@@ -26,6 +29,7 @@ pub mod window;
 
 pub use keepalive::{Keepalive, KeepaliveAction};
 pub use logout::{LogoutContext, LogoutPlan};
+pub use solicit::Solicitation;
 pub use tags::TransferTags;
 pub use tasks::{Arriving, Refusal, SessionTasks, TaskHandle};
 pub use text::{TextAsk, TextExchange, TextReply};

@@ -121,19 +121,9 @@ impl Connection {
             Then::Write(pending) => {
                 let mut pending = *pending;
                 let missing = pending.tracker.reassigned();
-                pending.bursts = missing
-                    .into_iter()
-                    .flat_map(|(offset, length)| {
-                        iscsi_proto::transfer::data_segments(
-                            offset,
-                            length,
-                            self.limits.max_burst_length,
-                        )
-                        .into_iter()
-                        .map(|s| (s.offset, s.length))
-                    })
-                    .collect();
-                pending.r2ts.clear();
+                pending
+                    .solicit
+                    .restart(missing, self.limits.max_burst_length);
                 self.solicit_and_keep(itt, pending).await
             }
         }

@@ -10,10 +10,7 @@ use std::sync::atomic::Ordering;
 
 use iscsi_datamover::{DatamoverError, PduReceiver};
 use iscsi_proto::error::DecodeError;
-use iscsi_proto::pdu::{
-    DataOut, Header, Pdu, ReadyToTransfer, RejectReason, ScsiCommand, SnackRequest, SnackType,
-};
-use iscsi_proto::serial::R2tSn;
+use iscsi_proto::pdu::{DataOut, Header, Pdu, RejectReason, ScsiCommand, SnackRequest, SnackType};
 use iscsi_proto::transfer::{DataOutProgress, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::CommandOutcome;
 use tracing::{debug, warn};
@@ -63,25 +60,12 @@ impl Connection {
         &mut self,
         pending: &mut PendingWrite,
     ) -> Result<(), DatamoverError> {
-        let max = self.limits.r2t_limit();
-        while pending.tracker.outstanding_r2ts() < max {
-            let Some((offset, length)) = pending.bursts.pop_front() else {
-                break;
-            };
-            let tag = self.transfer_tags.take();
-            pending.tracker.r2t_sent(tag, offset, length);
-            let r2t = ReadyToTransfer {
-                lun: pending.command.lun,
-                initiator_task_tag: pending.command.initiator_task_tag,
-                target_transfer_tag: tag,
-                r2t_sn: R2tSn::new(pending.r2ts_sent),
-                buffer_offset: offset,
-                desired_data_transfer_length: length,
-                ..ReadyToTransfer::default()
-            };
-            pending.r2ts_sent += 1;
-            pending.r2ts.push(r2t.clone());
-            SessionStats::add(&self.session.stats.r2ts, 1);
+        let PendingWrite {
+            tracker, solicit, ..
+        } = pending;
+        let r2ts = solicit.next_r2ts(tracker, self.limits.r2t_limit(), &mut self.transfer_tags);
+        SessionStats::add(&self.session.stats.r2ts, r2ts.len() as u64);
+        for r2t in r2ts {
             self.writer
                 .send(Pdu::ReadyToTransfer(r2t), &[], Stat::Current)
                 .await?;
@@ -206,7 +190,7 @@ impl Connection {
             None => return Ok(()),
         };
         if let DataOutProgress::R2tComplete(tag) = progress {
-            pending.r2ts.retain(|r2t| r2t.target_transfer_tag != tag);
+            pending.solicit.answered(tag);
         }
         self.solicit_and_keep(itt, pending).await
     }
@@ -233,10 +217,9 @@ impl Connection {
     /// Puts the ranges a write's tracker discarded first in line for R2Ts:
     /// recovery R2Ts (RFC 7143 7.8), sent as outstanding R2Ts allow.
     pub(super) fn requeue_lost(&self, pending: &mut PendingWrite) {
-        for range in pending.tracker.take_lost().into_iter().rev() {
-            SessionStats::add(&self.session.stats.recovery_r2ts, 1);
-            pending.bursts.push_front(range);
-        }
+        let lost = pending.tracker.take_lost();
+        let asked = pending.solicit.ask_again_first(lost);
+        SessionStats::add(&self.session.stats.recovery_r2ts, asked as u64);
     }
 
     /// Ends a write that cannot complete with CHECK CONDITION; its further
@@ -299,10 +282,11 @@ impl Connection {
             command,
             cdb,
             buffer,
-            r2ts_sent,
+            solicit,
             ..
         } = pending;
-        self.execute(task, command, cdb, buffer, r2ts_sent).await;
+        self.execute(task, command, cdb, buffer, solicit.sent())
+            .await;
     }
 
     /// The answer to an R2T SNACK for a write still collecting its data
@@ -318,20 +302,12 @@ impl Connection {
             return None;
         }
         let pending = self.pending_writes.get(&snack.initiator_task_tag)?;
-        if snack.beg_run >= pending.r2ts_sent {
-            return Some(Err((
-                RejectReason::ProtocolError,
-                "R2T SNACK for an R2T never sent",
-            )));
-        }
-        let first = snack.beg_run;
-        let wanted =
-            |sn: u32| sn >= first && (snack.run_length == 0 || sn - first < snack.run_length);
-        Some(Ok(pending
-            .r2ts
-            .iter()
-            .filter(|r2t| wanted(r2t.r2t_sn.get()))
-            .map(|r2t| Resend::R2t(r2t.clone()))
-            .collect()))
+        Some(
+            pending
+                .solicit
+                .replicas(snack.beg_run, snack.run_length)
+                .map(|r2ts| r2ts.into_iter().map(Resend::R2t).collect())
+                .map_err(|why| (RejectReason::ProtocolError, why)),
+        )
     }
 }
