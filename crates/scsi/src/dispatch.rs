@@ -217,7 +217,6 @@ impl ScsiTarget {
         lent: Option<&mut Vec<Lent>>,
         plan: Option<&mut PlanSlot>,
     ) -> Result<(), Fail> {
-        use cdb::opcode::*;
         let checked = self.check(command)?;
         if let Some(plan) = plan
             && let Some(io) = command.lu.backstore.async_io()
@@ -226,26 +225,7 @@ impl ScsiTarget {
             // Checked here, run by the caller (`ScsiTarget::plan_io`).
             return plan_read_write(command, checked, io, data_out.len(), plan);
         }
-        match checked.op {
-            TEST_UNIT_READY
-            | REQUEST_SENSE
-            | INQUIRY
-            | REPORT_LUNS
-            | MODE_SENSE_6
-            | MODE_SENSE_10
-            | MODE_SELECT_6
-            | MODE_SELECT_10
-            | RESERVE_6
-            | RESERVE_10
-            | RELEASE_6
-            | RELEASE_10
-            | PERSISTENT_RESERVE_IN
-            | PERSISTENT_RESERVE_OUT
-            | MAINTENANCE_IN
-            | EXTENDED_COPY
-            | RECEIVE_COPY_RESULTS => self.primary(command, checked, data_out, data_in),
-            _ => self.block(command, checked, data_out, data_in, lent),
-        }
+        self.primary(command, checked, data_out, data_in, lent)
     }
 
     /// The checks before any opcode runs.
@@ -313,13 +293,14 @@ impl ScsiTarget {
         })
     }
 
-    /// Primary commands (SPC-4).
+    /// Primary commands (SPC-4); any other opcode is a block command.
     fn primary(
         &self,
         command: &OnLu<'_>,
         checked: Checked,
         data_out: DataOut<'_>,
         data_in: &mut Vec<u8>,
+        lent: Option<&mut Vec<Lent>>,
     ) -> Result<(), Fail> {
         use cdb::opcode::*;
         let OnLu {
@@ -390,7 +371,7 @@ impl ScsiTarget {
             RECEIVE_COPY_RESULTS => {
                 Ok(self.receive_copy_results(number, bs.block_size(), key, cdb, data_in)?)
             }
-            _ => Err(Sense::INVALID_OPCODE.into()),
+            _ => self.block(command, checked, data_out, data_in, lent),
         }
     }
 
