@@ -34,8 +34,8 @@ use iscsi_datamover::{
 };
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
-    AsyncEvent, AsyncMessage, DataIn, Header, LogoutReason, LogoutRequest, LogoutResponse,
-    LogoutResponseCode, Lun, NopIn, NopOut, Pdu, Reject, RejectReason, ScsiCommand, ScsiResponse,
+    AsyncEvent, AsyncMessage, DataIn, Header, LogoutRequest, LogoutResponse, LogoutResponseCode,
+    Lun, NopIn, NopOut, Pdu, RESERVED_TAG, Reject, RejectReason, ScsiCommand, ScsiResponse,
     SegmentLengths, ServiceResponse, SnackRequest, TaskFunction, TaskManagementRequest,
     TaskManagementResponse, TaskResponse, TextRequest,
 };
@@ -69,8 +69,6 @@ pub(crate) mod write;
 use respond::{Residual, Response, respond, send_answer};
 use task_management::task_management;
 
-/// The reserved tag value (RFC 7143 11.2.1.8).
-const RESERVED_TAG: u32 = 0xFFFF_FFFF;
 /// SAM status GOOD.
 const GOOD: u8 = 0x00;
 /// The largest write buffer a command may make the target allocate; the

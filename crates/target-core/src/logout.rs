@@ -8,13 +8,10 @@ use iscsi_proto::pdu::{LogoutReason, LogoutResponseCode};
 /// What the Logout Request decided.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LogoutPlan {
-    /// This connection closes (and the whole session with it when
-    /// `session`); the response says "closed successfully" once the
-    /// connection's commands are over.
+    /// This connection closes; the response says "closed successfully"
+    /// once the connection's commands are over. Whether the session ends
+    /// with it is [`ends_session`], asked then.
     Close {
-        /// The session ends too (reason "close the session", or the last
-        /// connection is closing: the nexus is lost either way).
-        session_ends: bool,
         /// The initiator asked to close the whole session.
         close_session: bool,
     },
@@ -31,8 +28,6 @@ pub enum LogoutPlan {
 pub struct LogoutContext {
     /// The CID of the connection the request came on.
     pub cid: u16,
-    /// Connections in full feature phase.
-    pub connections: u32,
     /// The session recovers connections (ErrorRecoveryLevel 2).
     pub recovers_connections: bool,
 }
@@ -40,13 +35,9 @@ pub struct LogoutContext {
 /// Decides a Logout Request with `reason` naming connection `cid`.
 pub fn decide(reason: LogoutReason, cid: u16, context: LogoutContext) -> LogoutPlan {
     match reason {
-        LogoutReason::CloseSession | LogoutReason::CloseConnection => {
-            let close_session = reason == LogoutReason::CloseSession;
-            LogoutPlan::Close {
-                session_ends: close_session || context.connections <= 1,
-                close_session,
-            }
-        }
+        LogoutReason::CloseSession | LogoutReason::CloseConnection => LogoutPlan::Close {
+            close_session: reason == LogoutReason::CloseSession,
+        },
         // Removing a connection for recovery needs ERL 2 and is asked for
         // on another connection.
         LogoutReason::RemoveConnectionForRecovery
@@ -58,53 +49,54 @@ pub fn decide(reason: LogoutReason, cid: u16, context: LogoutContext) -> LogoutP
     }
 }
 
+/// Whether a closing logout ends the session, its nexus lost: asked to
+/// close the session, or closing the last of its `connections` (counted
+/// once the connection's commands are over: another may have ended
+/// meanwhile).
+pub fn ends_session(close_session: bool, connections: u32) -> bool {
+    close_session || connections <= 1
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn context(connections: u32, erl2: bool) -> LogoutContext {
+    fn context(erl2: bool) -> LogoutContext {
         LogoutContext {
             cid: 1,
-            connections,
             recovers_connections: erl2,
         }
     }
 
     #[test]
     fn closing_the_last_connection_ends_the_session() {
-        let close = |n| decide(LogoutReason::CloseConnection, 1, context(n, false));
+        let close = |reason| decide(reason, 1, context(false));
         assert_eq!(
-            close(1),
+            close(LogoutReason::CloseConnection),
             LogoutPlan::Close {
-                session_ends: true,
                 close_session: false
             }
         );
         assert_eq!(
-            close(2),
+            close(LogoutReason::CloseSession),
             LogoutPlan::Close {
-                session_ends: false,
-                close_session: false
-            }
-        );
-        assert_eq!(
-            decide(LogoutReason::CloseSession, 1, context(3, false)),
-            LogoutPlan::Close {
-                session_ends: true,
                 close_session: true
             }
         );
+        assert!(ends_session(false, 1));
+        assert!(!ends_session(false, 2));
+        assert!(ends_session(true, 3));
     }
 
     #[test]
     fn removing_a_connection_for_recovery_needs_erl2_and_another_cid() {
         let remove = LogoutReason::RemoveConnectionForRecovery;
         assert_eq!(
-            decide(remove, 2, context(2, true)),
+            decide(remove, 2, context(true)),
             LogoutPlan::RemoveForRecovery(2)
         );
         let refused = LogoutPlan::Refuse(LogoutResponseCode::RecoveryNotSupported);
-        assert_eq!(decide(remove, 2, context(2, false)), refused);
-        assert_eq!(decide(remove, 1, context(2, true)), refused);
+        assert_eq!(decide(remove, 2, context(false)), refused);
+        assert_eq!(decide(remove, 1, context(true)), refused);
     }
 }

@@ -85,22 +85,18 @@ impl<T: TaskHandle> SessionTasks<T> {
     /// Returns whether ExpCmdSN moved (whoever waits for earlier commands
     /// is to be woken). A task it starts is then [`register`](Self::register)ed.
     pub fn admit(&mut self, pdu: Arriving, gaps: Gaps) -> Result<bool, Refusal> {
-        let tag_in_use = pdu.task && self.tasks.get(&pdu.itt).is_some_and(|t| !t.is_done());
-        if pdu.immediate {
-            return if tag_in_use {
-                Err(Refusal::TagInUse)
-            } else {
-                Ok(false)
-            };
-        }
-        let arrival = self
-            .window
-            .check(pdu.cmd_sn)
-            .map_err(|_| Refusal::OutOfWindow)?;
-        if tag_in_use {
+        let arrival = match pdu.immediate {
+            true => None,
+            false => Some(
+                self.window
+                    .check(pdu.cmd_sn)
+                    .map_err(|_| Refusal::OutOfWindow)?,
+            ),
+        };
+        if pdu.task && self.tasks.get(&pdu.itt).is_some_and(|t| !t.is_done()) {
             return Err(Refusal::TagInUse);
         }
-        Ok(self.window.receive(arrival, gaps))
+        Ok(arrival.is_some_and(|arrival| self.window.receive(arrival, gaps)))
     }
 
     /// Enters the task an admitted PDU started; it holds a window slot

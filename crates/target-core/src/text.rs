@@ -17,14 +17,11 @@
 
 use std::net::SocketAddr;
 
-use iscsi_proto::pdu::{Lun, RejectReason, TextResponse};
+use iscsi_proto::pdu::{Lun, RESERVED_TAG, RejectReason, TextResponse};
 use iscsi_proto::text::codec::{self, TextPair};
 use iscsi_proto::text::{NegotiationConfig, Negotiator, Role, Stage};
 
 use crate::tags::TransferTags;
-
-/// The reserved tag value (RFC 7143 11.2.1.8): "no Target Transfer Tag".
-const RESERVED_TAG: u32 = 0xFFFF_FFFF;
 
 /// The text exchanges of one connection: the part of a long answer not
 /// yet fetched.

@@ -108,11 +108,12 @@ impl Connection {
         }
         let context = LogoutContext {
             cid: self.cid,
-            connections: self.session.connections.load(Ordering::Acquire),
             recovers_connections: self.session.recovers_connections(),
         };
-        let response = match logout::decide(request.reason, request.cid, context) {
-            LogoutPlan::Close { .. } => LogoutResponseCode::ClosedSuccessfully,
+        let (response, close_session) = match logout::decide(request.reason, request.cid, context) {
+            LogoutPlan::Close { close_session } => {
+                (LogoutResponseCode::ClosedSuccessfully, close_session)
+            }
             LogoutPlan::RemoveForRecovery(cid) => {
                 // ERL 2: the connection with that CID (failed, or about to
                 // be given up) is closed, its tasks left for TASK REASSIGN;
@@ -121,27 +122,16 @@ impl Connection {
                     info!(cid, "connection removed for recovery");
                     return self.recovery_logout_answer(request).await;
                 }
-                LogoutResponseCode::CidNotFound
+                (LogoutResponseCode::CidNotFound, false)
             }
-            LogoutPlan::Refuse(code) => code,
+            LogoutPlan::Refuse(code) => (code, false),
         };
         if response == LogoutResponseCode::ClosedSuccessfully {
             self.record(ConnectionEvent::LogoutStarted);
             self.abandon_pending_writes();
             self.in_flight.wait_idle().await;
-            // Asked again: another connection may have ended meanwhile.
-            let now = LogoutContext {
-                connections: self.session.connections.load(Ordering::Acquire),
-                ..context
-            };
-            let plan = logout::decide(request.reason, request.cid, now);
-            if matches!(
-                plan,
-                LogoutPlan::Close {
-                    session_ends: true,
-                    ..
-                }
-            ) {
+            let connections = self.session.connections.load(Ordering::Acquire);
+            if logout::ends_session(close_session, connections) {
                 self.release_nexus().await;
             }
         }
@@ -160,7 +150,7 @@ impl Connection {
         }
         info!(cid = self.cid, reason = ?request.reason, "logout");
         self.record(ConnectionEvent::LogoutSucceeded);
-        if request.reason == LogoutReason::CloseSession {
+        if close_session {
             self.session.close_by_logout();
         }
         Ok(Flow::Stop)

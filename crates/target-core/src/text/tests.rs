@@ -1,13 +1,11 @@
 //! Text exchanges: long answers in parts, SendTargets per session type.
 
-use iscsi_proto::pdu::RejectReason;
+use iscsi_proto::pdu::{RESERVED_TAG as NONE, RejectReason};
 use iscsi_proto::text::NegotiationConfig;
 use iscsi_proto::text::codec::{self, TextPair};
 
 use super::{Asker, TextAsk, TextExchange, answer, send_targets};
 use crate::tags::TransferTags;
-
-const NONE: u32 = 0xFFFF_FFFF;
 
 #[test]
 fn a_long_answer_goes_in_parts_fetched_by_its_tag() {
