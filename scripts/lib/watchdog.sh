@@ -6,7 +6,7 @@
 # good, and CI ran out of time 50 minutes later with no stack to tell where).
 #
 #   source scripts/lib/watchdog.sh
-#   watched 1200 cargo test ... -p iscsi-scsi --features ceph-tests --lib backstore::rbd
+#   watched 1200 cargo test ... -p iscsi-ceph --features ceph-tests --lib
 #
 # The stacks come from gdb when it is installed (every frame, librbd's included), else from /proc
 # (each thread's name and the kernel function it waits in). SECONDS must be far above the command's

@@ -69,7 +69,6 @@ pub use backstore::{
     FileBackstore, IoFuture, Lent, PrEvent, PrEventHandler, RamBackstore, RamBackstoreError,
     SharedPrStore, SlowBackstore, WithOptions, WriteData,
 };
-pub use backstore::{RbdBackstore, RbdSpec};
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};
 pub use planned::{Planned, PlannedIo};

@@ -1,5 +1,5 @@
 //! The persistent reservation state of one LU as bytes: what a gateway
-//! group keeps in one RADOS object per RBD image (`backstore::rbd::pr`),
+//! group keeps in one RADOS object per RBD image (`iscsi_ceph`, `crates/ceph/src/pr.rs`),
 //! so that every gateway reads and writes the same state.
 //!
 //! Format, version 1 or 2 (big-endian; `str` is a u16 length then that
@@ -201,6 +201,18 @@ impl PrRecord {
     /// Number of registrations held.
     pub fn registration_count(&self) -> usize {
         self.pr.registrations.len()
+    }
+
+    /// Registers `nexus` with `res_key` as PERSISTENT RESERVE OUT REGISTER
+    /// would (a new generation): what another gateway's REGISTER leaves in
+    /// the record, for a tool or test that stands in for that gateway.
+    pub fn register(&mut self, nexus: &crate::Nexus, res_key: u64) {
+        self.pr.registrations.push(crate::pr_state::Registration {
+            key: nexus.key().clone(),
+            nexus: nexus.clone(),
+            res_key,
+        });
+        self.pr.generation += 1;
     }
 
     /// Whether APTPL is set.

@@ -71,7 +71,7 @@ pub enum StoreKind {
         direct: bool,
     },
     /// `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]`: a Ceph RBD image, on a
-    /// RADOS client of the LU's own (`iscsi_scsi::RbdBackstore`).
+    /// RADOS client of the LU's own (`iscsi_ceph::RbdBackstore`).
     Rbd {
         /// The pool.
         pool: String,
@@ -288,7 +288,7 @@ impl LunSpec {
     pub fn check_libraries(&self) -> Result<(), String> {
         match self.kind {
             StoreKind::Rbd { .. } => {
-                iscsi_scsi::RbdBackstore::load_library().map_err(|e| e.to_string())
+                iscsi_ceph::RbdBackstore::load_library().map_err(|e| e.to_string())
             }
             StoreKind::Ram { .. } | StoreKind::File { .. } | StoreKind::Block { .. } => Ok(()),
         }
@@ -330,7 +330,7 @@ fn open_rbd(
     else {
         unreachable!("open_rbd is called for rbd LUNs only")
     };
-    let spec = iscsi_scsi::RbdSpec {
+    let spec = iscsi_ceph::RbdSpec {
         pool: pool.clone(),
         image: image.clone(),
         conf: conf.clone(),
@@ -338,7 +338,7 @@ fn open_rbd(
         timeout_s: *timeout,
     };
     Ok(Arc::new(
-        iscsi_scsi::RbdBackstore::open_in_group(&spec, block_size, group)
+        iscsi_ceph::RbdBackstore::open_in_group(&spec, block_size, group)
             .map_err(|e| e.to_string())?,
     ))
 }

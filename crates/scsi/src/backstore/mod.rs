@@ -1,6 +1,7 @@
 //! Backstores: the storage behind a logical unit. Owns the [`Backstore`]
 //! trait (byte-addressed, synchronous, shared between sessions) and its
-//! implementations.
+//! implementations. A store beyond one machine lives in a crate of its own
+//! (`iscsi-ceph`: RBD) and implements the trait from there.
 //!
 //! | module | owns |
 //! |---|---|
@@ -9,7 +10,6 @@
 //! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
 //! | `slow.rs` | [`SlowBackstore`]: any store behind a fixed latency (a slow device, for tests) |
 //! | `encrypted.rs` | [`EncryptedBackstore`]: any store kept encrypted (AES-256-XTS) under a key that SANITIZE CRYPTOGRAPHIC ERASE replaces |
-//! | `rbd/` | [`RbdBackstore`]: a Ceph RBD image through librbd (loaded when the first image opens), one RADOS client per LU; all FFI in `rbd/ffi/` |
 //! | `options.rs` | [`WithOptions`]: any store with LU options (read-only, removable, physical block size) |
 //!
 //! The SCSI layer has already range-checked every request in LBAs before it
@@ -177,7 +177,6 @@ mod encrypted;
 mod file;
 mod options;
 mod ram;
-mod rbd;
 mod slow;
 
 use std::fmt;
@@ -191,7 +190,6 @@ pub use file::FileBackstore;
 pub use file::copy_file_range_all;
 pub use options::WithOptions;
 pub use ram::{RAM_CHUNK_SIZE, RamBackstore, RamBackstoreError};
-pub use rbd::{RbdBackstore, RbdSpec};
 pub use slow::SlowBackstore;
 
 /// A piece of a store's own memory lent to a READ ([`Backstore::lend`]),
@@ -559,7 +557,7 @@ impl From<io::Error> for BackstoreOpenError {
 }
 
 /// Accepts block sizes that are powers of two from 512 to 65536.
-pub(crate) fn check_block_size(block_size: u32) -> Result<(), BackstoreOpenError> {
+pub fn check_block_size(block_size: u32) -> Result<(), BackstoreOpenError> {
     if block_size.is_power_of_two() && (512..=65536).contains(&block_size) {
         Ok(())
     } else {
@@ -567,7 +565,8 @@ pub(crate) fn check_block_size(block_size: u32) -> Result<(), BackstoreOpenError
     }
 }
 
-pub(crate) fn out_of_range() -> io::Error {
+/// The error of a byte range past the end of a store.
+pub fn out_of_range() -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
         "byte range beyond the end of the backstore",
@@ -575,7 +574,7 @@ pub(crate) fn out_of_range() -> io::Error {
 }
 
 /// `Ok` when `[offset, offset + len)` lies within `size` bytes.
-pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> io::Result<()> {
+pub fn check_range(offset: u64, len: u64, size: u64) -> io::Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
         _ => Err(out_of_range()),
@@ -583,7 +582,7 @@ pub(crate) fn check_range(offset: u64, len: u64, size: u64) -> io::Result<()> {
 }
 
 /// `Ok` when `pieces` hold at least `len` bytes (a write's length).
-pub(crate) fn check_pieces(pieces: &[Vec<u8>], len: usize) -> io::Result<()> {
+pub fn check_pieces(pieces: &[Vec<u8>], len: usize) -> io::Result<()> {
     if pieces.iter().map(Vec::len).sum::<usize>() < len {
         return Err(io::Error::new(
             io::ErrorKind::InvalidInput,

@@ -172,6 +172,15 @@ fn base_name(name: &str) -> &str {
 }
 
 /// The category a function's own rule gives, or `None` to inherit.
+/// The storage engines' crates (and the `Backstore` trait's module) by
+/// symbol path and by source folder.
+const STORE_CRATES: [&str; 3] = ["iscsi_scsi::backstore::", "iscsi_stores::", "iscsi_ceph::"];
+const STORE_DIRS: [&str; 3] = [
+    "crates/scsi/src/backstore/",
+    "crates/stores/src/",
+    "crates/ceph/src/",
+];
+
 pub fn classify(function: &Function) -> Option<Category> {
     let name = function.name.as_str();
     let file = function.file.as_str();
@@ -189,7 +198,7 @@ pub fn classify(function: &Function) -> Option<Category> {
     if (in_libc && SYSCALL_WRAPPERS.contains(&base_name(name))) || any(&SYSCALL_RUST, name) {
         return Some(Category::Syscall);
     }
-    if name.contains("iscsi_scsi::backstore::") || file.contains("crates/scsi/src/backstore/") {
+    if any(&STORE_CRATES, name) || STORE_DIRS.iter().any(|d| file.contains(d)) {
         return Some(Category::Backstore);
     }
     if name.contains("iscsi_scsi::")

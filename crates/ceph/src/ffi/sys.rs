@@ -55,30 +55,29 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use libloading::os::unix::{Library, RTLD_LOCAL, RTLD_NOW};
 
 /// `rados_t`.
-pub(in crate::backstore::rbd) type RadosT = *mut c_void;
+pub(crate) type RadosT = *mut c_void;
 /// `rados_ioctx_t`.
-pub(in crate::backstore::rbd) type RadosIoctxT = *mut c_void;
+pub(crate) type RadosIoctxT = *mut c_void;
 /// `rados_write_op_t`.
-pub(in crate::backstore::rbd) type RadosWriteOpT = *mut c_void;
+pub(crate) type RadosWriteOpT = *mut c_void;
 /// `rbd_image_t`.
-pub(in crate::backstore::rbd) type RbdImageT = *mut c_void;
+pub(crate) type RbdImageT = *mut c_void;
 /// `rbd_completion_t`.
-pub(in crate::backstore::rbd) type RbdCompletionT = *mut c_void;
+pub(crate) type RbdCompletionT = *mut c_void;
 /// `rbd_callback_t` (librbd.h:73), nullable.
-pub(in crate::backstore::rbd) type RbdCallback = Option<extern "C" fn(RbdCompletionT, *mut c_void)>;
+pub(crate) type RbdCallback = Option<extern "C" fn(RbdCompletionT, *mut c_void)>;
 /// The callback of `rbd_diff_iterate2` (librbd.h:1137).
-pub(in crate::backstore::rbd) type DiffCb = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
+pub(crate) type DiffCb = extern "C" fn(u64, usize, c_int, *mut c_void) -> c_int;
 /// `rados_watchcb2_t` (librados.h:2386).
-pub(in crate::backstore::rbd) type WatchCb =
+pub(crate) type WatchCb =
     extern "C" fn(arg: *mut c_void, notify_id: u64, handle: u64, notifier: u64, *mut c_void, usize);
 /// `rados_watcherrcb_t` (librados.h:2405).
-pub(in crate::backstore::rbd) type WatchErrCb =
-    extern "C" fn(arg: *mut c_void, cookie: u64, err: c_int);
+pub(crate) type WatchErrCb = extern "C" fn(arg: *mut c_void, cookie: u64, err: c_int);
 
 /// `struct iovec` (sys/uio.h), for `rbd_aio_writev`.
 #[repr(C)]
 #[derive(Clone, Copy)]
-pub(in crate::backstore::rbd) struct IoVec {
+pub(crate) struct IoVec {
     pub base: *const c_void,
     pub len: usize,
 }
@@ -97,7 +96,7 @@ macro_rules! api {
     ($($(#[$attr:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?;)*) => {
         /// Every function of librbd and librados this crate calls, as
         /// pointers into the loaded libraries (invariants L1 and L2).
-        pub(in crate::backstore::rbd) struct Api {
+        pub(in crate) struct Api {
             $($(#[$attr])* $name: unsafe extern "C" fn($($ty),*) $(-> $ret)?,)*
         }
 
@@ -125,7 +124,7 @@ macro_rules! api {
                 $(#[$attr])*
                 #[allow(clippy::too_many_arguments)]
                 /// The C function of this name (see librbd.h / librados.h).
-                pub(in crate::backstore::rbd) unsafe fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
+                pub(in crate) unsafe fn $name(&self, $($arg: $ty),*) $(-> $ret)? {
                     // SAFETY: the pointer is the C function (L1, L2); the
                     // caller upholds that function's contract.
                     unsafe { (self.$name)($($arg),*) }
@@ -410,7 +409,7 @@ static LOADING: Mutex<()> = Mutex::new(());
 /// librbd's and librados's functions, loading the libraries on the first
 /// call. The error says what to install (`NotFound`) or what is wrong with
 /// what is installed.
-pub(in crate::backstore::rbd) fn api() -> io::Result<&'static Api> {
+pub(crate) fn api() -> io::Result<&'static Api> {
     if let Some(loaded) = LOADED.get() {
         return Ok(&loaded.api);
     }

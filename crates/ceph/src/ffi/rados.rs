@@ -42,7 +42,7 @@ const CREATE_EXCLUSIVE: c_int = 1;
 
 /// What a blocklisted client's operations fail with (`EBLOCKLISTED`, which
 /// Ceph defines as `ESHUTDOWN`).
-pub(in crate::backstore::rbd) const EBLOCKLISTED: i32 = 108;
+pub(crate) const EBLOCKLISTED: i32 = 108;
 
 unsafe extern "C" {
     /// libc's `free`, for `rados_getaddrs`'s `strdup`ed string.
@@ -65,7 +65,7 @@ impl Drop for WriteOp {
 /// The answer to a notify: who acknowledged and who did not in time, each
 /// as (client instance id, watch cookie).
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub(in crate::backstore::rbd) struct NotifyReply {
+pub(crate) struct NotifyReply {
     pub acked: Vec<(u64, u64)>,
     pub timed_out: Vec<(u64, u64)>,
 }
@@ -101,7 +101,7 @@ impl NotifyReply {
 
 /// What a watch delivers (read from its pipe by [`WatchEvents::next`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::backstore::rbd) enum WatchEvent {
+pub(crate) enum WatchEvent {
     /// A notify arrived; acknowledge it with [`Image::notify_ack`] once
     /// handled.
     Notify {
@@ -155,13 +155,13 @@ extern "C" fn on_error(arg: *mut c_void, cookie: u64, err: c_int) {
 /// The reading end of a watch: blocking, one event at a time, `None` once
 /// the watch is gone ([`WatchGuard`] dropped).
 #[derive(Debug)]
-pub(in crate::backstore::rbd) struct WatchEvents {
+pub(crate) struct WatchEvents {
     pipe: OwnedFd,
 }
 
 impl WatchEvents {
     /// The next event, waiting for it.
-    pub(in crate::backstore::rbd) fn next(&self) -> Option<WatchEvent> {
+    pub(crate) fn next(&self) -> Option<WatchEvent> {
         let mut r = [0u8; RECORD];
         let mut got = 0;
         while got < RECORD {
@@ -195,7 +195,7 @@ impl WatchEvents {
 /// A registered watch; dropping it unwatches, flushes the callbacks and
 /// then frees their argument (invariant 6), which ends [`WatchEvents`].
 #[derive(Debug)]
-pub(in crate::backstore::rbd) struct WatchGuard {
+pub(crate) struct WatchGuard {
     image: Arc<Image>,
     cookie: u64,
     sink: *mut c_void,
@@ -223,11 +223,7 @@ impl Drop for WatchGuard {
 impl Image {
     /// Reads object `oid` whole (at most `max` bytes; longer is an
     /// error); `None` when it does not exist.
-    pub(in crate::backstore::rbd) fn object_read(
-        &self,
-        oid: &str,
-        max: usize,
-    ) -> io::Result<Option<Vec<u8>>> {
+    pub(crate) fn object_read(&self, oid: &str, max: usize) -> io::Result<Option<Vec<u8>>> {
         let name = cstring("object", oid)?;
         let mut buf = vec![0u8; max + 1];
         // SAFETY: invariants 1 and 3 — `buf` is writable for its length and
@@ -258,10 +254,7 @@ impl Image {
     /// Size and mtime of object `oid`; `None` when it does not exist
     /// (tests: what a compare-and-set left).
     #[cfg(all(test, feature = "ceph-tests"))]
-    pub(in crate::backstore::rbd) fn object_stat(
-        &self,
-        oid: &str,
-    ) -> io::Result<Option<(u64, i64)>> {
+    pub(crate) fn object_stat(&self, oid: &str) -> io::Result<Option<(u64, i64)>> {
         let name = cstring("object", oid)?;
         let (mut size, mut mtime) = (0u64, 0i64);
         // SAFETY: invariants 1 and 3 — `name` lives across the call; both
@@ -279,7 +272,7 @@ impl Image {
 
     /// Removes object `oid` (tests' cleanup); a missing one is fine.
     #[cfg(all(test, feature = "ceph-tests"))]
-    pub(in crate::backstore::rbd) fn object_remove(&self, oid: &str) -> io::Result<()> {
+    pub(crate) fn object_remove(&self, oid: &str) -> io::Result<()> {
         let name = cstring("object", oid)?;
         // SAFETY: invariants 1 and 3 — `name` lives across the call.
         let r = unsafe { self.api.rados_remove(self.ioctx, name.as_ptr()) };
@@ -294,7 +287,7 @@ impl Image {
     /// `expected` now; `expected` `None`: only if the object does not exist
     /// (it is created). `Ok(false)`: the condition did not hold (another
     /// writer got there first).
-    pub(in crate::backstore::rbd) fn object_cas(
+    pub(crate) fn object_cas(
         &self,
         oid: &str,
         xattr: &str,
@@ -355,10 +348,7 @@ impl Image {
 
     /// Registers a watch on `oid`: the returned events carry each notify
     /// (to be acknowledged with [`Image::notify_ack`]) and watch errors.
-    pub(in crate::backstore::rbd) fn watch(
-        self: &Arc<Image>,
-        oid: &str,
-    ) -> io::Result<(WatchGuard, WatchEvents)> {
+    pub(crate) fn watch(self: &Arc<Image>, oid: &str) -> io::Result<(WatchGuard, WatchEvents)> {
         let name = cstring("object", oid)?;
         let (reader, writer) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)?;
         let sink = Box::into_raw(Box::new(Sink { pipe: writer })).cast::<c_void>();
@@ -392,12 +382,7 @@ impl Image {
     }
 
     /// Acknowledges notify `notify_id` to watch `cookie` on `oid`.
-    pub(in crate::backstore::rbd) fn notify_ack(
-        &self,
-        oid: &str,
-        notify_id: u64,
-        cookie: u64,
-    ) -> io::Result<()> {
+    pub(crate) fn notify_ack(&self, oid: &str, notify_id: u64, cookie: u64) -> io::Result<()> {
         let name = cstring("object", oid)?;
         // SAFETY: invariants 1 and 3 — `name` lives across the call; no payload.
         check(unsafe {
@@ -409,7 +394,7 @@ impl Image {
 
     /// Notifies every watcher of `oid` with `payload` and waits up to
     /// `timeout_ms` for their acknowledgements: who acked and who did not.
-    pub(in crate::backstore::rbd) fn notify(
+    pub(crate) fn notify(
         &self,
         oid: &str,
         payload: &[u8],
@@ -457,14 +442,14 @@ impl Image {
     }
 
     /// This client's instance id (the gid notify replies name).
-    pub(in crate::backstore::rbd) fn instance_id(&self) -> u64 {
+    pub(crate) fn instance_id(&self) -> u64 {
         // SAFETY: invariant 1 — a connected client.
         unsafe { self.api.rados_get_instance_id(self.cluster) }
     }
 
     /// This client's addresses as librados prints them (an address vector
     /// such as `[v2:127.0.0.1:0/1234,v1:...]`).
-    pub(in crate::backstore::rbd) fn addrs(&self) -> io::Result<String> {
+    pub(crate) fn addrs(&self) -> io::Result<String> {
         let mut out: *mut c_char = ptr::null_mut();
         // SAFETY: invariants 1 and 3 — a connected client; `out` is valid to write.
         check(unsafe { self.api.rados_getaddrs(self.cluster, &mut out) })?;
@@ -482,11 +467,7 @@ impl Image {
 
     /// Blocklists the client at `addr` (one entity address, `IP:PORT/NONCE`)
     /// for `expire_seconds` (0: the cluster's default).
-    pub(in crate::backstore::rbd) fn blocklist_add(
-        &self,
-        addr: &str,
-        expire_seconds: u32,
-    ) -> io::Result<()> {
+    pub(crate) fn blocklist_add(&self, addr: &str, expire_seconds: u32) -> io::Result<()> {
         let a = cstring("address", addr)?;
         // SAFETY: invariants 1 and 3 — `a` lives across the call; librados
         // only reads it (the C signature lacks the const).
@@ -499,7 +480,7 @@ impl Image {
 
     /// Waits until this client has the latest OSD map (after a blocklist:
     /// the OSDs then refuse the fenced client).
-    pub(in crate::backstore::rbd) fn wait_for_latest_osdmap(&self) -> io::Result<()> {
+    pub(crate) fn wait_for_latest_osdmap(&self) -> io::Result<()> {
         // SAFETY: invariant 1 — a connected client.
         check(unsafe { self.api.rados_wait_for_latest_osdmap(self.cluster) }).map(drop)
     }

@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use arc_swap::ArcSwap;
 
-use crate::alua::{AluaGroup, AluaView, GatewayGroup};
+use iscsi_scsi::alua::{AluaGroup, AluaView, GatewayGroup};
 
-use super::{
+use iscsi_scsi::backstore::{
     Allocation, AsyncIo, Backstore, BackstoreOpenError, IoFuture, SharedPrStore, WriteData,
     check_block_size, check_range,
 };
@@ -670,7 +670,7 @@ impl Backstore for RbdBackstore {
     /// through [`AsyncIo`] as one `rbd_aio_writev`, uncopied; this path is
     /// for the rarer commands that write through the synchronous methods.)
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
-        super::check_pieces(pieces, len)?;
+        iscsi_scsi::backstore::check_pieces(pieces, len)?;
         check_range(offset, len as u64, self.size())?;
         let mut whole = Vec::with_capacity(len);
         for piece in pieces.iter() {
@@ -763,7 +763,7 @@ impl Backstore for RbdBackstore {
     /// [`ALLOCATION_WINDOW`] bytes.
     fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
         if max_len == 0 {
-            return Err(super::out_of_range());
+            return Err(iscsi_scsi::backstore::out_of_range());
         }
         check_range(offset, max_len, self.size())?;
         let window = max_len.min(ALLOCATION_WINDOW);

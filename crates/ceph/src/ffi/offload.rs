@@ -35,12 +35,12 @@ const EILSEQ: i32 = 84;
 /// The largest range librbd's compare-and-write takes: it refuses with
 /// EINVAL any range that leaves one 512-byte sector
 /// (`ImageCompareAndWriteRequest::prune_object_extents`, Ceph 16).
-pub(in crate::backstore::rbd) const CAW_SECTOR: u64 = 512;
+pub(crate) const CAW_SECTOR: u64 = 512;
 
 /// One run of the image that `rbd_diff_iterate2` reported: `exists` false
 /// is a hole (discarded or never written).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(in crate::backstore::rbd) struct Extent {
+pub(crate) struct Extent {
     pub offset: u64,
     pub len: u64,
     pub exists: bool,
@@ -99,7 +99,7 @@ impl Image {
     /// the remainder by 512; the tests pin that on a range that does not
     /// start its sector, where another counting would give another `k`. The range must stay inside one 512-byte sector
     /// ([`CAW_SECTOR`]); `expect` and `data` have the same length.
-    pub(in crate::backstore::rbd) fn compare_and_write(
+    pub(crate) fn compare_and_write(
         &self,
         offset: u64,
         expect: &[u8],
@@ -143,7 +143,7 @@ impl Image {
     /// Writes `pattern` over and over to the `len` bytes from `offset`
     /// (`len` a multiple of the pattern's length): librbd sends each object
     /// one `writesame` op carrying the pattern once.
-    pub(in crate::backstore::rbd) fn write_same(
+    pub(crate) fn write_same(
         &self,
         offset: u64,
         len: u64,
@@ -184,12 +184,7 @@ impl Image {
     /// most `limit` of them (> 0); the image's parent counts. Errors with
     /// `Other` if librbd called back on another thread (invariant 5
     /// broken by a different librbd).
-    pub(in crate::backstore::rbd) fn allocated(
-        &self,
-        offset: u64,
-        len: u64,
-        limit: usize,
-    ) -> io::Result<Vec<Extent>> {
+    pub(crate) fn allocated(&self, offset: u64, len: u64, limit: usize) -> io::Result<Vec<Extent>> {
         let mut state = Collect {
             extents: Vec::new(),
             limit: limit.max(1),

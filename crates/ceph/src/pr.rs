@@ -1,5 +1,5 @@
 //! [`RbdPrStore`]: the persistent reservation record of an RBD LU
-//! ([`crate::pr_record`]) in one RADOS object in the image's pool,
+//! ([`iscsi_scsi::pr_record`]) in one RADOS object in the image's pool,
 //! `iscsi-rs.pr.<image id>`, changed by compare-and-set on its xattr
 //! `epoch` (`rados_write_op_cmpxattr` + `setxattr` + `write_full` in one
 //! op), watched by every gateway, and the gateways fenced by blocklisting
@@ -19,7 +19,7 @@ use arc_swap::ArcSwap;
 use super::fence::Fence;
 use super::ffi::Image;
 use super::ffi::rados::{EBLOCKLISTED, WatchEvent, WatchEvents, WatchGuard};
-use crate::backstore::{PrEvent, PrEventHandler, SharedPrStore};
+use iscsi_scsi::backstore::{PrEvent, PrEventHandler, SharedPrStore};
 
 /// How long a notify waits for every gateway's acknowledgement; a gateway
 /// that takes longer is fenced. Reloading is one small object read, so a

@@ -377,7 +377,7 @@ fn allocation_follows_what_was_written_and_discarded() {
 
 #[test]
 fn a_resize_is_noticed_and_raises_capacity_data_has_changed() {
-    use crate::{Asc, Nexus, ScsiTarget, Sense, TargetIdentity, status};
+    use iscsi_scsi::{Asc, Nexus, ScsiTarget, Sense, TargetIdentity, status};
     let image = TestImage::new("resize", "8M");
     let store = Arc::new(RbdBackstore::open(&image.spec(), 512).unwrap());
     assert!(!store.take_capacity_change());
@@ -429,7 +429,7 @@ fn a_resize_is_noticed_and_raises_capacity_data_has_changed() {
 
 #[test]
 fn a_removed_image_fails_every_io_with_medium_not_present() {
-    use crate::{Nexus, ScsiTarget, Sense, TargetIdentity, status};
+    use iscsi_scsi::{Nexus, ScsiTarget, Sense, TargetIdentity, status};
     let image = TestImage::new("removed", "8M");
     let store = Arc::new(RbdBackstore::open(&image.spec(), 512).unwrap());
     store.write_at(0, &[7u8; 4096]).unwrap();
@@ -594,7 +594,7 @@ fn metadata_and_xattrs_read_back() {
 /// dropped, which lets the lock go) the other takes it.
 #[test]
 fn two_gateways_agree_on_one_owner_and_the_survivor_takes_over() {
-    use crate::alua::AccessState::*;
+    use iscsi_scsi::alua::AccessState::*;
     let image = TestImage::new("group", "16M");
     let open = |port| {
         let group = GatewayGroup::new(port, [1, 2]);
@@ -603,7 +603,7 @@ fn two_gateways_agree_on_one_owner_and_the_survivor_takes_over() {
     let a = open(1);
     let b = open(2);
     let (ga, gb) = (a.alua().unwrap(), b.alua().unwrap());
-    let settled = |want: [crate::alua::AccessState; 2]| {
+    let settled = |want: [iscsi_scsi::alua::AccessState; 2]| {
         let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
         loop {
             let now = |g: &AluaGroup| [g.state_of(1), g.state_of(2)];
@@ -666,7 +666,7 @@ impl Drop for Resume {
 #[test]
 #[ignore = "stops the cluster's OSD: run alone (scripts/test does)"]
 fn a_lost_cluster_times_out_not_ready_and_serves_again() {
-    use crate::sense::Sense;
+    use iscsi_scsi::sense::Sense;
     let image = TestImage::new("lost", "16M");
     let spec = RbdSpec {
         timeout_s: Some(3),

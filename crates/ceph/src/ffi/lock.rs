@@ -29,7 +29,7 @@ impl Image {
     /// Whether this client holds the image's exclusive lock. librbd asks
     /// the OSD (it asserts the lock on the header), so a client that has
     /// been blocklisted learns it here (`ESHUTDOWN`, Ceph's EBLOCKLISTED).
-    pub(in crate::backstore::rbd) fn is_lock_owner(&self) -> io::Result<bool> {
+    pub(crate) fn is_lock_owner(&self) -> io::Result<bool> {
         let mut owner: c_int = 0;
         // SAFETY: invariants 1 and 3 — an open image; `owner` is a valid int to write.
         check(unsafe { self.api.rbd_is_exclusive_lock_owner(self.image, &mut owner) })?;
@@ -39,7 +39,7 @@ impl Image {
     /// Takes the exclusive lock. This also puts the image in librbd's
     /// application-managed mode (its StandardPolicy): the lock no longer
     /// moves to a peer that writes; only [`Image::lock_break`] takes it.
-    pub(in crate::backstore::rbd) fn lock_acquire(&self) -> io::Result<()> {
+    pub(crate) fn lock_acquire(&self) -> io::Result<()> {
         // SAFETY: invariant 1 — an open image; no memory is passed.
         check(unsafe {
             self.api
@@ -49,7 +49,7 @@ impl Image {
     }
 
     /// Lets the exclusive lock go (a clean hand-over).
-    pub(in crate::backstore::rbd) fn lock_release(&self) -> io::Result<()> {
+    pub(crate) fn lock_release(&self) -> io::Result<()> {
         // SAFETY: invariant 1 — an open image; no memory is passed.
         check(unsafe { self.api.rbd_lock_release(self.image) })?;
         Ok(())
@@ -57,7 +57,7 @@ impl Image {
 
     /// The holders of the exclusive lock (their client addresses, as
     /// [`Image::lock_break`] takes them); empty when nobody holds it.
-    pub(in crate::backstore::rbd) fn lock_owners(&self) -> io::Result<Vec<String>> {
+    pub(crate) fn lock_owners(&self) -> io::Result<Vec<String>> {
         let mut owners: [*mut c_char; MAX_OWNERS] = [ptr::null_mut(); MAX_OWNERS];
         let mut count = MAX_OWNERS;
         let mut mode: c_int = 0;
@@ -90,7 +90,7 @@ impl Image {
     /// Breaks `owner`'s exclusive lock. librbd first blocklists the
     /// owner's client (`rbd_blocklist_on_break_lock`, on by default), so
     /// a gateway that was only paused cannot write once it resumes.
-    pub(in crate::backstore::rbd) fn lock_break(&self, owner: &str) -> io::Result<()> {
+    pub(crate) fn lock_break(&self, owner: &str) -> io::Result<()> {
         let owner = cstring("lock owner", owner)?;
         // SAFETY: invariants 1 and 3 — an open image; `owner` lives across the call.
         check(unsafe {
@@ -101,7 +101,7 @@ impl Image {
     }
 
     /// The image metadata value of `key`; `None` when it is not set.
-    pub(in crate::backstore::rbd) fn metadata(&self, key: &str) -> io::Result<Option<String>> {
+    pub(crate) fn metadata(&self, key: &str) -> io::Result<Option<String>> {
         let key = cstring("metadata key", key)?;
         let mut buf = vec![0u8; 256];
         let mut len = buf.len();
@@ -121,12 +121,7 @@ impl Image {
 
     /// Sets extended attribute `name` of object `oid` in the image's pool
     /// (creating the object if need be).
-    pub(in crate::backstore::rbd) fn set_xattr(
-        &self,
-        oid: &str,
-        name: &str,
-        value: &[u8],
-    ) -> io::Result<()> {
+    pub(crate) fn set_xattr(&self, oid: &str, name: &str, value: &[u8]) -> io::Result<()> {
         let oid = cstring("object", oid)?;
         let name = cstring("attribute", name)?;
         // SAFETY: invariants 1 and 3 — a valid ioctx; both strings and
@@ -145,11 +140,7 @@ impl Image {
 
     /// Extended attribute `name` of object `oid` (at most 256 bytes);
     /// `None` when the object or the attribute does not exist.
-    pub(in crate::backstore::rbd) fn xattr(
-        &self,
-        oid: &str,
-        name: &str,
-    ) -> io::Result<Option<Vec<u8>>> {
+    pub(crate) fn xattr(&self, oid: &str, name: &str) -> io::Result<Option<Vec<u8>>> {
         let oid = cstring("object", oid)?;
         let name = cstring("attribute", name)?;
         let mut buf = vec![0u8; 256];
@@ -173,7 +164,7 @@ impl Image {
     }
 
     /// Whether object `oid` exists in the image's pool.
-    pub(in crate::backstore::rbd) fn object_exists(&self, oid: &str) -> io::Result<bool> {
+    pub(crate) fn object_exists(&self, oid: &str) -> io::Result<bool> {
         let oid = cstring("object", oid)?;
         let (mut size, mut mtime) = (0u64, 0i64);
         // SAFETY: invariants 1 and 3 — a valid ioctx; `oid` lives across

@@ -58,7 +58,7 @@ use tokio::sync::oneshot;
 
 use super::sys::{Api, IoVec, RbdCompletionT, RbdImageT};
 use super::{Image, check};
-use crate::backstore::{IoFuture, WriteData};
+use iscsi_scsi::backstore::{IoFuture, WriteData};
 
 /// `EVENT_TYPE_EVENTFD` of `rbd_image_event_t` (librbd.h).
 const EVENT_TYPE_EVENTFD: c_int = 2;
@@ -174,7 +174,7 @@ impl Image {
     /// Reads `buf.len()` bytes from `offset`; the buffer comes back with
     /// the result. The request is made when the future is first polled,
     /// which must be within a tokio runtime (the reaper's).
-    pub(in crate::backstore::rbd) fn aio_read(
+    pub(crate) fn aio_read(
         self: &Arc<Self>,
         offset: u64,
         mut buf: Vec<u8>,
@@ -210,7 +210,7 @@ impl Image {
     /// flags `flags` (one buffer) — or, in pieces, as one `rbd_aio_writev`
     /// per [`IOV_MAX`] pieces, which takes no flags (with the client's
     /// cache off a completed write is on the OSDs, FUA or not).
-    pub(in crate::backstore::rbd) fn aio_write(
+    pub(crate) fn aio_write(
         self: &Arc<Self>,
         offset: u64,
         data: Box<dyn WriteData>,

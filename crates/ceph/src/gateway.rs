@@ -38,7 +38,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ffi::Image;
-use crate::alua::{AluaGroup, AluaView, GatewayGroup};
+use iscsi_scsi::alua::{AluaGroup, AluaView, GatewayGroup};
 
 /// How often a gateway beats and looks at the lock.
 pub const BEAT: Duration = Duration::from_millis(500);

@@ -12,9 +12,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::backstore::PrEvent;
-use crate::pr_record::PrRecord;
-use crate::{CommandOutcome, Nexus, ScsiTarget, TargetIdentity, encode_lun, status};
+use iscsi_scsi::backstore::PrEvent;
+use iscsi_scsi::pr_record::PrRecord;
+use iscsi_scsi::{CommandOutcome, Nexus, ScsiTarget, TargetIdentity, encode_lun, status};
 
 fn store(image: &TestImage) -> RbdBackstore {
     RbdBackstore::open(&image.spec(), 512).unwrap()
@@ -151,7 +151,7 @@ fn a_fenced_client_fails_its_writes_and_the_store_rejoins_with_a_new_one() {
         .enable_all()
         .build()
         .unwrap();
-    let data: Box<dyn crate::backstore::WriteData> = Box::new(vec![4u8; 512]);
+    let data: Box<dyn iscsi_scsi::backstore::WriteData> = Box::new(vec![4u8; 512]);
     let err = rt.block_on(stale.write(0, data, 512, false)).unwrap_err();
     assert_eq!(err.raw_os_error(), Some(108), "{err}");
     a.read_at(0, &mut back).unwrap();
@@ -236,8 +236,8 @@ fn two_gateways_share_one_state() {
     let (o, _) = run(&g1, &a, &[0, 0, 0, 0, 0, 0], &[]);
     assert_eq!(
         o.sense,
-        Some(crate::Sense::unit_attention(
-            crate::Asc::REGISTRATIONS_PREEMPTED
+        Some(iscsi_scsi::Sense::unit_attention(
+            iscsi_scsi::Asc::REGISTRATIONS_PREEMPTED
         ))
     );
     assert_eq!(keys(&g1, &a), (3, vec![0xB2]));
@@ -268,12 +268,7 @@ fn a_lost_compare_and_set_is_applied_again_on_the_new_state() {
     assert_eq!(prout(&g1, &a, 0x06, 0, 0, 0xA1, 0), CommandOutcome::GOOD);
     // Another gateway registers B; gateway 1 has not heard of it.
     change_behind(&side, |rec| {
-        rec.pr.registrations.push(crate::pr::Registration {
-            key: b.key().clone(),
-            nexus: b.clone(),
-            res_key: 0xB2,
-        });
-        rec.pr.generation += 1;
+        rec.register(&b, 0xB2);
         rec.encode()
     });
     assert_eq!(keys(&g1, &a), (1, vec![0xA1]));
@@ -299,7 +294,10 @@ fn a_damaged_record_is_refused_and_the_state_stays_stale_until_a_good_one() {
     // lists it would fence it).
     let g1_gid = PrRecord::decode(&good).unwrap().gateways[0].gid;
     assert!(!side.shared.pr.notify().unwrap().contains(&g1_gid));
-    let unreachable = crate::Sense::new(crate::SenseKey::NotReady, crate::Asc::new(0x08, 0x00));
+    let unreachable = iscsi_scsi::Sense::new(
+        iscsi_scsi::SenseKey::NotReady,
+        iscsi_scsi::Asc::new(0x08, 0x00),
+    );
     let (o, _) = run(&g1, &a, &[0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0], &[]);
     assert_eq!(o.sense, Some(unreachable));
     assert_eq!(
@@ -354,7 +352,7 @@ fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() 
     // in time (stopped, partitioned).
     let (gid, addr) = late.shared.pr.me();
     change_behind(&late, |rec| {
-        rec.gateways.push(crate::pr_record::Gateway {
+        rec.gateways.push(iscsi_scsi::pr_record::Gateway {
             gid,
             addr: addr.clone(),
         });
@@ -425,7 +423,9 @@ fn spc2_reservations_and_lu_resets_span_the_group() {
     // A LOGICAL UNIT RESET through gateway 2: the reservation goes, and
     // every nexus of the LU hears of the reset, through either gateway.
     g2.lun_reset(0);
-    let reset = Some(crate::Sense::unit_attention(crate::Asc::BUS_DEVICE_RESET));
+    let reset = Some(iscsi_scsi::Sense::unit_attention(
+        iscsi_scsi::Asc::BUS_DEVICE_RESET,
+    ));
     assert_eq!(run(&g1, &a, &TUR, &[]).0.sense, reset);
     assert_eq!(run(&g2, &b, &TUR, &[]).0.sense, reset);
     assert_eq!(run(&g1, &a, &TUR, &[]).0, CommandOutcome::GOOD);
@@ -454,13 +454,13 @@ fn spc2_reservations_and_lu_resets_span_the_group() {
     assert_eq!(run(&g2, &b, &select, &p).0, CommandOutcome::GOOD);
     assert_eq!(
         run(&g1, &a, &TUR, &[]).0.sense,
-        Some(crate::Sense::MODE_PARAMETERS_CHANGED)
+        Some(iscsi_scsi::Sense::MODE_PARAMETERS_CHANGED)
     );
     let protected = write10(&g1, &a).sense.map(|s| s.key);
-    assert_eq!(protected, Some(crate::SenseKey::DataProtect));
+    assert_eq!(protected, Some(iscsi_scsi::SenseKey::DataProtect));
     // A target reset through gateway 1 puts them back for both, with its
     // own unit attention on gateway 2 (29h, as raised there).
-    g1.target_reset(crate::TargetReset::Warm);
+    g1.target_reset(iscsi_scsi::TargetReset::Warm);
     let (o, _) = run(&g2, &b, &TUR, &[]);
     assert_eq!(o.sense.map(|s| s.asc.asc), Some(0x29));
     assert_eq!(write10(&g2, &b), CommandOutcome::GOOD);

@@ -24,7 +24,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use super::ffi::rados::EBLOCKLISTED;
-use crate::alua::{AccessState, AluaGroup, AluaView, PortGroup};
+use iscsi_scsi::alua::{AccessState, AluaGroup, AluaView, PortGroup};
 
 /// One LU's fence (see the module's doc).
 #[derive(Debug)]
