@@ -9,10 +9,8 @@
 
 use std::sync::Arc;
 
-use iscsi_scsi::{
-    Backstore, Nexus, RamBackstore, ScsiTarget, TargetIdentity, TargetReset, command_info,
-    encode_lun, status,
-};
+use iscsi_scsi::{Backstore, Nexus, ScsiTarget, TargetIdentity, TargetReset, command_info, encode_lun, status};
+use iscsi_stores::{RamBackstore};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

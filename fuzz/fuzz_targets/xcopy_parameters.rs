@@ -10,7 +10,8 @@
 use std::sync::Arc;
 
 use iscsi_scsi::xcopy::{self, parse};
-use iscsi_scsi::{Backstore, Nexus, RamBackstore, ScsiTarget, TargetIdentity, status};
+use iscsi_scsi::{Backstore, Nexus, ScsiTarget, TargetIdentity, status};
+use iscsi_stores::{RamBackstore};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

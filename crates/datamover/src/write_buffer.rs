@@ -7,7 +7,7 @@
 use crate::BufferPool;
 
 /// The size of the pieces a target receives writes of this size or more
-/// into: a RAM store's chunk (`iscsi_scsi::backstore::RAM_CHUNK_SIZE`,
+/// into: a RAM store's chunk (`iscsi_stores::RAM_CHUNK_SIZE`,
 /// which keeps such pieces whole). Over iSER an RDMA Read's sink is a
 /// page-list region of such pieces.
 pub const WRITE_PIECE: usize = 64 * 1024;

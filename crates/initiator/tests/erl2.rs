@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
-use iscsi_scsi::{Backstore, RamBackstore, SlowBackstore};
+use iscsi_scsi::Backstore;
+use iscsi_stores::{RamBackstore, SlowBackstore};
 
 const TARGET: &str = "iqn.2026-11.rs.iscsi:erl2-tests";
 const BLOCK: u32 = 512;

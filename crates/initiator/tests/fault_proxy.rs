@@ -14,7 +14,8 @@ use std::time::Duration;
 
 use iscsi_fault::{Direction, Fault, FaultProxy};
 use iscsi_initiator::{Session, SessionConfig};
-use iscsi_scsi::{Backstore, RamBackstore};
+use iscsi_scsi::Backstore;
+use iscsi_stores::RamBackstore;
 
 const TARGET: &str = "iqn.2026-11.rs.iscsi:fault-proxy-tests";
 const BLOCK: u32 = 512;

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use iscsi_datamover::iser::CmHeader;
 use iscsi_initiator::{Command, IscsiUrl, Residual, Session, SessionConfig, discover_url};
-use iscsi_scsi::{Backstore, RamBackstore};
+use iscsi_scsi::Backstore;
+use iscsi_stores::RamBackstore;
 use rand::RngCore;
 use tokio::sync::oneshot;
 

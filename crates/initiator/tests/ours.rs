@@ -9,7 +9,8 @@ use iscsi_initiator::scsi::rw10_cdb;
 use iscsi_initiator::{
     Command, IscsiUrl, Residual, Scheduling, Session, SessionConfig, WireCounts,
 };
-use iscsi_scsi::{Backstore, RamBackstore};
+use iscsi_scsi::Backstore;
+use iscsi_stores::RamBackstore;
 use iscsi_target::{Server, TargetConfig, TargetEntry};
 use rand::RngCore;
 use tokio::sync::oneshot;

@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 
 use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
 use iscsi_proto::pdu::{TaskFunction, TaskResponse};
-use iscsi_scsi::{Backstore, RamBackstore, SlowBackstore};
+use iscsi_scsi::Backstore;
+use iscsi_stores::{RamBackstore, SlowBackstore};
 
 const TARGET: &str = "iqn.2026-11.rs.iscsi:task-management-tests";
 const BLOCK: u32 = 512;

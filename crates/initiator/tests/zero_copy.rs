@@ -16,7 +16,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
-use iscsi_scsi::{Backstore, RamBackstore};
+use iscsi_scsi::Backstore;
+use iscsi_stores::RamBackstore;
 
 const TARGET: &str = "iqn.2026-11.rs.iscsi:zero-copy-tests";
 const BLOCK: u32 = 512;

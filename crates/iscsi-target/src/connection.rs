@@ -130,7 +130,7 @@ const BUFFERS_KEPT: usize = 64;
 const PIECES_KEPT: usize = 1024;
 
 // A write's pieces are what a RAM store can keep as its chunks.
-const _: () = assert!(WRITE_PIECE == iscsi_scsi::backstore::RAM_CHUNK_SIZE);
+const _: () = assert!(WRITE_PIECE == iscsi_stores::RAM_CHUNK_SIZE);
 
 /// Tags of aborted writes remembered per connection, to drop their late
 /// Data-Out quietly: far more than the commands that can be in flight.

@@ -11,7 +11,7 @@ pub enum DataOut<'a> {
     /// One contiguous buffer.
     Flat(&'a [u8]),
     /// The first `len` bytes of the concatenation of `pieces` (each of
-    /// [`crate::backstore::RAM_CHUNK_SIZE`] but the last, as a transport
+    /// `iscsi_stores::RAM_CHUNK_SIZE` but the last, as a transport
     /// receives large writes).
     /// A WRITE hands them to the store, which may keep some and give
     /// other buffers back in their place; every other command sees them

@@ -31,7 +31,7 @@
 //! | [`sanitize`] | SANITIZE OVERWRITE, BLOCK ERASE, EXIT FAILURE MODE (SBC-4 §4.11, §5.30); the LU's sanitize state that gates other commands |
 //! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
 //! | `data_out.rs` | [`DataOut`]: a command's Data-Out, in one buffer or in pieces a WRITE hands to [`Backstore::write_pieces`] |
-//! | [`backstore`] | the [`Backstore`] trait; [`RamBackstore`] (sparse), [`FileBackstore`], [`BlockBackstore`]; [`WithOptions`] (any store with [`LuOptions`]) |
+//! | [`backstore`] | the [`Backstore`] trait, [`AsyncIo`], the shared reservation store's trait; the stores themselves are in `iscsi-stores` and `iscsi-ceph` |
 
 pub mod alua;
 pub mod atomic;
@@ -56,6 +56,8 @@ pub mod sbc;
 /// name the same types.
 pub use iscsi_sense as sense;
 pub mod spc;
+#[cfg(test)]
+mod test_store;
 pub mod xcopy;
 
 use std::collections::HashSet;
@@ -65,9 +67,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 pub use backstore::{
-    Allocation, AsyncIo, Backstore, BackstoreOpenError, BlockBackstore, EncryptedBackstore,
-    FileBackstore, IoFuture, Lent, PrEvent, PrEventHandler, RamBackstore, RamBackstoreError,
-    SharedPrStore, SlowBackstore, WithOptions, WriteData,
+    Allocation, AsyncIo, Backstore, BackstoreOpenError, IoFuture, Lent, PrEvent, PrEventHandler,
+    SharedPrStore, WriteData,
 };
 pub use medium::LuOptions;
 pub use nexus::{Nexus, NexusKey};

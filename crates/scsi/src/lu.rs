@@ -411,13 +411,13 @@ impl Drop for AsyncWritePermit {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::RamBackstore;
+    use crate::test_store::TestStore;
 
     /// A write checked before the epoch moved (a rejoin) does not start
     /// after it, shared or exclusive; one checked after it does.
     #[test]
     fn a_write_checked_before_the_epoch_moved_is_refused() {
-        let store: Arc<dyn Backstore> = Arc::new(RamBackstore::new(1 << 20, 512, 1).unwrap());
+        let store: Arc<dyn Backstore> = Arc::new(TestStore::new(1 << 20, 512, 1));
         let lu = LogicalUnit::new(store, KnownNexuses::default());
         let before = lu.io_epoch();
         assert!(lu.write_shared_at(before).is_ok());

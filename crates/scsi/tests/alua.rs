@@ -12,7 +12,8 @@ use std::sync::Arc;
 use common::*;
 use iscsi_scsi::alua::{self, AccessState, AluaGroup, AluaView};
 use iscsi_scsi::cdb::opcode::*;
-use iscsi_scsi::{Backstore, Nexus, RamBackstore, ScsiTarget, Sense, TargetIdentity};
+use iscsi_scsi::{Backstore, Nexus, ScsiTarget, Sense, TargetIdentity};
+use iscsi_stores::RamBackstore;
 
 /// One gateway's view of the shared image.
 #[derive(Debug)]

@@ -11,8 +11,10 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use iscsi_scsi::{
-    Asc, Backstore, BlockBackstore, CommandOutcome, DataOut, EncryptedBackstore, FileBackstore,
-    Nexus, RamBackstore, ScsiTarget, SenseKey, SlowBackstore, encode_lun, status,
+    Asc, Backstore, CommandOutcome, DataOut, Nexus, ScsiTarget, SenseKey, encode_lun, status,
+};
+use iscsi_stores::{
+    BlockBackstore, EncryptedBackstore, FileBackstore, RamBackstore, SlowBackstore,
 };
 
 /// WRITE ATOMIC(16): byte 1 flags, LBA, ATOMIC BOUNDARY, TRANSFER LENGTH.
@@ -212,7 +214,7 @@ fn a_reader_never_sees_a_torn_atomic_write() {
                         // In pieces of a chunk, as the transport hands a
                         // large write over (`Backstore::write_pieces`).
                         let mut pieces: Vec<Vec<u8>> = vec![fill; len]
-                            .chunks(iscsi_scsi::backstore::RAM_CHUNK_SIZE)
+                            .chunks(iscsi_stores::RAM_CHUNK_SIZE)
                             .map(<[u8]>::to_vec)
                             .collect();
                         let data = DataOut::Pieces {

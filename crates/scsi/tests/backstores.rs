@@ -8,7 +8,8 @@ use std::process::Command;
 use std::sync::Arc;
 
 use common::*;
-use iscsi_scsi::{Backstore, BackstoreOpenError, BlockBackstore, FileBackstore, RamBackstore};
+use iscsi_scsi::{Backstore, BackstoreOpenError};
+use iscsi_stores::{BlockBackstore, FileBackstore, RamBackstore};
 
 #[test]
 fn file_round_trip_and_geometry() {
@@ -261,7 +262,7 @@ fn every_store_takes_writes_in_pieces() {
             Box::new(BlockBackstore::open(&block_path, true, 4).unwrap()),
         ),
     ];
-    let chunk = iscsi_scsi::backstore::RAM_CHUNK_SIZE;
+    let chunk = iscsi_stores::RAM_CHUNK_SIZE;
     for (name, store) in stores {
         for (offset, lens, len) in [
             (0u64, vec![chunk, chunk, 512], 2 * chunk + 512),

@@ -3,9 +3,10 @@
 use std::sync::Arc;
 
 use iscsi_scsi::{
-    Asc, Backstore, CommandOutcome, DataDirection, Nexus, RamBackstore, ScsiTarget, Sense,
-    SenseKey, TargetIdentity, command_info, encode_lun, status,
+    Asc, Backstore, CommandOutcome, DataDirection, Nexus, ScsiTarget, Sense, SenseKey,
+    TargetIdentity, command_info, encode_lun, status,
 };
+use iscsi_stores::RamBackstore;
 
 const TARGET_NAME: &str = "iqn.2026-01.rs.iscsi:disk1";
 
@@ -794,7 +795,7 @@ fn data_out_in_pieces() {
     let (t, _) = target(&[(1 << 20, 512)]);
     let mut seed = 11;
     let data = random_bytes(&mut seed, 192 * 1024 + 512);
-    let piece = iscsi_scsi::backstore::RAM_CHUNK_SIZE;
+    let piece = iscsi_stores::RAM_CHUNK_SIZE;
     let in_pieces = |data: &[u8]| data.chunks(piece).map(<[u8]>::to_vec).collect::<Vec<_>>();
     let exec = |cdb: &[u8], pieces: &mut Vec<Vec<u8>>, len: usize| {
         let (mut data_in, mut lent) = (Vec::new(), Vec::new());

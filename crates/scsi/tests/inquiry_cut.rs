@@ -70,7 +70,8 @@ fn device_identification_descriptors_tile_the_page() {
 fn the_naa_designator_carries_the_company_id() {
     use std::sync::Arc;
 
-    use iscsi_scsi::{Backstore, RamBackstore, ScsiTarget, TargetIdentity, spc};
+    use iscsi_scsi::{Backstore, ScsiTarget, TargetIdentity, spc};
+    use iscsi_stores::RamBackstore;
     let ram: Arc<dyn Backstore> = Arc::new(RamBackstore::new(1 << 20, 512, 0x1234).unwrap());
     let mut id = TargetIdentity::new("iqn.2026-01.rs.iscsi:t");
     assert_eq!(id.naa_company_id, spc::NAA_COMPANY_ID);

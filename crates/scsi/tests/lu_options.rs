@@ -7,9 +7,8 @@ mod common;
 use std::sync::Arc;
 
 use common::*;
-use iscsi_scsi::{
-    Backstore, LuOptions, RamBackstore, ScsiTarget, Sense, TargetIdentity, TargetReset, WithOptions,
-};
+use iscsi_scsi::{Backstore, LuOptions, ScsiTarget, Sense, TargetIdentity, TargetReset};
+use iscsi_stores::{RamBackstore, WithOptions};
 
 fn target_with(options: LuOptions) -> ScsiTarget {
     let ram: Arc<dyn Backstore> = Arc::new(RamBackstore::new(1 << 20, 512, 0x77).unwrap());

@@ -312,7 +312,7 @@ fn unmap_is_reported_only_where_it_is_offered() {
         .unwrap()
         .set_len(1 << 20)
         .unwrap();
-    let block = iscsi_scsi::BlockBackstore::open(&path, false, 9).unwrap();
+    let block = iscsi_stores::BlockBackstore::open(&path, false, 9).unwrap();
     let full = target_over(std::sync::Arc::new(block));
     let (thin, _) = ram_target(1 << 20, 512);
     let n = nexus(1);

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use iscsi_scsi::opcodes::COMMANDS;
 use iscsi_scsi::{
-    Backstore, CommandOutcome, Nexus, RamBackstore, ScsiTarget, TargetIdentity, command_info,
-    status,
+    Backstore, CommandOutcome, Nexus, ScsiTarget, TargetIdentity, command_info, status,
 };
+use iscsi_stores::RamBackstore;
 use proptest::prelude::*;
 
 fn target() -> ScsiTarget {

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use common::*;
 use iscsi_scsi::{
-    AsyncIo, Backstore, CommandOutcome, DataOut, IoFuture, Planned, PlannedIo, RamBackstore,
-    ScsiTarget, Sense, Transfer, WriteData, encode_lun, status,
+    AsyncIo, Backstore, CommandOutcome, DataOut, IoFuture, Planned, PlannedIo, ScsiTarget, Sense,
+    Transfer, WriteData, encode_lun, status,
 };
+use iscsi_stores::RamBackstore;
 use tokio::sync::oneshot;
 
 /// A RAM disk with asynchronous I/O: a write waits for `gate` when one is

@@ -11,9 +11,10 @@ use std::thread;
 
 use common::*;
 use iscsi_scsi::{
-    Asc, Backstore, CommandOutcome, DataDirection, RamBackstore, ScsiTarget, Sense, SenseKey,
-    command_info, status,
+    Asc, Backstore, CommandOutcome, DataDirection, ScsiTarget, Sense, SenseKey, command_info,
+    status,
 };
+use iscsi_stores::RamBackstore;
 
 /// A RAM disk that counts flushes.
 #[derive(Debug)]

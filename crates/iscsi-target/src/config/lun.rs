@@ -12,9 +12,9 @@ use iscsi_scsi::alua::GatewayGroup;
 use std::sync::Arc;
 use std::time::Duration;
 
-use iscsi_scsi::{
-    Backstore, BlockBackstore, EncryptedBackstore, FileBackstore, LuOptions, RamBackstore,
-    SlowBackstore, WithOptions,
+use iscsi_scsi::{Backstore, LuOptions};
+use iscsi_stores::{
+    BlockBackstore, EncryptedBackstore, FileBackstore, RamBackstore, SlowBackstore, WithOptions,
 };
 
 /// What a LUN specification names, parsed but not opened.

@@ -22,7 +22,8 @@ pub use iscsi_proto::pdu::{
 };
 pub use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
 pub use iscsi_proto::text::{Digest, NegotiatedParameters, NegotiationConfig};
-pub use iscsi_scsi::{Backstore, RamBackstore};
+pub use iscsi_scsi::Backstore;
+pub use iscsi_stores::RamBackstore;
 pub use iscsi_target::{Server, TargetConfig, TargetEntry};
 pub use tokio::io::AsyncWriteExt;
 pub use tokio::net::TcpStream;

@@ -1,196 +1,23 @@
 //! Backstores: the storage behind a logical unit. Owns the [`Backstore`]
-//! trait (byte-addressed, synchronous, shared between sessions) and its
-//! implementations. A store beyond one machine lives in a crate of its own
-//! (`iscsi-ceph`: RBD) and implements the trait from there.
-//!
-//! | module | owns |
-//! |---|---|
-//! | `ram.rs` | [`RamBackstore`]: sparse, 64 KiB chunks allocated on first non-zero write |
-//! | `file.rs` | [`FileBackstore`]: a regular (possibly sparse) file, UNMAP punches holes |
-//! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
-//! | `slow.rs` | [`SlowBackstore`]: any store behind a fixed latency (a slow device, for tests) |
-//! | `encrypted.rs` | [`EncryptedBackstore`]: any store kept encrypted (AES-256-XTS) under a key that SANITIZE CRYPTOGRAPHIC ERASE replaces |
-//! | `options.rs` | [`WithOptions`]: any store with LU options (read-only, removable, physical block size) |
+//! trait (byte-addressed, synchronous, shared between sessions), what a
+//! store may do faster than the generic path (lending its memory, copy and
+//! compare offloads, [`AsyncIo`]), and the checks every store makes. The
+//! stores themselves live in rooms of their own and implement the trait
+//! from there: `iscsi-stores` (RAM, file, block device, and the wrappers:
+//! options, latency, encryption), `iscsi-ceph` (an RBD image, gateway
+//! groups).
 //!
 //! The SCSI layer has already range-checked every request in LBAs before it
 //! reaches a backstore; a backstore still refuses out-of-range byte ranges
 //! with an I/O error rather than panicking.
 
-/// Writes the named [`Backstore`] methods of a store that wraps another
-/// (options, latency, encryption) as calls of the same method of its
-/// field `$inner`: each wrapper spells out only what it changes, and says
-/// by name what it passes through. A method left out gets the trait's
-/// default, which is seldom what a wrapper means: name every one it does
-/// not write itself. (Defined before the modules, which see it in
-/// textual scope.)
-macro_rules! delegate {
-    ($inner:ident => $($method:ident),+ $(,)?) => { $( delegate!(@ $inner $method); )+ };
-    (@ $i:ident block_size) => {
-        fn block_size(&self) -> u32 { self.$i.block_size() }
-    };
-    (@ $i:ident block_count) => {
-        fn block_count(&self) -> u64 { self.$i.block_count() }
-    };
-    (@ $i:ident read_at) => {
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-            self.$i.read_at(offset, buf)
-        }
-    };
-    (@ $i:ident write_at) => {
-        fn write_at(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
-            self.$i.write_at(offset, buf)
-        }
-    };
-    (@ $i:ident lend) => {
-        fn lend(
-            &self,
-            offset: u64,
-            len: usize,
-        ) -> Option<std::io::Result<Vec<$crate::backstore::Lent>>> {
-            self.$i.lend(offset, len)
-        }
-    };
-    (@ $i:ident write_pieces) => {
-        fn write_pieces(
-            &self,
-            offset: u64,
-            pieces: &mut [Vec<u8>],
-            len: usize,
-        ) -> std::io::Result<()> {
-            self.$i.write_pieces(offset, pieces, len)
-        }
-    };
-    (@ $i:ident write_pieces_through) => {
-        fn write_pieces_through(
-            &self,
-            offset: u64,
-            pieces: &mut [Vec<u8>],
-            len: usize,
-        ) -> std::io::Result<()> {
-            self.$i.write_pieces_through(offset, pieces, len)
-        }
-    };
-    (@ $i:ident flush) => {
-        fn flush(&self) -> std::io::Result<()> { self.$i.flush() }
-    };
-    (@ $i:ident unmap) => {
-        fn unmap(&self, offset: u64, len: u64) -> std::io::Result<()> { self.$i.unmap(offset, len) }
-    };
-    (@ $i:ident unique_id) => {
-        fn unique_id(&self) -> u64 { self.$i.unique_id() }
-    };
-    (@ $i:ident write_through) => {
-        fn write_through(&self, offset: u64, buf: &[u8]) -> std::io::Result<()> {
-            self.$i.write_through(offset, buf)
-        }
-    };
-    (@ $i:ident is_thin) => {
-        fn is_thin(&self) -> bool { self.$i.is_thin() }
-    };
-    (@ $i:ident may_block) => {
-        fn may_block(&self) -> bool { self.$i.may_block() }
-    };
-    (@ $i:ident async_io) => {
-        fn async_io(&self) -> Option<std::sync::Arc<dyn $crate::backstore::AsyncIo>> {
-            self.$i.async_io()
-        }
-    };
-    (@ $i:ident unmap_granularity) => {
-        fn unmap_granularity(&self) -> u64 { self.$i.unmap_granularity() }
-    };
-    (@ $i:ident file) => {
-        fn file(&self) -> Option<&std::fs::File> { self.$i.file() }
-    };
-    (@ $i:ident copy_from) => {
-        fn copy_from(
-            &self,
-            src: &dyn $crate::backstore::Backstore,
-            src_offset: u64,
-            dst_offset: u64,
-            len: u64,
-        ) -> std::io::Result<()> {
-            self.$i.copy_from(src, src_offset, dst_offset, len)
-        }
-    };
-    (@ $i:ident atomic_write_max) => {
-        fn atomic_write_max(&self) -> u64 { self.$i.atomic_write_max() }
-    };
-    (@ $i:ident can_block_erase) => {
-        fn can_block_erase(&self) -> bool { self.$i.can_block_erase() }
-    };
-    (@ $i:ident can_crypto_erase) => {
-        fn can_crypto_erase(&self) -> bool { self.$i.can_crypto_erase() }
-    };
-    (@ $i:ident crypto_erase) => {
-        fn crypto_erase(&self) -> std::io::Result<()> { self.$i.crypto_erase() }
-    };
-    (@ $i:ident lu_options) => {
-        fn lu_options(&self) -> $crate::LuOptions { self.$i.lu_options() }
-    };
-    (@ $i:ident compare_and_write) => {
-        fn compare_and_write(
-            &self,
-            offset: u64,
-            expect: &[u8],
-            data: &[u8],
-            through: bool,
-        ) -> Option<std::io::Result<Option<u64>>> {
-            self.$i.compare_and_write(offset, expect, data, through)
-        }
-    };
-    (@ $i:ident write_same) => {
-        fn write_same(
-            &self,
-            offset: u64,
-            len: u64,
-            pattern: &[u8],
-            through: bool,
-        ) -> Option<std::io::Result<()>> {
-            self.$i.write_same(offset, len, pattern, through)
-        }
-    };
-    (@ $i:ident take_capacity_change) => {
-        fn take_capacity_change(&self) -> bool { self.$i.take_capacity_change() }
-    };
-    (@ $i:ident shared_pr) => {
-        fn shared_pr(&self) -> Option<std::sync::Arc<dyn $crate::backstore::SharedPrStore>> {
-            self.$i.shared_pr()
-        }
-    };
-    (@ $i:ident alua) => {
-        fn alua(&self) -> Option<std::sync::Arc<$crate::alua::AluaGroup>> { self.$i.alua() }
-    };
-    (@ $i:ident allocation_status) => {
-        fn allocation_status(
-            &self,
-            offset: u64,
-            max_len: u64,
-        ) -> std::io::Result<$crate::backstore::Allocation> {
-            self.$i.allocation_status(offset, max_len)
-        }
-    };
-}
-
 mod async_io;
-mod block;
-mod encrypted;
-mod file;
-mod options;
-mod ram;
-mod slow;
 
 use std::fmt;
 use std::io;
 use std::sync::Arc;
 
 pub use async_io::{AsyncIo, IoFuture, WriteData};
-pub use block::{BlockBackstore, MEM_ALIGN};
-pub use encrypted::{EncryptedBackstore, KEY_LEN};
-pub use file::FileBackstore;
-pub use file::copy_file_range_all;
-pub use options::WithOptions;
-pub use ram::{RAM_CHUNK_SIZE, RamBackstore, RamBackstoreError};
-pub use slow::SlowBackstore;
 
 /// A piece of a store's own memory lent to a READ ([`Backstore::lend`]),
 /// with the CRC32C of the whole piece when the store can tell it without
@@ -291,7 +118,7 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     }
     /// Writes the first `len` bytes of the concatenation of `pieces` at
     /// `offset` (a transport receives a large write in pieces of
-    /// [`RAM_CHUNK_SIZE`], so that it lands in its final place as it
+    /// `iscsi_stores::RAM_CHUNK_SIZE`, so that it lands in its final place as it
     /// arrives). A store whose memory is made of such chunks (RAM) keeps a
     /// piece of exactly that length that lands on one whole chunk, leaving
     /// in its place a buffer of the same length with unspecified contents
@@ -411,7 +238,7 @@ pub trait Backstore: Send + Sync + fmt::Debug {
 
     /// Whether SANITIZE CRYPTOGRAPHIC ERASE (SBC-4 §4.11) is honest on this
     /// store: its data is kept encrypted and [`Backstore::crypto_erase`]
-    /// replaces the key ([`EncryptedBackstore`]).
+    /// replaces the key (`iscsi_stores::EncryptedBackstore`).
     fn can_crypto_erase(&self) -> bool {
         false
     }
@@ -434,7 +261,7 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     }
 
     /// The options of the LU this store is the medium of (read-only,
-    /// removable, physical block size): [`WithOptions`] sets them, any
+    /// removable, physical block size): `iscsi_stores::WithOptions` sets them, any
     /// other store has none.
     fn lu_options(&self) -> crate::LuOptions {
         crate::LuOptions::DEFAULT
@@ -512,7 +339,7 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     }
 }
 
-/// Why a [`FileBackstore`] or [`BlockBackstore`] could not be opened.
+/// Why a store could not be opened (a file, a block device, an RBD image).
 #[derive(Debug)]
 pub enum BackstoreOpenError {
     /// Opening, sizing or inspecting the file failed.
@@ -592,13 +419,11 @@ pub fn check_pieces(pieces: &[Vec<u8>], len: usize) -> io::Result<()> {
     Ok(())
 }
 
-/// Writes the first `len` bytes of the concatenation of `pieces` to `file`
-/// at `offset` in vectored writes (`pwritev`), resumed after a short one.
 /// Calls `write` with each piece's share of the first `len` bytes of the
 /// concatenation of `pieces` and the offset it goes to from `offset`, in
 /// order, stopping at the first failure: how a store without a vectored
 /// write takes [`Backstore::write_pieces`].
-pub(crate) fn for_each_piece(
+pub fn for_each_piece(
     offset: u64,
     pieces: &[Vec<u8>],
     len: usize,
@@ -616,71 +441,6 @@ pub(crate) fn for_each_piece(
         left -= n;
     }
     Ok(())
-}
-
-pub(crate) fn write_pieces_at(
-    file: &std::fs::File,
-    offset: u64,
-    pieces: &[Vec<u8>],
-    len: usize,
-) -> io::Result<()> {
-    check_pieces(pieces, len)?;
-    let mut slices: Vec<&[u8]> = Vec::with_capacity(pieces.len());
-    let mut left = len;
-    for piece in pieces {
-        let n = piece.len().min(left);
-        if n > 0 {
-            slices.push(&piece[..n]);
-        }
-        left -= n;
-    }
-    let mut at = offset;
-    let mut first = 0;
-    while first < slices.len() {
-        // At most IOV_MAX (1024) slices per call.
-        let batch: Vec<io::IoSlice<'_>> = slices[first..]
-            .iter()
-            .take(1024)
-            .map(|s| io::IoSlice::new(s))
-            .collect();
-        let mut written = match rustix::io::pwritev(file, &batch, at) {
-            Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-            Ok(n) => n,
-            Err(rustix::io::Errno::INTR) => continue,
-            Err(e) => return Err(e.into()),
-        };
-        at += written as u64;
-        // Drop the slices written whole, cut the one written in part.
-        while let Some(slice) = slices.get_mut(first) {
-            if written < slice.len() {
-                *slice = &slice[written..];
-                break;
-            }
-            written -= slice.len();
-            first += 1;
-        }
-    }
-    Ok(())
-}
-
-/// Fills `dst` from the concatenation of `pieces`, starting at byte
-/// `from` of it (the caller has checked that enough bytes are there).
-pub(crate) fn copy_from_pieces(pieces: &[Vec<u8>], from: usize, dst: &mut [u8]) {
-    let mut skip = from;
-    let mut done = 0;
-    for piece in pieces {
-        if done == dst.len() {
-            break;
-        }
-        if skip >= piece.len() {
-            skip -= piece.len();
-            continue;
-        }
-        let n = (piece.len() - skip).min(dst.len() - done);
-        dst[done..done + n].copy_from_slice(&piece[skip..skip + n]);
-        done += n;
-        skip = 0;
-    }
 }
 
 /// The largest buffer [`copy_through_memory`] reads into at once: a copy
@@ -727,62 +487,4 @@ pub fn copy_through_memory<D: Backstore + ?Sized>(
         done += n as u64;
     }
     Ok(())
-}
-
-/// Zero-fill granule for stores that cannot deallocate.
-const ZERO_CHUNK: usize = 1024 * 1024;
-
-/// Writes zeros over `[offset, offset + len)` through `write`, one bounded
-/// chunk at a time (the UNMAP fallback where punching holes is unsupported).
-pub(crate) fn write_zeros(
-    offset: u64,
-    len: u64,
-    mut write: impl FnMut(u64, &[u8]) -> io::Result<()>,
-) -> io::Result<()> {
-    let zeros = vec![0u8; usize::try_from(len).unwrap_or(ZERO_CHUNK).min(ZERO_CHUNK)];
-    let mut done = 0u64;
-    while done < len {
-        let n = (len - done).min(zeros.len() as u64);
-        let chunk = zeros.get(..usize::try_from(n).unwrap_or(0)).unwrap_or(&[]);
-        write(offset + done, chunk)?;
-        done += n;
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn copy_from_pieces_starts_anywhere() {
-        let pieces = vec![vec![1u8, 2, 3], vec![], vec![4, 5], vec![6, 7, 8, 9]];
-        let all: Vec<u8> = (1..=9).collect();
-        for from in 0..9 {
-            for n in 0..=9 - from {
-                let mut dst = vec![0u8; n];
-                copy_from_pieces(&pieces, from, &mut dst);
-                assert_eq!(dst, all[from..from + n], "from {from}, {n} bytes");
-            }
-        }
-    }
-
-    #[test]
-    fn write_pieces_at_writes_them_in_order() {
-        let file = tempfile::tempfile().unwrap();
-        let pieces = vec![vec![1u8; 3000], vec![2; 5000], vec![3; 100]];
-        write_pieces_at(&file, 10, &pieces, 8050).unwrap();
-        let mut back = vec![0u8; 8060];
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut back, 0).unwrap();
-        assert!(back[..10].iter().all(|&b| b == 0));
-        assert!(back[10..3010].iter().all(|&b| b == 1));
-        assert!(back[3010..8010].iter().all(|&b| b == 2));
-        assert!(back[8010..8060].iter().all(|&b| b == 3));
-        assert_eq!(
-            file.metadata().unwrap().len(),
-            8060,
-            "nothing past the length"
-        );
-        assert!(write_pieces_at(&file, 0, &pieces, 9000).is_err());
-    }
 }

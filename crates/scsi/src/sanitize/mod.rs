@@ -10,7 +10,7 @@
 //!   drops its chunks, a file has holes punched and is synced).
 //! - CRYPTOGRAPHIC ERASE replaces the key of an encrypted store
 //!   ([`Backstore::can_crypto_erase`]: `,encrypt`, see
-//!   `backstore::EncryptedBackstore`), then flushes; on any other store it
+//!   `iscsi_stores::EncryptedBackstore`), then flushes; on any other store it
 //!   is refused (ILLEGAL REQUEST, INVALID FIELD IN CDB) and not listed as
 //!   supported.
 //!

@@ -309,16 +309,16 @@ fn parse_segments(
     Ok(out)
 }
 
-/// A parameter list as an initiator sends it (for tests): list identifier
-/// `list_id`, an identification CSCD descriptor per designator of `ids`,
-/// then a block-to-block segment per (source CSCD, destination CSCD,
-/// blocks, source LBA, destination LBA) of `segs`.
-#[cfg(test)]
-pub(super) fn encode_list(
-    list_id: u8,
-    ids: &[[u8; 16]],
-    segs: &[(u16, u16, u16, u64, u64)],
-) -> Vec<u8> {
+/// A parameter list as an initiator sends it (tests, and a tool that
+/// copies): list identifier `list_id`, an identification CSCD descriptor
+/// (NAA, 16 bytes) per designator of `ids`, then a block-to-block segment
+/// per (source CSCD, destination CSCD, blocks, source LBA, destination
+/// LBA) of `segs`.
+///
+/// # Panics
+/// With more descriptors than the list's length fields can count (over
+/// 2,047 CSCDs).
+pub fn encode_list(list_id: u8, ids: &[[u8; 16]], segs: &[(u16, u16, u16, u64, u64)]) -> Vec<u8> {
     let mut v = vec![0u8; HEADER_LEN];
     v[0] = list_id;
     v[2..4].copy_from_slice(&u16::try_from(ids.len() * CSCD_LEN).unwrap().to_be_bytes());

@@ -3,7 +3,8 @@
 
 use super::parse::HEADER_LEN;
 use super::*;
-use crate::{CommandOutcome, Nexus, RamBackstore, TargetIdentity, status};
+use crate::test_store::TestStore;
+use crate::{CommandOutcome, Nexus, TargetIdentity, status};
 
 fn nexus(isid: u64) -> Nexus {
     Nexus::iscsi("iqn.2024-01.test:init", isid, 1)
@@ -16,7 +17,7 @@ fn next_id() -> u64 {
 }
 
 fn ram(mib: u64) -> Arc<dyn Backstore> {
-    Arc::new(RamBackstore::new(mib << 20, 512, next_id()).unwrap())
+    Arc::new(TestStore::new(mib << 20, 512, next_id()))
 }
 
 fn naa(store: &Arc<dyn Backstore>) -> [u8; 16] {
@@ -119,40 +120,6 @@ fn copies_larger_than_a_piece_and_overlapping_within_one_lu() {
     assert_eq!(xcopy(&t, &nexus(1), 0, &p), CommandOutcome::GOOD);
     a.read_at(10 * 512, &mut back).unwrap();
     assert!(back == data, "overlapping copy downwards");
-}
-
-#[test]
-fn copies_between_file_luns() {
-    let dir = tempfile::tempdir().unwrap();
-    let open = |name: &str| -> Arc<dyn Backstore> {
-        Arc::new(
-            crate::FileBackstore::open(dir.path().join(name), Some(8 << 20), 512, next_id())
-                .unwrap(),
-        )
-    };
-    let (a, b) = (open("a"), open("b"));
-    let data = pattern(6 << 20, 5);
-    a.write_at(512, &data).unwrap();
-    let t = ScsiTarget::new(
-        TargetIdentity::new("t"),
-        vec![Arc::clone(&a), Arc::clone(&b)],
-    );
-    let blocks = u16::try_from(data.len() / 512).unwrap();
-    let p = list(&[naa(&a), naa(&b)], &[(0, 1, blocks, 1, 3)]);
-    assert_eq!(xcopy(&t, &nexus(1), 1, &p), CommandOutcome::GOOD);
-    let mut back = vec![0u8; data.len()];
-    b.read_at(3 * 512, &mut back).unwrap();
-    assert!(back == data);
-    // File to RAM and back goes through memory.
-    let r = ram(8);
-    t.add_lun(2, Arc::clone(&r)).unwrap();
-    let p = list(&[naa(&b), naa(&r)], &[(0, 1, blocks, 3, 0)]);
-    let n = nexus(1);
-    // The first command after the LUN was added reports the change.
-    let _ = xcopy(&t, &n, 0, &p);
-    assert_eq!(xcopy(&t, &n, 0, &p), CommandOutcome::GOOD);
-    r.read_at(0, &mut back).unwrap();
-    assert!(back == data);
 }
 
 #[test]
@@ -379,7 +346,7 @@ fn the_fuzz_seeds_copy() {
     // makes them: both must run whole, so the fuzzer starts from copies
     // that reach the data path.
     let luns: Vec<Arc<dyn Backstore>> = (1..=2)
-        .map(|id| Arc::new(RamBackstore::new(1 << 20, 512, id).unwrap()) as Arc<dyn Backstore>)
+        .map(|id| Arc::new(TestStore::new(1 << 20, 512, id)) as Arc<dyn Backstore>)
         .collect();
     let t = ScsiTarget::new(TargetIdentity::new("t"), luns);
     for seed in [

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 
 use iscsi_scsi::{
-    Backstore, CommandOutcome, Nexus, RamBackstore, ScsiTarget, Sense, TargetIdentity, encode_lun,
-    status,
+    Backstore, CommandOutcome, Nexus, ScsiTarget, Sense, TargetIdentity, encode_lun, status,
 };
+use iscsi_stores::RamBackstore;
 
 /// Initiator port `i` (ISID `i`) through target port 1.
 pub fn nexus(i: u64) -> Nexus {

@@ -16,8 +16,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use rustix::fs::{FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 
-use super::{
-    Allocation, Backstore, BackstoreOpenError, check_block_size, check_range, write_zeros,
+use crate::pieces::write_zeros;
+use iscsi_scsi::backstore::{
+    Allocation, Backstore, BackstoreOpenError, check_block_size, check_range, out_of_range,
 };
 
 /// A logical unit backed by a regular file.
@@ -45,9 +46,7 @@ pub(crate) fn read_full(file: &File, mut offset: u64, mut buf: &mut [u8]) -> io:
                 let rest = std::mem::take(&mut buf);
                 let n = n.min(rest.len());
                 buf = rest.get_mut(n..).unwrap_or_default();
-                offset = offset
-                    .checked_add(n as u64)
-                    .ok_or_else(super::out_of_range)?;
+                offset = offset.checked_add(n as u64).ok_or_else(out_of_range)?;
             }
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
@@ -199,7 +198,7 @@ impl Backstore for FileBackstore {
     /// One vectored write of all the pieces.
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
         check_range(offset, len as u64, self.size)?;
-        super::write_pieces_at(&self.file, offset, pieces, len)
+        crate::pieces::write_pieces_at(&self.file, offset, pieces, len)
     }
 
     fn flush(&self) -> io::Result<()> {
@@ -226,7 +225,13 @@ impl Backstore for FileBackstore {
             Some(f) => copy_file_range_all(f, src_offset, &self.file, dst_offset, len)?,
             None => 0,
         };
-        super::copy_through_memory(src, src_offset + done, self, dst_offset + done, len - done)
+        iscsi_scsi::backstore::copy_through_memory(
+            src,
+            src_offset + done,
+            self,
+            dst_offset + done,
+            len - done,
+        )
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
@@ -266,7 +271,7 @@ impl Backstore for FileBackstore {
     fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
         check_range(offset, max_len, self.size)?;
         if max_len == 0 {
-            return Err(super::out_of_range());
+            return Err(out_of_range());
         }
         let end = offset + max_len;
         let mapped_all = Allocation {

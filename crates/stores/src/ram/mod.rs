@@ -9,7 +9,7 @@ use std::sync::{Arc, LazyLock, OnceLock, PoisonError, RwLockWriteGuard};
 use bytes::Bytes;
 use iscsi_crc32c::KnownCrc32c;
 
-use super::{Allocation, Backstore, Lent};
+use iscsi_scsi::backstore::{Allocation, Backstore, Lent};
 use table::{ChunkTable, Locked};
 
 /// Why a [`RamBackstore`] could not be created.
@@ -319,7 +319,7 @@ impl Backstore for RamBackstore {
     /// (it holds all its chunks' locks at once).
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
         self.check_range(offset, len as u64)?;
-        super::check_pieces(pieces, len)?;
+        iscsi_scsi::backstore::check_pieces(pieces, len)?;
         if len == 0 {
             return Ok(());
         }

@@ -6,8 +6,8 @@
 
 use std::sync::Arc;
 
-use super::Backstore;
-use crate::LuOptions;
+use iscsi_scsi::LuOptions;
+use iscsi_scsi::backstore::Backstore;
 
 /// `inner`, reporting `options`; every access goes straight through.
 #[derive(Debug)]

@@ -34,7 +34,7 @@ use aes::Aes256;
 use aes::cipher::{Array, KeyInit};
 use xts_mode::{Xts128, get_tweak_default};
 
-use super::Backstore;
+use iscsi_scsi::backstore::Backstore;
 
 /// The XTS data unit: the smallest logical block.
 const UNIT: usize = 512;
@@ -230,7 +230,7 @@ impl Backstore for EncryptedBackstore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backstore::{FileBackstore, RamBackstore};
+    use crate::{FileBackstore, RamBackstore};
 
     fn ram(size: u64) -> Arc<dyn Backstore> {
         Arc::new(RamBackstore::new(size, 512, 7).unwrap())

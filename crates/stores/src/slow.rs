@@ -8,7 +8,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{Backstore, Lent};
+use iscsi_scsi::backstore::{Backstore, Lent};
 
 /// `inner`, every read, write, flush and unmap of which first waits
 /// `latency` (on the calling thread: commands to a store that

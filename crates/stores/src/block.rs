@@ -20,8 +20,11 @@ use std::sync::{Mutex, PoisonError};
 
 use rustix::fs::OFlags;
 
-use super::file::{read_full, try_punch_hole};
-use super::{Backstore, BackstoreOpenError, check_block_size, check_range, write_zeros};
+use crate::file::{read_full, try_punch_hole};
+use crate::pieces::write_zeros;
+use iscsi_scsi::backstore::{
+    Backstore, BackstoreOpenError, check_block_size, check_range, out_of_range,
+};
 
 /// Memory alignment of `O_DIRECT` bounce buffers (a page; at least any
 /// logical block size in use up to 4096).
@@ -149,18 +152,16 @@ impl BlockBackstore {
             let pos = offset + done as u64;
             let want = ((buf.len() - done) as u64).min(BOUNCE_MAX);
             let (start, end) = self.widen(pos, want);
-            let span = usize::try_from(end - start).map_err(|_| super::out_of_range())?;
+            let span = usize::try_from(end - start).map_err(|_| out_of_range())?;
             let mut bounce = Aligned::new(span, MEM_ALIGN.max(self.block_size as usize));
             read_full(&self.file, start, bounce.as_mut_slice())?;
-            let skip = usize::try_from(pos - start).map_err(|_| super::out_of_range())?;
+            let skip = usize::try_from(pos - start).map_err(|_| out_of_range())?;
             let n = usize::try_from(want).unwrap_or(0);
             let src = bounce
                 .as_slice()
                 .get(skip..skip + n)
-                .ok_or_else(super::out_of_range)?;
-            let dst = buf
-                .get_mut(done..done + n)
-                .ok_or_else(super::out_of_range)?;
+                .ok_or_else(out_of_range)?;
+            let dst = buf.get_mut(done..done + n).ok_or_else(out_of_range)?;
             dst.copy_from_slice(src);
             done += n;
         }
@@ -189,21 +190,21 @@ impl BlockBackstore {
             let pos = offset + done as u64;
             let want = ((len - done) as u64).min(BOUNCE_MAX);
             let (start, end) = self.widen(pos, want);
-            let span = usize::try_from(end - start).map_err(|_| super::out_of_range())?;
+            let span = usize::try_from(end - start).map_err(|_| out_of_range())?;
             let mut bounce = Aligned::new(span, MEM_ALIGN.max(self.block_size as usize));
             let partial = start != pos || end != pos + want;
             let _guard = partial.then(|| self.rmw.lock().unwrap_or_else(PoisonError::into_inner));
             if partial {
                 read_full(&self.file, start, bounce.as_mut_slice())?;
             }
-            let skip = usize::try_from(pos - start).map_err(|_| super::out_of_range())?;
+            let skip = usize::try_from(pos - start).map_err(|_| out_of_range())?;
             let n = usize::try_from(want).unwrap_or(0);
             fill(
                 done,
                 bounce
                     .as_mut_slice()
                     .get_mut(skip..skip + n)
-                    .ok_or_else(super::out_of_range)?,
+                    .ok_or_else(out_of_range)?,
             );
             self.file.write_all_at(bounce.as_slice(), start)?;
             done += n;
@@ -244,12 +245,12 @@ impl Backstore for BlockBackstore {
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
         check_range(offset, len as u64, self.size)?;
         if !self.direct {
-            return super::write_pieces_at(&self.file, offset, pieces, len);
+            return crate::pieces::write_pieces_at(&self.file, offset, pieces, len);
         }
-        super::check_pieces(pieces, len)?;
+        iscsi_scsi::backstore::check_pieces(pieces, len)?;
         let pieces = &*pieces;
         self.direct_write_from(offset, len, |from, dst| {
-            super::copy_from_pieces(pieces, from, dst);
+            crate::pieces::copy_from_pieces(pieces, from, dst);
         })
     }
 
