@@ -6,7 +6,7 @@
 //! The SCSI layer does not decide who owns an LU: something outside it (the
 //! RBD store's lock keeper) holds an [`AluaGroup`] and sets its
 //! [`AluaView`]; an LU whose store returns one from
-//! [`crate::Backstore::alua`] then answers
+//! [`crate::backstore::Backstore::alua`] then answers
 //! - INQUIRY with TPGS 01b (implicit ALUA only: there is no SET TARGET PORT
 //!   GROUPS, the owner is chosen from the cluster's state, not by a host),
 //!   and VPD 83h with the relative target port and target port group of

@@ -9,10 +9,10 @@
 //! (INVALID COMMAND OPERATION CODE, and REPORT SUPPORTED OPERATION CODES
 //! leaves it out), as SBC-4 asks when MAXIMUM ATOMIC TRANSFER LENGTH is 0.
 
-use crate::DataOut;
 use crate::backstore::Backstore;
 use crate::cdb::MAX_TRANSFER_BYTES;
 use crate::cdb::{self, Blocks, Lba, check_range};
+use crate::data_out::DataOut;
 use crate::lu::ModeParams;
 use crate::sense::{FieldPointer, Sense};
 

@@ -219,7 +219,7 @@ pub struct RwCdb {
 }
 
 /// Whether `cdb` is READ(6/10/12/16): the one command whose Data-In buffer
-/// [`crate::ScsiTarget::execute`] reuses without clearing it first.
+/// [`crate::target::ScsiTarget::execute`] reuses without clearing it first.
 pub fn is_read(cdb: &[u8]) -> bool {
     use opcode::*;
     matches!(cdb.first(), Some(&(READ_6 | READ_10 | READ_12 | READ_16)))

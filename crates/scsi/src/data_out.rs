@@ -1,7 +1,7 @@
 //! [`DataOut`]: a command's Data-Out as the transport received it, in one
 //! buffer or in pieces of the store's own chunk size, so that a WRITE to a
 //! store made of such chunks can keep the pieces instead of copying them
-//! ([`crate::Backstore::write_pieces`]).
+//! ([`crate::backstore::Backstore::write_pieces`]).
 
 use std::borrow::Cow;
 

@@ -19,13 +19,16 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, PoisonError};
 
 use crate::backstore::{AsyncIo, Lent};
+use crate::data_out::DataOut;
 use crate::lu::{self, LogicalUnit};
+use crate::lun::decode_lun;
+use crate::nexus::{Nexus, NexusKey};
+use crate::outcome::{CommandOutcome, status};
 use crate::planned::{PlanSlot, Planned, PlannedIo};
 use crate::pr::Fail;
-use crate::{
-    Asc, CommandOutcome, DataOut, LunTable, Nexus, NexusKey, ScsiTarget, Sense, alua, atomic, cdb,
-    decode_lun, lun_numbers, medium, mode, opcodes, pr, pr_shared, sanitize, sbc, spc, status,
-};
+use crate::sense::{Asc, Sense};
+use crate::target::{LunTable, ScsiTarget, lun_numbers};
+use crate::{alua, atomic, cdb, medium, mode, opcodes, pr, pr_shared, sanitize, sbc, spc};
 
 /// A command addressed to an LU that exists, with what every step needs.
 pub(crate) struct OnLu<'a> {
@@ -56,7 +59,7 @@ impl ScsiTarget {
     /// it, peripheral or flat addressing) for the I_T nexus `nexus`.
     ///
     /// `data_out` holds the command's Data-Out bytes; the transport
-    /// guarantees it is as long as [`command_info`] said, and a shorter one
+    /// guarantees it is as long as [`command_info`](crate::cdb::command_info) said, and a shorter one
     /// ends in CHECK CONDITION (INVALID FIELD IN CDB or PARAMETER LIST
     /// LENGTH ERROR). On return `data_in` holds exactly the response data;
     /// the caller truncates it to the Expected Data Transfer Length and
@@ -88,12 +91,12 @@ impl ScsiTarget {
     }
 
     /// [`ScsiTarget::execute`], except that a READ from a store that lends
-    /// its memory ([`Backstore::lend`]) returns its data as shared pieces
+    /// its memory ([`Backstore::lend`](crate::backstore::Backstore::lend)) returns its data as shared pieces
     /// in `lent`, in order: the transport sends them with no copy. Anything
     /// else fills `data_in` as `execute` does and leaves `lent` empty.
     ///
     /// `data_out` may come in pieces: a WRITE then hands them to
-    /// [`Backstore::write_pieces`], which may keep whole pieces as its own
+    /// [`Backstore::write_pieces`](crate::backstore::Backstore::write_pieces), which may keep whole pieces as its own
     /// memory (no copy) and leave other buffers in their place.
     ///
     /// When `lent` is not empty, `data_in` comes back as it went in:
@@ -119,7 +122,7 @@ impl ScsiTarget {
 
     /// Checks a READ or WRITE(6/10/12/16) as [`ScsiTarget::execute`] would
     /// and, when it passes and its LU's store offers asynchronous I/O
-    /// ([`Backstore::async_io`]), hands back the transfer for the caller to
+    /// ([`Backstore::async_io`](crate::backstore::Backstore::async_io)), hands back the transfer for the caller to
     /// run ([`PlannedIo`]) instead of running it on this thread. Any other
     /// command, or a store without asynchronous I/O, is run here as
     /// `execute` runs it, with no data in: call this only for READ and

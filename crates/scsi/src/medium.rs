@@ -4,7 +4,7 @@
 //! larger than the logical one (512e).
 //!
 //! The options are fixed when the LU is made (the store reports them,
-//! [`crate::Backstore::lu_options`]); the removable medium's state
+//! [`crate::backstore::Backstore::lu_options`]); the removable medium's state
 //! ([`Medium`]) lives with the rest of the LU's state in `lu.rs`.
 
 use std::collections::HashSet;
@@ -178,8 +178,8 @@ mod tests {
 
     #[test]
     fn an_eject_waits_for_every_prevent_to_go() {
-        let a = crate::Nexus::iscsi("iqn.a", 1, 1).key().clone();
-        let b = crate::Nexus::iscsi("iqn.b", 1, 1).key().clone();
+        let a = crate::nexus::Nexus::iscsi("iqn.a", 1, 1).key().clone();
+        let b = crate::nexus::Nexus::iscsi("iqn.b", 1, 1).key().clone();
         let mut m = Medium::default();
         m.prevent(&a, true);
         m.prevent(&b, true);

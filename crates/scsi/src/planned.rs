@@ -2,20 +2,20 @@
 //! transport runs on the store's [`AsyncIo`] (the quinn-proto split: the
 //! protocol decides, the I/O happens outside). Everything a command must
 //! pass — unit attentions, reservations, ALUA access, range, write
-//! protection — is decided by [`ScsiTarget::plan_io`](crate::ScsiTarget::plan_io)
+//! protection — is decided by [`ScsiTarget::plan_io`](crate::target::ScsiTarget::plan_io)
 //! exactly as for a command it runs itself; only the wait for the medium
 //! moves to the transport's task.
 
 use std::io;
 use std::sync::Arc;
 
-use crate::CommandOutcome;
 use crate::backstore::{AsyncIo, WriteData};
 use crate::lu::AsyncWritePermit;
+use crate::outcome::CommandOutcome;
 use crate::sbc::Transfer;
 use crate::sense::Sense;
 
-/// What [`ScsiTarget::plan_io`](crate::ScsiTarget::plan_io) decided.
+/// What [`ScsiTarget::plan_io`](crate::target::ScsiTarget::plan_io) decided.
 pub enum Planned {
     /// The command passed every check: run its transfer, then answer with
     /// what [`PlannedIo::read`] or [`PlannedIo::write`] returns.
@@ -23,12 +23,12 @@ pub enum Planned {
     /// The command is answered already (refused, or nothing to move).
     Done(CommandOutcome),
     /// A write that found an exclusive writer (COMPARE AND WRITE, ORWRITE,
-    /// SANITIZE) holding the LU: run it with [`ScsiTarget::execute_lending`](crate::ScsiTarget::execute_lending)
+    /// SANITIZE) holding the LU: run it with [`ScsiTarget::execute_lending`](crate::target::ScsiTarget::execute_lending)
     /// off the async runtime, where waiting for that writer is fine.
     Synchronous,
 }
 
-/// What the dispatch leaves for [`ScsiTarget::plan_io`](crate::ScsiTarget::plan_io).
+/// What the dispatch leaves for [`ScsiTarget::plan_io`](crate::target::ScsiTarget::plan_io).
 pub(crate) enum PlanSlot {
     /// Nothing planned: the command was answered.
     Empty,

@@ -396,7 +396,7 @@ pub(crate) fn prout(
                     if sa_key != 0 {
                         if pr.registrations.len() >= MAX_REGISTRATIONS {
                             return Err(Sense::new(
-                                crate::SenseKey::IllegalRequest,
+                                crate::sense::SenseKey::IllegalRequest,
                                 Asc::INSUFFICIENT_REGISTRATION_RESOURCES,
                             )
                             .into());
@@ -446,7 +446,7 @@ pub(crate) fn prout(
             {
                 if Some(r.kind) != kind {
                     return Err(Sense::new(
-                        crate::SenseKey::IllegalRequest,
+                        crate::sense::SenseKey::IllegalRequest,
                         Asc::INVALID_RELEASE_OF_PR,
                     )
                     .into());
@@ -515,7 +515,7 @@ pub(crate) fn prout(
                 None => {
                     if pr.registrations.len() >= MAX_REGISTRATIONS {
                         return Err(Sense::new(
-                            crate::SenseKey::IllegalRequest,
+                            crate::sense::SenseKey::IllegalRequest,
                             Asc::INSUFFICIENT_REGISTRATION_RESOURCES,
                         )
                         .into());

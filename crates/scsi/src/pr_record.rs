@@ -206,7 +206,7 @@ impl PrRecord {
     /// Registers `nexus` with `res_key` as PERSISTENT RESERVE OUT REGISTER
     /// would (a new generation): what another gateway's REGISTER leaves in
     /// the record, for a tool or test that stands in for that gateway.
-    pub fn register(&mut self, nexus: &crate::Nexus, res_key: u64) {
+    pub fn register(&mut self, nexus: &crate::nexus::Nexus, res_key: u64) {
         self.pr.registrations.push(crate::pr_state::Registration {
             key: nexus.key().clone(),
             nexus: nexus.clone(),

@@ -238,9 +238,9 @@ pub(crate) fn read_write(
     lu: &dyn Backstore,
     mode: ModeParams,
     cdb: &[u8],
-    data_out: crate::DataOut<'_>,
+    data_out: crate::data_out::DataOut<'_>,
     data_in: &mut Vec<u8>,
-    lent: Option<&mut Vec<crate::Lent>>,
+    lent: Option<&mut Vec<crate::backstore::Lent>>,
 ) -> Result<(), Sense> {
     // For a READ, `data_in` arrives holding scratch bytes (see
     // `ScsiTarget::execute`). Take them: every early return leaves the
@@ -263,7 +263,7 @@ pub(crate) fn read_write(
     };
     if write {
         match data_out {
-            crate::DataOut::Flat(data) => {
+            crate::data_out::DataOut::Flat(data) => {
                 let data = &data[..len];
                 let r = if through {
                     lu.write_through(offset, data)
@@ -272,7 +272,7 @@ pub(crate) fn read_write(
                 };
                 r.map_err(Sense::write_failed)?;
             }
-            crate::DataOut::Pieces { pieces, .. } => {
+            crate::data_out::DataOut::Pieces { pieces, .. } => {
                 let r = if through {
                     lu.write_pieces_through(offset, pieces, len)
                 } else {

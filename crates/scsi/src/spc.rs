@@ -8,8 +8,38 @@
 
 use crate::backstore::Backstore;
 use crate::cdb;
+use crate::lun::encode_lun;
 use crate::sense::Sense;
-use crate::{TargetIdentity, encode_lun};
+
+/// The identity strings a target reports in INQUIRY data.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetIdentity {
+    /// The iSCSI target name (reported as a SCSI name string designator).
+    pub target_name: String,
+    /// T10 vendor identification (8 ASCII characters, space-padded).
+    pub vendor: String,
+    /// Product identification (16 ASCII characters, space-padded).
+    pub product: String,
+    /// Product revision level (4 ASCII characters, space-padded).
+    pub revision: String,
+    /// The IEEE company ID (24-bit OUI or CID) of the LUs' NAA designators
+    /// (VPD page 83h); [`NAA_COMPANY_ID`] unless configured.
+    pub naa_company_id: u32,
+}
+
+impl TargetIdentity {
+    /// The default identity (vendor "ISCSI-RS", product "DISK", revision
+    /// "0001") for a target named `target_name`.
+    pub fn new(target_name: impl Into<String>) -> Self {
+        Self {
+            target_name: target_name.into(),
+            vendor: "ISCSI-RS".into(),
+            product: "DISK".into(),
+            revision: "0001".into(),
+            naa_company_id: NAA_COMPANY_ID,
+        }
+    }
+}
 
 /// Peripheral device type of a direct-access block device.
 const PDT_DISK: u8 = 0x00;

@@ -263,8 +263,8 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// The options of the LU this store is the medium of (read-only,
     /// removable, physical block size): `iscsi_stores::WithOptions` sets them, any
     /// other store has none.
-    fn lu_options(&self) -> crate::LuOptions {
-        crate::LuOptions::DEFAULT
+    fn lu_options(&self) -> crate::medium::LuOptions {
+        crate::medium::LuOptions::DEFAULT
     }
 
     /// COMPARE AND WRITE done by the store itself, atomic against every

@@ -18,9 +18,9 @@
 //! `copy_file_range` between file stores, lent RAM chunks, else a bounded
 //! buffer; never more than [`COPY_PIECE`] at once.
 
+pub(crate) mod held;
 pub mod parse;
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 
 use crate::backstore::{Backstore, COPY_PIECE};
@@ -29,8 +29,9 @@ use crate::lu::LogicalUnit;
 use crate::nexus::NexusKey;
 use crate::pr::{self, Fail};
 use crate::sense::{Asc, FieldPointer, Sense, SenseKey};
-use crate::{LunTable, ScsiTarget};
+use crate::target::{LunTable, ScsiTarget};
 
+use held::CopyStatus;
 pub use parse::{
     Designation, ListIdUsage, MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_LEN,
     MAX_SEGMENT_DESCRIPTORS, ParameterList, Segment, UNREACHABLE,
@@ -45,56 +46,8 @@ pub const SA_COPY_STATUS: u8 = 0x00;
 pub const SA_OPERATING_PARAMETERS: u8 = 0x03;
 /// MAXIMUM SEGMENT LENGTH in bytes (what Linux's target reports).
 pub const MAX_SEGMENT_LEN: u32 = 256 << 20;
-/// Copy statuses held per I_T nexus and LU for COPY STATUS; the oldest
-/// goes first.
-const MAX_HELD: usize = 16;
-
 /// COPY ABORTED / UNREACHABLE COPY TARGET: a store failed mid-copy.
 const IO_FAILED: Sense = Sense::new(SenseKey::CopyAborted, Asc::UNREACHABLE_COPY_TARGET);
-
-/// What COPY STATUS reports of one finished EXTENDED COPY.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct CopyStatus {
-    list_id: u8,
-    ok: bool,
-    segments: u16,
-    bytes: u64,
-}
-
-/// The statuses held for COPY STATUS (LIST ID USAGE 00b), by the nexus
-/// that sent the copy and the LU it was sent to; dropped with the nexus.
-#[derive(Debug, Default)]
-pub(crate) struct Held {
-    by_nexus: HashMap<(NexusKey, u16), VecDeque<CopyStatus>>,
-    /// The list identifiers of copies running now, by nexus and LU: a
-    /// second copy with one of them is OPERATION IN PROGRESS (SPC-4
-    /// §6.4.3.2).
-    running: HashSet<(NexusKey, u16, u8)>,
-}
-
-impl Held {
-    fn keep(&mut self, key: &NexusKey, lun: u16, status: CopyStatus) {
-        let q = self.by_nexus.entry((key.clone(), lun)).or_default();
-        q.retain(|s| s.list_id != status.list_id);
-        if q.len() >= MAX_HELD {
-            q.pop_front();
-        }
-        q.push_back(status);
-    }
-
-    fn find(&self, key: &NexusKey, lun: u16, list_id: u8) -> Option<CopyStatus> {
-        self.by_nexus
-            .get(&(key.clone(), lun))?
-            .iter()
-            .find(|s| s.list_id == list_id)
-            .copied()
-    }
-
-    /// Forgets what was held for `key` (its nexus was lost).
-    pub(crate) fn drop_nexus(&mut self, key: &NexusKey) {
-        self.by_nexus.retain(|(k, _), _| k != key);
-    }
-}
 
 /// A CSCD descriptor resolved to one of the target's LUs.
 #[derive(Clone)]

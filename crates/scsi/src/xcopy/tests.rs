@@ -3,8 +3,10 @@
 
 use super::parse::HEADER_LEN;
 use super::*;
+use crate::nexus::Nexus;
+use crate::outcome::{CommandOutcome, status};
+use crate::spc::TargetIdentity;
 use crate::test_store::TestStore;
-use crate::{CommandOutcome, Nexus, TargetIdentity, status};
 
 fn nexus(isid: u64) -> Nexus {
     Nexus::iscsi("iqn.2024-01.test:init", isid, 1)
@@ -41,7 +43,7 @@ fn xcopy(t: &ScsiTarget, n: &Nexus, lun: u16, data: &[u8]) -> CommandOutcome {
     let mut din = Vec::new();
     t.execute(
         n,
-        crate::encode_lun(lun),
+        crate::lun::encode_lun(lun),
         &xcopy_cdb(data.len()),
         data,
         &mut din,
@@ -55,7 +57,7 @@ fn rcr(t: &ScsiTarget, n: &Nexus, sa: u8, list_id: u8) -> (CommandOutcome, Vec<u
     c[2] = list_id;
     c[10..14].copy_from_slice(&1024u32.to_be_bytes());
     let mut din = Vec::new();
-    let o = t.execute(n, crate::encode_lun(0), &c, &[], &mut din);
+    let o = t.execute(n, crate::lun::encode_lun(0), &c, &[], &mut din);
     (o, din)
 }
 
@@ -191,7 +193,7 @@ fn reservations_of_another_nexus_conflict() {
     // The other nexus reserves LU 1 (RESERVE(6)).
     let o = t.execute(
         &other,
-        crate::encode_lun(1),
+        crate::lun::encode_lun(1),
         &[0x16, 0, 0, 0, 0, 0],
         &[],
         &mut din,

@@ -1,0 +1,66 @@
+//! What a command ends with: its SAM status and any sense data.
+
+use crate::sense::Sense;
+
+/// SAM-5 status codes.
+pub mod status {
+    /// GOOD.
+    pub const GOOD: u8 = 0x00;
+    /// CHECK CONDITION: sense data describes the error.
+    pub const CHECK_CONDITION: u8 = 0x02;
+    /// RESERVATION CONFLICT.
+    pub const RESERVATION_CONFLICT: u8 = 0x18;
+}
+
+/// The outcome of one command. Data-In has been written to the caller's
+/// buffer; on CHECK CONDITION or RESERVATION CONFLICT that buffer is empty.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandOutcome {
+    /// SAM status: [`status::GOOD`], [`status::CHECK_CONDITION`] or
+    /// [`status::RESERVATION_CONFLICT`].
+    pub status: u8,
+    /// Sense data, present exactly when the status is CHECK CONDITION.
+    pub sense: Option<Sense>,
+    /// Whether the LU's control mode page has D_SENSE set, so the sense
+    /// goes out in descriptor format; [`CommandOutcome::sense_bytes`]
+    /// applies it.
+    pub descriptor_sense: bool,
+}
+
+impl CommandOutcome {
+    /// GOOD status, no sense.
+    pub const GOOD: Self = Self {
+        status: status::GOOD,
+        sense: None,
+        descriptor_sense: false,
+    };
+
+    /// RESERVATION CONFLICT status, no sense (SPC-4 §5.12.1).
+    pub const RESERVATION_CONFLICT: Self = Self {
+        status: status::RESERVATION_CONFLICT,
+        sense: None,
+        descriptor_sense: false,
+    };
+
+    /// CHECK CONDITION with `sense` (fixed format).
+    pub const fn check_condition(sense: Sense) -> Self {
+        Self {
+            status: status::CHECK_CONDITION,
+            sense: Some(sense),
+            descriptor_sense: false,
+        }
+    }
+
+    /// The sense bytes for the SCSI Response: fixed format, or descriptor
+    /// format when D_SENSE is set; empty without sense.
+    pub fn sense_bytes(&self) -> Vec<u8> {
+        self.sense
+            .map(|s| s.encode(self.descriptor_sense))
+            .unwrap_or_default()
+    }
+
+    /// Whether the status is GOOD.
+    pub const fn is_good(&self) -> bool {
+        self.status == status::GOOD
+    }
+}
