@@ -30,7 +30,7 @@ use arc_swap::ArcSwap;
 use std::sync::{Arc, PoisonError};
 
 use crate::cdb::{self, opcode::*};
-use crate::sense::{Asc, Sense, SenseKey};
+use iscsi_sense::{Asc, Sense, SenseKey};
 
 /// MAINTENANCE IN service action REPORT TARGET PORT GROUPS (SPC-4 §6.36).
 pub const SA_REPORT_TARGET_PORT_GROUPS: u8 = 0x0A;

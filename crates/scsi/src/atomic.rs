@@ -14,7 +14,7 @@ use crate::cdb::MAX_TRANSFER_BYTES;
 use crate::cdb::{self, Blocks, Lba, check_range};
 use crate::data_out::DataOut;
 use crate::lu::ModeParams;
-use crate::sense::{FieldPointer, Sense};
+use iscsi_sense::{FieldPointer, Sense};
 
 /// What one LU advertises for atomic writes, in logical blocks (the five
 /// atomic fields of the Block Limits VPD page).

@@ -2,7 +2,7 @@
 //! index out of bounds, the LBA and block-count types, the READ/WRITE CDB
 //! decoder shared by the transport's [`command_info`] and the SBC handlers.
 
-use crate::sense::Sense;
+use iscsi_sense::Sense;
 
 /// Largest READ/WRITE transfer accepted, in bytes (reported in the Block
 /// Limits VPD page; larger requests end in INVALID FIELD IN CDB).

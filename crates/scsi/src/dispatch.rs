@@ -26,9 +26,9 @@ use crate::nexus::{Nexus, NexusKey};
 use crate::outcome::{CommandOutcome, status};
 use crate::planned::{PlanSlot, Planned, PlannedIo};
 use crate::pr::Fail;
-use crate::sense::{Asc, Sense};
 use crate::target::{LunTable, ScsiTarget, lun_numbers};
 use crate::{alua, atomic, cdb, medium, mode, opcodes, pr, pr_shared, sanitize, sbc, spc};
+use iscsi_sense::{Asc, Sense};
 
 /// A command addressed to an LU that exists, with what every step needs.
 pub(crate) struct OnLu<'a> {

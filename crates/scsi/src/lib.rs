@@ -27,10 +27,10 @@
 //! | [`mode`] | MODE SENSE(6/10), MODE SELECT(6/10): caching, control, informational exceptions pages |
 //! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules |
 //! | [`sbc`] | block commands: READ/WRITE(6/10/12/16), READ CAPACITY(10/16), GET LBA STATUS, SYNCHRONIZE CACHE(10/16), UNMAP, WRITE SAME(10/16), COMPARE AND WRITE, VERIFY(10/12/16), WRITE AND VERIFY(10/12/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
-//! | [`xcopy`] | EXTENDED COPY (LID1) between this target's LUs and RECEIVE COPY RESULTS; `xcopy/parse.rs` the parameter list, `xcopy/held.rs` the statuses held for COPY STATUS |
+//! | [`xcopy`] | EXTENDED COPY (LID1) between this target's LUs and RECEIVE COPY RESULTS; `xcopy/parse.rs` the parameter list, `xcopy_state.rs` the statuses held for COPY STATUS |
 //! | [`alua`] | implicit ALUA for an LU several gateways serve: the [`alua::AluaGroup`] its store hands it, TPGS and the port designators in INQUIRY, REPORT TARGET PORT GROUPS, the standby/transitioning gate, ASYMMETRIC ACCESS STATE CHANGED |
 //! | [`atomic`] | WRITE ATOMIC(16) and the atomic limits of the Block Limits page (SBC-4 §4.29, §5.48), from what each store promises |
-//! | [`sanitize`] | SANITIZE OVERWRITE, BLOCK ERASE, EXIT FAILURE MODE (SBC-4 §4.11, §5.30); the LU's sanitize state that gates other commands |
+//! | [`sanitize`] | SANITIZE OVERWRITE, BLOCK ERASE, EXIT FAILURE MODE (SBC-4 §4.11, §5.30); `sanitize_state.rs` the LU's sanitize state that gates other commands |
 //! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
 //! | `data_out.rs` | [`DataOut`]: a command's Data-Out, in one buffer or in pieces a WRITE hands to [`Backstore::write_pieces`] |
 //! | [`backstore`] | the [`Backstore`] trait, [`AsyncIo`], the shared reservation store's trait; the stores themselves are in `iscsi-stores` and `iscsi-ceph` |
@@ -54,9 +54,10 @@ pub mod pr_record;
 mod pr_shared;
 pub(crate) mod pr_state;
 pub mod sanitize;
+mod sanitize_state;
 pub mod sbc;
 /// Sense data: the `iscsi-sense` crate, which the initiator shares, so that
-/// `iscsi_scsi::sense::...` and the crate-internal `crate::sense::...` paths
+/// `iscsi_scsi::sense::...` and the crate-internal `iscsi_sense::...` paths
 /// name the same types.
 pub use iscsi_sense as sense;
 pub mod spc;
@@ -64,6 +65,7 @@ mod target;
 #[cfg(test)]
 mod test_store;
 pub mod xcopy;
+mod xcopy_state;
 
 pub use backstore::{
     Allocation, AsyncIo, Backstore, BackstoreOpenError, IoFuture, Lent, PrEvent, PrEventHandler,

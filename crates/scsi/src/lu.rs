@@ -17,8 +17,8 @@ use crate::medium::{LuOptions, Medium};
 use crate::nexus::NexusKey;
 use crate::pr_record::Gateway;
 use crate::pr_state::PrState;
-use crate::sanitize::state::SanitizeState;
-use crate::sense::Sense;
+use crate::sanitize_state::SanitizeState;
+use iscsi_sense::Sense;
 
 /// The I_T nexuses that have sent the target a command (SAM-5 §5.14: the
 /// nexuses a unit attention "for every I_T nexus" is queued for): owned

@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 
 use crate::nexus::NexusKey;
-use crate::sense::Sense;
+use iscsi_sense::Sense;
 
 /// The options a LUN specification gives its logical unit
 /// (`ram:64M,readonly,removable,physical-block=4096`).

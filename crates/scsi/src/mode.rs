@@ -10,7 +10,7 @@
 use crate::backstore::Backstore;
 use crate::cdb::{self, opcode};
 use crate::lu::ModeParams;
-use crate::sense::Sense;
+use iscsi_sense::Sense;
 
 /// Caching mode page code.
 pub const PAGE_CACHING: u8 = 0x08;

@@ -5,7 +5,7 @@
 //! port. Reservations, registrations and unit attentions are kept per
 //! nexus.
 
-use crate::sense::Sense;
+use iscsi_sense::Sense;
 
 /// iSCSI's PROTOCOL IDENTIFIER (SPC-4 Table 362).
 pub const PROTOCOL_ID_ISCSI: u8 = 0x5;

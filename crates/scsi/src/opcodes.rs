@@ -13,7 +13,7 @@ use crate::sanitize::{
     SA_SANITIZE_BLOCK_ERASE, SA_SANITIZE_CRYPTO_ERASE, SA_SANITIZE_EXIT_FAILURE_MODE,
     SA_SANITIZE_OVERWRITE,
 };
-use crate::sense::{FieldPointer, Sense};
+use iscsi_sense::{FieldPointer, Sense};
 
 /// INVALID FIELD IN CDB pointing at REPORTING OPTIONS (byte 2, bits 2-0).
 /// Initiators (libiscsi's suite among them) read MAINTENANCE IN answered

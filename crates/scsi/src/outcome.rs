@@ -1,6 +1,6 @@
 //! What a command ends with: its SAM status and any sense data.
 
-use crate::sense::Sense;
+use iscsi_sense::Sense;
 
 /// SAM-5 status codes.
 pub mod status {

@@ -13,7 +13,7 @@ use crate::backstore::{AsyncIo, WriteData};
 use crate::lu::AsyncWritePermit;
 use crate::outcome::CommandOutcome;
 use crate::sbc::Transfer;
-use crate::sense::Sense;
+use iscsi_sense::Sense;
 
 /// What [`ScsiTarget::plan_io`](crate::target::ScsiTarget::plan_io) decided.
 pub enum Planned {

@@ -22,7 +22,7 @@
 use crate::cdb::{self, opcode};
 use crate::lu::LuState;
 use crate::nexus::{Nexus, NexusKey, parse_iscsi_transport_id};
-use crate::sense::{Asc, Sense};
+use iscsi_sense::{Asc, Sense};
 
 pub use crate::pr_state::{MAX_REGISTRATIONS, PrType};
 pub(crate) use crate::pr_state::{PrState, Registration, Reservation};
@@ -396,7 +396,7 @@ pub(crate) fn prout(
                     if sa_key != 0 {
                         if pr.registrations.len() >= MAX_REGISTRATIONS {
                             return Err(Sense::new(
-                                crate::sense::SenseKey::IllegalRequest,
+                                iscsi_sense::SenseKey::IllegalRequest,
                                 Asc::INSUFFICIENT_REGISTRATION_RESOURCES,
                             )
                             .into());
@@ -446,7 +446,7 @@ pub(crate) fn prout(
             {
                 if Some(r.kind) != kind {
                     return Err(Sense::new(
-                        crate::sense::SenseKey::IllegalRequest,
+                        iscsi_sense::SenseKey::IllegalRequest,
                         Asc::INVALID_RELEASE_OF_PR,
                     )
                     .into());
@@ -515,7 +515,7 @@ pub(crate) fn prout(
                 None => {
                     if pr.registrations.len() >= MAX_REGISTRATIONS {
                         return Err(Sense::new(
-                            crate::sense::SenseKey::IllegalRequest,
+                            iscsi_sense::SenseKey::IllegalRequest,
                             Asc::INSUFFICIENT_REGISTRATION_RESOURCES,
                         )
                         .into());

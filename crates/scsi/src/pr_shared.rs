@@ -70,7 +70,7 @@ use crate::lu::{ClusterView, KnownNexuses, LogicalUnit, LuState, ModeParams};
 use crate::nexus::{Nexus, NexusKey};
 use crate::pr::{self, Fail, PrState};
 use crate::pr_record::{Gateway, MAX_GATEWAYS, PrRecord};
-use crate::sense::{Asc, Sense};
+use iscsi_sense::{Asc, Sense};
 
 /// Most compare-and-set attempts of one command: each failed one means
 /// another gateway committed meanwhile, so more only under a storm of

@@ -11,11 +11,11 @@ use crate::backstore::Backstore;
 use crate::cdb::{self, Blocks, Lba, SA_GET_LBA_STATUS, SA_READ_CAPACITY_16, check_range, opcode};
 use crate::lu::ModeParams;
 use crate::medium::LoadEject;
-use crate::sense::Sense;
 use crate::spc::{
     MAX_COMPARE_AND_WRITE_BLOCKS, MAX_TRANSFER_BYTES, MAX_UNMAP_DESCRIPTORS, MAX_UNMAP_LBA_COUNT,
     MAX_WRITE_SAME_BLOCKS,
 };
+use iscsi_sense::Sense;
 
 /// Largest buffer WRITE SAME, VERIFY and COMPARE loops use per step.
 pub const IO_CHUNK: u64 = 1024 * 1024;

@@ -9,7 +9,7 @@
 use crate::backstore::Backstore;
 use crate::cdb;
 use crate::lun::encode_lun;
-use crate::sense::Sense;
+use iscsi_sense::Sense;
 
 /// The identity strings a target reports in INQUIRY data.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,9 +13,9 @@ use crate::lu::{self, LogicalUnit};
 use crate::lun::MAX_LUNS;
 use crate::nexus::{Nexus, NexusKey};
 use crate::pr_shared;
-use crate::sense::{Asc, Sense};
 use crate::spc::TargetIdentity;
-use crate::xcopy::held::Held;
+use crate::xcopy_state::Held;
+use iscsi_sense::{Asc, Sense};
 
 /// A SCSI target's set of logical units.
 pub struct ScsiTarget {

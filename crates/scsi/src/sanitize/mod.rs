@@ -33,12 +33,10 @@ use std::sync::Arc;
 use crate::backstore::Backstore;
 use crate::cdb;
 use crate::lu::LogicalUnit;
-use crate::sense::{Asc, FieldPointer, Sense, SenseKey};
+use iscsi_sense::{Asc, FieldPointer, Sense, SenseKey};
 
-pub(crate) mod state;
-
-pub use self::state::FAILED;
-pub(crate) use self::state::{IN_PROGRESS, Progress, SanitizeState};
+pub use crate::sanitize_state::FAILED;
+pub(crate) use crate::sanitize_state::{IN_PROGRESS, Progress, SanitizeState};
 
 /// Service action OVERWRITE.
 pub const SA_SANITIZE_OVERWRITE: u8 = 0x01;

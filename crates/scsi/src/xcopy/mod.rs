@@ -18,7 +18,6 @@
 //! `copy_file_range` between file stores, lent RAM chunks, else a bounded
 //! buffer; never more than [`COPY_PIECE`] at once.
 
-pub(crate) mod held;
 pub mod parse;
 
 use std::sync::Arc;
@@ -28,10 +27,10 @@ use crate::cdb;
 use crate::lu::LogicalUnit;
 use crate::nexus::NexusKey;
 use crate::pr::{self, Fail};
-use crate::sense::{Asc, FieldPointer, Sense, SenseKey};
 use crate::target::{LunTable, ScsiTarget};
+use iscsi_sense::{Asc, FieldPointer, Sense, SenseKey};
 
-use held::CopyStatus;
+use crate::xcopy_state::CopyStatus;
 pub use parse::{
     Designation, ListIdUsage, MAX_CSCD_DESCRIPTORS, MAX_DESCRIPTOR_LIST_LEN,
     MAX_SEGMENT_DESCRIPTORS, ParameterList, Segment, UNREACHABLE,

@@ -11,7 +11,7 @@
 //! what can only be known against the target's LUs (which LU a designator
 //! names, ranges, reservations) is `super`'s.
 
-use crate::sense::{Asc, FieldPointer, Sense, SenseKey};
+use iscsi_sense::{Asc, FieldPointer, Sense, SenseKey};
 
 /// Length of the parameter list header.
 pub const HEADER_LEN: usize = 16;

@@ -12,11 +12,11 @@ const MAX_HELD: usize = 16;
 
 /// What COPY STATUS reports of one finished EXTENDED COPY.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) struct CopyStatus {
-    pub(super) list_id: u8,
-    pub(super) ok: bool,
-    pub(super) segments: u16,
-    pub(super) bytes: u64,
+pub(crate) struct CopyStatus {
+    pub(crate) list_id: u8,
+    pub(crate) ok: bool,
+    pub(crate) segments: u16,
+    pub(crate) bytes: u64,
 }
 
 /// The statuses held for COPY STATUS (LIST ID USAGE 00b), by the nexus
@@ -27,11 +27,11 @@ pub(crate) struct Held {
     /// The list identifiers of copies running now, by nexus and LU: a
     /// second copy with one of them is OPERATION IN PROGRESS (SPC-4
     /// §6.4.3.2).
-    pub(super) running: HashSet<(NexusKey, u16, u8)>,
+    pub(crate) running: HashSet<(NexusKey, u16, u8)>,
 }
 
 impl Held {
-    pub(super) fn keep(&mut self, key: &NexusKey, lun: u16, status: CopyStatus) {
+    pub(crate) fn keep(&mut self, key: &NexusKey, lun: u16, status: CopyStatus) {
         let q = self.by_nexus.entry((key.clone(), lun)).or_default();
         q.retain(|s| s.list_id != status.list_id);
         if q.len() >= MAX_HELD {
@@ -40,7 +40,7 @@ impl Held {
         q.push_back(status);
     }
 
-    pub(super) fn find(&self, key: &NexusKey, lun: u16, list_id: u8) -> Option<CopyStatus> {
+    pub(crate) fn find(&self, key: &NexusKey, lun: u16, list_id: u8) -> Option<CopyStatus> {
         self.by_nexus
             .get(&(key.clone(), lun))?
             .iter()

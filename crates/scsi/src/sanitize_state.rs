@@ -1,12 +1,12 @@
 //! The LU's SANITIZE state ([`SanitizeState`]): what the LU holds and
-//! every command is gated by, apart from the operations of `super` that
+//! every command is gated by, apart from the operations of `sanitize` that
 //! change it, so that the LU's state can hold it without importing them.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
 
 use crate::cdb::opcode;
-use crate::sense::{Asc, Sense, SenseKey};
+use iscsi_sense::{Asc, Sense, SenseKey};
 
 /// NOT READY / SANITIZE IN PROGRESS.
 pub(crate) const IN_PROGRESS: Sense = Sense::new(SenseKey::NotReady, Asc::SANITIZE_IN_PROGRESS);
@@ -19,7 +19,7 @@ pub const FAILED: Sense = Sense::new(SenseKey::MediumError, Asc::SANITIZE_COMMAN
 pub(crate) struct Progress(AtomicU16);
 
 impl Progress {
-    pub(super) fn set(&self, done: u64, total: u64) {
+    pub(crate) fn set(&self, done: u64, total: u64) {
         let frac = u128::from(done) * 0xFFFF / u128::from(total.max(1));
         self.0
             .store(u16::try_from(frac).unwrap_or(u16::MAX), Ordering::Relaxed);
