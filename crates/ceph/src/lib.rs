@@ -716,7 +716,7 @@ impl Backstore for RbdBackstore {
     }
 
     /// In the OSD when the range lies in one 512-byte sector (librbd
-    /// refuses more: see [`ffi::CAW_SECTOR`]), which is what VMware's ATS
+    /// refuses more: see [`ffi::offload::CAW_SECTOR`]), which is what VMware's ATS
     /// sends on a 512-byte LU; anything larger is left to the SCSI layer's
     /// compare and write under the LU's lock, atomic within this gateway
     /// only.
@@ -728,7 +728,7 @@ impl Backstore for RbdBackstore {
         through: bool,
     ) -> Option<io::Result<Option<u64>>> {
         let len = data.len() as u64;
-        if len == 0 || offset % ffi::CAW_SECTOR + len > ffi::CAW_SECTOR {
+        if len == 0 || offset % ffi::offload::CAW_SECTOR + len > ffi::offload::CAW_SECTOR {
             return None;
         }
         if let Err(e) = check_range(offset, len, self.size()) {
@@ -794,7 +794,7 @@ impl Backstore for RbdBackstore {
 /// the extents librbd reported in it (in order, none before `offset`):
 /// mapped up to the end of the contiguous extents holding data from
 /// `offset`, else unmapped up to the first extent (or the window's end).
-fn run_from(offset: u64, window: u64, extents: &[ffi::Extent]) -> Allocation {
+fn run_from(offset: u64, window: u64, extents: &[ffi::offload::Extent]) -> Allocation {
     let end = offset + window;
     let mut present = extents.iter().filter(|e| e.len > 0 && e.offset < end);
     let Some(first) = present.next() else {

@@ -29,8 +29,8 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
+use crate::primitives::{DatamoverError, PduReceiver, PduSender};
 use crate::tap::{Direction, PduSummary, Tap};
-use crate::{DatamoverError, PduReceiver, PduSender};
 
 /// Size of the receive buffer.
 const BUFFER_SIZE: usize = 64 * 1024;
@@ -351,7 +351,7 @@ impl PduBatch {
         let mut pdus = Vec::with_capacity(self.pdus);
         let mut rest = &self.bytes[..];
         while !rest.is_empty() {
-            let (header, header_len) = crate::decode_header(rest, config)?;
+            let (header, header_len) = crate::primitives::decode_header(rest, config)?;
             let data_len = header.data_segment_length as usize;
             let padding = data_len.wrapping_neg() & 3;
             let digest = if self.digests.data && data_len > 0 {
@@ -608,7 +608,7 @@ impl<W: AsyncWrite + Unpin + Send> PduSender for StreamSender<W> {
     async fn put_data_gather(
         &mut self,
         header: &Header,
-        data: crate::Gather,
+        data: crate::gather::Gather,
     ) -> Result<(), DatamoverError> {
         if usize::try_from(header.data_segment_length).ok() != Some(data.len()) {
             return Err(DatamoverError::Encode(format!(

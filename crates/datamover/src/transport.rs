@@ -11,9 +11,9 @@ use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 use crate::iser::{DataDescriptors, IserDatamover, IserReceiver, IserSender};
+use crate::primitives::{DatamoverError, PduReceiver, PduSender};
 use crate::tap::Tap;
 use crate::tcp::{PduBatch, StreamReceiver, StreamSender, TcpDatamover};
-use crate::{DatamoverError, PduReceiver, PduSender};
 
 /// The receive direction of a connection.
 #[derive(Debug)]
@@ -72,7 +72,7 @@ impl PduReceiver for Receiver {
 
     async fn receive_data_in_buffer(
         &mut self,
-        buffer: &mut crate::WriteBuffer,
+        buffer: &mut crate::write_buffer::WriteBuffer,
         range: std::ops::Range<usize>,
     ) -> Result<(), DatamoverError> {
         match self {
@@ -136,7 +136,7 @@ impl PduSender for Sender {
     async fn put_data_gather(
         &mut self,
         header: &Header,
-        data: crate::Gather,
+        data: crate::gather::Gather,
     ) -> Result<(), DatamoverError> {
         match self {
             Sender::Tcp(s) => s.put_data_gather(header, data).await,

@@ -4,7 +4,7 @@
 //! (`iscsi_scsi::Backstore::write_pieces`): a RAM LUN then copies nothing
 //! after the kernel's copy out of the socket.
 
-use crate::BufferPool;
+use crate::buffers::BufferPool;
 
 /// The size of the pieces a target receives writes of this size or more
 /// into: a RAM store's chunk (`iscsi_stores::RAM_CHUNK_SIZE`,

@@ -18,7 +18,7 @@ use iscsi_datamover::DatamoverError;
 use iscsi_proto::login::initiator::InitiatorLoginError;
 use iscsi_proto::pdu::{RejectReason, TaskFunction, TaskResponse};
 
-use crate::command::Sense;
+use crate::sense::Sense;
 
 /// An initiator failure.
 #[derive(Debug, thiserror::Error)]

@@ -36,6 +36,7 @@ pub mod disk;
 pub mod error;
 mod login;
 pub mod scsi;
+mod sense;
 pub mod session;
 mod stat_sn;
 pub mod url;

@@ -54,9 +54,9 @@ use crate::retention::{Resend, SentStatus, exp_stat_sn_of};
 use crate::task::StillAllegiant;
 pub(crate) use crate::writer::{Stat, Writer, WriterState};
 
+use crate::metrics::stats::SessionStats;
 use crate::session::{Admission, Session, Task, record};
 use crate::shared::Shared;
-use crate::stats::SessionStats;
 use write::{Drain, PROTOCOL_SERVICE_CRC_ERROR, PendingWrite};
 
 mod execute;

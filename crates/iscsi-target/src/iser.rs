@@ -6,7 +6,6 @@
 //! then the whole login in iSER-assisted mode, over RDMA Sends. A peer that
 //! opens with an iSER Hello instead is answered by the datamover.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use iscsi_datamover::iser::{CmHeader, IserConfig, IserDatamover, IserRole};
@@ -16,8 +15,6 @@ use iscsi_proto::login::target::{LoginPolicy, LoginRefusal, SessionRequest, Targ
 use iscsi_proto::text::{Digest, TextPair};
 use tokio::net::TcpStream;
 use tracing::info;
-
-use crate::shared::Shared;
 
 /// How long a peer has to send its MPA Request.
 const MPA_TIMEOUT: Duration = Duration::from_secs(10);
@@ -39,10 +36,11 @@ fn rdma(error: iscsi_iwarp::Error) -> DatamoverError {
 
 /// Accepts the RDMA stream on a connection to an iSER portal: reads the
 /// MPA Request, checks the initiator's iSER CM header, replies, and wraps
-/// the queue pair as the connection's datamover.
+/// the queue pair as the connection's datamover, with receive buffers for
+/// `command_window` commands in flight and room for the rest.
 pub(crate) async fn accept(
     stream: TcpStream,
-    shared: &Arc<Shared>,
+    command_window: u32,
 ) -> Result<Datamover, DatamoverError> {
     let request = iscsi_iwarp::accept_request(stream, MPA_TIMEOUT)
         .await
@@ -61,7 +59,7 @@ pub(crate) async fn accept(
         recv_data_segment_length: RECV_DATA_SEGMENT_LENGTH,
         // Every command may come with an immediate PDU or two beside it
         // (NOP-Out, task management): the window plus room for those.
-        receives: shared.config().command_window as usize + 64,
+        receives: command_window as usize + 64,
         send_with_invalidate: cm.send_with_invalidate,
         send_queue: 1024,
     };

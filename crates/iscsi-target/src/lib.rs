@@ -23,6 +23,7 @@
 pub mod config;
 mod connection;
 pub mod control;
+pub mod exporter;
 mod iser;
 mod login_log;
 pub mod metrics;
@@ -37,7 +38,6 @@ pub mod server;
 mod session;
 pub mod shards;
 mod shared;
-mod stats;
 pub mod status;
 mod task;
 mod writer;

@@ -2,10 +2,45 @@
 //! reload and PREEMPT AND ABORT all ask.
 
 use std::collections::HashMap;
+use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::reload::plan::{SessionRef, SessionUse};
+use serde::{Deserialize, Serialize};
+
 use crate::session::Session;
+
+/// A session, as a reload plan and `status` name it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SessionRef {
+    /// TSIH.
+    pub tsih: u16,
+    /// InitiatorName.
+    pub initiator: String,
+    /// ISID, 12 hex digits.
+    pub isid: String,
+}
+
+impl fmt::Display for SessionRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "session {} ({}, ISID {})",
+            self.tsih, self.initiator, self.isid
+        )
+    }
+}
+
+/// A running session and what it uses: what a reload plan asks of the
+/// registry.
+#[derive(Clone, Debug)]
+pub struct SessionUse {
+    /// The session.
+    pub session: SessionRef,
+    /// The target it is logged in to (`None`: discovery).
+    pub target: Option<String>,
+    /// The LUNs it has sent commands to.
+    pub luns: Vec<u16>,
+}
 
 /// The running sessions, by TSIH.
 #[derive(Default)]

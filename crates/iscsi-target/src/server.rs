@@ -322,7 +322,7 @@ async fn accept_loop(
                         };
                         let transport = match portal {
                             Portal::Tcp => tcp_datamover(stream, &shared),
-                            Portal::Iser => crate::iser::accept(stream, &shared).await,
+                            Portal::Iser => crate::iser::accept(stream, shared.config().command_window).await,
                         };
                         let served = match transport {
                             Ok(transport) => serve_connection(transport, shared).await,

@@ -23,9 +23,9 @@ use iscsi_target_core::{Arriving, CommandWindow, Gaps, Refusal, SessionTasks, Ta
 use tokio::sync::{Notify, watch};
 use tracing::{debug, info, warn};
 
+use crate::metrics::stats::{SessionLabels, SessionStats};
 use crate::metrics::{Enrolled, Metrics};
 use crate::recovery::{Orphan, Orphans};
-use crate::stats::{SessionLabels, SessionStats};
 use crate::task::Allegiance;
 pub(crate) use crate::task::Task;
 use crate::writer::{CmdWindow, Writer};

@@ -26,7 +26,9 @@
 //! connection).
 
 // Wire format and arithmetic.
-pub mod error;
+/// The codec's errors (`pdu/error.rs`: they name the PDU stages and
+/// Reject reasons of `pdu`, so they live in its folder).
+pub use pdu::error;
 pub mod pdu;
 pub mod serial;
 pub mod state;

@@ -29,7 +29,7 @@ use std::io::Read;
 use serde::de::{DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::TRACKS_PER_CONNECTION;
+use crate::tracks::TRACKS_PER_CONNECTION;
 
 /// Why a trace could not be summed. The message says the cause and is the
 /// end of the chain (no `source()`): `anyhow`'s `{:#}`, which the CLI prints,

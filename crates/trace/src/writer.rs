@@ -20,7 +20,7 @@ use iscsi_datamover::tap::{Direction, PduEvent, StepEvent, WireTap};
 use iscsi_proto::pdu::Opcode;
 
 use crate::names::{cdb_name, pdu_name};
-use crate::{
+use crate::tracks::{
     COMMAND_LANES, FIRST_LANE_TRACK, RECEIVE_TRACK, SEND_TRACK, STEP_TRACK, TRACKS_PER_CONNECTION,
 };
 

@@ -43,25 +43,20 @@
 //!
 //! Tests: `aio_*` in `rbd/tests.rs`, against a ceph-dev cluster.
 
-use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
 use std::future::Future;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::ptr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
 
-use rustix::event::{EventfdFlags, eventfd};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
+use super::Image;
+use super::aio_table::{Held, Op, SharedFd};
 use super::sys::{Api, IoVec, RbdCompletionT, RbdImageT};
-use super::{Image, check};
 use iscsi_scsi::backstore::{IoFuture, WriteData};
-
-/// `EVENT_TYPE_EVENTFD` of `rbd_image_event_t` (librbd.h).
-const EVENT_TYPE_EVENTFD: c_int = 2;
 
 /// The most pieces one vectored request takes (Linux's IOV_MAX; librbd
 /// refuses more).
@@ -77,83 +72,6 @@ struct SendPtr(*mut u8);
 // SAFETY: only an address, handed to librbd with the buffer it points
 // into (invariant 6); Rust code never dereferences it.
 unsafe impl Send for SendPtr {}
-
-/// What a request in flight owns (invariant 6).
-enum Held {
-    Read(Vec<u8>),
-    /// The data and the iovec array pointing into it: held, never read.
-    Write {
-        _data: Box<dyn WriteData>,
-        _iov: Vec<IoVec>,
-    },
-}
-
-// SAFETY: the raw pointers in `Write`'s iovecs point into the boxed data
-// beside them, which is `Send`; they are only read by librbd (invariant 6),
-// never dereferenced by Rust code.
-unsafe impl Send for Held {}
-
-struct Op {
-    held: Held,
-    done: oneshot::Sender<(Held, isize)>,
-}
-
-/// The eventfd, shared by the image and the reaper's `AsyncFd` so that it
-/// is closed only when neither uses it (librbd writes it until the image
-/// is closed).
-struct SharedFd(Arc<OwnedFd>);
-
-impl AsRawFd for SharedFd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_raw_fd()
-    }
-}
-
-/// An image's asynchronous state: its eventfd and its requests in flight.
-pub(super) struct Aio {
-    eventfd: Arc<OwnedFd>,
-    ops: Mutex<HashMap<u64, Op>>,
-    next: AtomicU64,
-    /// Whether a reaper task runs (one per image; started by the first
-    /// request, again if its runtime went away).
-    reaping: Arc<AtomicBool>,
-}
-
-impl std::fmt::Debug for Aio {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Aio")
-            .field("eventfd", &self.eventfd.as_raw_fd())
-            .finish_non_exhaustive()
-    }
-}
-
-impl Aio {
-    /// An eventfd, registered with the open `image` as its event socket.
-    pub(super) fn register(api: &Api, image: RbdImageT) -> io::Result<Aio> {
-        let fd = eventfd(0, EventfdFlags::NONBLOCK | EventfdFlags::CLOEXEC)?;
-        // SAFETY: invariant 1 — an open image; the fd is an eventfd that
-        // stays open until the image is closed (`Image`'s drop closes the
-        // image before its `Aio` goes).
-        check(unsafe {
-            api.rbd_set_image_notification(image, fd.as_raw_fd(), EVENT_TYPE_EVENTFD)
-        })?;
-        Ok(Aio {
-            eventfd: Arc::new(fd),
-            ops: Mutex::new(HashMap::new()),
-            next: AtomicU64::new(1),
-            reaping: Arc::new(AtomicBool::new(false)),
-        })
-    }
-
-    fn ops(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Op>> {
-        self.ops.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Wakes the reaper (so that it sees the image gone and ends).
-    pub(super) fn wake(&self) {
-        let _ = rustix::io::write(&*self.eventfd, &1u64.to_ne_bytes());
-    }
-}
 
 /// A request's result as librbd gives it: 0 or a byte count, or -errno.
 fn result(ret: isize) -> io::Result<()> {

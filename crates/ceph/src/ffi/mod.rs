@@ -30,8 +30,8 @@
 //!    librbd (`rbd_diff_iterate2`'s, in `offload.rs`) runs on the calling
 //!    thread (`offload.rs`, invariant 5); the watch callbacks of [`rados`]
 //!    keep to invariant 7 there; asynchronous requests complete through an
-//!    eventfd, with no callback (`aio.rs`, invariants 6 to 8); nothing
-//!    else is registered.
+//!    eventfd, with no callback (`aio.rs`, invariants 6 to 8; the table of
+//!    requests in flight in `aio_table.rs`); nothing else is registered.
 //!
 //! `lock.rs` holds the calls of a gateway group (the exclusive lock, image
 //! metadata, extended attributes), with one invariant of its own.
@@ -42,19 +42,19 @@
 //! cluster, `PermissionDenied` for a bad key).
 
 mod aio;
+mod aio_table;
 mod lock;
-mod offload;
+pub(super) mod offload;
 pub(super) mod rados;
 mod sys;
 
-pub(super) use offload::{CAW_SECTOR, Extent};
 pub(super) use sys::api as load;
 
 use std::ffi::{CStr, CString, c_int};
 use std::io;
 use std::ptr;
 
-use sys::{Api, RadosIoctxT, RadosT, RbdImageT};
+use sys::{Api, RadosIoctxT, RadosT, RbdImageT, check};
 
 /// `LIBRADOS_OP_FLAG_FADVISE_FUA` (librados.h): the write is durable when
 /// it completes, whatever caching the client has.
@@ -96,7 +96,7 @@ pub(super) struct Image {
     image: RbdImageT,
     /// The eventfd librbd signals completions on, and the requests in
     /// flight (`aio.rs`).
-    aio: aio::Aio,
+    aio: aio_table::Aio,
 }
 
 // SAFETY: invariant 2 — the handles are used from many threads only after
@@ -105,15 +105,6 @@ unsafe impl Send for Image {}
 // SAFETY: as for `Send`: every method takes `&self` and only issues
 // thread-safe librbd I/O calls on the handles.
 unsafe impl Sync for Image {}
-
-/// `Ok(value)` for a non-negative return, the errno otherwise.
-fn check(ret: c_int) -> io::Result<c_int> {
-    if ret < 0 {
-        Err(io::Error::from_raw_os_error(-ret))
-    } else {
-        Ok(ret)
-    }
-}
 
 fn cstring(what: &str, text: &str) -> io::Result<CString> {
     CString::new(text).map_err(|_| {
@@ -250,7 +241,7 @@ impl Image {
                 "opening image {:?} in pool {:?}",
                 target.image, target.pool
             )))?;
-        let aio = match aio::Aio::register(api, image) {
+        let aio = match aio_table::Aio::register(api, image) {
             Ok(aio) => aio,
             Err(error) => {
                 // SAFETY: invariant 1 — opened just above, closed once, here.

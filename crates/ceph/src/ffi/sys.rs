@@ -470,6 +470,15 @@ fn refusal(file: &str, package: &str, said: &str) -> io::Error {
     io::Error::new(kind, text)
 }
 
+/// `Ok(value)` for a non-negative return, the errno otherwise.
+pub(in crate::ffi) fn check(ret: c_int) -> io::Result<c_int> {
+    if ret < 0 {
+        Err(io::Error::from_raw_os_error(-ret))
+    } else {
+        Ok(ret)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

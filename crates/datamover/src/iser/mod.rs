@@ -45,8 +45,8 @@ pub use header::{Advertised, CmHeader, IserHeader};
 pub use receive::IserReceiver;
 pub use send::IserSender;
 
-use crate::BufferPool;
-use crate::DatamoverError;
+use crate::buffers::BufferPool;
+use crate::primitives::DatamoverError;
 use crate::tap::Tap;
 
 /// Receives an initiator keeps beyond its commands' responses (see
@@ -313,7 +313,7 @@ pub fn parse_message(
         }
     };
     let pdu = &message[header::HEADER_LEN..];
-    let (mut header, header_len) = crate::decode_header(pdu, config)?;
+    let (mut header, header_len) = crate::primitives::decode_header(pdu, config)?;
     let data_len = header.data_segment_length as usize;
     // The decoder took `header_len` bytes from `pdu`: the rest is data.
     let carried = pdu.len() - header_len;

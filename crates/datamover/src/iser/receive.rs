@@ -14,9 +14,9 @@ use tokio::sync::mpsc;
 use super::header::{ISER_VERSION, IserHeader};
 use super::{IserRole, Placed, RemoteTask, Shared, Sink, lock, transport};
 use super::{Message, parse_message};
+use crate::primitives::{DatamoverError, PduReceiver};
 use crate::tap::{Direction, PduSummary};
-use crate::{DatamoverError, PduReceiver};
-use crate::{WRITE_PIECE, WriteBuffer};
+use crate::write_buffer::{WRITE_PIECE, WriteBuffer};
 
 /// Where the data segment of the PDU being received is.
 #[derive(Debug)]
@@ -415,7 +415,7 @@ impl PduReceiver for IserReceiver {
                 len,
                 wr_id,
             } => {
-                crate::scatter(&buffer[start..start + len], destinations);
+                crate::primitives::scatter(&buffer[start..start + len], destinations);
                 self.repost(wr_id, buffer)?;
             }
             Current::Placed(placed) => {
@@ -490,7 +490,7 @@ impl PduReceiver for IserReceiver {
         range: std::ops::Range<usize>,
     ) -> Result<(), DatamoverError> {
         if buffer.is_flat() {
-            return crate::receive_data_in_buffer_by_parts(self, buffer, range).await;
+            return crate::primitives::receive_data_in_buffer_by_parts(self, buffer, range).await;
         }
         let laid_out = match &self.current {
             Some((
@@ -522,7 +522,7 @@ impl PduReceiver for IserReceiver {
             }),
         )) = taken
         else {
-            return crate::receive_data_in_buffer_by_parts(self, buffer, range).await;
+            return crate::primitives::receive_data_in_buffer_by_parts(self, buffer, range).await;
         };
         for (i, page) in pages.into_iter().enumerate() {
             let index = first + i;

@@ -11,10 +11,10 @@ use iscsi_proto::serial::DataSn;
 
 use super::header::{Advertised, HEADER_LEN, IserHeader};
 use super::{IserRole, LocalTask, PendingRead, SINK_PREFIX_MAX, Shared, lock, transport};
-use crate::WRITE_PIECE;
+use crate::primitives::{DatamoverError, PduSender};
 use crate::tap::{Direction, PduSummary};
 use crate::tcp::PduBatch;
-use crate::{DatamoverError, PduSender};
+use crate::write_buffer::WRITE_PIECE;
 
 /// A Data-In's data: borrowed (copied into a payload buffer of the
 /// connection's) or a buffer the Write can go out from as it is.
@@ -23,7 +23,7 @@ enum Payload<'a> {
     Owned(bytes::Bytes),
     /// Shared pieces: one RDMA Write with the pieces as its gather list,
     /// none copied.
-    Gather(crate::Gather),
+    Gather(crate::gather::Gather),
 }
 
 impl Payload<'_> {
@@ -413,7 +413,7 @@ impl PduSender for IserSender {
     async fn put_data_gather(
         &mut self,
         header: &Header,
-        data: crate::Gather,
+        data: crate::gather::Gather,
     ) -> Result<(), DatamoverError> {
         match (&header.pdu, self.shared.role) {
             (Pdu::DataIn(data_in), IserRole::Target) => {

@@ -1,29 +1,29 @@
-//! Prometheus metrics (`iscsi target --metrics ADDR:PORT`): what the
-//! target counts, summed at scrape time and served in the OpenMetrics text
-//! format by the official `prometheus-client` crate.
+//! What the target counts for Prometheus (`iscsi target --metrics
+//! ADDR:PORT`) and for `status`: the counters the data path bumps. Summing
+//! and serving them at scrape time is the exporter's (`exporter/`), which stands
+//! above the server; this room stands below every connection that counts.
 //!
+//! - `stats`: per-session statistics (commands, bytes, digest errors, task
+//!   management), logged when a session ends and shown by `status`.
 //! - `counters`: per session per LUN counters and the latency histogram,
 //!   written by that session's connections only.
 //! - [`Metrics`] (here): the sessions being counted, the totals of those
 //!   that ended ("retired", so that a `_total` never goes backwards when a
 //!   session leaves), logins and reloads.
-//! - `collect`: the `Collector` that encodes it all at scrape time.
-//! - `http`: the endpoint (GET /metrics).
 //!
 //! Nothing here is on the I/O path but the relaxed atomics of `counters`
 //! and of `stats::SessionStats`: no lock, no hash, no label lookup per
 //! command (no `Family::get_or_create`).
 
-pub(crate) mod collect;
 pub(crate) mod counters;
-pub mod http;
+pub(crate) mod stats;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use crate::stats::{SessionStats, TMF_FUNCTIONS, TMF_RESPONSES};
 use counters::LunSnapshot;
+use stats::{SessionStats, TMF_FUNCTIONS, TMF_RESPONSES};
 
 /// Login outcomes, the LIO / iSCSI MIB (RFC 4544 `iscsiTgtLoginStats`)
 /// taxonomy that Windows' `MSiSCSI_InitiatorLoginStatistics` uses too.
@@ -301,7 +301,7 @@ impl Drop for Enrolled {
 mod tests {
     use super::*;
     use crate::metrics::counters::{Completion, Op};
-    use crate::stats::SessionLabels;
+    use crate::metrics::stats::SessionLabels;
 
     fn session(hub: &Arc<Metrics>, target: &str, tsih: u16) -> Enrolled {
         hub.enroll(SessionStats::new(SessionLabels {

@@ -12,39 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TargetConfig;
 use crate::config::file::{ParsedConfig, PlannedLun};
-
-/// A session, as a plan names it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SessionRef {
-    /// TSIH.
-    pub tsih: u16,
-    /// InitiatorName.
-    pub initiator: String,
-    /// ISID, 12 hex digits.
-    pub isid: String,
-}
-
-impl fmt::Display for SessionRef {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "session {} ({}, ISID {})",
-            self.tsih, self.initiator, self.isid
-        )
-    }
-}
-
-/// A running session and what it uses: the input a plan needs of the
-/// registry.
-#[derive(Clone, Debug)]
-pub struct SessionUse {
-    /// The session.
-    pub session: SessionRef,
-    /// The target it is logged in to (`None`: discovery).
-    pub target: Option<String>,
-    /// The LUNs it has sent commands to.
-    pub luns: Vec<u16>,
-}
+pub use crate::registry::{SessionRef, SessionUse};
 
 /// What a change does to what is running.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -25,7 +25,7 @@ use iscsi_crc32c::{Crc32c, crc32c};
 
 use super::encode::MAX_HEADER_LEN;
 use super::{Ahs, BHS_LEN, DIGEST_LEN, Digests, Header, MAX_AHS_LEN, Pdu, padding_len};
-use crate::error::DecodeError;
+use crate::pdu::error::DecodeError;
 
 pub use super::stage::Stage;
 

@@ -14,7 +14,7 @@ use super::{
     Ahs, BHS_LEN, DIGEST_LEN, Digests, Header, MAX_AHS_LEN, MAX_DATA_SEGMENT_LENGTH,
     SegmentLengths, padding_len,
 };
-use crate::error::EncodeError;
+use crate::pdu::error::EncodeError;
 
 /// The largest header: BHS, the largest AHS and a header digest.
 pub const MAX_HEADER_LEN: usize = BHS_LEN + MAX_AHS_LEN + DIGEST_LEN;

@@ -21,6 +21,7 @@ pub mod async_msg;
 pub mod data;
 pub mod decoder;
 pub mod encode;
+pub mod error;
 pub mod login;
 pub mod logout;
 pub mod nop;
@@ -33,7 +34,7 @@ pub mod text;
 
 pub(crate) mod wire;
 
-use crate::error::{DecodeError, EncodeError};
+use crate::pdu::error::{DecodeError, EncodeError};
 
 pub use async_msg::{AsyncEvent, AsyncMessage};
 pub use data::{DataIn, DataOut, ReadyToTransfer};

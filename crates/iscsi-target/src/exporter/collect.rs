@@ -11,10 +11,10 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-use super::LoginResult;
-use super::counters::{BUCKETS, LunSnapshot, Op, SENSE_KEYS, bucket_bounds};
+use crate::metrics::LoginResult;
+use crate::metrics::counters::{BUCKETS, LunSnapshot, Op, SENSE_KEYS, bucket_bounds};
+use crate::metrics::stats::{TMF_FUNCTIONS, TMF_RESPONSES};
 use crate::shared::Shared;
-use crate::stats::{TMF_FUNCTIONS, TMF_RESPONSES};
 
 /// A label set: owned values, fixed names.
 type Labels = Vec<(&'static str, String)>;
@@ -217,14 +217,14 @@ impl TargetCollector {
         &self,
         e: &mut DescriptorEncoder,
         names: &[&str],
-        sums: &super::Sums,
+        sums: &crate::metrics::Sums,
     ) -> fmt::Result {
-        let zero = super::SessionTotals::default();
-        let totals: Vec<(&str, &super::SessionTotals)> = names
+        let zero = crate::metrics::SessionTotals::default();
+        let totals: Vec<(&str, &crate::metrics::SessionTotals)> = names
             .iter()
             .map(|&t| (t, sums.targets.get(t).unwrap_or(&zero)))
             .collect();
-        let simple = |f: fn(&super::SessionTotals) -> u64| -> Vec<(Labels, u64)> {
+        let simple = |f: fn(&crate::metrics::SessionTotals) -> u64| -> Vec<(Labels, u64)> {
             totals
                 .iter()
                 .map(|(t, s)| (labels([("target", t)]), f(s)))
@@ -325,7 +325,7 @@ impl TargetCollector {
         &self,
         e: &mut DescriptorEncoder,
         config: &crate::config::TargetConfig,
-        sums: &super::Sums,
+        sums: &crate::metrics::Sums,
     ) -> fmt::Result {
         let zero = LunSnapshot::default();
         let mut luns: Vec<(Labels, &LunSnapshot, u64)> = Vec::new();
@@ -416,7 +416,7 @@ impl TargetCollector {
 
 /// Per-session series (`--metrics-sessions`): opt-in, because initiator
 /// names and TSIHs are unbounded (every login makes a new series).
-fn encode_sessions(e: &mut DescriptorEncoder, sums: &super::Sums) -> fmt::Result {
+fn encode_sessions(e: &mut DescriptorEncoder, sums: &crate::metrics::Sums) -> fmt::Result {
     let of = |f: fn(&LunSnapshot) -> u64| {
         sums.sessions
             .iter()

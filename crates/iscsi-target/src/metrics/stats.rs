@@ -6,7 +6,7 @@
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::metrics::counters::LunTable;
+use super::counters::LunTable;
 
 /// Who a session is, for the labels of its series.
 #[derive(Clone, Debug, Default)]
