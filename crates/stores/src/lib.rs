@@ -10,7 +10,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | `ram/` | [`RamBackstore`]: sparse, 64 KiB chunks allocated on first non-zero write; `table.rs` the radix tree of chunk slots, a lock each |
+//! | `ram/` | [`RamBackstore`]: sparse, 64 KiB chunks allocated on first non-zero write; `chunk.rs` a chunk and its CRC32C, `table.rs` the radix tree of chunk slots, a lock each |
 //! | `file.rs` | [`FileBackstore`]: a regular (possibly sparse) file, UNMAP punches holes, EXTENDED COPY by `copy_file_range` |
 //! | `block.rs` | [`BlockBackstore`]: a block device (or any file), optionally `O_DIRECT` |
 //! | `pieces.rs` | a write's pieces in vectored writes, zeros where a hole cannot be punched |

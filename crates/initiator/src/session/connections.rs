@@ -11,30 +11,11 @@ use iscsi_proto::text::NegotiatedParameters;
 use iscsi_proto::transfer::Limits;
 
 use super::Inner;
+use super::affinity::CONNECTION_AFFINITY;
 use crate::config::Scheduling;
 use crate::connection::{Connection, SessionShared};
 use crate::error::Error;
 use crate::login::{LoginRequestParams, login};
-
-tokio::task_local! {
-    static CONNECTION_AFFINITY: usize;
-}
-
-/// Runs `future` with the commands it issues sent on connection `index`
-/// (modulo their session's connection count; the next live one if that
-/// one is down) whatever the session's [`Scheduling`]. A caller with queues
-/// of its own (`iscsi attach`'s ublk queues) keeps each queue on one
-/// connection of an MC/S session: a queue's commands then share one
-/// connection's window and order, and the queues' connections run side by
-/// side. (A plain fn returning the scope's future, not an async fn: that
-/// would hold `future` twice, as its argument and inside the scope, and
-/// every request's future would be twice the size to build and move.)
-pub fn with_connection_affinity<F: std::future::Future>(
-    index: usize,
-    future: F,
-) -> impl std::future::Future<Output = F::Output> {
-    CONNECTION_AFFINITY.scope(index, future)
-}
 
 impl Inner {
     /// What a login of connection `cid` into session `tsih` (0: a new one)

@@ -56,8 +56,9 @@ use crate::login::random_isid;
 use crate::url::IscsiUrl;
 use iscsi_datamover::tap::{Tee, WireCounter, WireCounts, WireTap};
 
+mod affinity;
+pub use affinity::with_connection_affinity;
 mod connections;
-pub use connections::with_connection_affinity;
 mod execute;
 mod recovery;
 mod task_management;

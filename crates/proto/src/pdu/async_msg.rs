@@ -2,8 +2,9 @@
 //! without a command, with SCSI sense data and iSCSI event data in the data
 //! segment (section 11.9.4).
 
+use super::bhs::{Lun, RESERVED_TAG, wire_enum};
+use super::wire::BHS_LEN;
 use super::wire::{put_sn, put_u16, put_u32, put_u64, sn_at, u16_at, u64_at};
-use super::{BHS_LEN, Lun, RESERVED_TAG, wire_enum};
 use crate::serial::{CmdSn, StatSn};
 
 wire_enum! {

@@ -1,8 +1,9 @@
 //! SCSI Data-Out and Data-In (RFC 7143 section 11.7) and Ready To Transfer
 //! (R2T, section 11.8): the PDUs that move a command's data.
 
+use super::bhs::Lun;
+use super::wire::BHS_LEN;
 use super::wire::{flag, put_sn, put_u32, put_u64, sn_at, u32_at, u64_at};
-use super::{BHS_LEN, Lun};
 use crate::serial::{CmdSn, DataSn, R2tSn, StatSn};
 
 /// SCSI Data-Out PDU, opcode 0x05 (RFC 7143 section 11.7).

@@ -23,8 +23,12 @@
 
 use iscsi_crc32c::{Crc32c, crc32c};
 
+use super::ahs::Ahs;
+use super::bhs::{DIGEST_LEN, Digests, MAX_AHS_LEN, padding_len};
 use super::encode::MAX_HEADER_LEN;
-use super::{Ahs, BHS_LEN, DIGEST_LEN, Digests, Header, MAX_AHS_LEN, Pdu, padding_len};
+use super::header::Header;
+use super::typed::Pdu;
+use super::wire::BHS_LEN;
 use crate::pdu::error::DecodeError;
 
 pub use super::stage::Stage;

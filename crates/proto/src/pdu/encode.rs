@@ -10,10 +10,12 @@
 
 use iscsi_crc32c::{crc32c, crc32c_append};
 
-use super::{
-    Ahs, BHS_LEN, DIGEST_LEN, Digests, Header, MAX_AHS_LEN, MAX_DATA_SEGMENT_LENGTH,
-    SegmentLengths, padding_len,
+use super::ahs::Ahs;
+use super::bhs::{
+    DIGEST_LEN, Digests, MAX_AHS_LEN, MAX_DATA_SEGMENT_LENGTH, SegmentLengths, padding_len,
 };
+use super::header::Header;
+use super::wire::BHS_LEN;
 use crate::pdu::error::EncodeError;
 
 /// The largest header: BHS, the largest AHS and a header digest.

@@ -2,8 +2,9 @@
 //! with the ISID (section 11.12.5) and the login status codes (section
 //! 11.13.5). The key=value data segment is the `text` module's business.
 
+use super::bhs::wire_enum;
+use super::wire::BHS_LEN;
 use super::wire::{flag, put_sn, put_u16, put_u32, sn_at, u16_at, u32_at};
-use super::{BHS_LEN, wire_enum};
 use crate::serial::{CmdSn, StatSn};
 
 wire_enum! {

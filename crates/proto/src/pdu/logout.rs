@@ -1,7 +1,8 @@
 //! Logout Request and Logout Response (RFC 7143 sections 11.14 and 11.15).
 
+use super::bhs::wire_enum;
+use super::wire::BHS_LEN;
 use super::wire::{immediate, opcode_byte, put_sn, put_u16, put_u32, sn_at, u16_at, u32_at};
-use super::{BHS_LEN, wire_enum};
 use crate::serial::{CmdSn, StatSn};
 
 wire_enum! {

@@ -1,8 +1,9 @@
 //! NOP-Out and NOP-In (RFC 7143 sections 11.18 and 11.19): pings, and the
 //! target's way to advance the command window without other traffic.
 
+use super::bhs::Lun;
+use super::wire::BHS_LEN;
 use super::wire::{immediate, opcode_byte, put_sn, put_u32, put_u64, sn_at, u32_at, u64_at};
-use super::{BHS_LEN, Lun};
 use crate::serial::{CmdSn, StatSn};
 
 /// NOP-Out PDU, opcode 0x00 (RFC 7143 section 11.18). Ping data, if any, is

@@ -2,8 +2,9 @@
 //! processed. The data segment carries the complete header (BHS) of the
 //! rejected PDU.
 
+use super::bhs::{RESERVED_TAG, wire_enum};
+use super::wire::BHS_LEN;
 use super::wire::{put_sn, put_u32, sn_at, u32_at};
-use super::{BHS_LEN, RESERVED_TAG, wire_enum};
 use crate::serial::{CmdSn, StatSn};
 
 wire_enum! {

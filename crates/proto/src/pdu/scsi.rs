@@ -3,8 +3,9 @@
 //! The CDB beyond 16 bytes and the bidirectional Expected Read-Data Length
 //! travel in AHSs ([`super::Ahs`]); [`super::Header::full_cdb`] joins them.
 
+use super::bhs::{Lun, wire_enum};
+use super::wire::BHS_LEN;
 use super::wire::{flag, immediate, opcode_byte, put_sn, put_u32, put_u64, sn_at, u32_at, u64_at};
-use super::{BHS_LEN, Lun, wire_enum};
 use crate::serial::{CmdSn, DataSn, StatSn};
 
 wire_enum! {

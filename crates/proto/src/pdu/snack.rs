@@ -1,8 +1,9 @@
 //! SNACK Request (RFC 7143 section 11.16): the initiator asks for
 //! retransmission of Data-In, R2T or status, or acknowledges data.
 
+use super::bhs::{Lun, wire_enum};
+use super::wire::BHS_LEN;
 use super::wire::{put_sn, put_u32, put_u64, sn_at, u32_at, u64_at};
-use super::{BHS_LEN, Lun, wire_enum};
 use crate::serial::StatSn;
 
 wire_enum! {

@@ -1,8 +1,9 @@
 //! Task Management Function Request and Response (RFC 7143 sections 11.5
 //! and 11.6).
 
+use super::bhs::{Lun, wire_enum};
+use super::wire::BHS_LEN;
 use super::wire::{immediate, opcode_byte, put_sn, put_u32, put_u64, sn_at, u32_at, u64_at};
-use super::{BHS_LEN, Lun, wire_enum};
 use crate::serial::{CmdSn, DataSn, StatSn};
 
 wire_enum! {

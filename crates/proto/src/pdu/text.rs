@@ -1,8 +1,9 @@
 //! Text Request and Text Response (RFC 7143 sections 11.10 and 11.11). The
 //! data segment is opaque here; the `text` module parses its key=value pairs.
 
+use super::bhs::Lun;
+use super::wire::BHS_LEN;
 use super::wire::{flag, immediate, opcode_byte, put_sn, put_u32, put_u64, sn_at, u32_at, u64_at};
-use super::{BHS_LEN, Lun};
 use crate::serial::{CmdSn, StatSn};
 
 /// Text Request PDU, opcode 0x04 (RFC 7143 section 11.10).

@@ -4,8 +4,10 @@
 //! Offsets are constants of the PDU formats, never peer data, so the fixed
 //! array indexing here cannot fail at run time for any input bytes.
 
-use super::BHS_LEN;
 use crate::serial::Serial;
+
+/// Length of the Basic Header Segment (RFC 7143 section 11.2.1).
+pub const BHS_LEN: usize = 48;
 
 /// The `u16` at `at`.
 pub(crate) fn u16_at(b: &[u8; BHS_LEN], at: usize) -> u16 {

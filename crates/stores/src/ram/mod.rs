@@ -1,14 +1,17 @@
 //! The sparse in-memory [`RamBackstore`].
 
+mod chunk;
 mod table;
 
 use std::fmt;
 use std::io;
-use std::sync::{Arc, LazyLock, OnceLock, PoisonError, RwLockWriteGuard};
+use std::sync::{Arc, LazyLock, PoisonError, RwLockWriteGuard};
 
 use bytes::Bytes;
 use iscsi_crc32c::KnownCrc32c;
 
+pub use chunk::RAM_CHUNK_SIZE;
+use chunk::{Chunk, ChunkData};
 use iscsi_scsi::backstore::{Allocation, Backstore, Lent};
 use table::{ChunkTable, Locked};
 
@@ -42,8 +45,6 @@ impl fmt::Display for RamBackstoreError {
 
 impl std::error::Error for RamBackstoreError {}
 
-/// Allocation granule of [`RamBackstore`].
-pub const RAM_CHUNK_SIZE: usize = 64 * 1024;
 const CHUNK: u64 = RAM_CHUNK_SIZE as u64;
 
 /// A sparse in-memory backstore: 64 KiB chunks allocated on first non-zero
@@ -59,49 +60,6 @@ pub struct RamBackstore {
     block_size: u32,
     unique_id: u64,
     chunks: ChunkTable,
-}
-
-/// One allocated chunk, shared with the reads that lent it.
-type Chunk = Arc<ChunkData>;
-
-/// A chunk's bytes and, once a READ's data digest asked for it, their
-/// CRC32C. Every change goes through [`ChunkData::bytes_mut`], which
-/// forgets the CRC, so a remembered CRC is always that of the bytes.
-#[derive(Debug, Clone)]
-struct ChunkData {
-    bytes: Vec<u8>,
-    crc: OnceLock<u32>,
-}
-
-impl ChunkData {
-    fn zeroed() -> Self {
-        ChunkData {
-            bytes: vec![0u8; RAM_CHUNK_SIZE],
-            crc: OnceLock::new(),
-        }
-    }
-
-    /// A chunk of `bytes` (exactly one chunk long).
-    fn from_bytes(bytes: Vec<u8>) -> Self {
-        debug_assert_eq!(bytes.len(), RAM_CHUNK_SIZE);
-        ChunkData {
-            bytes,
-            crc: OnceLock::new(),
-        }
-    }
-
-    /// The bytes, to change or to exchange for another buffer of the same
-    /// length: the remembered CRC is dropped first.
-    fn bytes_mut(&mut self) -> &mut Vec<u8> {
-        self.crc.take();
-        &mut self.bytes
-    }
-}
-
-impl KnownCrc32c for ChunkData {
-    fn crc32c(&self) -> u32 {
-        *self.crc.get_or_init(|| iscsi_crc32c::crc32c(&self.bytes))
-    }
 }
 
 /// A lent chunk as the owner of `Bytes` (no copy).

@@ -13,7 +13,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use super::Chunk;
+use super::chunk::Chunk;
 
 /// Children per node: 2^10, so a node of slots covers 64 MiB.
 const FAN_BITS: u32 = 10;
