@@ -229,7 +229,10 @@ impl Connection {
         number: u64,
     ) -> Self {
         let writer = Arc::new(Writer {
-            state: tokio::sync::Mutex::new(WriterState { sender, stat_sn }),
+            state: tokio::sync::Mutex::new(WriterState {
+                sender,
+                stats: iscsi_target_core::StatSequence::new(stat_sn),
+            }),
             window: Arc::clone(&session) as Arc<dyn crate::writer::CmdWindow>,
             number,
             closed: std::sync::atomic::AtomicBool::new(false),

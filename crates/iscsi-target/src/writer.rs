@@ -1,7 +1,8 @@
 //! The send direction of a connection: one lock that serialises its PDUs
-//! and stamps StatSN, ExpCmdSN and MaxCmdSN at the moment of sending. The
-//! tasks that answer on a connection share its `Writer`; a task's
-//! allegiance (`task.rs`) names one, which is how ERL 2 moves answers.
+//! and stamps StatSN, ExpCmdSN and MaxCmdSN at the moment of sending
+//! (which numbers is `iscsi_target_core::stamp`'s decision). The tasks
+//! that answer on a connection share its `Writer`; a task's allegiance
+//! (`task.rs`) names one, which is how ERL 2 moves answers.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -9,6 +10,8 @@ use std::sync::atomic::Ordering;
 use iscsi_datamover::{DatamoverError, Gather, PduSender, Sender};
 use iscsi_proto::pdu::{Header, Pdu};
 use iscsi_proto::serial::{CmdSn, StatSn};
+pub(crate) use iscsi_target_core::Stat;
+use iscsi_target_core::StatSequence;
 
 use crate::retention::Retained;
 
@@ -24,19 +27,6 @@ impl<T: CmdWindow + ?Sized> CmdWindow for Arc<T> {
     fn window_edges(&self) -> (CmdSn, CmdSn) {
         (**self).window_edges()
     }
-}
-
-/// Which StatSN a PDU carries (RFC 7143 4.2.2.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Stat {
-    /// A status or response: the next StatSN, which then advances.
-    Advance,
-    /// The current StatSN, not advanced (R2T, unsolicited NOP-In).
-    Current,
-    /// None (Data-In without status).
-    Reserved,
-    /// A status sent again in answer to a SNACK: the StatSN it first had.
-    Again(StatSn),
 }
 
 /// The send direction of a connection, shared by the tasks that answer on
@@ -56,10 +46,11 @@ pub(crate) struct Writer {
     pub(crate) retained: Option<std::sync::Mutex<Retained>>,
 }
 
-/// The sender and this connection's StatSN, under the writer's lock.
+/// The sender and this connection's StatSN sequence, under the writer's
+/// lock.
 pub(crate) struct WriterState {
     pub(crate) sender: Sender,
-    pub(crate) stat_sn: StatSn,
+    pub(crate) stats: StatSequence,
 }
 
 impl Writer {
@@ -142,7 +133,7 @@ impl WriterState {
 
     /// The StatSN the next status will carry.
     pub(crate) fn next_stat_sn(&self) -> StatSn {
-        self.stat_sn
+        self.stats.next()
     }
 
     /// `pdu` with StatSN (advanced or not, per `stat`), ExpCmdSN and
@@ -154,41 +145,8 @@ impl WriterState {
         data_len: usize,
         stat: Stat,
     ) -> Header {
-        let stat_sn = match stat {
-            Stat::Advance => {
-                let sn = self.stat_sn;
-                self.stat_sn = sn.next();
-                sn
-            }
-            Stat::Current => self.stat_sn,
-            Stat::Reserved => StatSn::new(0),
-            Stat::Again(sn) => sn,
-        };
         let (exp, max) = window.window_edges();
-        stamp(&mut pdu, stat_sn, exp, max);
+        self.stats.stamp(&mut pdu, stat, exp, max);
         Header::new(pdu, data_len as u32)
-    }
-}
-
-/// Writes the sequence numbers into a target PDU.
-fn stamp(pdu: &mut Pdu, stat_sn: StatSn, exp: CmdSn, max: CmdSn) {
-    macro_rules! set {
-        ($p:expr) => {{
-            $p.stat_sn = stat_sn;
-            $p.exp_cmd_sn = exp;
-            $p.max_cmd_sn = max;
-        }};
-    }
-    match pdu {
-        Pdu::NopIn(p) => set!(p),
-        Pdu::ScsiResponse(p) => set!(p),
-        Pdu::TaskManagementResponse(p) => set!(p),
-        Pdu::TextResponse(p) => set!(p),
-        Pdu::DataIn(p) => set!(p),
-        Pdu::LogoutResponse(p) => set!(p),
-        Pdu::ReadyToTransfer(p) => set!(p),
-        Pdu::AsyncMessage(p) => set!(p),
-        Pdu::Reject(p) => set!(p),
-        _ => {}
     }
 }

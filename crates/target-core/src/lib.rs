@@ -18,10 +18,12 @@
 //! - [`logout`]: what a Logout Request closes and what it answers.
 //! - [`keepalive`]: NOP-In pings of an idle connection, and when to drop
 //!   one that does not answer.
+//! - [`stamp`]: StatSN, ExpCmdSN and MaxCmdSN stamped into every PDU sent.
 
 pub mod keepalive;
 pub mod logout;
 pub mod solicit;
+pub mod stamp;
 pub mod tags;
 pub mod tasks;
 pub mod text;
@@ -30,6 +32,7 @@ pub mod window;
 pub use keepalive::{Keepalive, KeepaliveAction};
 pub use logout::{LogoutContext, LogoutPlan};
 pub use solicit::Solicitation;
+pub use stamp::{Stat, StatSequence};
 pub use tags::TransferTags;
 pub use tasks::{Arriving, Refusal, SessionTasks, TaskHandle};
 pub use text::{TextAsk, TextExchange, TextReply};
