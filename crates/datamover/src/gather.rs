@@ -149,6 +149,18 @@ impl From<Bytes> for Gather {
     }
 }
 
+/// What the target keeps of a command's Data-In for a SNACK: the very
+/// pieces it sent, shared.
+impl iscsi_proto::transfer::Payload for Gather {
+    fn len(&self) -> usize {
+        Gather::len(self)
+    }
+
+    fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        Gather::slice(self, range)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

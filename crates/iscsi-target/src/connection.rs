@@ -16,7 +16,7 @@
 //! - NOP-Out pings, Text (SendTargets, negotiation), Logout, task management
 //!   (in a task of its own, so that waiting for aborted commands does not
 //!   stop the reading), SNACK (Reject at ErrorRecoveryLevel 0; at 1 the
-//!   Data-In or statuses asked for, sent again: `retention`) and Reject
+//!   Data-In or statuses asked for, sent again: `iscsi_target_core::retention`) and Reject
 //!   for anything that breaks the rules.
 //! - On target shutdown, an Asynchronous Message asks the initiator to log
 //!   out; the connection is dropped if it has not done so in time.
@@ -50,9 +50,10 @@ use tokio::time::Instant;
 use tracing::{debug, info, warn};
 
 use crate::recovery::Orphan;
-use crate::retention::{Resend, SentStatus, exp_stat_sn_of};
 use crate::task::StillAllegiant;
+use crate::writer::{Resend, SentStatus};
 pub(crate) use crate::writer::{Stat, Writer, WriterState};
+use iscsi_target_core::retention::exp_stat_sn_of;
 
 use crate::metrics::stats::SessionStats;
 use crate::session::{Admission, Session, Task, record};

@@ -32,7 +32,6 @@ mod policy;
 mod recovery;
 mod registry;
 pub mod reload;
-mod retention;
 mod serve;
 pub mod server;
 mod session;

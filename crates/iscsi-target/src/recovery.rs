@@ -27,7 +27,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Mutex, PoisonError};
 
 use crate::pending::PendingWrite;
-use crate::retention::SentStatus;
+use crate::writer::SentStatus;
 
 /// What a failed connection left for a TASK REASSIGN.
 pub(crate) enum Orphan {
@@ -39,7 +39,7 @@ pub(crate) enum Orphan {
 }
 
 /// The most Data-In bytes a session keeps for answers orphaned by failed
-/// connections. Each connection keeps at most `retention::RETAINED_BYTES`,
+/// connections. Each connection keeps at most `iscsi_target_core::retention::RETAINED_BYTES`,
 /// but an initiator that drops connection after connection would pile up
 /// one such store per connection for Time2Retain: past this, the oldest
 /// answers are dropped (a TASK REASSIGN for one gets "task does not exist",

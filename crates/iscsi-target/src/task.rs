@@ -10,7 +10,7 @@ use iscsi_proto::serial::CmdSn;
 use iscsi_proto::transfer::Limits;
 use tokio::sync::Notify;
 
-use crate::retention::SentStatus;
+use crate::writer::SentStatus;
 use crate::writer::Writer;
 
 /// One command the target knows of, from its SCSI Command PDU to its

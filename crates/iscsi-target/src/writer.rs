@@ -13,7 +13,15 @@ use iscsi_proto::serial::{CmdSn, StatSn};
 pub(crate) use iscsi_target_core::Stat;
 use iscsi_target_core::StatSequence;
 
-use crate::retention::Retained;
+use iscsi_target_core::retention;
+
+/// What a connection keeps of a status for a SNACK (ERL 1): the core's
+/// retention over the very Data-In pieces sent.
+pub(crate) type Retained = retention::Retained<Gather>;
+/// A status sent and not yet acknowledged, with its Data-In as sent.
+pub(crate) type SentStatus = retention::SentStatus<Gather>;
+/// A PDU to send again for a SNACK.
+pub(crate) type Resend = retention::Resend<Gather>;
 
 /// The session's CmdSN window as a writer needs it: what ExpCmdSN and
 /// MaxCmdSN to stamp (the session implements it; a writer needs nothing
@@ -42,7 +50,7 @@ pub(crate) struct Writer {
     /// answer for a task allegiant to it is parked instead (ERL 2).
     pub(crate) closed: std::sync::atomic::AtomicBool,
     /// At ErrorRecoveryLevel 1 and above: the statuses (and Data-In) not
-    /// yet acknowledged, for SNACKs (`retention`).
+    /// yet acknowledged, for SNACKs (`iscsi_target_core::retention`).
     pub(crate) retained: Option<std::sync::Mutex<Retained>>,
 }
 

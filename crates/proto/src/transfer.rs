@@ -85,6 +85,31 @@ pub struct Segment {
     pub last_in_sequence: bool,
 }
 
+/// The data of a task's Data-In as its sender keeps it for sending again
+/// (a SNACK, a task reassignment): its length, and a piece of it by byte
+/// range, shared rather than copied where the holder can
+/// (`iscsi_datamover::Gather` shares its buffers; a `Vec<u8>` copies).
+pub trait Payload: Clone {
+    /// Its length in bytes.
+    fn len(&self) -> usize;
+    /// Whether it holds no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// Bytes `range` of it (within its length).
+    fn slice(&self, range: std::ops::Range<usize>) -> Self;
+}
+
+impl Payload for Vec<u8> {
+    fn len(&self) -> usize {
+        Vec::len(self)
+    }
+
+    fn slice(&self, range: std::ops::Range<usize>) -> Self {
+        self[range].to_vec()
+    }
+}
+
 /// What an initiator sends for a WRITE before any R2T.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct WritePlan {

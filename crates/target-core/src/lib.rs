@@ -19,9 +19,12 @@
 //! - [`keepalive`]: NOP-In pings of an idle connection, and when to drop
 //!   one that does not answer.
 //! - [`stamp`]: StatSN, ExpCmdSN and MaxCmdSN stamped into every PDU sent.
+//! - [`retention`]: ERL 1: the statuses and Data-In kept until
+//!   acknowledged, and what answers a SNACK.
 
 pub mod keepalive;
 pub mod logout;
+pub mod retention;
 pub mod solicit;
 pub mod stamp;
 pub mod tags;

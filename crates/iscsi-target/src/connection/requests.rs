@@ -32,7 +32,7 @@ impl Connection {
 
     /// Answers a SNACK (RFC 7143 11.16): at ErrorRecoveryLevel 0 with a
     /// Reject, at 1 with the Data-In or statuses asked for, sent again from
-    /// what the connection kept (`retention`), or a Reject saying why not.
+    /// what the connection kept (`iscsi_target_core::retention`), or a Reject saying why not.
     pub(super) async fn snack(
         &mut self,
         header: &Header,

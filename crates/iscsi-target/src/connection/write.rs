@@ -18,8 +18,9 @@ use tracing::{debug, warn};
 use super::{Connection, Receiver, Stat};
 use crate::metrics::stats::SessionStats;
 pub(crate) use crate::pending::PendingWrite;
-use crate::retention::{Refusal, Resend};
 use crate::session::Task;
+use crate::writer::Resend;
+use iscsi_target_core::retention::Refusal;
 
 /// SPC-4's PROTOCOL SERVICE CRC ERROR (ABORTED COMMAND, 47h/05h): the
 /// status of a task whose data failed its digest at ErrorRecoveryLevel 0

@@ -5,8 +5,9 @@
 //!
 //! At ERL 1 every SCSI Response is kept, with the Data-In of its command,
 //! until the initiator acknowledges it: ExpStatSN past its StatSN on any
-//! later PDU (section 4.2.2.2). The Data-In is kept as the [`Gather`] it was
-//! sent from, so a retransmission sends the very bytes the first one did
+//! later PDU (section 4.2.2.2). The Data-In is kept as it was sent (the
+//! target keeps the `iscsi_datamover::Gather` it was sent from, a
+//! [`Payload`]), so a retransmission sends the very bytes the first one did
 //! (a RAM LUN's chunks are shared, and a later write copies a lent chunk
 //! rather than change it). Memory is bounded: past [`RETAINED_BYTES`] of
 //! data per connection the oldest are dropped, and a SNACK for them gets a
@@ -19,20 +20,19 @@
 
 use std::collections::VecDeque;
 
-use iscsi_datamover::Gather;
 use iscsi_proto::pdu::{
     DataIn, Lun, Pdu, RESERVED_TAG, ReadyToTransfer, RejectReason, ScsiResponse, SnackRequest,
     SnackType,
 };
 use iscsi_proto::serial::{DataSn, StatSn};
-use iscsi_proto::transfer::{Limits, Segment};
+use iscsi_proto::transfer::{Limits, Payload, Segment};
 
 /// The most Data-In bytes one connection keeps for retransmission.
-pub(crate) const RETAINED_BYTES: usize = 64 << 20;
+pub const RETAINED_BYTES: usize = 64 << 20;
 
 /// A status sent and not yet acknowledged, with its command's Data-In.
 #[derive(Clone, Debug)]
-pub(crate) struct SentStatus {
+pub struct SentStatus<D> {
     /// The StatSN it went out with.
     pub stat_sn: StatSn,
     /// The SCSI Response as sent (sequence numbers are stamped again).
@@ -40,18 +40,18 @@ pub(crate) struct SentStatus {
     /// Its data segment (sense data).
     pub sense_data: Vec<u8>,
     /// The Data-In sent before it (empty for commands that read nothing).
-    pub data_in: Gather,
+    pub data_in: D,
     /// The command's LUN.
     pub lun: Lun,
     /// The limits the Data-In was cut by.
     pub limits: Limits,
 }
 
-impl SentStatus {
+impl<D: Payload> SentStatus<D> {
     /// The Data-In (without status) that carries `segment` of the task's
     /// data, and that data: sent first, sent again for a SNACK, and sent
     /// again after a TASK REASSIGN.
-    pub fn data_in(&self, segment: &Segment) -> (DataIn, Gather) {
+    pub fn data_in(&self, segment: &Segment) -> (DataIn, D) {
         let start = segment.offset as usize;
         let data = self.data_in.slice(start..start + segment.length as usize);
         let pdu = DataIn {
@@ -69,9 +69,9 @@ impl SentStatus {
 
 /// One PDU to send again in answer to a SNACK.
 #[derive(Debug)]
-pub(crate) enum Resend {
+pub enum Resend<D> {
     /// A Data-In, without status, with its data.
-    DataIn(DataIn, Gather),
+    DataIn(DataIn, D),
     /// A SCSI Response with the StatSN it first had.
     Response(ScsiResponse, Vec<u8>, StatSn),
     /// An R2T of a write still collecting its data, as first sent.
@@ -79,20 +79,30 @@ pub(crate) enum Resend {
 }
 
 /// Why a SNACK cannot be answered: the Reject's reason and a log line.
-pub(crate) type Refusal = (RejectReason, &'static str);
+pub type Refusal = (RejectReason, &'static str);
 
 /// The statuses of one connection not yet acknowledged, oldest first.
-#[derive(Debug, Default)]
-pub(crate) struct Retained {
-    sent: VecDeque<SentStatus>,
+#[derive(Debug)]
+pub struct Retained<D> {
+    sent: VecDeque<SentStatus<D>>,
     bytes: usize,
     /// Statuses dropped unacknowledged to stay within [`RETAINED_BYTES`].
     pub evicted: u64,
 }
 
-impl Retained {
+impl<D> Default for Retained<D> {
+    fn default() -> Self {
+        Self {
+            sent: VecDeque::new(),
+            bytes: 0,
+            evicted: 0,
+        }
+    }
+}
+
+impl<D: Payload> Retained<D> {
     /// Keeps a status just sent.
-    pub fn keep(&mut self, status: SentStatus) {
+    pub fn keep(&mut self, status: SentStatus<D>) {
         self.bytes += status.data_in.len();
         self.sent.push_back(status);
         while self.bytes > RETAINED_BYTES && self.sent.len() > 1 {
@@ -103,7 +113,7 @@ impl Retained {
 
     /// Takes every status kept (the connection failed at ERL 2: they wait
     /// for TASK REASSIGN in the session, `recovery`).
-    pub fn take_all(&mut self) -> Vec<SentStatus> {
+    pub fn take_all(&mut self) -> Vec<SentStatus<D>> {
         self.bytes = 0;
         self.sent.drain(..).collect()
     }
@@ -127,7 +137,6 @@ impl Retained {
     }
 
     /// How many statuses are kept, and their Data-In bytes.
-    #[cfg(test)]
     pub fn size(&self) -> (usize, usize) {
         (self.sent.len(), self.bytes)
     }
@@ -140,7 +149,7 @@ impl Retained {
     ///   "Protocol Error" (11.16: "MUST be rejected"); a DataACK, which this
     ///   target never asks for: "Invalid DataACK"; an R-Data SNACK (asked
     ///   only after a task reassignment, ERL 2): "SNACK Reject".
-    pub fn answer(&self, snack: &SnackRequest) -> Result<Vec<Resend>, Refusal> {
+    pub fn answer(&self, snack: &SnackRequest) -> Result<Vec<Resend<D>>, Refusal> {
         match snack.snack_type {
             SnackType::DataR2t => self.data(snack),
             SnackType::Status => self.statuses(snack),
@@ -156,7 +165,7 @@ impl Retained {
         }
     }
 
-    fn data(&self, snack: &SnackRequest) -> Result<Vec<Resend>, Refusal> {
+    fn data(&self, snack: &SnackRequest) -> Result<Vec<Resend<D>>, Refusal> {
         let itt = snack.initiator_task_tag;
         let Some(sent) = self
             .sent
@@ -190,7 +199,7 @@ impl Retained {
             .collect())
     }
 
-    fn statuses(&self, snack: &SnackRequest) -> Result<Vec<Resend>, Refusal> {
+    fn statuses(&self, snack: &SnackRequest) -> Result<Vec<Resend<D>>, Refusal> {
         let first = StatSn::new(snack.beg_run);
         let wanted = |sn: StatSn| match snack.run_length {
             0 => !sn.lt(first),
@@ -199,7 +208,7 @@ impl Retained {
                 !sn.lt(first) && offset < run
             }
         };
-        let resends: Vec<Resend> = self
+        let resends: Vec<Resend<D>> = self
             .sent
             .iter()
             .filter(|s| wanted(s.stat_sn))
@@ -217,7 +226,7 @@ impl Retained {
 
 /// The ExpStatSN an initiator PDU carries, if its format has one (RFC 7143
 /// 11.3, 11.5, 11.7, 11.10, 11.14, 11.16, 11.18).
-pub(crate) fn exp_stat_sn_of(pdu: &Pdu) -> Option<StatSn> {
+pub fn exp_stat_sn_of(pdu: &Pdu) -> Option<StatSn> {
     match pdu {
         Pdu::ScsiCommand(p) => Some(p.exp_stat_sn),
         Pdu::DataOut(p) => Some(p.exp_stat_sn),
@@ -249,7 +258,7 @@ mod tests {
         }
     }
 
-    fn sent(itt: u32, stat_sn: u32, data_len: usize) -> SentStatus {
+    fn sent(itt: u32, stat_sn: u32, data_len: usize) -> SentStatus<Vec<u8>> {
         let bytes: Vec<u8> = (0..data_len).map(|i| i as u8).collect();
         SentStatus {
             stat_sn: StatSn::new(stat_sn),
@@ -258,7 +267,7 @@ mod tests {
                 ..ScsiResponse::default()
             },
             sense_data: Vec::new(),
-            data_in: Gather::from(bytes::Bytes::from(bytes)),
+            data_in: bytes,
             lun: Lun(0),
             limits: limits(),
         }
@@ -276,7 +285,7 @@ mod tests {
 
     #[test]
     fn a_data_snack_gets_the_same_data_in_again() {
-        let mut retained = Retained::default();
+        let mut retained = Retained::<Vec<u8>>::default();
         retained.keep(sent(7, 100, 40_000));
         // 40 000 bytes in 16 KiB bursts of 8 KiB PDUs: DataSN 0-4.
         let resends = retained
@@ -298,7 +307,7 @@ mod tests {
         let Resend::DataIn(_, data) = &resends[0] else {
             unreachable!()
         };
-        assert_eq!(data.pieces()[0][0], (8192 % 256) as u8);
+        assert_eq!(data[0], (8192 % 256) as u8);
         // RunLength 0: everything from BegRun on.
         assert_eq!(
             retained
@@ -311,7 +320,7 @@ mod tests {
 
     #[test]
     fn snacks_for_what_was_never_sent_are_protocol_errors() {
-        let mut retained = Retained::default();
+        let mut retained = Retained::<Vec<u8>>::default();
         retained.keep(sent(7, 100, 40_000));
         for bad in [
             snack(SnackType::DataR2t, 8, 0, 1),
@@ -330,7 +339,7 @@ mod tests {
 
     #[test]
     fn acknowledged_statuses_are_forgotten_and_memory_is_bounded() {
-        let mut retained = Retained::default();
+        let mut retained = Retained::<Vec<u8>>::default();
         for (i, sn) in (0..4).zip([u32::MAX - 1, u32::MAX, 0, 1]) {
             retained.keep(sent(i, sn, 100));
         }
