@@ -384,6 +384,7 @@ impl From<io::Error> for BackstoreOpenError {
 }
 
 /// Accepts block sizes that are powers of two from 512 to 65536.
+#[inline]
 pub fn check_block_size(block_size: u32) -> Result<(), BackstoreOpenError> {
     if block_size.is_power_of_two() && (512..=65536).contains(&block_size) {
         Ok(())
@@ -393,6 +394,7 @@ pub fn check_block_size(block_size: u32) -> Result<(), BackstoreOpenError> {
 }
 
 /// The error of a byte range past the end of a store.
+#[inline]
 pub fn out_of_range() -> io::Error {
     io::Error::new(
         io::ErrorKind::InvalidInput,
@@ -401,6 +403,7 @@ pub fn out_of_range() -> io::Error {
 }
 
 /// `Ok` when `[offset, offset + len)` lies within `size` bytes.
+#[inline]
 pub fn check_range(offset: u64, len: u64, size: u64) -> io::Result<()> {
     match offset.checked_add(len) {
         Some(end) if end <= size => Ok(()),
@@ -409,6 +412,7 @@ pub fn check_range(offset: u64, len: u64, size: u64) -> io::Result<()> {
 }
 
 /// `Ok` when `pieces` hold at least `len` bytes (a write's length).
+#[inline]
 pub fn check_pieces(pieces: &[Vec<u8>], len: usize) -> io::Result<()> {
     if pieces.iter().map(Vec::len).sum::<usize>() < len {
         return Err(io::Error::new(
