@@ -21,9 +21,12 @@
 //! - [`stamp`]: StatSN, ExpCmdSN and MaxCmdSN stamped into every PDU sent.
 //! - [`retention`]: ERL 1: the statuses and Data-In kept until
 //!   acknowledged, and what answers a SNACK.
+//! - [`orphans`]: ERL 2: what a failed connection leaves for a TASK
+//!   REASSIGN, bounded, expiring with the connection's Time2Retain.
 
 pub mod keepalive;
 pub mod logout;
+pub mod orphans;
 pub mod retention;
 pub mod solicit;
 pub mod stamp;
