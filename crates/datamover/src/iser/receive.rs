@@ -12,8 +12,9 @@ use iscsi_proto::serial::{DataSn, StatSn};
 use tokio::sync::mpsc;
 
 use super::header::{ISER_VERSION, IserHeader};
-use super::{IserRole, Placed, RemoteTask, Shared, Sink, lock, transport};
-use super::{Message, parse_message};
+use super::shared::{
+    IserRole, Message, Placed, RemoteTask, Shared, Sink, lock, parse_message, transport,
+};
 use crate::primitives::{DatamoverError, PduReceiver};
 use crate::tap::{Direction, PduSummary};
 use crate::write_buffer::{WRITE_PIECE, WriteBuffer};
@@ -233,8 +234,8 @@ impl IserReceiver {
     fn command_arrived(
         &self,
         command: &ScsiCommand,
-        write: Option<super::Advertised>,
-        read: Option<super::Advertised>,
+        write: Option<super::header::Advertised>,
+        read: Option<super::header::Advertised>,
         immediate: u32,
     ) {
         if write.is_some() || read.is_some() {

@@ -10,7 +10,7 @@ use iscsi_proto::pdu::{DataIn, DataOut, Header, Pdu, ScsiCommand, ScsiResponse, 
 use iscsi_proto::serial::DataSn;
 
 use super::header::{Advertised, HEADER_LEN, IserHeader};
-use super::{IserRole, LocalTask, PendingRead, SINK_PREFIX_MAX, Shared, lock, transport};
+use super::shared::{IserRole, LocalTask, PendingRead, SINK_PREFIX_MAX, Shared, lock, transport};
 use crate::primitives::{DatamoverError, PduSender};
 use crate::tap::{Direction, PduSummary};
 use crate::tcp::PduBatch;
