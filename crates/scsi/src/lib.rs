@@ -25,7 +25,8 @@
 //! | [`sense`] | the `iscsi-sense` crate, re-exported: sense keys, named ASC/ASCQ constants, INFORMATION, fixed and descriptor formats (a crate of its own because the initiator reads sense data too) |
 //! | [`spc`] | primary commands: INQUIRY and VPD pages (00h, 80h, 83h, B0h, B1h, B2h), REPORT LUNS, TEST UNIT READY, REQUEST SENSE |
 //! | [`mode`] | MODE SENSE(6/10), MODE SELECT(6/10): caching, control, informational exceptions pages |
-//! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules |
+//! | [`pr`] | RESERVE/RELEASE(6/10), PERSISTENT RESERVE IN/OUT, the reservation conflict rules; `pr_state.rs` the state they change |
+//! | `pr_shared.rs`, [`pr_record`] | persistent reservations shared by a gateway group over any store that offers a [`SharedPrStore`] (today `iscsi-ceph`'s RBD), and the versioned record they keep in it |
 //! | [`sbc`] | block commands: READ/WRITE(6/10/12/16), READ CAPACITY(10/16), GET LBA STATUS, SYNCHRONIZE CACHE(10/16), UNMAP, WRITE SAME(10/16), COMPARE AND WRITE, VERIFY(10/12/16), WRITE AND VERIFY(10/12/16), START STOP UNIT, PREVENT ALLOW MEDIUM REMOVAL |
 //! | [`xcopy`] | EXTENDED COPY (LID1) between this target's LUs and RECEIVE COPY RESULTS; `xcopy/parse.rs` the parameter list, `xcopy_state.rs` the statuses held for COPY STATUS |
 //! | [`alua`] | implicit ALUA for an LU several gateways serve: the [`alua::AluaGroup`] its store hands it, TPGS and the port designators in INQUIRY, REPORT TARGET PORT GROUPS, the standby/transitioning gate, ASYMMETRIC ACCESS STATE CHANGED |
@@ -34,6 +35,7 @@
 //! | [`opcodes`] | the table of supported commands; REPORT SUPPORTED OPERATION CODES, REPORT SUPPORTED TASK MANAGEMENT FUNCTIONS |
 //! | `data_out.rs` | [`DataOut`]: a command's Data-Out, in one buffer or in pieces a WRITE hands to [`Backstore::write_pieces`] |
 //! | [`backstore`] | the [`Backstore`] trait, [`AsyncIo`], the shared reservation store's trait; the stores themselves are in `iscsi-stores` and `iscsi-ceph` |
+//! | `test_store.rs` | the unit tests' store (the real stores depend on this crate; the integration tests in `tests/` use them) |
 
 pub mod alua;
 pub mod atomic;
