@@ -11,7 +11,7 @@ use iscsi_crc32c::Crc32c;
 use tokio::io::AsyncReadExt;
 use tokio::net::tcp::OwnedReadHalf;
 
-use super::{MAX_FPDU, RX_BUF, Shared, tagged_refusal};
+use super::shared::{MAX_FPDU, RX_BUF, Shared, tagged_refusal};
 use crate::error::{Error, TerminateReason};
 use crate::fpdu;
 use crate::mr::Access;

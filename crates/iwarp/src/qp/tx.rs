@@ -14,7 +14,7 @@ use iscsi_crc32c::Crc32c;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 
-use super::{BATCH_BYTES, MAX_FPDU, PendingRead, Shared, State};
+use super::shared::{BATCH_BYTES, MAX_FPDU, PendingRead, Shared, State};
 use crate::error::{Error, TerminateReason};
 use crate::fpdu::Encoder;
 use crate::verbs::{Completion, LocalBuffer, RemoteBuffer, SendOp, Sge, WcOpcode, WcStatus};
