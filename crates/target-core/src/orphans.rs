@@ -116,35 +116,11 @@ impl<D: Payload, W> OrphanTable<D, W> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use iscsi_proto::pdu::{Lun, ScsiResponse};
-    use iscsi_proto::serial::StatSn;
-    use iscsi_proto::transfer::Limits;
 
     type Table = OrphanTable<Vec<u8>, ()>;
 
     fn answered(itt: u32, bytes: usize) -> Orphan<Vec<u8>, ()> {
-        Orphan::Answered(SentStatus {
-            stat_sn: StatSn::new(0),
-            response: ScsiResponse {
-                initiator_task_tag: itt,
-                ..ScsiResponse::default()
-            },
-            sense_data: Vec::new(),
-            data_in: vec![0u8; bytes],
-            lun: Lun(0),
-            limits: Limits {
-                max_send_segment: 8192,
-                max_recv_segment: 8192,
-                max_burst_length: 16384,
-                first_burst_length: 8192,
-                immediate_data: true,
-                initial_r2t: true,
-                max_outstanding_r2t: 1,
-                data_pdu_in_order: true,
-                data_sequence_in_order: true,
-                error_recovery_level: 2,
-            },
-        })
+        Orphan::Answered(crate::retention::tests::sent(itt, 0, bytes))
     }
 
     #[test]

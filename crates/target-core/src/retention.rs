@@ -240,7 +240,7 @@ pub fn exp_stat_sn_of(pdu: &Pdu) -> Option<StatSn> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn limits() -> Limits {
@@ -258,7 +258,9 @@ mod tests {
         }
     }
 
-    fn sent(itt: u32, stat_sn: u32, data_len: usize) -> SentStatus<Vec<u8>> {
+    /// A status of task `itt` sent with StatSN `stat_sn` after `data_len`
+    /// bytes of Data-In (also the orphan table's tests' answers).
+    pub(crate) fn sent(itt: u32, stat_sn: u32, data_len: usize) -> SentStatus<Vec<u8>> {
         let bytes: Vec<u8> = (0..data_len).map(|i| i as u8).collect();
         SentStatus {
             stat_sn: StatSn::new(stat_sn),
