@@ -21,7 +21,6 @@
 //! - On target shutdown, an Asynchronous Message asks the initiator to log
 //!   out; the connection is dropped if it has not done so in time.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -44,7 +43,9 @@ use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachin
 use iscsi_proto::text::SessionType;
 use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, DataOut, Nexus, ScsiTarget, TargetReset};
-use iscsi_target_core::{Keepalive, KeepaliveAction, Solicitation, TextExchange, TransferTags};
+use iscsi_target_core::{
+    Due, Keepalive, KeepaliveAction, Solicitation, TextExchange, TransferTags,
+};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -56,9 +57,10 @@ pub(crate) use crate::writer::{Stat, Writer, WriterState};
 use iscsi_target_core::retention::exp_stat_sn_of;
 
 use crate::metrics::stats::SessionStats;
+use crate::pending::{PendingWrite, WriteParts, Writes};
 use crate::session::{Admission, Session, Task, record};
 use crate::shared::Shared;
-use write::{Drain, PROTOCOL_SERVICE_CRC_ERROR, PendingWrite};
+use write::PROTOCOL_SERVICE_CRC_ERROR;
 
 mod execute;
 mod planned;
@@ -133,10 +135,6 @@ const PIECES_KEPT: usize = 1024;
 // A write's pieces are what a RAM store can keep as its chunks.
 const _: () = assert!(WRITE_PIECE == iscsi_stores::RAM_CHUNK_SIZE);
 
-/// Tags of aborted writes remembered per connection, to drop their late
-/// Data-Out quietly: far more than the commands that can be in flight.
-const ABORTED_WRITES_KEPT: usize = 1024;
-
 /// How long a logged-out connection is read for what the initiator still
 /// had on the way.
 const LOGOUT_DRAIN: Duration = Duration::from_secs(2);
@@ -185,16 +183,12 @@ pub(crate) struct Connection {
     /// RAM store keeps them as its chunks, giving back the chunks they
     /// replaced).
     pieces: Arc<BufferPool>,
-    pending_writes: HashMap<u32, PendingWrite>,
-    /// Writes that failed before all their data arrived, by Initiator Task
-    /// Tag: their remaining Data-Out is dropped, and their status waits
-    /// until the last of it is in.
-    draining: HashMap<u32, Drain>,
-    /// Writes task management aborted while they collected data, by
-    /// Initiator Task Tag (the latest [`ABORTED_WRITES_KEPT`]): Data-Out
-    /// the initiator still sends for them is dropped without a Reject.
-    aborted_writes: std::collections::VecDeque<u32>,
-    /// The session's abort count when `pending_writes` was last swept for
+    /// Writes collecting their data, and those that failed on the way and
+    /// wait for the rest of it before their status (the core decides,
+    /// `iscsi_target_core::collect`; Data-Out the initiator still sends
+    /// for an aborted write is dropped without a Reject).
+    writes: Writes,
+    /// The session's abort count when `writes` was last swept for
     /// aborted writes.
     aborts_swept: u64,
     /// Target Transfer Tags for R2Ts, pings and long Text answers.
@@ -267,9 +261,7 @@ impl Connection {
                 WRITE_PIECE,
                 pool_bytes / 2,
             )),
-            pending_writes: HashMap::new(),
-            draining: HashMap::new(),
-            aborted_writes: std::collections::VecDeque::new(),
+            writes: Writes::default(),
             aborts_swept: 0,
             transfer_tags: TransferTags::default(),
             text: TextExchange::default(),
@@ -420,8 +412,8 @@ impl Connection {
             self.abandon_pending_writes();
             self.writer.terminate().await;
         }
-        for (_, drain) in self.draining.drain() {
-            self.session.abort(&drain.task);
+        for failed in self.writes.take_draining() {
+            self.session.abort(&failed.task);
         }
         if stopped_by_logout {
             drain_after_logout(&mut receiver).await;
@@ -439,8 +431,8 @@ impl Connection {
         self.writer.terminate().await;
         let number = self.writer.number;
         let orphans = &self.session.orphans;
-        let writes = self.pending_writes.len();
-        for (itt, pending) in self.pending_writes.drain() {
+        let writes = self.writes.collecting();
+        for (itt, pending) in self.writes.take_all() {
             orphans.adopt(itt, Orphan::Collecting(Box::new(pending)), number);
         }
         let statuses = match &self.writer.retained {
@@ -472,38 +464,26 @@ impl Connection {
             return;
         }
         self.aborts_swept = aborts;
-        let aborted: Vec<u32> = self
-            .pending_writes
-            .iter()
-            .filter(|(_, pending)| pending.task.aborted.load(Ordering::Acquire))
-            .map(|(&itt, _)| itt)
-            .collect();
-        for itt in aborted {
-            self.drop_aborted_write(itt);
+        for write in self.writes.sweep_aborted(WriteParts::aborted) {
+            self.end_aborted_write(write);
         }
     }
 
-    /// Ends the aborted write `itt`, returns its buffer and remembers its
-    /// tag: the initiator goes on answering its R2Ts until it has the
-    /// function's response (RFC 7143 11.5.1), and that Data-Out is
-    /// dropped quietly.
-    pub(super) fn drop_aborted_write(&mut self, itt: u32) {
-        if let Some(pending) = self.pending_writes.remove(&itt) {
-            self.session.finish(&pending.task);
-            self.give_write_buffer(pending.buffer);
-            if self.aborted_writes.len() == ABORTED_WRITES_KEPT {
-                self.aborted_writes.pop_front();
-            }
-            self.aborted_writes.push_back(itt);
-        }
+    /// Ends a write the core took out as aborted: its task is finished and
+    /// its buffer goes back (the initiator goes on answering its R2Ts until
+    /// it has the function's response, RFC 7143 11.5.1; the core drops
+    /// that Data-Out quietly).
+    pub(super) fn end_aborted_write(&mut self, write: WriteParts) {
+        self.session.finish(&write.task);
+        self.give_write_buffer(write.buffer);
     }
 
     /// Aborts every write still waiting for Data-Out on this connection
     /// (its end, or a logout): they end without a status.
     fn abandon_pending_writes(&mut self) {
-        for (_, pending) in self.pending_writes.drain() {
-            self.session.abort(&pending.task);
-            pending.buffer.give(&self.buffers, &self.pieces);
+        for (_, pending) in self.writes.take_all() {
+            self.session.abort(&pending.write.task);
+            pending.write.buffer.give(&self.buffers, &self.pieces);
         }
     }
 
@@ -720,8 +700,8 @@ impl Connection {
         if expected > MAX_WRITE_BUFFER {
             self.data_or_reject(receiver, header).await?;
             let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
-            let unsolicited = self.unsolicited_follows(expected, immediate_len);
-            self.answer_when_drained(task, command, outcome, Vec::new(), unsolicited);
+            let due = Due::unsolicited_after(&self.limits, expected, immediate_len);
+            self.answer_when_drained(task, command, outcome, due);
             return Ok(());
         }
         let mut tracker = match DataOutTracker::new(self.limits, expected, immediate_len) {
@@ -767,8 +747,8 @@ impl Connection {
                 self.give_write_buffer(buffer);
                 self.reject(header, RejectReason::DataDigestError).await?;
                 let outcome = CommandOutcome::check_condition(PROTOCOL_SERVICE_CRC_ERROR);
-                let unsolicited = self.unsolicited_follows(expected, immediate_len);
-                self.answer_when_drained(task, command, outcome, Vec::new(), unsolicited);
+                let due = Due::unsolicited_after(&self.limits, expected, immediate_len);
+                self.answer_when_drained(task, command, outcome, due);
                 return Ok(());
             }
             Err(e) => {
@@ -783,16 +763,19 @@ impl Connection {
         }
         let bursts = self.limits.r2t_bursts(expected, tracker.solicited_from());
         let solicit = Solicitation::new(command.lun, itt, bursts);
-        let mut pending = PendingWrite {
-            task,
-            command,
-            cdb,
-            buffer,
+        let pending = PendingWrite {
+            write: WriteParts {
+                task,
+                command,
+                cdb,
+                buffer,
+            },
             tracker,
             solicit,
         };
-        self.requeue_lost(&mut pending);
-        self.solicit_and_keep(itt, pending).await
+        let asked = self.writes.insert(itt, pending);
+        SessionStats::add(&self.session.stats.recovery_r2ts, asked as u64);
+        self.solicit_and_keep(itt).await
     }
 
     /// Answers a command with `outcome` without executing it.

@@ -279,7 +279,7 @@ fn end_session(shared: &Shared, session: &Arc<Session>) {
     session.abort_all();
     for orphan in session.orphans.drain() {
         if let Orphan::Collecting(pending) = orphan {
-            session.abort(&pending.task);
+            session.abort(&pending.write.task);
         }
     }
     let registered = shared

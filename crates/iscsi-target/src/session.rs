@@ -377,7 +377,7 @@ impl Session {
         for orphan in self.orphans.expire(number) {
             ended += 1;
             if let Orphan::Collecting(pending) = orphan {
-                self.abort(&pending.task);
+                self.abort(&pending.write.task);
             }
         }
         for task in self.tasks(None) {

@@ -11,6 +11,9 @@
 //! - [`tasks`]: the window and the task table together: which command PDUs
 //!   are delivered, which live task holds each Initiator Task Tag.
 //! - [`tags`]: the Target Transfer Tags of a connection.
+//! - [`collect`]: the WRITEs of a connection collecting their data: where
+//!   each Data-Out belongs, when a write is complete, what a failed one
+//!   still waits for.
 //! - [`solicit`]: the R2Ts of one WRITE: bursts asked for while the
 //!   outstanding limit allows, kept for SNACKs, recovery R2Ts first.
 //! - [`text`]: Text Requests in full feature phase: SendTargets,
@@ -24,6 +27,7 @@
 //! - [`orphans`]: ERL 2: what a failed connection leaves for a TASK
 //!   REASSIGN, bounded, expiring with the connection's Time2Retain.
 
+pub mod collect;
 pub mod keepalive;
 pub mod logout;
 pub mod orphans;
@@ -35,6 +39,7 @@ pub mod tasks;
 pub mod text;
 pub mod window;
 
+pub use collect::{Collecting, Collections, Due, Placement, Stray};
 pub use keepalive::{Keepalive, KeepaliveAction};
 pub use logout::{LogoutContext, LogoutPlan};
 pub use solicit::Solicitation;

@@ -54,6 +54,7 @@ impl Connection {
                 }
                 Orphan::Collecting(pending) => {
                     pending
+                        .write
                         .task
                         .allegiance
                         .pledge(&self.writer, self.data_in_limits);
@@ -119,12 +120,9 @@ impl Connection {
                 .await
             }
             Then::Write(pending) => {
-                let mut pending = *pending;
-                let missing = pending.tracker.reassigned();
-                pending
-                    .solicit
-                    .restart(missing, self.limits.max_burst_length);
-                self.solicit_and_keep(itt, pending).await
+                self.writes
+                    .reassigned(itt, *pending, self.limits.max_burst_length);
+                self.solicit_and_keep(itt).await
             }
         }
     }

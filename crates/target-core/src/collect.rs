@@ -1,0 +1,382 @@
+//! The WRITEs of one connection collecting their data (RFC 7143 sections
+//! 11.7, 11.8, 7.8): where each Data-Out belongs before its data is read,
+//! which R2Ts to send, when a write has every byte, and what a write that
+//! failed on the way still waits for before its status may go out.
+//!
+//! ```text
+//!             insert ──► Collecting ──(every byte in)──► complete: run it
+//!                           │  ▲
+//!   Data-Out ─► placement ──┤  └── placed / digest_failed (ERL 1: asked again)
+//!                           │
+//!                           ├─(breaks the rules, ERL 0 digest)─► fail ─► Draining ─► drained: answer
+//!                           └─(task aborted)─► Aborted: later Data-Out dropped quietly
+//! ```
+//!
+//! The driver reads the bytes (into the write's buffer, or to drop them)
+//! and sends what this says; `W` is what it keeps of a write (the task, the
+//! command, the buffer), `F` what it keeps of a failed one (the task and
+//! its outcome). Nothing here does I/O or reads a clock, so a simulator can
+//! drive the same code in one thread.
+
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+
+use iscsi_proto::pdu::{DataOut, ReadyToTransfer, RejectReason, SnackRequest, SnackType};
+use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, UNSOLICITED_TRANSFER_TAG};
+
+use crate::solicit::Solicitation;
+use crate::tags::TransferTags;
+
+/// Tags of aborted writes remembered per connection, to drop their late
+/// Data-Out quietly: far more than the commands that can be in flight.
+pub const ABORTED_WRITES_KEPT: usize = 1024;
+
+/// A write collecting its data: what the driver keeps of it, the check of
+/// its incoming Data-Out, and its R2Ts.
+#[derive(Debug)]
+pub struct Collecting<W> {
+    /// What the driver keeps of the write.
+    pub write: W,
+    /// The check of its immediate data, unsolicited and solicited Data-Out.
+    pub tracker: DataOutTracker,
+    /// Its R2Ts: those to send, those sent and awaiting data (what an R2T
+    /// SNACK gets again, RFC 7143 11.16).
+    pub solicit: Solicitation,
+}
+
+/// A failed write waiting for the Data-Out the initiator still owes
+/// (RFC 7143 7.8: the status waits until all of it is in).
+#[derive(Debug)]
+struct Draining<F> {
+    failed: F,
+    /// R2Ts whose Data-Out sequence has not ended.
+    transfer_tags: Vec<u32>,
+    /// Whether the unsolicited burst has not ended.
+    unsolicited: bool,
+}
+
+impl<F> Draining<F> {
+    /// Notes the end (F bit) of the sequence with `transfer_tag`: true
+    /// when nothing more is due.
+    fn sequence_ended(&mut self, transfer_tag: u32) -> bool {
+        if transfer_tag == UNSOLICITED_TRANSFER_TAG {
+            self.unsolicited = false;
+        } else {
+            self.transfer_tags.retain(|&tag| tag != transfer_tag);
+        }
+        !self.unsolicited && self.transfer_tags.is_empty()
+    }
+}
+
+/// Where a Data-Out belongs, decided from its header before its data is
+/// read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Placement<W> {
+    /// Read its data into the write's buffer at `range`; then say how it
+    /// went ([`Collections::placed`], [`Collections::digest_failed`]).
+    Place {
+        /// Where in the write's buffer the data goes.
+        range: Range<usize>,
+        /// What the PDU completes once its data is in.
+        progress: DataOutProgress,
+    },
+    /// The write was aborted by task management: read the data, drop it,
+    /// and end the write (returned; its later Data-Out is dropped quietly).
+    Aborted(W),
+    /// The PDU breaks its write's rules (RFC 7143 7.8 at ERL 0: the write
+    /// cannot complete): read the data, reject the PDU with `reason` (unless
+    /// its digest failed: it was rejected for that), then
+    /// [`Collections::fail`] the write.
+    Refused(RejectReason),
+    /// No write collecting data has this tag: read the data, then ask
+    /// [`Collections::stray`].
+    Stray,
+}
+
+/// What to do with a Data-Out for no write collecting data, once its data
+/// is read.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stray<F> {
+    /// It ended the last sequence a failed write waited for: send the
+    /// failed write's status now.
+    Drained(F),
+    /// More is due for a failed write, or the write was aborted: nothing.
+    Dropped,
+    /// For no write at all: a Reject (Invalid PDU Field), unless the PDU
+    /// was rejected already for its digest.
+    Unknown,
+}
+
+/// The writes of one connection collecting or draining their data.
+#[derive(Debug)]
+pub struct Collections<W, F> {
+    collecting: HashMap<u32, Collecting<W>>,
+    draining: HashMap<u32, Draining<F>>,
+    /// The latest [`ABORTED_WRITES_KEPT`] writes aborted while collecting.
+    aborted: VecDeque<u32>,
+}
+
+impl<W, F> Default for Collections<W, F> {
+    fn default() -> Self {
+        Collections {
+            collecting: HashMap::new(),
+            draining: HashMap::new(),
+            aborted: VecDeque::new(),
+        }
+    }
+}
+
+impl<W, F> Collections<W, F> {
+    /// Keeps a write that now collects its data (a new one, after its
+    /// immediate data, or one taken back by [`Collections::take`]). Ranges
+    /// its tracker discarded (a digest error, ERL 1) are asked for first;
+    /// returns how many recovery R2Ts that adds.
+    pub fn insert(&mut self, itt: u32, mut write: Collecting<W>) -> usize {
+        let asked = write.solicit.ask_again_first(write.tracker.take_lost());
+        self.collecting.insert(itt, write);
+        asked
+    }
+
+    /// A write moved here by TASK REASSIGN (ERL 2, RFC 7143 7.2.2): the
+    /// R2Ts of the old connection are void; only what never arrived is
+    /// solicited again, in bursts of at most `max_burst`.
+    pub fn reassigned(&mut self, itt: u32, mut write: Collecting<W>, max_burst: u32) {
+        let missing = write.tracker.reassigned();
+        write.solicit.restart(missing, max_burst);
+        self.collecting.insert(itt, write);
+    }
+
+    /// The write `itt`, to read data into.
+    pub fn get_mut(&mut self, itt: u32) -> Option<&mut Collecting<W>> {
+        self.collecting.get_mut(&itt)
+    }
+
+    /// Takes the write `itt` out (the driver keeps it, or puts it back).
+    pub fn take(&mut self, itt: u32) -> Option<Collecting<W>> {
+        self.collecting.remove(&itt)
+    }
+
+    /// How many writes collect data.
+    pub fn collecting(&self) -> usize {
+        self.collecting.len()
+    }
+
+    /// The R2Ts write `itt` may send now: while fewer than `limit` await
+    /// data (RFC 7143 11.8, 13.17).
+    pub fn next_r2ts(
+        &mut self,
+        itt: u32,
+        limit: usize,
+        tags: &mut TransferTags,
+    ) -> Vec<ReadyToTransfer> {
+        match self.collecting.get_mut(&itt) {
+            Some(write) => write.solicit.next_r2ts(&mut write.tracker, limit, tags),
+            None => Vec::new(),
+        }
+    }
+
+    /// Takes write `itt` out if every byte of it is in: it runs now.
+    pub fn complete(&mut self, itt: u32) -> Option<Collecting<W>> {
+        if self.collecting.get(&itt)?.tracker.is_complete() {
+            return self.collecting.remove(&itt);
+        }
+        None
+    }
+
+    /// Where `data_out` (with `length` bytes of data) belongs. `aborted`
+    /// says whether task management ended a write's task.
+    pub fn placement(
+        &mut self,
+        data_out: &DataOut,
+        length: u32,
+        aborted: impl Fn(&W) -> bool,
+    ) -> Placement<W> {
+        let itt = data_out.initiator_task_tag;
+        let Some(write) = self.collecting.get_mut(&itt) else {
+            return Placement::Stray;
+        };
+        if aborted(&write.write) {
+            return match self.abort(itt) {
+                Some(write) => Placement::Aborted(write),
+                None => Placement::Stray,
+            };
+        }
+        let progress = write.tracker.data_out(
+            data_out.target_transfer_tag,
+            data_out.data_sn.get(),
+            data_out.buffer_offset,
+            length,
+            data_out.final_flag,
+        );
+        match progress {
+            Ok(progress) => {
+                let start = data_out.buffer_offset as usize;
+                Placement::Place {
+                    range: start..start + length as usize,
+                    progress,
+                }
+            }
+            Err(e) => Placement::Refused(e.reject_reason()),
+        }
+    }
+
+    /// The data of a [`Placement::Place`] is in place.
+    pub fn placed(&mut self, itt: u32, progress: DataOutProgress) {
+        if let (DataOutProgress::R2tComplete(tag), Some(write)) =
+            (progress, self.collecting.get_mut(&itt))
+        {
+            write.solicit.answered(tag);
+        }
+    }
+
+    /// The data of a [`Placement::Place`] did not arrive whole: it failed
+    /// its digest (ERL 1, RFC 7143 7.8: asked for again with a recovery R2T
+    /// once its sequence ends) or the connection failed under it (at ERL 2
+    /// the write goes on elsewhere and asks for it there). Returns how many
+    /// recovery R2Ts that adds.
+    pub fn lost(&mut self, data_out: &DataOut, length: u32) -> usize {
+        let Some(write) = self.collecting.get_mut(&data_out.initiator_task_tag) else {
+            return 0;
+        };
+        let progress =
+            write
+                .tracker
+                .discard(data_out.target_transfer_tag, data_out.buffer_offset, length);
+        if let DataOutProgress::R2tComplete(tag) = progress {
+            write.solicit.answered(tag);
+        }
+        write.solicit.ask_again_first(write.tracker.take_lost())
+    }
+
+    /// Ends write `itt`, which cannot complete: returns what the driver
+    /// keeps of it, to answer with [`Collections::answer_when_drained`]
+    /// (the sequences still due are kept with the answer).
+    pub fn fail(&mut self, itt: u32) -> Option<(W, Due)> {
+        let write = self.collecting.remove(&itt)?;
+        let due = Due {
+            transfer_tags: write.tracker.outstanding_transfer_tags(),
+            unsolicited: write.tracker.awaiting_unsolicited(),
+        };
+        Some((write.write, due))
+    }
+
+    /// Keeps `failed`, the answer of write `itt`, until the Data-Out in
+    /// `due` is in (RFC 7143 7.8: the target "MUST wait to receive all the
+    /// data ... before sending the SCSI Response PDU"), or returns it when
+    /// nothing is due.
+    pub fn answer_when_drained(&mut self, itt: u32, failed: F, due: Due) -> Option<F> {
+        if due.transfer_tags.is_empty() && !due.unsolicited {
+            return Some(failed);
+        }
+        let draining = Draining {
+            failed,
+            transfer_tags: due.transfer_tags,
+            unsolicited: due.unsolicited,
+        };
+        self.draining.insert(itt, draining);
+        None
+    }
+
+    /// What a Data-Out for no write collecting data means, its data read
+    /// (and dropped).
+    pub fn stray(&mut self, data_out: &DataOut) -> Stray<F> {
+        let itt = data_out.initiator_task_tag;
+        if let Some(draining) = self.draining.get_mut(&itt) {
+            if data_out.final_flag
+                && draining.sequence_ended(data_out.target_transfer_tag)
+                && let Some(draining) = self.draining.remove(&itt)
+            {
+                return Stray::Drained(draining.failed);
+            }
+            return Stray::Dropped;
+        }
+        if self.aborted.contains(&itt) {
+            return Stray::Dropped;
+        }
+        Stray::Unknown
+    }
+
+    /// Ends write `itt`, aborted: the initiator goes on answering its R2Ts
+    /// until it has the function's response (RFC 7143 11.5.1), and that
+    /// Data-Out is dropped quietly.
+    pub fn abort(&mut self, itt: u32) -> Option<W> {
+        let write = self.collecting.remove(&itt)?;
+        if self.aborted.len() == ABORTED_WRITES_KEPT {
+            self.aborted.pop_front();
+        }
+        self.aborted.push_back(itt);
+        Some(write.write)
+    }
+
+    /// Ends every write whose task was aborted ([`Collections::abort`]),
+    /// in tag order.
+    pub fn sweep_aborted(&mut self, aborted: impl Fn(&W) -> bool) -> Vec<W> {
+        let mut tags: Vec<u32> = self
+            .collecting
+            .iter()
+            .filter(|(_, write)| aborted(&write.write))
+            .map(|(&itt, _)| itt)
+            .collect();
+        tags.sort_unstable();
+        tags.into_iter().filter_map(|itt| self.abort(itt)).collect()
+    }
+
+    /// Every write still collecting data, in tag order: the connection
+    /// ends (they die, or at ERL 2 wait for TASK REASSIGN).
+    pub fn take_all(&mut self) -> Vec<(u32, Collecting<W>)> {
+        let mut all: Vec<_> = self.collecting.drain().collect();
+        all.sort_unstable_by_key(|&(itt, _)| itt);
+        all
+    }
+
+    /// Every failed write still draining, in tag order: the connection
+    /// ends and their statuses never go out.
+    pub fn take_draining(&mut self) -> Vec<F> {
+        let mut all: Vec<_> = self.draining.drain().collect();
+        all.sort_unstable_by_key(|&(itt, _)| itt);
+        all.into_iter().map(|(_, d)| d.failed).collect()
+    }
+
+    /// The answer to an R2T SNACK for a write still collecting its data
+    /// (`None` for any other SNACK): the R2Ts it asks for that still await
+    /// data, as they were sent (RFC 7143 11.16), or why not.
+    pub fn r2t_replicas(
+        &self,
+        snack: &SnackRequest,
+    ) -> Option<Result<Vec<ReadyToTransfer>, &'static str>> {
+        if snack.snack_type != SnackType::DataR2t {
+            return None;
+        }
+        let write = self.collecting.get(&snack.initiator_task_tag)?;
+        Some(write.solicit.replicas(snack.beg_run, snack.run_length))
+    }
+}
+
+/// The Data-Out a failed write still waits for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Due {
+    /// The R2Ts whose sequences have not ended.
+    pub transfer_tags: Vec<u32>,
+    /// Whether the unsolicited burst has not ended.
+    pub unsolicited: bool,
+}
+
+impl Due {
+    /// The unsolicited Data-Out that follows a WRITE of `expected` bytes
+    /// with `immediate` bytes in its command PDU, under `limits`
+    /// (InitialR2T=No: up to FirstBurstLength in all, RFC 7143 13.10-13.11).
+    pub fn unsolicited_after(
+        limits: &iscsi_proto::transfer::Limits,
+        expected: u32,
+        immediate: u32,
+    ) -> Self {
+        Due {
+            transfer_tags: Vec::new(),
+            unsolicited: !limits.initial_r2t && immediate < limits.first_burst_length.min(expected),
+        }
+    }
+}
+
+#[cfg(test)]
+#[path = "collect_tests.rs"]
+mod tests;
