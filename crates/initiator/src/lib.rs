@@ -38,7 +38,6 @@ mod login;
 pub mod scsi;
 mod sense;
 pub mod session;
-mod stat_sn;
 pub mod url;
 
 pub use command::{Command, DataTransfer, Residual, Response, Sense};

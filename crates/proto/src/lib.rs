@@ -20,6 +20,8 @@
 //! - [`transfer`]: how a command's data is cut into immediate data,
 //!   unsolicited Data-Out, R2T bursts and Data-In sequences, and the
 //!   receiver's checks of each (sections 4.2.5, 11.7, 11.8, 13.10-13.19).
+//! - [`stat_sn`]: the initiator's ExpStatSN over holes and statuses held
+//!   for missing Data-In (sections 4.2.2.2, 7.9).
 //!
 //! Nothing here panics on peer input: every error is a typed value that
 //! names the RFC's answer (a Reject reason, a login status, a dropped
@@ -35,5 +37,6 @@ pub mod state;
 
 // Protocol logic built on them (more to come: session, datamover).
 pub mod login;
+pub mod stat_sn;
 pub mod text;
 pub mod transfer;

@@ -24,6 +24,7 @@ use std::ops::Range;
 use iscsi_proto::pdu::{DataOut, ReadyToTransfer, RejectReason, SnackRequest, SnackType};
 use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, UNSOLICITED_TRANSFER_TAG};
 
+use crate::planted::{self, Bug};
 use crate::solicit::Solicitation;
 use crate::tags::TransferTags;
 
@@ -64,7 +65,8 @@ impl<F> Draining<F> {
         } else {
             self.transfer_tags.retain(|&tag| tag != transfer_tag);
         }
-        !self.unsolicited && self.transfer_tags.is_empty()
+        planted::active(Bug::StatusBeforeLastDataOut)
+            || (!self.unsolicited && self.transfer_tags.is_empty())
     }
 }
 
@@ -177,7 +179,11 @@ impl<W, F> Collections<W, F> {
 
     /// Takes write `itt` out if every byte of it is in: it runs now.
     pub fn complete(&mut self, itt: u32) -> Option<Collecting<W>> {
-        if self.collecting.get(&itt)?.tracker.is_complete() {
+        let write = self.collecting.get(&itt)?;
+        let early = planted::active(Bug::WriteBeforeAllData)
+            && write.solicit.all_sent()
+            && write.tracker.outstanding_r2ts() == 1;
+        if write.tracker.is_complete() || early {
             return self.collecting.remove(&itt);
         }
         None
@@ -300,6 +306,9 @@ impl<W, F> Collections<W, F> {
     /// until it has the function's response (RFC 7143 11.5.1), and that
     /// Data-Out is dropped quietly.
     pub fn abort(&mut self, itt: u32) -> Option<W> {
+        if planted::active(Bug::AbortLeavesWriteRunning) {
+            return None;
+        }
         let write = self.collecting.remove(&itt)?;
         if self.aborted.len() == ABORTED_WRITES_KEPT {
             self.aborted.pop_front();

@@ -24,6 +24,8 @@
 //! - [`stamp`]: StatSN, ExpCmdSN and MaxCmdSN stamped into every PDU sent.
 //! - [`retention`]: ERL 1: the statuses and Data-In kept until
 //!   acknowledged, and what answers a SNACK.
+//! - [`planted`]: bugs planted for the simulator to find, only in its
+//!   own build.
 //! - [`orphans`]: ERL 2: what a failed connection leaves for a TASK
 //!   REASSIGN, bounded, expiring with the connection's Time2Retain.
 
@@ -31,6 +33,7 @@ pub mod collect;
 pub mod keepalive;
 pub mod logout;
 pub mod orphans;
+pub mod planted;
 pub mod retention;
 pub mod solicit;
 pub mod stamp;

@@ -23,6 +23,7 @@ use iscsi_proto::pdu::{Lun, ReadyToTransfer};
 use iscsi_proto::serial::R2tSn;
 use iscsi_proto::transfer::{DataOutTracker, data_segments};
 
+use crate::planted::{self, Bug};
 use crate::tags::TransferTags;
 
 /// The R2Ts of one WRITE.
@@ -93,6 +94,9 @@ impl Solicitation {
     /// Ranges lost to a digest error (ERL 1): asked for first, in order,
     /// by recovery R2Ts. Returns how many.
     pub fn ask_again_first(&mut self, lost: Vec<(u32, u32)>) -> usize {
+        if planted::active(Bug::RecoveryR2tNeverSent) {
+            return 0;
+        }
         let count = lost.len();
         for range in lost.into_iter().rev() {
             self.bursts.push_front(range);
@@ -113,6 +117,11 @@ impl Solicitation {
             })
             .collect();
         self.awaiting.clear();
+    }
+
+    /// Whether every burst has been asked for (none left to send).
+    pub fn all_sent(&self) -> bool {
+        self.bursts.is_empty()
     }
 
     /// How many R2Ts were sent (the next R2TSN).

@@ -13,6 +13,8 @@
 use iscsi_proto::pdu::Pdu;
 use iscsi_proto::serial::{CmdSn, StatSn};
 
+use crate::planted::{self, Bug};
+
 /// Which StatSN a PDU carries (RFC 7143 section 4.2.2.2).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Stat {
@@ -53,7 +55,9 @@ impl StatSequence {
         match stat {
             Stat::Advance => {
                 let sn = self.next;
-                self.next = sn.next();
+                if !(planted::active(Bug::StatSnNotAdvanced) && sn.get() % 64 == 63) {
+                    self.next = sn.next();
+                }
                 sn
             }
             Stat::Current => self.next,

@@ -17,6 +17,7 @@ use std::sync::Arc;
 
 use iscsi_proto::serial::CmdSn;
 
+use crate::planted::{self, Bug};
 use crate::window::{CommandWindow, Gaps};
 
 /// What the table needs of a driver's task.
@@ -93,7 +94,10 @@ impl<T: TaskHandle> SessionTasks<T> {
                     .map_err(|_| Refusal::OutOfWindow)?,
             ),
         };
-        if pdu.task && self.tasks.get(&pdu.itt).is_some_and(|t| !t.is_done()) {
+        if pdu.task
+            && self.tasks.get(&pdu.itt).is_some_and(|t| !t.is_done())
+            && !planted::active(Bug::DuplicateTagAccepted)
+        {
             return Err(Refusal::TagInUse);
         }
         Ok(arrival.is_some_and(|arrival| self.window.receive(arrival, gaps)))

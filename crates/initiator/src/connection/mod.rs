@@ -70,7 +70,7 @@ use crate::buffers::ReadBuffers;
 use crate::command::{Residual, Response};
 use crate::config::Coalescing;
 use crate::error::Error;
-use crate::stat_sn::StatSns;
+use iscsi_proto::stat_sn::StatSns;
 use reader::run_reader;
 use writer::{Outbox, Wire, run_writer};
 

@@ -11,7 +11,7 @@ use iscsi_proto::pdu::{DataIn, Header, Lun, Pdu, RESERVED_TAG, SnackRequest, Sna
 use iscsi_proto::serial::StatSn;
 
 use super::{Connection, TaskEntry};
-use crate::stat_sn::Arrived;
+use iscsi_proto::stat_sn::Arrived;
 
 impl Connection {
     /// Takes note of a status's StatSN. One past ExpStatSN means statuses

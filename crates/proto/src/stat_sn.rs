@@ -1,4 +1,4 @@
-//! ExpStatSN with holes (RFC 7143 4.2.2.2, 7.9): which statuses of a
+//! The initiator's ExpStatSN with holes (RFC 7143 4.2.2.2, 7.9): which statuses of a
 //! connection have arrived, so that ExpStatSN acknowledges only those
 //! before the first one missing, and a status lost in a gap (a header
 //! digest error, a PDU dropped on the way) is noticed once, when a later
@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeSet, HashSet};
 
-use iscsi_proto::serial::StatSn;
+use crate::serial::StatSn;
 
 /// The most statuses remembered past a hole; beyond that the connection
 /// has lost so much that the caller gives up on it.
@@ -20,7 +20,7 @@ const MAX_AHEAD: usize = 4096;
 /// The StatSNs of one connection: the next expected and those received
 /// past a hole.
 #[derive(Debug)]
-pub(crate) struct StatSns {
+pub struct StatSns {
     expected: StatSn,
     /// Received after a hole (or held), as offsets from `expected`.
     ahead: BTreeSet<u32>,
@@ -30,7 +30,7 @@ pub(crate) struct StatSns {
 
 /// What one status's StatSN means.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Arrived {
+pub enum Arrived {
     /// In order, or filling a hole, or a repeat: nothing is missing that
     /// was not already known.
     Fine,

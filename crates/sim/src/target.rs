@@ -1,0 +1,555 @@
+//! The simulated target: the sans-I/O core of `iscsi-target-core` (the
+//! command window and task table, the writes collecting their data, R2T
+//! solicitation, StatSN stamping, ERL 1 retention) and proto's Data-In
+//! cutting, called in the order `iscsi-target`'s connection calls them
+//! (`connection.rs`, `connection/write.rs`), over a block store in memory
+//! that answers after a simulated latency.
+//!
+//! What is not here: the SCSI layer (a READ(10)/WRITE(10) CDB is decoded
+//! by hand, the store is bytes) and login; those have their own tests.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+
+use iscsi_proto::pdu::{
+    DataOut, Pdu, Reject, RejectReason, ScsiCommand, ScsiResponse, SnackRequest, TaskFunction,
+    TaskManagementRequest, TaskManagementResponse, TaskResponse,
+};
+use iscsi_proto::serial::{CmdSn, StatSn};
+use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
+use iscsi_target_core::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
+use iscsi_target_core::{
+    Arriving, Collecting, Collections, CommandWindow, Due, Placement, SessionTasks, Solicitation,
+    Stat, StatSequence, Stray, TaskHandle, TransferTags, window::Gaps,
+};
+
+/// SCSI status GOOD.
+pub const GOOD: u8 = 0x00;
+/// SCSI status CHECK CONDITION.
+pub const CHECK_CONDITION: u8 = 0x02;
+/// Sense key ABORTED COMMAND and the two ASC/ASCQ a failed write gets:
+/// PROTOCOL SERVICE CRC ERROR (47h/05h) and NOT ENOUGH UNSOLICITED DATA
+/// (0Ch/0Dh), as `connection/write.rs` sends them.
+const ABORTED_COMMAND: u8 = 0x0B;
+const CRC_ERROR: (u8, u8) = (0x47, 0x05);
+const BAD_DATA_OUT: (u8, u8) = (0x0C, 0x0D);
+/// READ(10).
+pub const READ_10: u8 = 0x28;
+/// WRITE(10).
+pub const WRITE_10: u8 = 0x2A;
+/// The simulated LUN's block size.
+pub const BLOCK: usize = 512;
+
+/// A task of the simulated session, as the core's task table sees it.
+#[derive(Debug)]
+pub struct SimTask {
+    itt: u32,
+    windowed: bool,
+    done: AtomicBool,
+    aborted: AtomicBool,
+    executing: AtomicBool,
+}
+
+impl TaskHandle for SimTask {
+    fn itt(&self) -> u32 {
+        self.itt
+    }
+    fn lun(&self) -> u64 {
+        0
+    }
+    fn is_done(&self) -> bool {
+        self.done.load(Relaxed)
+    }
+}
+
+/// What the target keeps of a write collecting its data.
+#[derive(Debug)]
+pub struct SimWrite {
+    task: Arc<SimTask>,
+    command: ScsiCommand,
+    buffer: Vec<u8>,
+}
+
+/// A failed write waiting for its data to drain.
+#[derive(Debug)]
+pub struct SimFailed {
+    task: Arc<SimTask>,
+    command: ScsiCommand,
+    sense: (u8, u8),
+}
+
+/// A command at the store.
+#[derive(Debug)]
+struct Executing {
+    task: Arc<SimTask>,
+    command: ScsiCommand,
+    data: Vec<u8>,
+}
+
+/// What the target asks the world to do.
+#[derive(Debug)]
+pub enum Action {
+    /// Send this PDU to the initiator, with its data.
+    Send(Pdu, Vec<u8>),
+    /// Run the command with this tag at the store.
+    Execute(u32),
+}
+
+/// The simulated target session (one connection).
+pub struct Target {
+    tasks: SessionTasks<SimTask>,
+    writes: Collections<SimWrite, SimFailed>,
+    tags: TransferTags,
+    stat: StatSequence,
+    retained: Option<Retained<Vec<u8>>>,
+    limits: Limits,
+    executing: BTreeMap<u32, Executing>,
+    /// ABORT TASKs waiting for the task they abort to leave the store.
+    aborting: Vec<(u32, TaskManagementRequest)>,
+    /// The LUN's bytes.
+    pub store: Vec<u8>,
+    out: Vec<Action>,
+}
+
+impl Target {
+    /// A session logged in with `limits`, a command window of `window`
+    /// and a LUN of `blocks` zeroed blocks.
+    pub fn new(limits: Limits, window: u32, blocks: usize) -> Self {
+        Target {
+            tasks: SessionTasks::new(CommandWindow::new(CmdSn::new(1), window)),
+            writes: Collections::default(),
+            tags: TransferTags::default(),
+            stat: StatSequence::new(StatSn::new(1)),
+            retained: (limits.error_recovery_level >= 1).then(Retained::default),
+            limits,
+            executing: BTreeMap::new(),
+            aborting: Vec::new(),
+            store: vec![0; blocks * BLOCK],
+            out: Vec::new(),
+        }
+    }
+
+    /// What the target holds: live tasks, writes collecting data, statuses
+    /// kept for SNACKs (for the memory oracle).
+    pub fn held(&self) -> (usize, usize, usize) {
+        let retained = self.retained.as_ref().map_or(0, |r| r.size().0);
+        (self.tasks.len(), self.writes.collecting(), retained)
+    }
+
+    /// A PDU arrived (its data digest failed where `digest_error`).
+    pub fn receive(&mut self, pdu: Pdu, data: Vec<u8>, digest_error: bool) -> Vec<Action> {
+        if let (Some(retained), Some(exp)) = (&mut self.retained, exp_stat_sn_of(&pdu)) {
+            retained.acknowledge(exp);
+        }
+        self.sweep_aborted_writes();
+        match pdu {
+            Pdu::ScsiCommand(command) => self.command(command, data, digest_error),
+            Pdu::DataOut(data_out) => self.data_out(data_out, data, digest_error),
+            Pdu::SnackRequest(snack) => self.snack(&Pdu::SnackRequest(snack.clone()), &snack),
+            Pdu::TaskManagementRequest(request) => self.task_management(request),
+            other => self.reject(&other, RejectReason::CommandNotSupported),
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    /// The store finished command `itt`.
+    pub fn store_done(&mut self, itt: u32) -> Vec<Action> {
+        if let Some(run) = self.executing.remove(&itt) {
+            run.task.executing.store(false, Relaxed);
+            if run.task.aborted.load(Relaxed) {
+                self.finish(&run.task);
+            } else {
+                self.complete(run);
+            }
+            let (done, waiting): (Vec<_>, Vec<_>) =
+                self.aborting.drain(..).partition(|(i, _)| *i == itt);
+            self.aborting = waiting;
+            for (_, request) in done {
+                self.tmf_response(&request, TaskResponse::FunctionComplete);
+            }
+        }
+        std::mem::take(&mut self.out)
+    }
+
+    fn send(&mut self, mut pdu: Pdu, data: Vec<u8>, stat: Stat) -> StatSn {
+        let (exp, max) = self.tasks.window().edges();
+        let stat_sn = match stat {
+            Stat::Again(sn) => sn,
+            _ => self.stat.next(),
+        };
+        self.stat.stamp(&mut pdu, stat, exp, max);
+        self.out.push(Action::Send(pdu, data));
+        stat_sn
+    }
+
+    fn reject(&mut self, pdu: &Pdu, reason: RejectReason) {
+        let mut bhs = [0u8; 48];
+        pdu.encode_bhs(Default::default(), &mut bhs);
+        let reject = Reject {
+            reason,
+            ..Reject::default()
+        };
+        self.send(Pdu::Reject(reject), bhs.to_vec(), Stat::Advance);
+    }
+
+    /// Ends a task once (the driver's `Session::finish`).
+    fn finish(&mut self, task: &SimTask) {
+        if !task.done.swap(true, Relaxed) {
+            self.tasks.finish(task, task.windowed);
+        }
+    }
+
+    fn command(&mut self, command: ScsiCommand, data: Vec<u8>, digest_error: bool) {
+        let itt = command.initiator_task_tag;
+        let arriving = Arriving {
+            cmd_sn: command.cmd_sn,
+            immediate: command.immediate,
+            itt,
+            task: true,
+        };
+        let pdu = Pdu::ScsiCommand(command.clone());
+        match self.tasks.admit(arriving, Gaps::Skip) {
+            Ok(_) => {}
+            Err(iscsi_target_core::Refusal::OutOfWindow) => return,
+            Err(iscsi_target_core::Refusal::TagInUse) => {
+                let reason = match digest_error {
+                    true => RejectReason::DataDigestError,
+                    false => RejectReason::TaskInProgress,
+                };
+                return self.reject(&pdu, reason);
+            }
+        }
+        let task = Arc::new(SimTask {
+            itt,
+            windowed: arriving.windowed(),
+            done: AtomicBool::new(false),
+            aborted: AtomicBool::new(false),
+            executing: AtomicBool::new(false),
+        });
+        self.tasks.register(Arc::clone(&task), arriving.windowed());
+        if !command.write {
+            return self.execute(task, command, Vec::new());
+        }
+        let expected = command.expected_data_transfer_length;
+        let immediate = data.len() as u32;
+        let mut tracker = match DataOutTracker::new(self.limits, expected, immediate) {
+            Ok(tracker) => tracker,
+            Err(e) => {
+                self.finish(&task);
+                return self.reject(&pdu, e.reject_reason());
+            }
+        };
+        let mut buffer = vec![0u8; expected as usize];
+        if digest_error {
+            self.reject(&pdu, RejectReason::DataDigestError);
+            if self.limits.error_recovery_level == 0 {
+                let due = Due::unsolicited_after(&self.limits, expected, immediate);
+                return self.answer_when_drained(task, command, CRC_ERROR, due);
+            }
+            tracker.discard(UNSOLICITED_TRANSFER_TAG, 0, immediate);
+        } else {
+            buffer[..data.len()].copy_from_slice(&data);
+        }
+        let bursts = self.limits.r2t_bursts(expected, tracker.solicited_from());
+        let solicit = Solicitation::new(command.lun, itt, bursts);
+        let write = SimWrite {
+            task,
+            command,
+            buffer,
+        };
+        self.writes.insert(
+            itt,
+            Collecting {
+                write,
+                tracker,
+                solicit,
+            },
+        );
+        self.solicit_and_keep(itt);
+    }
+
+    fn data_out(&mut self, data_out: DataOut, data: Vec<u8>, digest_error: bool) {
+        let itt = data_out.initiator_task_tag;
+        let length = data.len() as u32;
+        let pdu = Pdu::DataOut(data_out.clone());
+        let aborted = |w: &SimWrite| w.task.aborted.load(Relaxed);
+        match self.writes.placement(&data_out, length, aborted) {
+            Placement::Place { range, progress } => {
+                if digest_error {
+                    self.reject(&pdu, RejectReason::DataDigestError);
+                    if self.limits.error_recovery_level > 0 {
+                        self.writes.lost(&data_out, length);
+                        return self.solicit_and_keep(itt);
+                    }
+                    return self.fail_write(itt, CRC_ERROR);
+                }
+                if let Some(write) = self.writes.get_mut(itt) {
+                    write.write.buffer[range].copy_from_slice(&data);
+                }
+                self.writes.placed(itt, progress);
+                self.solicit_and_keep(itt);
+            }
+            Placement::Aborted(write) => self.finish(&write.task),
+            Placement::Refused(reason) => {
+                self.reject(
+                    &pdu,
+                    if digest_error {
+                        RejectReason::DataDigestError
+                    } else {
+                        reason
+                    },
+                );
+                self.fail_write(itt, BAD_DATA_OUT);
+            }
+            Placement::Stray => {
+                if digest_error {
+                    self.reject(&pdu, RejectReason::DataDigestError);
+                }
+                match self.writes.stray(&data_out) {
+                    Stray::Drained(failed) => self.answer_failed(failed),
+                    Stray::Dropped => {}
+                    Stray::Unknown if digest_error => {}
+                    Stray::Unknown => self.reject(&pdu, RejectReason::InvalidPduField),
+                }
+            }
+        }
+    }
+
+    fn sweep_aborted_writes(&mut self) {
+        for write in self.writes.sweep_aborted(|w| w.task.aborted.load(Relaxed)) {
+            self.finish(&write.task);
+        }
+    }
+
+    fn solicit_and_keep(&mut self, itt: u32) {
+        let r2ts = self
+            .writes
+            .next_r2ts(itt, self.limits.r2t_limit(), &mut self.tags);
+        for r2t in r2ts {
+            self.send(Pdu::ReadyToTransfer(r2t), Vec::new(), Stat::Current);
+        }
+        if let Some(done) = self.writes.complete(itt) {
+            let SimWrite {
+                task,
+                command,
+                buffer,
+            } = done.write;
+            self.execute(task, command, buffer);
+        }
+    }
+
+    fn fail_write(&mut self, itt: u32, sense: (u8, u8)) {
+        if let Some((write, due)) = self.writes.fail(itt) {
+            self.answer_when_drained(write.task, write.command, sense, due);
+        }
+    }
+
+    fn answer_when_drained(
+        &mut self,
+        task: Arc<SimTask>,
+        command: ScsiCommand,
+        sense: (u8, u8),
+        due: Due,
+    ) {
+        let itt = command.initiator_task_tag;
+        let failed = SimFailed {
+            task,
+            command,
+            sense,
+        };
+        if let Some(failed) = self.writes.answer_when_drained(itt, failed, due) {
+            self.answer_failed(failed);
+        }
+    }
+
+    fn answer_failed(&mut self, failed: SimFailed) {
+        if failed.task.aborted.load(Relaxed) || failed.task.done.load(Relaxed) {
+            return;
+        }
+        let mut sense = vec![0u8; 20];
+        sense[1] = 18;
+        sense[2] = 0x70;
+        sense[4] = ABORTED_COMMAND;
+        sense[14] = failed.sense.0;
+        sense[15] = failed.sense.1;
+        self.status(
+            &failed.task,
+            &failed.command,
+            CHECK_CONDITION,
+            sense,
+            Vec::new(),
+        );
+    }
+
+    fn execute(&mut self, task: Arc<SimTask>, command: ScsiCommand, data: Vec<u8>) {
+        let itt = command.initiator_task_tag;
+        task.executing.store(true, Relaxed);
+        self.executing.insert(
+            itt,
+            Executing {
+                task,
+                command,
+                data,
+            },
+        );
+        self.out.push(Action::Execute(itt));
+    }
+
+    /// A command leaves the store: the write's data is stored, the read's
+    /// read, and the status goes out.
+    fn complete(&mut self, run: Executing) {
+        let (lba, blocks) = lba_blocks(&run.command.cdb);
+        let range = lba * BLOCK..(lba + blocks) * BLOCK;
+        if range.end > self.store.len() {
+            return self.answer_failed(SimFailed {
+                task: run.task,
+                command: run.command,
+                sense: (0x21, 0x00),
+            });
+        }
+        let data_in = if run.command.write {
+            let len = run.data.len().min(range.len());
+            self.store[range.start..range.start + len].copy_from_slice(&run.data[..len]);
+            Vec::new()
+        } else {
+            self.store[range].to_vec()
+        };
+        self.status(&run.task, &run.command, GOOD, Vec::new(), data_in);
+    }
+
+    /// Sends a command's Data-In (cut by proto's `data_in_segments`) and
+    /// its SCSI Response, keeps them for SNACKs at ERL 1, and ends the task.
+    fn status(
+        &mut self,
+        task: &SimTask,
+        command: &ScsiCommand,
+        status: u8,
+        sense: Vec<u8>,
+        data_in: Vec<u8>,
+    ) {
+        let itt = command.initiator_task_tag;
+        let sent = SentStatus {
+            stat_sn: StatSn::new(0),
+            response: ScsiResponse {
+                status,
+                initiator_task_tag: itt,
+                ..ScsiResponse::default()
+            },
+            sense_data: sense,
+            data_in,
+            lun: command.lun,
+            limits: self.limits,
+        };
+        for segment in self.limits.data_in_segments(sent.data_in.len() as u32) {
+            let (pdu, data) = sent.data_in(&segment);
+            self.send(Pdu::DataIn(pdu), data, Stat::Reserved);
+        }
+        // The task ends before its status goes out, so that the status
+        // carries the grown MaxCmdSN (`Session::complete`); one aborted
+        // meanwhile sends none.
+        if task.aborted.load(Relaxed) {
+            return self.finish(task);
+        }
+        self.finish(task);
+        let mut response = sent.response.clone();
+        response.exp_data_sn = iscsi_proto::serial::DataSn::new(
+            self.limits
+                .data_in_segments(sent.data_in.len() as u32)
+                .len() as u32,
+        );
+        let stat_sn = self.send(
+            Pdu::ScsiResponse(response.clone()),
+            sent.sense_data.clone(),
+            Stat::Advance,
+        );
+        if let Some(retained) = &mut self.retained {
+            retained.keep(SentStatus {
+                stat_sn,
+                response,
+                ..sent
+            });
+        }
+    }
+
+    fn snack(&mut self, header: &Pdu, snack: &SnackRequest) {
+        let Some(retained) = &self.retained else {
+            return self.reject(header, RejectReason::SnackReject);
+        };
+        let answer = match self.writes.r2t_replicas(snack) {
+            Some(r2ts) => r2ts
+                .map(|r2ts| r2ts.into_iter().map(Resend::R2t).collect())
+                .map_err(|why| (RejectReason::ProtocolError, why)),
+            None => retained.answer(snack),
+        };
+        match answer {
+            Ok(resends) => {
+                for resend in resends {
+                    match resend {
+                        Resend::DataIn(pdu, data) => {
+                            self.send(Pdu::DataIn(pdu), data, Stat::Reserved);
+                        }
+                        Resend::Response(response, sense, stat_sn) => {
+                            self.send(Pdu::ScsiResponse(response), sense, Stat::Again(stat_sn));
+                        }
+                        Resend::R2t(r2t) => {
+                            self.send(Pdu::ReadyToTransfer(r2t), Vec::new(), Stat::Current);
+                        }
+                    }
+                }
+            }
+            Err((reason, _)) => self.reject(header, reason),
+        }
+    }
+
+    /// ABORT TASK (the only function the simulated initiator sends): as
+    /// `connection/task_management.rs` does it, the response waits for a
+    /// task at the store to leave it.
+    fn task_management(&mut self, request: TaskManagementRequest) {
+        if request.function != TaskFunction::AbortTask {
+            return self.tmf_response(&request, TaskResponse::FunctionNotSupported);
+        }
+        let Some(task) = self.tasks.get(request.referenced_task_tag).cloned() else {
+            return self.tmf_response(&request, TaskResponse::TaskDoesNotExist);
+        };
+        if task.done.load(Relaxed) {
+            return self.tmf_response(&request, TaskResponse::TaskDoesNotExist);
+        }
+        task.aborted.store(true, Relaxed);
+        if task.executing.load(Relaxed) {
+            self.aborting.push((task.itt, request));
+            return;
+        }
+        self.finish(&task);
+        self.tmf_response(&request, TaskResponse::FunctionComplete);
+    }
+
+    fn tmf_response(&mut self, request: &TaskManagementRequest, response: TaskResponse) {
+        let reply = TaskManagementResponse {
+            response,
+            initiator_task_tag: request.initiator_task_tag,
+            ..TaskManagementResponse::default()
+        };
+        self.send(
+            Pdu::TaskManagementResponse(reply),
+            Vec::new(),
+            Stat::Advance,
+        );
+    }
+}
+
+/// The LBA and block count of a READ(10) or WRITE(10) CDB.
+pub fn lba_blocks(cdb: &[u8; 16]) -> (usize, usize) {
+    let lba = u32::from_be_bytes([cdb[2], cdb[3], cdb[4], cdb[5]]) as usize;
+    let blocks = u16::from_be_bytes([cdb[7], cdb[8]]) as usize;
+    (lba, blocks)
+}
+
+/// A READ(10) or WRITE(10) CDB.
+pub fn cdb(opcode: u8, lba: usize, blocks: usize) -> [u8; 16] {
+    let mut cdb = [0u8; 16];
+    cdb[0] = opcode;
+    cdb[2..6].copy_from_slice(&(lba as u32).to_be_bytes());
+    cdb[7..9].copy_from_slice(&(blocks as u16).to_be_bytes());
+    cdb
+}
