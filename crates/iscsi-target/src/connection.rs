@@ -44,7 +44,7 @@ use iscsi_proto::text::SessionType;
 use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, DataOut, Nexus, ScsiTarget, TargetReset};
 use iscsi_target_core::{
-    Due, Keepalive, KeepaliveAction, Solicitation, TextExchange, TransferTags,
+    Due, Inserted, Keepalive, KeepaliveAction, Solicitation, TextExchange, TransferTags,
 };
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -773,8 +773,15 @@ impl Connection {
             tracker,
             solicit,
         };
-        let asked = self.writes.insert(itt, pending);
-        SessionStats::add(&self.session.stats.recovery_r2ts, asked as u64);
+        match self.writes.insert(itt, pending) {
+            Inserted::Complete(pending) => {
+                self.start_write(pending).await;
+                return Ok(());
+            }
+            Inserted::Collecting { recovery_r2ts } => {
+                SessionStats::add(&self.session.stats.recovery_r2ts, recovery_r2ts as u64);
+            }
+        }
         self.solicit_and_keep(itt).await
     }
 

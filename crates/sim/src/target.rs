@@ -20,8 +20,8 @@ use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_target_core::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
 use iscsi_target_core::{
-    Arriving, Collecting, Collections, CommandWindow, Due, Placement, SessionTasks, Solicitation,
-    Stat, StatSequence, Stray, TaskHandle, TransferTags, window::Gaps,
+    Arriving, Collecting, Collections, CommandWindow, Due, Inserted, Placement, SessionTasks,
+    Solicitation, Stat, StatSequence, Stray, TaskHandle, TransferTags, window::Gaps,
 };
 
 /// SCSI status GOOD.
@@ -258,15 +258,15 @@ impl Target {
             command,
             buffer,
         };
-        self.writes.insert(
-            itt,
-            Collecting {
-                write,
-                tracker,
-                solicit,
-            },
-        );
-        self.solicit_and_keep(itt);
+        let collecting = Collecting {
+            write,
+            tracker,
+            solicit,
+        };
+        match self.writes.insert(itt, collecting) {
+            Inserted::Complete(done) => self.start_write(done),
+            Inserted::Collecting { .. } => self.solicit_and_keep(itt),
+        }
     }
 
     fn data_out(&mut self, data_out: DataOut, data: Vec<u8>, digest_error: bool) {
@@ -330,13 +330,17 @@ impl Target {
             self.send(Pdu::ReadyToTransfer(r2t), Vec::new(), Stat::Current);
         }
         if let Some(done) = self.writes.complete(itt) {
-            let SimWrite {
-                task,
-                command,
-                buffer,
-            } = done.write;
-            self.execute(task, command, buffer);
+            self.start_write(done);
         }
+    }
+
+    fn start_write(&mut self, done: Collecting<SimWrite>) {
+        let SimWrite {
+            task,
+            command,
+            buffer,
+        } = done.write;
+        self.execute(task, command, buffer);
     }
 
     fn fail_write(&mut self, itt: u32, sense: (u8, u8)) {

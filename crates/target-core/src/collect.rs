@@ -131,12 +131,19 @@ impl<W, F> Default for Collections<W, F> {
 impl<W, F> Collections<W, F> {
     /// Keeps a write that now collects its data (a new one, after its
     /// immediate data, or one taken back by [`Collections::take`]). Ranges
-    /// its tracker discarded (a digest error, ERL 1) are asked for first;
-    /// returns how many recovery R2Ts that adds.
-    pub fn insert(&mut self, itt: u32, mut write: Collecting<W>) -> usize {
+    /// its tracker discarded (a digest error, ERL 1) are asked for first.
+    /// A write whose every byte came with its command is not kept: it runs
+    /// now (the common small write with ImmediateData, without a trip
+    /// through the table).
+    pub fn insert(&mut self, itt: u32, mut write: Collecting<W>) -> Inserted<W> {
         let asked = write.solicit.ask_again_first(write.tracker.take_lost());
+        if asked == 0 && write.tracker.is_complete() {
+            return Inserted::Complete(write);
+        }
         self.collecting.insert(itt, write);
-        asked
+        Inserted::Collecting {
+            recovery_r2ts: asked,
+        }
     }
 
     /// A write moved here by TASK REASSIGN (ERL 2, RFC 7143 7.2.2): the
@@ -228,8 +235,8 @@ impl<W, F> Collections<W, F> {
 
     /// The data of a [`Placement::Place`] is in place.
     pub fn placed(&mut self, itt: u32, progress: DataOutProgress) {
-        if let (DataOutProgress::R2tComplete(tag), Some(write)) =
-            (progress, self.collecting.get_mut(&itt))
+        if let DataOutProgress::R2tComplete(tag) = progress
+            && let Some(write) = self.collecting.get_mut(&itt)
         {
             write.solicit.answered(tag);
         }
@@ -359,6 +366,20 @@ impl<W, F> Collections<W, F> {
         let write = self.collecting.get(&snack.initiator_task_tag)?;
         Some(write.solicit.replicas(snack.beg_run, snack.run_length))
     }
+}
+
+/// What became of a write handed to [`Collections::insert`].
+#[derive(Debug)]
+pub enum Inserted<W> {
+    /// Every byte is in already: run it.
+    Complete(Collecting<W>),
+    /// Kept to collect its data: send its R2Ts
+    /// ([`Collections::next_r2ts`]); `recovery_r2ts` of them ask again for
+    /// data lost to a digest error.
+    Collecting {
+        /// Ranges asked for again first.
+        recovery_r2ts: usize,
+    },
 }
 
 /// The Data-Out a failed write still waits for.

@@ -38,7 +38,10 @@ fn one_write(
         solicit: Solicitation::new(Lun(0), ITT, bursts),
     };
     let mut writes = Collections::default();
-    assert_eq!(writes.insert(ITT, write), 0);
+    assert!(matches!(
+        writes.insert(ITT, write),
+        Inserted::Collecting { recovery_r2ts: 0 }
+    ));
     let r2ts = writes.next_r2ts(ITT, limits.r2t_limit(), &mut TransferTags::default());
     (writes, r2ts)
 }
@@ -157,10 +160,11 @@ fn the_sweep_ends_aborted_writes_in_tag_order() {
     let (mut writes, _) = one_write(limits(0, true));
     for itt in [30, 10, 20] {
         let tracker = DataOutTracker::new(limits(0, true), 8 * KIB, 0).unwrap();
+        let bursts = limits(0, true).r2t_bursts(8 * KIB, 0);
         let write = Collecting {
             write: if itt == 20 { "kept" } else { "aborted" },
             tracker,
-            solicit: Solicitation::new(Lun(0), itt, Vec::new()),
+            solicit: Solicitation::new(Lun(0), itt, bursts),
         };
         writes.insert(itt, write);
     }
@@ -229,4 +233,22 @@ fn a_reassigned_write_solicits_only_what_never_arrived() {
         .map(|r| (r.buffer_offset / KIB, r.desired_data_transfer_length / KIB))
         .collect();
     assert_eq!(ranges, [(16, 16), (32, 16), (48, 16)]);
+}
+
+#[test]
+fn a_write_whose_data_all_came_with_it_runs_at_once() {
+    let mut limits = limits(0, true);
+    limits.immediate_data = true;
+    let tracker = DataOutTracker::new(limits, 4 * KIB, 4 * KIB).unwrap();
+    let write = Collecting {
+        write: "small",
+        tracker,
+        solicit: Solicitation::new(Lun(0), ITT, Vec::new()),
+    };
+    let mut writes: Collections<&str, &str> = Collections::default();
+    match writes.insert(ITT, write) {
+        Inserted::Complete(write) => assert_eq!(write.write, "small"),
+        other => panic!("kept: {other:?}"),
+    }
+    assert_eq!(writes.collecting(), 0);
 }

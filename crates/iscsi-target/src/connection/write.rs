@@ -17,7 +17,7 @@ use tracing::{debug, warn};
 
 use super::{Connection, Receiver, Stat};
 use crate::metrics::stats::SessionStats;
-use crate::pending::{FailedWrite, WriteParts};
+use crate::pending::{FailedWrite, PendingWrite, WriteParts};
 use crate::session::Task;
 use crate::writer::Resend;
 
@@ -160,17 +160,22 @@ impl Connection {
             }
         }
         if let Some(pending) = self.writes.complete(itt) {
-            let Collecting { write, solicit, .. } = pending;
-            let WriteParts {
-                task,
-                command,
-                cdb,
-                buffer,
-            } = write;
-            self.execute(task, command, cdb, buffer, solicit.sent())
-                .await;
+            self.start_write(pending).await;
         }
         sent
+    }
+
+    /// Runs a write whose every byte is in.
+    pub(super) async fn start_write(&mut self, pending: PendingWrite) {
+        let Collecting { write, solicit, .. } = pending;
+        let WriteParts {
+            task,
+            command,
+            cdb,
+            buffer,
+        } = write;
+        self.execute(task, command, cdb, buffer, solicit.sent())
+            .await;
     }
 
     /// Ends a write that cannot complete with CHECK CONDITION, once the
