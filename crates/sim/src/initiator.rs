@@ -34,6 +34,9 @@ const R2T_SNACK_AFTER: Micros = 200_000;
 /// A command in flight.
 #[derive(Debug)]
 struct Command {
+    /// The connection it went on: its PDUs, and SNACKs and ABORT TASK for
+    /// it, go there.
+    conn: usize,
     cmd_sn: CmdSn,
     lba: usize,
     blocks: usize,
@@ -73,10 +76,10 @@ pub struct Initiator {
     cmd_sn: CmdSn,
     /// ExpStatSN as the real initiator keeps it: not past a read's status
     /// whose Data-In is still missing (the target would drop that data).
-    stat_sns: StatSns,
+    stat_sns: Vec<StatSns>,
     /// The StatSN the next status must carry: the link loses nothing, so
     /// any other is the target's mistake.
-    next_stat_sn: StatSn,
+    next_stat_sn: Vec<StatSn>,
     max_cmd_sn: CmdSn,
     issued: usize,
     next_write: WriteId,
@@ -110,6 +113,7 @@ pub struct Stats {
 impl Initiator {
     /// An initiator logged in with `params`' limits, nothing issued.
     pub fn new(params: Params) -> Self {
+        let connections = params.connections;
         Initiator {
             limits: params.limits,
             model: Model::new(params.blocks, BLOCK),
@@ -122,8 +126,10 @@ impl Initiator {
             retries: Vec::new(),
             next_itt: 1,
             cmd_sn: CmdSn::new(1),
-            stat_sns: StatSns::new(StatSn::new(1)),
-            next_stat_sn: StatSn::new(1),
+            stat_sns: (0..connections)
+                .map(|_| StatSns::new(StatSn::new(1)))
+                .collect(),
+            next_stat_sn: vec![StatSn::new(1); connections],
             max_cmd_sn: CmdSn::new(1),
             issued: 0,
             next_write: 1,
@@ -151,7 +157,30 @@ impl Initiator {
         }
     }
 
-    fn send(&mut self, world: &mut World, pdu: Pdu, data: Vec<u8>, damage: bool) {
+    /// The connection a PDU goes on: its task's.
+    fn conn_of(&self, pdu: &Pdu) -> usize {
+        let itt = match pdu {
+            Pdu::ScsiCommand(c) => c.initiator_task_tag,
+            Pdu::DataOut(d) => d.initiator_task_tag,
+            Pdu::SnackRequest(s) => s.initiator_task_tag,
+            Pdu::TaskManagementRequest(t) => t.referenced_task_tag,
+            _ => return 0,
+        };
+        self.commands.get(&itt).map_or(0, |c| c.conn)
+    }
+
+    /// Sends `pdu` on its task's connection, with that connection's
+    /// ExpStatSN.
+    fn send(&mut self, world: &mut World, mut pdu: Pdu, data: Vec<u8>, damage: bool) {
+        let conn = self.conn_of(&pdu);
+        let exp = self.stat_sns[conn].expected();
+        match &mut pdu {
+            Pdu::ScsiCommand(c) => c.exp_stat_sn = exp,
+            Pdu::DataOut(d) => d.exp_stat_sn = exp,
+            Pdu::SnackRequest(s) => s.exp_stat_sn = exp,
+            Pdu::TaskManagementRequest(t) => t.exp_stat_sn = exp,
+            _ => {}
+        }
         if let Pdu::DataOut(d) = &pdu {
             *self
                 .data_out_in_flight
@@ -168,6 +197,7 @@ impl Initiator {
         world.send(
             Direction::ToTarget,
             Wire {
+                conn,
                 pdu,
                 data,
                 digest_error: damage,
@@ -243,7 +273,6 @@ impl Initiator {
                     snack_type: SnackType::DataR2t,
                     initiator_task_tag: itt,
                     beg_run: r2ts.next_r2t_sn(),
-                    exp_stat_sn: self.stat_sns.expected(),
                     ..SnackRequest::default()
                 });
             }
@@ -279,7 +308,6 @@ impl Initiator {
                 initiator_task_tag: itt,
                 beg_run: sn,
                 run_length: 1,
-                exp_stat_sn: self.stat_sns.expected(),
                 ..SnackRequest::default()
             };
             self.stats.snacks += 1;
@@ -320,7 +348,6 @@ impl Initiator {
                 initiator_task_tag: tmf_itt,
                 referenced_task_tag: itt,
                 cmd_sn: self.cmd_sn,
-                exp_stat_sn: self.stat_sns.expected(),
                 ref_cmd_sn: command.cmd_sn,
                 ..TaskManagementRequest::default()
             };
@@ -371,12 +398,12 @@ impl Initiator {
             initiator_task_tag: itt,
             expected_data_transfer_length: length,
             cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.stat_sns.expected(),
             cdb: cdb(if write { WRITE_10 } else { READ_10 }, lba, blocks),
             ..ScsiCommand::default()
         };
         self.cmd_sn = self.cmd_sn.next();
         let mut entry = Command {
+            conn: world.rng_range(0, self.params.connections),
             cmd_sn: command.cmd_sn,
             lba,
             blocks,
@@ -414,7 +441,9 @@ impl Initiator {
         let payload = entry.data.clone();
         self.commands.insert(itt, entry);
         self.send(world, Pdu::ScsiCommand(command), immediate, damage);
-        if plan.immediate < length && world.chance(self.params.p_duplicate) {
+        // (Not behind damaged immediate data: at ERL 0 the write may end
+        // at once, freeing its tag.)
+        if plan.immediate < length && !damage && world.chance(self.params.p_duplicate) {
             self.send_duplicate(world, itt);
         }
         for segment in unsolicited {
@@ -436,7 +465,6 @@ impl Initiator {
             initiator_task_tag: itt,
             expected_data_transfer_length: BLOCK as u32,
             cmd_sn: self.cmd_sn,
-            exp_stat_sn: self.stat_sns.expected(),
             cdb: cdb(READ_10, 0, 1),
             ..ScsiCommand::default()
         };
@@ -465,7 +493,6 @@ impl Initiator {
             final_flag: segment.last_in_sequence,
             initiator_task_tag: itt,
             target_transfer_tag: ttt,
-            exp_stat_sn: self.stat_sns.expected(),
             data_sn: DataSn::new(segment.data_sn),
             buffer_offset: segment.offset,
             ..DataOut::default()
@@ -487,7 +514,8 @@ impl Initiator {
             )
         });
         let hold = self.holds(&wire.pdu);
-        self.check_stat_sn(&wire.pdu, hold)?;
+        self.check_stat_sn(wire.conn, &wire.pdu, hold)?;
+        self.check_allegiance(wire.conn, &wire.pdu)?;
         match wire.pdu {
             Pdu::ReadyToTransfer(r2t) => self.r2t(world, r2t)?,
             Pdu::DataIn(data_in) => self.data_in(&data_in, &wire.data, wire.digest_error)?,
@@ -506,7 +534,7 @@ impl Initiator {
 
     /// StatSN: a status carries the next one, every other PDU the next
     /// one too (not advanced) or none; the window's edges only move on.
-    fn check_stat_sn(&mut self, pdu: &Pdu, hold: bool) -> Result<(), Violation> {
+    fn check_stat_sn(&mut self, conn: usize, pdu: &Pdu, hold: bool) -> Result<(), Violation> {
         let (stat_sn, exp, max, advances) = match pdu {
             Pdu::ScsiResponse(r) => (Some(r.stat_sn), r.exp_cmd_sn, r.max_cmd_sn, true),
             Pdu::TaskManagementResponse(r) => (Some(r.stat_sn), r.exp_cmd_sn, r.max_cmd_sn, true),
@@ -516,18 +544,18 @@ impl Initiator {
             _ => return Ok(()),
         };
         if let Some(sn) = stat_sn
-            && sn != self.next_stat_sn
+            && sn != self.next_stat_sn[conn]
         {
             return Err(format!(
                 "StatSN {} where {} was next ({})",
                 sn.get(),
-                self.next_stat_sn.get(),
+                self.next_stat_sn[conn].get(),
                 describe(pdu)
             ));
         }
         if let (true, Some(sn)) = (advances, stat_sn) {
-            self.next_stat_sn = sn.next();
-            if let Arrived::Gap { first, count } = self.stat_sns.arrived(sn, hold) {
+            self.next_stat_sn[conn] = sn.next();
+            if let Arrived::Gap { first, count } = self.stat_sns[conn].arrived(sn, hold) {
                 return Err(format!("{count} statuses from {} lost", first.get()));
             }
         }
@@ -542,6 +570,29 @@ impl Initiator {
             ));
         }
         Ok(())
+    }
+
+    /// A task's PDUs come on the connection it went on (allegiance, RFC
+    /// 7143 4.2.3.1; ABORT TASK is sent on its task's connection here).
+    fn check_allegiance(&self, conn: usize, pdu: &Pdu) -> Result<(), Violation> {
+        let itt = match pdu {
+            Pdu::ReadyToTransfer(r) => r.initiator_task_tag,
+            Pdu::DataIn(d) => d.initiator_task_tag,
+            Pdu::ScsiResponse(r) => r.initiator_task_tag,
+            Pdu::TaskManagementResponse(t) => match self.aborts.get(&t.initiator_task_tag) {
+                Some(&itt) => itt,
+                None => return Ok(()),
+            },
+            _ => return Ok(()),
+        };
+        match self.commands.get(&itt) {
+            Some(command) if command.conn != conn => Err(format!(
+                "{} for task {itt} on connection {conn}; the task is on {}",
+                describe(pdu),
+                command.conn
+            )),
+            _ => Ok(()),
+        }
     }
 
     /// Whether `pdu` is the status of a read whose Data-In is not all in:
@@ -761,7 +812,8 @@ impl Initiator {
         for itt in ready {
             let status = self.commands.get_mut(&itt).and_then(|c| c.status.take());
             if let Some(status) = status {
-                self.stat_sns.release(status.stat_sn);
+                let conn = self.commands.get(&itt).map_or(0, |c| c.conn);
+                self.stat_sns[conn].release(status.stat_sn);
                 self.end(world, itt, status)?;
             }
         }

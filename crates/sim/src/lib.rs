@@ -63,7 +63,12 @@ pub fn run(seed: u64, verbose: bool) -> Result<Summary, Box<Failure>> {
     let mut world = World::new(seed);
     world.verbose = verbose;
     let params = Params::draw(&mut world.rng);
-    let mut target = Target::new(params.limits, params.window, params.blocks);
+    let mut target = Target::new(
+        params.limits,
+        params.window,
+        params.blocks,
+        params.connections,
+    );
     let mut initiator = Initiator::new(params.clone());
     let result = drive(&mut world, &mut target, &mut initiator, &params);
     match result {
@@ -97,7 +102,7 @@ fn drive(
                 if matches!(wire.pdu, iscsi_proto::pdu::Pdu::DataOut(_)) {
                     initiator.data_out_arrived(data_out_itt(&wire));
                 }
-                target.receive(wire.pdu, wire.data, wire.digest_error)
+                target.receive(wire.conn, wire.pdu, wire.data, wire.digest_error)
             }
             Event::ToInitiator(wire) => {
                 initiator.receive(world, wire)?;
@@ -120,11 +125,13 @@ fn drive(
                 initiator.in_flight()
             ));
         }
-        // A write aborted while collecting data leaves the table at the
-        // next PDU's sweep (as on the target: `sweep_aborted_writes`), so
-        // one may be there without its task.
+        // A write aborted while collecting data leaves its connection's
+        // table at that connection's next PDU (as on the target:
+        // `sweep_aborted_writes`), so one a connection may be there
+        // without its task.
         let (tasks, collecting, _) = target.held();
-        if collecting > tasks + 1 || tasks > params.window as usize + params.queue_depth + 1 {
+        let bound = params.window as usize + params.queue_depth + 1;
+        if collecting > tasks + params.connections || tasks > bound {
             return Err(format!(
                 "target holds {tasks} tasks and {collecting} writes collecting data \
                  (window {}, queue depth {})",
@@ -138,6 +145,7 @@ fn drive(
             initiator.in_flight()
         ));
     }
+    target.sweep_all();
     let (tasks, collecting, _) = target.held();
     if tasks != 0 || collecting != 0 {
         return Err(format!(
@@ -164,12 +172,13 @@ fn data_out_itt(wire: &Wire) -> u32 {
 fn apply(world: &mut World, params: &Params, actions: Vec<Action>) {
     for action in actions {
         match action {
-            Action::Send(pdu, data) => {
+            Action::Send(conn, pdu, data) => {
                 let damage = matches!(pdu, iscsi_proto::pdu::Pdu::DataIn(_))
                     && world.chance(params.p_damage_data_in);
                 world.send(
                     Direction::ToInitiator,
                     Wire {
+                        conn,
                         pdu,
                         data,
                         digest_error: damage,

@@ -14,6 +14,9 @@ pub struct Params {
     pub limits: Limits,
     /// The target's command window (MaxCmdSN - ExpCmdSN + 1 when idle).
     pub window: u32,
+    /// Connections of the session (MC/S: commands spread over them, each
+    /// task's PDUs on its own).
+    pub connections: usize,
     /// Commands the initiator keeps in flight.
     pub queue_depth: usize,
     /// Commands in the run.
@@ -58,6 +61,7 @@ impl Params {
         Params {
             limits,
             window: [1, 4, 16, 64][rng.random_range(0..4)],
+            connections: [1, 1, 2, 3][rng.random_range(0..4)],
             queue_depth: rng.random_range(1..=32),
             commands: rng.random_range(100..=600),
             blocks: 256,

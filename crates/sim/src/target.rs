@@ -45,6 +45,9 @@ pub const BLOCK: usize = 512;
 #[derive(Debug)]
 pub struct SimTask {
     itt: u32,
+    /// The connection it is allegiant to: its R2Ts, Data-In and status go
+    /// there.
+    conn: usize,
     windowed: bool,
     done: AtomicBool,
     aborted: AtomicBool,
@@ -90,38 +93,58 @@ struct Executing {
 /// What the target asks the world to do.
 #[derive(Debug)]
 pub enum Action {
-    /// Send this PDU to the initiator, with its data.
-    Send(Pdu, Vec<u8>),
+    /// Send this PDU to the initiator on this connection, with its data.
+    Send(usize, Pdu, Vec<u8>),
     /// Run the command with this tag at the store.
     Execute(u32),
 }
 
-/// The simulated target session (one connection).
-pub struct Target {
-    tasks: SessionTasks<SimTask>,
+/// What each connection of the session keeps.
+struct Conn {
     writes: Collections<SimWrite, SimFailed>,
     tags: TransferTags,
     stat: StatSequence,
     retained: Option<Retained<Vec<u8>>>,
+}
+
+/// The simulated target session (one or more connections).
+pub struct Target {
+    tasks: SessionTasks<SimTask>,
+    conns: Vec<Conn>,
+    /// The connection whose PDU, or whose task, is being handled.
+    cur: usize,
+    /// Gaps in CmdSN are skipped on one connection, waited for across
+    /// several (as `Session::admit` chooses).
+    gaps: Gaps,
     limits: Limits,
     executing: BTreeMap<u32, Executing>,
-    /// ABORT TASKs waiting for the task they abort to leave the store.
-    aborting: Vec<(u32, TaskManagementRequest)>,
+    /// ABORT TASKs waiting for the task they abort to leave the store,
+    /// with the connection each came on.
+    aborting: Vec<(u32, usize, TaskManagementRequest)>,
     /// The LUN's bytes.
     pub store: Vec<u8>,
     out: Vec<Action>,
 }
 
 impl Target {
-    /// A session logged in with `limits`, a command window of `window`
-    /// and a LUN of `blocks` zeroed blocks.
-    pub fn new(limits: Limits, window: u32, blocks: usize) -> Self {
-        Target {
-            tasks: SessionTasks::new(CommandWindow::new(CmdSn::new(1), window)),
+    /// A session of `connections` connections logged in with `limits`, a
+    /// command window of `window` and a LUN of `blocks` zeroed blocks.
+    pub fn new(limits: Limits, window: u32, blocks: usize, connections: usize) -> Self {
+        let conn = || Conn {
             writes: Collections::default(),
             tags: TransferTags::default(),
             stat: StatSequence::new(StatSn::new(1)),
             retained: (limits.error_recovery_level >= 1).then(Retained::default),
+        };
+        Target {
+            tasks: SessionTasks::new(CommandWindow::new(CmdSn::new(1), window)),
+            conns: (0..connections).map(|_| conn()).collect(),
+            cur: 0,
+            gaps: if connections > 1 {
+                Gaps::Wait
+            } else {
+                Gaps::Skip
+            },
             limits,
             executing: BTreeMap::new(),
             aborting: Vec::new(),
@@ -133,13 +156,36 @@ impl Target {
     /// What the target holds: live tasks, writes collecting data, statuses
     /// kept for SNACKs (for the memory oracle).
     pub fn held(&self) -> (usize, usize, usize) {
-        let retained = self.retained.as_ref().map_or(0, |r| r.size().0);
-        (self.tasks.len(), self.writes.collecting(), retained)
+        let retained = self
+            .conns
+            .iter()
+            .map(|c| c.retained.as_ref().map_or(0, |r| r.size().0))
+            .sum();
+        let collecting = self.conns.iter().map(|c| c.writes.collecting()).sum();
+        (self.tasks.len(), collecting, retained)
     }
 
-    /// A PDU arrived (its data digest failed where `digest_error`).
-    pub fn receive(&mut self, pdu: Pdu, data: Vec<u8>, digest_error: bool) -> Vec<Action> {
-        if let (Some(retained), Some(exp)) = (&mut self.retained, exp_stat_sn_of(&pdu)) {
+    /// Sweeps every connection's aborted writes, as each connection's next
+    /// PDU (or its end) would: after the run, what is left is a leak.
+    pub fn sweep_all(&mut self) {
+        for conn in 0..self.conns.len() {
+            self.cur = conn;
+            self.sweep_aborted_writes();
+        }
+    }
+
+    /// A PDU arrived on connection `conn` (its data digest failed where
+    /// `digest_error`).
+    pub fn receive(
+        &mut self,
+        conn: usize,
+        pdu: Pdu,
+        data: Vec<u8>,
+        digest_error: bool,
+    ) -> Vec<Action> {
+        self.cur = conn;
+        if let (Some(retained), Some(exp)) = (&mut self.conns[conn].retained, exp_stat_sn_of(&pdu))
+        {
             retained.acknowledge(exp);
         }
         self.sweep_aborted_writes();
@@ -156,6 +202,7 @@ impl Target {
     /// The store finished command `itt`.
     pub fn store_done(&mut self, itt: u32) -> Vec<Action> {
         if let Some(run) = self.executing.remove(&itt) {
+            self.cur = run.task.conn;
             run.task.executing.store(false, Relaxed);
             if run.task.aborted.load(Relaxed) {
                 self.finish(&run.task);
@@ -163,9 +210,10 @@ impl Target {
                 self.complete(run);
             }
             let (done, waiting): (Vec<_>, Vec<_>) =
-                self.aborting.drain(..).partition(|(i, _)| *i == itt);
+                self.aborting.drain(..).partition(|(i, _, _)| *i == itt);
             self.aborting = waiting;
-            for (_, request) in done {
+            for (_, conn, request) in done {
+                self.cur = conn;
                 self.tmf_response(&request, TaskResponse::FunctionComplete);
             }
         }
@@ -176,10 +224,10 @@ impl Target {
         let (exp, max) = self.tasks.window().edges();
         let stat_sn = match stat {
             Stat::Again(sn) => sn,
-            _ => self.stat.next(),
+            _ => self.conns[self.cur].stat.next(),
         };
-        self.stat.stamp(&mut pdu, stat, exp, max);
-        self.out.push(Action::Send(pdu, data));
+        self.conns[self.cur].stat.stamp(&mut pdu, stat, exp, max);
+        self.out.push(Action::Send(self.cur, pdu, data));
         stat_sn
     }
 
@@ -209,7 +257,7 @@ impl Target {
             task: true,
         };
         let pdu = Pdu::ScsiCommand(command.clone());
-        match self.tasks.admit(arriving, Gaps::Skip) {
+        match self.tasks.admit(arriving, self.gaps) {
             Ok(_) => {}
             Err(iscsi_target_core::Refusal::OutOfWindow) => return,
             Err(iscsi_target_core::Refusal::TagInUse) => {
@@ -222,6 +270,7 @@ impl Target {
         }
         let task = Arc::new(SimTask {
             itt,
+            conn: self.cur,
             windowed: arriving.windowed(),
             done: AtomicBool::new(false),
             aborted: AtomicBool::new(false),
@@ -263,7 +312,7 @@ impl Target {
             tracker,
             solicit,
         };
-        match self.writes.insert(itt, collecting) {
+        match self.conns[self.cur].writes.insert(itt, collecting) {
             Inserted::Complete(done) => self.start_write(done),
             Inserted::Collecting { .. } => self.solicit_and_keep(itt),
         }
@@ -274,20 +323,23 @@ impl Target {
         let length = data.len() as u32;
         let pdu = Pdu::DataOut(data_out.clone());
         let aborted = |w: &SimWrite| w.task.aborted.load(Relaxed);
-        match self.writes.placement(&data_out, length, aborted) {
+        match self.conns[self.cur]
+            .writes
+            .placement(&data_out, length, aborted)
+        {
             Placement::Place { range, progress } => {
                 if digest_error {
                     self.reject(&pdu, RejectReason::DataDigestError);
                     if self.limits.error_recovery_level > 0 {
-                        self.writes.lost(&data_out, length);
+                        self.conns[self.cur].writes.lost(&data_out, length);
                         return self.solicit_and_keep(itt);
                     }
                     return self.fail_write(itt, CRC_ERROR);
                 }
-                if let Some(write) = self.writes.get_mut(itt) {
+                if let Some(write) = self.conns[self.cur].writes.get_mut(itt) {
                     write.write.buffer[range].copy_from_slice(&data);
                 }
-                self.writes.placed(itt, progress);
+                self.conns[self.cur].writes.placed(itt, progress);
                 self.solicit_and_keep(itt);
             }
             Placement::Aborted(write) => self.finish(&write.task),
@@ -306,7 +358,7 @@ impl Target {
                 if digest_error {
                     self.reject(&pdu, RejectReason::DataDigestError);
                 }
-                match self.writes.stray(&data_out) {
+                match self.conns[self.cur].writes.stray(&data_out) {
                     Stray::Drained(failed) => self.answer_failed(failed),
                     Stray::Dropped => {}
                     Stray::Unknown if digest_error => {}
@@ -316,20 +368,25 @@ impl Target {
         }
     }
 
+    /// Ends the writes of this connection whose task was aborted (on any
+    /// connection): `Connection::sweep_aborted_writes`.
     fn sweep_aborted_writes(&mut self) {
-        for write in self.writes.sweep_aborted(|w| w.task.aborted.load(Relaxed)) {
+        for write in self.conns[self.cur]
+            .writes
+            .sweep_aborted(|w| w.task.aborted.load(Relaxed))
+        {
             self.finish(&write.task);
         }
     }
 
     fn solicit_and_keep(&mut self, itt: u32) {
-        let r2ts = self
-            .writes
-            .next_r2ts(itt, self.limits.r2t_limit(), &mut self.tags);
+        let limit = self.limits.r2t_limit();
+        let conn = &mut self.conns[self.cur];
+        let r2ts = conn.writes.next_r2ts(itt, limit, &mut conn.tags);
         for r2t in r2ts {
             self.send(Pdu::ReadyToTransfer(r2t), Vec::new(), Stat::Current);
         }
-        if let Some(done) = self.writes.complete(itt) {
+        if let Some(done) = self.conns[self.cur].writes.complete(itt) {
             self.start_write(done);
         }
     }
@@ -344,7 +401,7 @@ impl Target {
     }
 
     fn fail_write(&mut self, itt: u32, sense: (u8, u8)) {
-        if let Some((write, due)) = self.writes.fail(itt) {
+        if let Some((write, due)) = self.conns[self.cur].writes.fail(itt) {
             self.answer_when_drained(write.task, write.command, sense, due);
         }
     }
@@ -362,7 +419,10 @@ impl Target {
             command,
             sense,
         };
-        if let Some(failed) = self.writes.answer_when_drained(itt, failed, due) {
+        if let Some(failed) = self.conns[self.cur]
+            .writes
+            .answer_when_drained(itt, failed, due)
+        {
             self.answer_failed(failed);
         }
     }
@@ -467,7 +527,7 @@ impl Target {
             sent.sense_data.clone(),
             Stat::Advance,
         );
-        if let Some(retained) = &mut self.retained {
+        if let Some(retained) = &mut self.conns[self.cur].retained {
             retained.keep(SentStatus {
                 stat_sn,
                 response,
@@ -477,10 +537,10 @@ impl Target {
     }
 
     fn snack(&mut self, header: &Pdu, snack: &SnackRequest) {
-        let Some(retained) = &self.retained else {
+        let Some(retained) = &self.conns[self.cur].retained else {
             return self.reject(header, RejectReason::SnackReject);
         };
-        let answer = match self.writes.r2t_replicas(snack) {
+        let answer = match self.conns[self.cur].writes.r2t_replicas(snack) {
             Some(r2ts) => r2ts
                 .map(|r2ts| r2ts.into_iter().map(Resend::R2t).collect())
                 .map_err(|why| (RejectReason::ProtocolError, why)),
@@ -521,7 +581,7 @@ impl Target {
         }
         task.aborted.store(true, Relaxed);
         if task.executing.load(Relaxed) {
-            self.aborting.push((task.itt, request));
+            self.aborting.push((task.itt, self.cur, request));
             return;
         }
         self.finish(&task);

@@ -3,9 +3,10 @@
 //! source. Nothing here reads the real clock or touches a socket, so a
 //! seed replays exactly.
 //!
-//! The link is one TCP connection: each direction delivers in order, a
-//! PDU taking a random latency plus its size at the link's rate, never
-//! overtaking the one before it.
+//! Each connection of the session is a TCP connection: each direction
+//! delivers in order, a PDU taking a random latency plus its size at the
+//! link's rate, never overtaking the one before it on that connection
+//! (PDUs on different connections overtake each other freely: MC/S).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
@@ -22,6 +23,8 @@ pub type Micros = u64;
 /// on the way).
 #[derive(Clone, Debug)]
 pub struct Wire {
+    /// The connection it travels on.
+    pub conn: usize,
     /// The PDU, as typed by proto.
     pub pdu: Pdu,
     /// Its data segment.
@@ -61,8 +64,8 @@ pub struct World {
     seq: u64,
     queue: BinaryHeap<Reverse<(Micros, u64)>>,
     events: std::collections::BTreeMap<u64, Event>,
-    /// When each direction of the link is next free to deliver.
-    free_at: [Micros; 2],
+    /// When each direction of each connection is next free to deliver.
+    free_at: Vec<[Micros; 2]>,
     /// The run's one random source.
     pub rng: StdRng,
     trace: VecDeque<String>,
@@ -82,7 +85,7 @@ impl World {
             seq: 0,
             queue: BinaryHeap::new(),
             events: std::collections::BTreeMap::new(),
-            free_at: [0; 2],
+            free_at: Vec::new(),
             rng: StdRng::seed_from_u64(seed),
             trace: VecDeque::new(),
             trace_hash: 0xcbf2_9ce4_8422_2325,
@@ -104,14 +107,17 @@ impl World {
         self.events.insert(seq, event);
     }
 
-    /// Sends `wire` over the link: delivered in order, after a random
-    /// latency (5-60 us) and its length at 10 Gbit/s.
+    /// Sends `wire` over its connection: delivered in order, after a
+    /// random latency (5-60 us) and its length at 10 Gbit/s.
     pub fn send(&mut self, direction: Direction, wire: Wire) {
         let latency = self.rng.random_range(5..60);
         let on_wire = (48 + wire.data.len() as u64) / 1250;
-        let slot = direction as usize;
-        let at = (self.now + latency).max(self.free_at[slot]) + on_wire;
-        self.free_at[slot] = at;
+        if self.free_at.len() <= wire.conn {
+            self.free_at.resize(wire.conn + 1, [0; 2]);
+        }
+        let slot = &mut self.free_at[wire.conn][direction as usize];
+        let at = (self.now + latency).max(*slot) + on_wire;
+        *slot = at;
         let event = match direction {
             Direction::ToTarget => Event::ToTarget(wire),
             Direction::ToInitiator => Event::ToInitiator(wire),
