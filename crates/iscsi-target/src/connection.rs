@@ -41,7 +41,7 @@ use iscsi_proto::pdu::{
 use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
 use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachine};
 use iscsi_proto::text::SessionType;
-use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
+use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_scsi::{CommandOutcome, DataOut, Nexus, ScsiTarget, TargetReset};
 use iscsi_target_core::{
     Due, Inserted, Keepalive, KeepaliveAction, Solicitation, TextExchange, TransferTags,
@@ -782,7 +782,7 @@ impl Connection {
                 SessionStats::add(&self.session.stats.recovery_r2ts, recovery_r2ts as u64);
             }
         }
-        self.solicit_and_keep(itt).await
+        self.solicit_and_keep(itt, DataOutProgress::Continue).await
     }
 
     /// Answers a command with `outcome` without executing it.

@@ -17,11 +17,11 @@ use iscsi_proto::pdu::{
     TaskManagementRequest, TaskManagementResponse, TaskResponse,
 };
 use iscsi_proto::serial::{CmdSn, StatSn};
-use iscsi_proto::transfer::{DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
+use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
 use iscsi_target_core::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
 use iscsi_target_core::{
-    Arriving, Collecting, Collections, CommandWindow, Due, Inserted, Placement, SessionTasks,
-    Solicitation, Stat, StatSequence, Stray, TaskHandle, TransferTags, window::Gaps,
+    Advance, Arriving, Collecting, Collections, CommandWindow, Due, Inserted, Placement,
+    SessionTasks, Solicitation, Stat, StatSequence, Stray, TaskHandle, TransferTags, window::Gaps,
 };
 
 /// SCSI status GOOD.
@@ -314,7 +314,7 @@ impl Target {
         };
         match self.conns[self.cur].writes.insert(itt, collecting) {
             Inserted::Complete(done) => self.start_write(done),
-            Inserted::Collecting { .. } => self.solicit_and_keep(itt),
+            Inserted::Collecting { .. } => self.solicit_and_keep(itt, DataOutProgress::Continue),
         }
     }
 
@@ -332,15 +332,14 @@ impl Target {
                     self.reject(&pdu, RejectReason::DataDigestError);
                     if self.limits.error_recovery_level > 0 {
                         self.conns[self.cur].writes.lost(&data_out, length);
-                        return self.solicit_and_keep(itt);
+                        return self.solicit_and_keep(itt, DataOutProgress::Continue);
                     }
                     return self.fail_write(itt, CRC_ERROR);
                 }
                 if let Some(write) = self.conns[self.cur].writes.get_mut(itt) {
                     write.write.buffer[range].copy_from_slice(&data);
                 }
-                self.conns[self.cur].writes.placed(itt, progress);
-                self.solicit_and_keep(itt);
+                self.solicit_and_keep(itt, progress);
             }
             Placement::Aborted(write) => self.finish(&write.task),
             Placement::Refused(reason) => {
@@ -379,14 +378,14 @@ impl Target {
         }
     }
 
-    fn solicit_and_keep(&mut self, itt: u32) {
+    fn solicit_and_keep(&mut self, itt: u32, progress: DataOutProgress) {
         let limit = self.limits.r2t_limit();
         let conn = &mut self.conns[self.cur];
-        let r2ts = conn.writes.next_r2ts(itt, limit, &mut conn.tags);
+        let Advance { r2ts, complete } = conn.writes.advance(itt, progress, limit, &mut conn.tags);
         for r2t in r2ts {
             self.send(Pdu::ReadyToTransfer(r2t), Vec::new(), Stat::Current);
         }
-        if let Some(done) = self.conns[self.cur].writes.complete(itt) {
+        if let Some(done) = complete {
             self.start_write(done);
         }
     }

@@ -75,7 +75,8 @@ impl<F> Draining<F> {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Placement<W> {
     /// Read its data into the write's buffer at `range`; then say how it
-    /// went ([`Collections::placed`], [`Collections::digest_failed`]).
+    /// went ([`Collections::advance`] with `progress`, or
+    /// [`Collections::lost`]).
     Place {
         /// Where in the write's buffer the data goes.
         range: Range<usize>,
@@ -184,16 +185,36 @@ impl<W, F> Collections<W, F> {
         }
     }
 
-    /// Takes write `itt` out if every byte of it is in: it runs now.
-    pub fn complete(&mut self, itt: u32) -> Option<Collecting<W>> {
-        let write = self.collecting.get(&itt)?;
+    /// Moves write `itt` on after `progress` (what the Data-Out just
+    /// placed completed, or [`DataOutProgress::Continue`]): the R2Ts it
+    /// may send now, and the write itself, taken out, if every byte of it
+    /// is in (it runs now). One lookup on the path of every Data-Out.
+    pub fn advance(
+        &mut self,
+        itt: u32,
+        progress: DataOutProgress,
+        limit: usize,
+        tags: &mut TransferTags,
+    ) -> Advance<W> {
+        let Some(write) = self.collecting.get_mut(&itt) else {
+            return Advance {
+                r2ts: Vec::new(),
+                complete: None,
+            };
+        };
+        if let DataOutProgress::R2tComplete(tag) = progress {
+            write.solicit.answered(tag);
+        }
+        let r2ts = write.solicit.next_r2ts(&mut write.tracker, limit, tags);
         let early = planted::active(Bug::WriteBeforeAllData)
             && write.solicit.all_sent()
             && write.tracker.outstanding_r2ts() == 1;
-        if write.tracker.is_complete() || early {
-            return self.collecting.remove(&itt);
-        }
-        None
+        let complete = if write.tracker.is_complete() || early {
+            self.collecting.remove(&itt)
+        } else {
+            None
+        };
+        Advance { r2ts, complete }
     }
 
     /// Where `data_out` (with `length` bytes of data) belongs. `aborted`
@@ -230,15 +251,6 @@ impl<W, F> Collections<W, F> {
                 }
             }
             Err(e) => Placement::Refused(e.reject_reason()),
-        }
-    }
-
-    /// The data of a [`Placement::Place`] is in place.
-    pub fn placed(&mut self, itt: u32, progress: DataOutProgress) {
-        if let DataOutProgress::R2tComplete(tag) = progress
-            && let Some(write) = self.collecting.get_mut(&itt)
-        {
-            write.solicit.answered(tag);
         }
     }
 
@@ -366,6 +378,15 @@ impl<W, F> Collections<W, F> {
         let write = self.collecting.get(&snack.initiator_task_tag)?;
         Some(write.solicit.replicas(snack.beg_run, snack.run_length))
     }
+}
+
+/// What a write collecting data does next ([`Collections::advance`]).
+#[derive(Debug)]
+pub struct Advance<W> {
+    /// R2Ts to send, in order.
+    pub r2ts: Vec<ReadyToTransfer>,
+    /// The write, every byte of it in: run it.
+    pub complete: Option<Collecting<W>>,
 }
 
 /// What became of a write handed to [`Collections::insert`].

@@ -42,7 +42,7 @@ pub mod tasks;
 pub mod text;
 pub mod window;
 
-pub use collect::{Collecting, Collections, Due, Inserted, Placement, Stray};
+pub use collect::{Advance, Collecting, Collections, Due, Inserted, Placement, Stray};
 pub use keepalive::{Keepalive, KeepaliveAction};
 pub use logout::{LogoutContext, LogoutPlan};
 pub use solicit::Solicitation;

@@ -122,7 +122,7 @@ impl Connection {
             Then::Write(pending) => {
                 self.writes
                     .reassigned(itt, *pending, self.limits.max_burst_length);
-                self.solicit_and_keep(itt).await
+                self.solicit_and_keep(itt, DataOutProgress::Continue).await
             }
         }
     }

@@ -10,9 +10,10 @@ use std::sync::Arc;
 use iscsi_datamover::{DatamoverError, PduReceiver};
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{DataOut, Header, Pdu, RejectReason, ScsiCommand, SnackRequest};
+use iscsi_proto::transfer::DataOutProgress;
 use iscsi_scsi::CommandOutcome;
 use iscsi_target_core::retention::Refusal;
-use iscsi_target_core::{Collecting, Due, Placement, Stray};
+use iscsi_target_core::{Advance, Collecting, Due, Placement, Stray};
 use tracing::{debug, warn};
 
 use super::{Connection, Receiver, Stat};
@@ -79,8 +80,7 @@ impl Connection {
         {
             Ok(()) => {
                 SessionStats::add(&self.session.stats.write_bytes, u64::from(length));
-                self.writes.placed(itt, progress);
-                self.solicit_and_keep(itt).await
+                self.solicit_and_keep(itt, progress).await
             }
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. }))
                 if self.limits.error_recovery_level > 0 =>
@@ -93,7 +93,7 @@ impl Connection {
                 self.reject(header, RejectReason::DataDigestError).await?;
                 let asked = self.writes.lost(&data_out, length);
                 SessionStats::add(&self.session.stats.recovery_r2ts, asked as u64);
-                self.solicit_and_keep(itt).await
+                self.solicit_and_keep(itt, DataOutProgress::Continue).await
             }
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
                 warn!("data digest error in Data-Out: PDU rejected, write failed");
@@ -144,10 +144,15 @@ impl Connection {
     /// kept even when sending fails (the connection is failing: at ERL 2
     /// its writes wait for TASK REASSIGN, below they end with it), so no
     /// task is left that nothing will ever answer.
-    pub(super) async fn solicit_and_keep(&mut self, itt: u32) -> Result<(), DatamoverError> {
-        let r2ts = self
-            .writes
-            .next_r2ts(itt, self.limits.r2t_limit(), &mut self.transfer_tags);
+    pub(super) async fn solicit_and_keep(
+        &mut self,
+        itt: u32,
+        progress: DataOutProgress,
+    ) -> Result<(), DatamoverError> {
+        let limit = self.limits.r2t_limit();
+        let Advance { r2ts, complete } =
+            self.writes
+                .advance(itt, progress, limit, &mut self.transfer_tags);
         SessionStats::add(&self.session.stats.r2ts, r2ts.len() as u64);
         let mut sent = Ok(());
         for r2t in r2ts {
@@ -159,7 +164,7 @@ impl Connection {
                 break;
             }
         }
-        if let Some(pending) = self.writes.complete(itt) {
+        if let Some(pending) = complete {
             self.start_write(pending).await;
         }
         sent
