@@ -439,6 +439,9 @@ pub struct DataOutTracker {
     outstanding: Vec<OutstandingR2t>,
     /// Ranges discarded and not yet asked for again.
     lost: Vec<(u32, u32)>,
+    /// Unsolicited bytes that arrived and were discarded (a digest error):
+    /// the initiator will not send them unsolicited again.
+    unsolicited_excused: u32,
 }
 
 /// The Target Transfer Tag of unsolicited Data-Out (RFC 7143 11.7.4).
@@ -489,6 +492,7 @@ impl DataOutTracker {
             received,
             outstanding: Vec::new(),
             lost: Vec::new(),
+            unsolicited_excused: 0,
         })
     }
 
@@ -606,6 +610,9 @@ impl DataOutTracker {
         }
         self.received.remove(offset, end);
         self.lost.push((offset, end - offset));
+        if transfer_tag == UNSOLICITED_TRANSFER_TAG {
+            self.unsolicited_excused += end - offset;
+        }
         let Some(index) = self
             .outstanding
             .iter()
@@ -636,14 +643,22 @@ impl DataOutTracker {
         std::mem::take(&mut self.lost)
     }
 
-    /// The Target Transfer Tags of the R2Ts still awaiting data.
-    pub fn outstanding_transfer_tags(&self) -> Vec<u32> {
-        self.outstanding.iter().map(|r| r.transfer_tag).collect()
-    }
-
-    /// Whether unsolicited data (past any immediate data) is still due.
-    pub fn awaiting_unsolicited(&self) -> bool {
-        self.received.covered(0, self.unsolicited_window) < self.unsolicited_window
+    /// The bytes the initiator still owes: for each R2T awaiting data its
+    /// Target Transfer Tag and the bytes of it not yet arrived, and the
+    /// unsolicited bytes not yet arrived. Bytes, not F bits: with
+    /// DataPDUInOrder=No the PDU with the F bit need not come last (RFC
+    /// 7143 13.18), so a sequence is over when all of it is in.
+    pub fn still_due(&self) -> (Vec<(u32, u32)>, u32) {
+        let r2ts = self
+            .outstanding
+            .iter()
+            .map(|r| {
+                let arrived = self.received.covered(r.offset, r.offset + r.length) + r.excused;
+                (r.transfer_tag, r.length.saturating_sub(arrived))
+            })
+            .collect();
+        let arrived = self.received.covered(0, self.unsolicited_window) + self.unsolicited_excused;
+        (r2ts, self.unsolicited_window.saturating_sub(arrived))
     }
 
     /// Whether every byte of the WRITE has arrived.

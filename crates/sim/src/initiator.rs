@@ -433,7 +433,7 @@ impl Initiator {
         let damage = !immediate.is_empty() && world.chance(self.params.p_damage_data_out);
         entry.damaged |= damage;
         command.final_flag = plan.unsolicited == 0;
-        let unsolicited = data_segments(
+        let mut unsolicited = data_segments(
             plan.immediate,
             plan.unsolicited,
             self.limits.max_send_segment,
@@ -446,10 +446,19 @@ impl Initiator {
         if plan.immediate < length && !damage && world.chance(self.params.p_duplicate) {
             self.send_duplicate(world, itt);
         }
+        self.order(world, &mut unsolicited);
         for segment in unsolicited {
             self.send_data_out(world, itt, UNSOLICITED_TRANSFER_TAG, &segment, &payload);
         }
         true
+    }
+
+    /// With DataPDUInOrder=No (RFC 7143 13.18) the PDUs of a sequence go
+    /// out in any order: shuffled.
+    fn order(&self, world: &mut World, segments: &mut [iscsi_proto::transfer::Segment]) {
+        if !self.limits.data_pdu_in_order {
+            world.shuffle(segments);
+        }
     }
 
     /// A READ with the tag of write `itt`, sent right behind it: the link
@@ -640,6 +649,8 @@ impl Initiator {
         tracker.answered(r2t.target_transfer_tag);
         command.moved = world.now();
         let payload = command.data.clone();
+        let mut segments = segments;
+        self.order(world, &mut segments);
         for segment in segments {
             self.send_data_out(world, itt, r2t.target_transfer_tag, &segment, &payload);
         }

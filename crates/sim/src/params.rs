@@ -53,8 +53,10 @@ impl Params {
             immediate_data: rng.random_bool(0.5),
             initial_r2t: rng.random_bool(0.5),
             max_outstanding_r2t: [1, 2, 4][rng.random_range(0..3)],
-            data_pdu_in_order: true,
-            data_sequence_in_order: true,
+            // No where the target is configured so (data_pdu_in_order,
+            // data_sequence_in_order) and the initiator asks for it.
+            data_pdu_in_order: rng.random_bool(0.7),
+            data_sequence_in_order: rng.random_bool(0.7),
             error_recovery_level: erl,
         };
         let pick = |rng: &mut StdRng, choices: &[f64]| choices[rng.random_range(0..choices.len())];

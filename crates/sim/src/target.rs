@@ -334,7 +334,7 @@ impl Target {
                         self.conns[self.cur].writes.lost(&data_out, length);
                         return self.solicit_and_keep(itt, DataOutProgress::Continue);
                     }
-                    return self.fail_write(itt, CRC_ERROR);
+                    return self.fail_write(itt, CRC_ERROR, None);
                 }
                 if let Some(write) = self.conns[self.cur].writes.get_mut(itt) {
                     write.write.buffer[range].copy_from_slice(&data);
@@ -351,13 +351,13 @@ impl Target {
                         reason
                     },
                 );
-                self.fail_write(itt, BAD_DATA_OUT);
+                self.fail_write(itt, BAD_DATA_OUT, Some((&data_out, length)));
             }
             Placement::Stray => {
                 if digest_error {
                     self.reject(&pdu, RejectReason::DataDigestError);
                 }
-                match self.conns[self.cur].writes.stray(&data_out) {
+                match self.conns[self.cur].writes.stray(&data_out, length) {
                     Stray::Drained(failed) => self.answer_failed(failed),
                     Stray::Dropped => {}
                     Stray::Unknown if digest_error => {}
@@ -399,8 +399,8 @@ impl Target {
         self.execute(task, command, buffer);
     }
 
-    fn fail_write(&mut self, itt: u32, sense: (u8, u8)) {
-        if let Some((write, due)) = self.conns[self.cur].writes.fail(itt) {
+    fn fail_write(&mut self, itt: u32, sense: (u8, u8), refused: Option<(&DataOut, u32)>) {
+        if let Some((write, due)) = self.conns[self.cur].writes.fail(itt, refused) {
             self.answer_when_drained(write.task, write.command, sense, due);
         }
     }

@@ -169,6 +169,12 @@ impl World {
         self.rng.random_range(lo..hi)
     }
 
+    /// `items` in a random order.
+    pub fn shuffle<T>(&mut self, items: &mut [T]) {
+        use rand::seq::SliceRandom;
+        items.shuffle(&mut self.rng);
+    }
+
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
         p > 0.0 && self.rng.random_bool(p)

@@ -50,23 +50,25 @@ pub struct Collecting<W> {
 #[derive(Debug)]
 struct Draining<F> {
     failed: F,
-    /// R2Ts whose Data-Out sequence has not ended.
-    transfer_tags: Vec<u32>,
-    /// Whether the unsolicited burst has not ended.
-    unsolicited: bool,
+    /// The bytes still due.
+    due: Due,
 }
 
 impl<F> Draining<F> {
-    /// Notes the end (F bit) of the sequence with `transfer_tag`: true
+    /// Counts `length` bytes of the sequence with `transfer_tag` in: true
     /// when nothing more is due.
-    fn sequence_ended(&mut self, transfer_tag: u32) -> bool {
+    fn arrived(&mut self, transfer_tag: u32, length: u32) -> bool {
         if transfer_tag == UNSOLICITED_TRANSFER_TAG {
-            self.unsolicited = false;
-        } else {
-            self.transfer_tags.retain(|&tag| tag != transfer_tag);
+            self.due.unsolicited = self.due.unsolicited.saturating_sub(length);
+        } else if let Some(due) = self
+            .due
+            .r2ts
+            .iter_mut()
+            .find(|(tag, _)| *tag == transfer_tag)
+        {
+            due.1 = due.1.saturating_sub(length);
         }
-        planted::active(Bug::StatusBeforeLastDataOut)
-            || (!self.unsolicited && self.transfer_tags.is_empty())
+        planted::active(Bug::StatusBeforeLastDataOut) || self.due.is_nothing()
     }
 }
 
@@ -275,13 +277,18 @@ impl<W, F> Collections<W, F> {
 
     /// Ends write `itt`, which cannot complete: returns what the driver
     /// keeps of it, to answer with [`Collections::answer_when_drained`]
-    /// (the sequences still due are kept with the answer).
-    pub fn fail(&mut self, itt: u32) -> Option<(W, Due)> {
+    /// once the Data-Out still due is in. `refused` is the Data-Out that
+    /// ended it if the write's check refused it ([`Placement::Refused`]):
+    /// its bytes came, though the check did not count them.
+    pub fn fail(&mut self, itt: u32, refused: Option<(&DataOut, u32)>) -> Option<(W, Due)> {
         let write = self.collecting.remove(&itt)?;
-        let due = Due {
-            transfer_tags: write.tracker.outstanding_transfer_tags(),
-            unsolicited: write.tracker.awaiting_unsolicited(),
-        };
+        let (r2ts, unsolicited) = write.tracker.still_due();
+        let mut due = Due { r2ts, unsolicited };
+        if let Some((data_out, length)) = refused {
+            let mut draining = Draining { failed: (), due };
+            draining.arrived(data_out.target_transfer_tag, length);
+            due = draining.due;
+        }
         Some((write.write, due))
     }
 
@@ -290,25 +297,19 @@ impl<W, F> Collections<W, F> {
     /// data ... before sending the SCSI Response PDU"), or returns it when
     /// nothing is due.
     pub fn answer_when_drained(&mut self, itt: u32, failed: F, due: Due) -> Option<F> {
-        if due.transfer_tags.is_empty() && !due.unsolicited {
+        if due.is_nothing() {
             return Some(failed);
         }
-        let draining = Draining {
-            failed,
-            transfer_tags: due.transfer_tags,
-            unsolicited: due.unsolicited,
-        };
-        self.draining.insert(itt, draining);
+        self.draining.insert(itt, Draining { failed, due });
         None
     }
 
-    /// What a Data-Out for no write collecting data means, its data read
-    /// (and dropped).
-    pub fn stray(&mut self, data_out: &DataOut) -> Stray<F> {
+    /// What a Data-Out (of `length` bytes) for no write collecting data
+    /// means, its data read (and dropped).
+    pub fn stray(&mut self, data_out: &DataOut, length: u32) -> Stray<F> {
         let itt = data_out.initiator_task_tag;
         if let Some(draining) = self.draining.get_mut(&itt) {
-            if data_out.final_flag
-                && draining.sequence_ended(data_out.target_transfer_tag)
+            if draining.arrived(data_out.target_transfer_tag, length)
                 && let Some(draining) = self.draining.remove(&itt)
             {
                 return Stray::Drained(draining.failed);
@@ -403,13 +404,13 @@ pub enum Inserted<W> {
     },
 }
 
-/// The Data-Out a failed write still waits for.
+/// The Data-Out a failed write still waits for, in bytes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Due {
-    /// The R2Ts whose sequences have not ended.
-    pub transfer_tags: Vec<u32>,
-    /// Whether the unsolicited burst has not ended.
-    pub unsolicited: bool,
+    /// The R2Ts whose data has not all come: tag, bytes still due.
+    pub r2ts: Vec<(u32, u32)>,
+    /// Unsolicited bytes still due.
+    pub unsolicited: u32,
 }
 
 impl Due {
@@ -421,10 +422,23 @@ impl Due {
         expected: u32,
         immediate: u32,
     ) -> Self {
+        let unsolicited = if limits.initial_r2t {
+            0
+        } else {
+            limits
+                .first_burst_length
+                .min(expected)
+                .saturating_sub(immediate)
+        };
         Due {
-            transfer_tags: Vec::new(),
-            unsolicited: !limits.initial_r2t && immediate < limits.first_burst_length.min(expected),
+            r2ts: Vec::new(),
+            unsolicited,
         }
+    }
+
+    /// Whether nothing more is due.
+    pub fn is_nothing(&self) -> bool {
+        self.unsolicited == 0 && self.r2ts.iter().all(|&(_, bytes)| bytes == 0)
     }
 }
 

@@ -117,27 +117,64 @@ fn a_write_solicits_while_the_limit_allows_and_completes_when_every_byte_is_in()
 #[test]
 fn a_write_that_breaks_the_rules_answers_only_when_its_data_has_drained() {
     let (mut writes, r2ts) = one_write(limits(0, true));
-    // DataSN 1 first: out of order.
-    let bad = data_out(r2ts[0].target_transfer_tag, 1, 8 * KIB, false);
+    let (first, second) = (r2ts[0].target_transfer_tag, r2ts[1].target_transfer_tag);
+    // DataSN 1 first: out of order. Its bytes came, though refused.
+    let bad = data_out(first, 1, 8 * KIB, true);
     assert_eq!(
         writes.placement(&bad, 8 * KIB, |_| false),
         Placement::Refused(RejectReason::InvalidPduField)
     );
-    let (write, due) = writes.fail(ITT).unwrap();
+    let (write, due) = writes.fail(ITT, Some((&bad, 8 * KIB))).unwrap();
     assert_eq!(write, "write");
-    assert_eq!(due.transfer_tags.len(), 2);
+    assert_eq!(due.r2ts, [(first, 8 * KIB), (second, 16 * KIB)]);
     assert_eq!(writes.answer_when_drained(ITT, "failed", due), None);
-    // The rest of both sequences is dropped; the status waits for the end
-    // of the second.
-    let end_first = data_out(r2ts[0].target_transfer_tag, 1, 8 * KIB, true);
+    // The rest of both sequences is dropped, F bit or not; the status
+    // waits for the last byte.
+    let rest_of_first = data_out(first, 0, 0, false);
     assert_eq!(
-        writes.placement(&end_first, 8 * KIB, |_| false),
+        writes.placement(&rest_of_first, 8 * KIB, |_| false),
         Placement::Stray
     );
-    assert_eq!(writes.stray(&end_first), Stray::Dropped);
-    let end_second = data_out(r2ts[1].target_transfer_tag, 1, 24 * KIB, true);
-    assert_eq!(writes.stray(&end_second), Stray::Drained("failed"));
-    assert_eq!(writes.stray(&end_second), Stray::Unknown);
+    assert_eq!(writes.stray(&rest_of_first, 8 * KIB), Stray::Dropped);
+    let second_a = data_out(second, 0, 16 * KIB, false);
+    assert_eq!(writes.stray(&second_a, 8 * KIB), Stray::Dropped);
+    let second_b = data_out(second, 1, 24 * KIB, true);
+    assert_eq!(writes.stray(&second_b, 8 * KIB), Stray::Drained("failed"));
+    assert_eq!(writes.stray(&second_b, 8 * KIB), Stray::Unknown);
+}
+
+/// With DataPDUInOrder=No the PDU with the F bit may come first; when its
+/// digest fails (ERL 0) the write waits for the rest by bytes (it once
+/// waited for an F bit that had come already, and hung: found by the
+/// simulator, seed 26).
+#[test]
+fn out_of_order_data_drains_by_bytes_not_by_the_f_bit() {
+    let mut limits = limits(0, true);
+    limits.data_pdu_in_order = false;
+    let (mut writes, r2ts) = one_write(limits);
+    let (first, second) = (r2ts[0].target_transfer_tag, r2ts[1].target_transfer_tag);
+    let last_first = data_out(first, 1, 8 * KIB, true);
+    assert!(matches!(
+        writes.placement(&last_first, 8 * KIB, |_| false),
+        Placement::Place { .. }
+    ));
+    // Its digest failed: the write fails, its bytes counted as come.
+    let (_, due) = writes.fail(ITT, None).unwrap();
+    assert_eq!(due.r2ts, [(first, 8 * KIB), (second, 16 * KIB)]);
+    assert_eq!(writes.answer_when_drained(ITT, "failed", due), None);
+    assert_eq!(
+        writes.stray(&data_out(first, 0, 0, false), 8 * KIB),
+        Stray::Dropped
+    );
+    assert_eq!(
+        writes.stray(&data_out(second, 1, 24 * KIB, true), 8 * KIB),
+        Stray::Dropped,
+        "the F bit, with 8 KiB of the second burst still to come"
+    );
+    assert_eq!(
+        writes.stray(&data_out(second, 0, 16 * KIB, false), 8 * KIB),
+        Stray::Drained("failed")
+    );
 }
 
 #[test]
@@ -148,14 +185,15 @@ fn nothing_due_answers_at_once_and_unsolicited_data_is_waited_for() {
         Some("now")
     );
     let due = Due::unsolicited_after(&limits(0, false), 64 * KIB, 0);
-    assert!(due.unsolicited);
-    assert!(!Due::unsolicited_after(&limits(0, true), 64 * KIB, 0).unsolicited);
+    assert_eq!(due.unsolicited, 16 * KIB);
+    assert!(Due::unsolicited_after(&limits(0, true), 64 * KIB, 0).is_nothing());
     assert_eq!(writes.answer_when_drained(1, "later", due), None);
     let mut unsolicited = data_out(UNSOLICITED_TRANSFER_TAG, 0, 0, false);
     unsolicited.initiator_task_tag = 1;
-    assert_eq!(writes.stray(&unsolicited), Stray::Dropped);
+    assert_eq!(writes.stray(&unsolicited, 8 * KIB), Stray::Dropped);
+    unsolicited.buffer_offset = 8 * KIB;
     unsolicited.final_flag = true;
-    assert_eq!(writes.stray(&unsolicited), Stray::Drained("later"));
+    assert_eq!(writes.stray(&unsolicited, 8 * KIB), Stray::Drained("later"));
 }
 
 #[test]
@@ -166,10 +204,10 @@ fn an_aborted_write_ends_and_its_late_data_is_dropped_quietly() {
         writes.placement(&pdu, 8 * KIB, |_| true),
         Placement::Aborted("write")
     );
-    assert_eq!(writes.stray(&pdu), Stray::Dropped);
+    assert_eq!(writes.stray(&pdu, 8 * KIB), Stray::Dropped);
     let mut other = pdu.clone();
     other.initiator_task_tag = ITT + 1;
-    assert_eq!(writes.stray(&other), Stray::Unknown);
+    assert_eq!(writes.stray(&other, 8 * KIB), Stray::Unknown);
 }
 
 #[test]

@@ -67,7 +67,7 @@ impl Connection {
                     iscsi_scsi::SenseKey::AbortedCommand,
                     iscsi_scsi::Asc::new(0x0C, 0x0D),
                 );
-                self.fail_write(itt, sense);
+                self.fail_write(itt, sense, Some((&data_out, length)));
                 return Ok(());
             }
         };
@@ -98,7 +98,7 @@ impl Connection {
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
                 warn!("data digest error in Data-Out: PDU rejected, write failed");
                 self.reject(header, RejectReason::DataDigestError).await?;
-                self.fail_write(itt, PROTOCOL_SERVICE_CRC_ERROR);
+                self.fail_write(itt, PROTOCOL_SERVICE_CRC_ERROR, None);
                 Ok(())
             }
             Err(e) => {
@@ -121,7 +121,7 @@ impl Connection {
         data_out: &DataOut,
     ) -> Result<(), DatamoverError> {
         let rejected = self.data_or_reject(receiver, header).await?.is_none();
-        match self.writes.stray(data_out) {
+        match self.writes.stray(data_out, header.data_segment_length) {
             Stray::Drained(failed) => {
                 self.answer_now(failed.task, failed.command, failed.outcome);
                 Ok(())
@@ -185,8 +185,13 @@ impl Connection {
 
     /// Ends a write that cannot complete with CHECK CONDITION, once the
     /// Data-Out still due is in; its further Data-Out is dropped.
-    pub(super) fn fail_write(&mut self, itt: u32, sense: iscsi_scsi::Sense) {
-        if let Some((write, due)) = self.writes.fail(itt) {
+    pub(super) fn fail_write(
+        &mut self,
+        itt: u32,
+        sense: iscsi_scsi::Sense,
+        refused: Option<(&DataOut, u32)>,
+    ) {
+        if let Some((write, due)) = self.writes.fail(itt, refused) {
             let WriteParts {
                 task,
                 command,
