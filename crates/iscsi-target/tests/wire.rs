@@ -430,6 +430,65 @@ async fn a_failed_write_answers_only_after_the_data_still_due() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_write_whose_data_comes_out_of_order_answers_when_the_last_byte_is_in() {
+    // DataPDUInOrder=No (RFC 7143 13.18): the PDU with the F bit may come
+    // first. When it fails its digest at ERL 0, the write fails once the
+    // rest of its data is in, and that rest carries no F bit. Found by the
+    // simulator (scripts/sim, seed 26): the status waited for an F bit
+    // that had already come, and the task hung until the connection ended.
+    let target = Target::start(|config| config.negotiation.data_pdu_in_order = false).await;
+    let in_any_order = NegotiationConfig {
+        data_pdu_in_order: false,
+        ..offers()
+    };
+    let mut client = Client::login(target.address, in_any_order, 0).await;
+    assert!(!client.params.data_pdu_in_order);
+    let data = pattern(16 * 1024, 4);
+    let before = target.lun_bytes(300 * BLOCK as u64, data.len());
+    let itt = client.itt();
+    client.write10(itt, 300, 32, &[]).await;
+    let r2t = client.receive_r2ts(1).await.remove(0);
+    assert_eq!(r2t.desired_data_transfer_length, 16 * 1024);
+    // The second half first, with the F bit, its digest damaged.
+    let last = DataOut {
+        final_flag: true,
+        initiator_task_tag: itt,
+        target_transfer_tag: r2t.target_transfer_tag,
+        data_sn: DataSn::new(1),
+        buffer_offset: 8192,
+        ..DataOut::default()
+    };
+    raw_write(&mut client.tx, &corrupted(last, &data[8192..])).await;
+    match client.receive().await.header.pdu {
+        Pdu::Reject(r) => assert_eq!(r.reason, RejectReason::DataDigestError),
+        other => panic!("expected the Reject, got {other:?}"),
+    }
+    // Then the first half, whole, without the F bit: the last byte due.
+    let first = DataOut {
+        initiator_task_tag: itt,
+        target_transfer_tag: r2t.target_transfer_tag,
+        data_sn: DataSn::new(0),
+        ..DataOut::default()
+    };
+    client.send(Pdu::DataOut(first), &data[..8192]).await;
+    let status = timeout(Duration::from_secs(5), client.receive())
+        .await
+        .expect("the failed write's status once its data is in");
+    let Pdu::ScsiResponse(response) = status.header.pdu else {
+        panic!("expected the status, got {:?}", status.header.pdu);
+    };
+    assert_eq!(response.status, 2, "CHECK CONDITION");
+    assert_eq!(
+        &status.data[2..][12..14],
+        [0x47, 0x05],
+        "PROTOCOL SERVICE CRC ERROR"
+    );
+    assert_eq!(target.lun_bytes(300 * BLOCK as u64, data.len()), before);
+    assert_eq!(client.write_blocks(300, &data[..4 * BLOCK]).await, 0);
+    target.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_digest_error_in_a_failed_writes_data_is_rejected_and_the_connection_goes_on() {
     // A link that corrupts one Data-Out in N meets the data a failed write
     // still drains: that PDU is rejected and dropped like the first (RFC
