@@ -10,6 +10,7 @@
 //! within a bound; the target's tables bounded and empty at the end. A
 //! failing seed replays exactly, and prints the end of its event trace.
 
+pub mod describe;
 pub mod initiator;
 pub mod model;
 pub mod params;
