@@ -656,6 +656,11 @@ impl Connection {
                 .admit(command.cmd_sn, command.immediate, itt, command.lun.0, true)
             {
                 Admission::Accepted(task) => task,
+                Admission::OutOfWindow if self.session.aborted_unseen(itt) => {
+                    debug!(itt, "a command aborted before it came: dropped");
+                    self.data_or_reject(receiver, header).await?;
+                    return Ok(());
+                }
                 Admission::OutOfWindow => {
                     warn!(
                         cmd_sn = command.cmd_sn.get(),

@@ -448,14 +448,7 @@ impl Session {
             itt,
             task,
         };
-        // ERL 2: commands lost with a failed connection come again on its
-        // replacement, in any order (RFC 7143 7.2.1).
-        let gaps = if self.connections.load(Ordering::Acquire) <= 1 && !self.recovers_connections()
-        {
-            Gaps::Skip
-        } else {
-            Gaps::Wait
-        };
+        let gaps = self.gaps();
         let mut state = self.lock();
         match state.admit(pdu, gaps) {
             Ok(true) => self.received.notify_waiters(),
@@ -512,9 +505,34 @@ impl Session {
         )
     }
 
-    /// Whether `cmd_sn` is inside the window and not yet received.
-    pub fn is_pending_cmd_sn(&self, cmd_sn: CmdSn) -> bool {
-        self.lock().window().is_pending(cmd_sn)
+    /// Gaps in CmdSN are skipped on one connection below ERL 2 and waited
+    /// for otherwise: across connections, and at ERL 2 because commands
+    /// lost with a failed connection come again on its replacement, in any
+    /// order (RFC 7143 7.2.1).
+    fn gaps(&self) -> Gaps {
+        if self.connections.load(Ordering::Acquire) <= 1 && !self.recovers_connections() {
+            Gaps::Skip
+        } else {
+            Gaps::Wait
+        }
+    }
+
+    /// ABORT TASK of a command not yet arrived: its CmdSN taken as
+    /// received and its tag remembered, if it is in the window
+    /// (`SessionTasks::abort_unseen`, RFC 7143 11.5.1).
+    pub fn abort_unseen(&self, itt: u32, ref_cmd_sn: CmdSn, cmd_sn: CmdSn) -> bool {
+        let gaps = self.gaps();
+        let mut state = self.lock();
+        let taken = state.abort_unseen(itt, ref_cmd_sn, cmd_sn, gaps);
+        if taken {
+            self.received.notify_waiters();
+        }
+        taken
+    }
+
+    /// Whether `itt` names a command aborted before it arrived.
+    pub fn aborted_unseen(&self, itt: u32) -> bool {
+        self.lock().aborted_unseen(itt)
     }
 
     /// Ends a task: frees its window slot (before its status goes out, so

@@ -38,6 +38,8 @@ struct Command {
     /// The connection it went on: its PDUs, and SNACKs and ABORT TASK for
     /// it, go there.
     conn: usize,
+    /// The connection its ABORT TASK went on (any of the session's).
+    abort_conn: usize,
     cmd_sn: CmdSn,
     lba: usize,
     blocks: usize,
@@ -69,6 +71,8 @@ pub struct Initiator {
     duplicates: BTreeMap<u32, Micros>,
     /// Tags whose task ended, and how: a PDU for them now is a violation.
     ended: BTreeMap<u32, &'static str>,
+    /// Tasks ended by ABORT TASK: the target's send order of the answer.
+    aborted_at: BTreeMap<u32, u64>,
     /// Data-Out sent and not yet at the target, per tag.
     data_out_in_flight: BTreeMap<u32, u32>,
     /// Writes that failed and are sent again: (lba, blocks).
@@ -109,6 +113,22 @@ pub struct Stats {
     pub snacks: u64,
     /// Commands sent with a tag in use.
     pub duplicates: u64,
+    /// ABORT TASKs that reached the target before their command.
+    pub aborted_before_arrival: u64,
+}
+
+impl Stats {
+    /// Adds `other`'s counts to these.
+    pub fn add(&mut self, other: &Stats) {
+        self.reads += other.reads;
+        self.writes += other.writes;
+        self.failed_writes += other.failed_writes;
+        self.aborted += other.aborted;
+        self.damaged += other.damaged;
+        self.snacks += other.snacks;
+        self.duplicates += other.duplicates;
+        self.aborted_before_arrival += other.aborted_before_arrival;
+    }
 }
 
 impl Initiator {
@@ -123,6 +143,7 @@ impl Initiator {
             aborts: BTreeMap::new(),
             duplicates: BTreeMap::new(),
             ended: BTreeMap::new(),
+            aborted_at: BTreeMap::new(),
             data_out_in_flight: BTreeMap::new(),
             retries: Vec::new(),
             next_itt: 1,
@@ -164,7 +185,12 @@ impl Initiator {
             Pdu::ScsiCommand(c) => c.initiator_task_tag,
             Pdu::DataOut(d) => d.initiator_task_tag,
             Pdu::SnackRequest(s) => s.initiator_task_tag,
-            Pdu::TaskManagementRequest(t) => t.referenced_task_tag,
+            Pdu::TaskManagementRequest(t) => {
+                return self
+                    .commands
+                    .get(&t.referenced_task_tag)
+                    .map_or(0, |c| c.abort_conn);
+            }
             _ => return 0,
         };
         self.commands.get(&itt).map_or(0, |c| c.conn)
@@ -202,6 +228,7 @@ impl Initiator {
                 pdu,
                 data,
                 digest_error: damage,
+                sent: 0,
             },
         );
     }
@@ -335,31 +362,45 @@ impl Initiator {
             .map(|(&itt, _)| itt)
             .collect();
         for itt in candidates {
-            if !world.chance(self.params.p_abort) {
-                continue;
+            if world.chance(self.params.p_abort) {
+                self.send_abort(world, itt);
             }
-            let tmf_itt = self.take_itt();
-            let Some(command) = self.commands.get_mut(&itt) else {
-                continue;
-            };
-            command.abort_sent = Some(world.now());
-            let request = TaskManagementRequest {
-                immediate: true,
-                function: TaskFunction::AbortTask,
-                initiator_task_tag: tmf_itt,
-                referenced_task_tag: itt,
-                cmd_sn: self.cmd_sn,
-                ref_cmd_sn: command.cmd_sn,
-                ..TaskManagementRequest::default()
-            };
-            self.aborts.insert(tmf_itt, itt);
-            self.send(
-                world,
-                Pdu::TaskManagementRequest(request),
-                Vec::new(),
-                false,
-            );
         }
+    }
+
+    /// ABORT TASK for task `itt`, on any of the session's connections: on
+    /// another one than the task's it may overtake the command itself.
+    fn send_abort(&mut self, world: &mut World, itt: u32) {
+        if self.duplicates.contains_key(&itt) {
+            // Not while a command reusing its tag is on the way: a target
+            // that never saw the task (the abort overtook it) would take
+            // that command as a new one, rightly.
+            return;
+        }
+        let tmf_itt = self.take_itt();
+        let abort_conn = world.rng_range(0, self.params.connections);
+        let now = world.now();
+        let Some(command) = self.commands.get_mut(&itt) else {
+            return;
+        };
+        command.abort_sent = Some(now);
+        command.abort_conn = abort_conn;
+        let request = TaskManagementRequest {
+            immediate: true,
+            function: TaskFunction::AbortTask,
+            initiator_task_tag: tmf_itt,
+            referenced_task_tag: itt,
+            cmd_sn: self.cmd_sn,
+            ref_cmd_sn: command.cmd_sn,
+            ..TaskManagementRequest::default()
+        };
+        self.aborts.insert(tmf_itt, itt);
+        self.send(
+            world,
+            Pdu::TaskManagementRequest(request),
+            Vec::new(),
+            false,
+        );
     }
 
     /// Issues one command; false when no range free of conflicts was found.
@@ -405,6 +446,7 @@ impl Initiator {
         self.cmd_sn = self.cmd_sn.next();
         let mut entry = Command {
             conn: world.rng_range(0, self.params.connections),
+            abort_conn: 0,
             cmd_sn: command.cmd_sn,
             lba,
             blocks,
@@ -420,6 +462,7 @@ impl Initiator {
             self.stats.reads += 1;
             self.commands.insert(itt, entry);
             self.send(world, Pdu::ScsiCommand(command), Vec::new(), false);
+            self.maybe_abort_at_once(world, itt);
             return true;
         }
         self.stats.writes += 1;
@@ -451,7 +494,17 @@ impl Initiator {
         for segment in unsolicited {
             self.send_data_out(world, itt, UNSOLICITED_TRANSFER_TAG, &segment, &payload);
         }
+        self.maybe_abort_at_once(world, itt);
         true
+    }
+
+    /// Now and then an ABORT TASK right behind its command: on another
+    /// connection it can reach the target first (RFC 7143 11.5.1: the
+    /// CmdSN is then taken as received, the command dropped when it comes).
+    fn maybe_abort_at_once(&mut self, world: &mut World, itt: u32) {
+        if world.chance(self.params.p_abort * 20.0) {
+            self.send_abort(world, itt);
+        }
     }
 
     /// With DataPDUInOrder=No (RFC 7143 13.18) the PDUs of a sequence go
@@ -526,11 +579,15 @@ impl Initiator {
         let hold = self.holds(&wire.pdu);
         self.check_stat_sn(wire.conn, &wire.pdu, hold)?;
         self.check_allegiance(wire.conn, &wire.pdu)?;
+        if self.sent_before_its_abort(&wire) {
+            return Ok(());
+        }
+        let sent = wire.sent;
         match wire.pdu {
             Pdu::ReadyToTransfer(r2t) => self.r2t(world, r2t)?,
             Pdu::DataIn(data_in) => self.data_in(&data_in, &wire.data, wire.digest_error)?,
             Pdu::ScsiResponse(response) => self.response(world, response)?,
-            Pdu::TaskManagementResponse(response) => self.tmf_response(world, response)?,
+            Pdu::TaskManagementResponse(response) => self.tmf_response(world, response, sent)?,
             Pdu::Reject(reject) => self.reject(&reject, &wire.data)?,
             other => {
                 return Err(format!(
@@ -585,24 +642,36 @@ impl Initiator {
     /// A task's PDUs come on the connection it went on (allegiance, RFC
     /// 7143 4.2.3.1; ABORT TASK is sent on its task's connection here).
     fn check_allegiance(&self, conn: usize, pdu: &Pdu) -> Result<(), Violation> {
-        let itt = match pdu {
-            Pdu::ReadyToTransfer(r) => r.initiator_task_tag,
-            Pdu::DataIn(d) => d.initiator_task_tag,
-            Pdu::ScsiResponse(r) => r.initiator_task_tag,
+        let (itt, expected) = match pdu {
             Pdu::TaskManagementResponse(t) => match self.aborts.get(&t.initiator_task_tag) {
-                Some(&itt) => itt,
+                Some(&itt) => (itt, self.commands.get(&itt).map(|c| c.abort_conn)),
                 None => return Ok(()),
             },
-            _ => return Ok(()),
+            _ => match task_of(pdu) {
+                Some(itt) => (itt, self.commands.get(&itt).map(|c| c.conn)),
+                None => return Ok(()),
+            },
         };
-        match self.commands.get(&itt) {
-            Some(command) if command.conn != conn => Err(format!(
-                "{} for task {itt} on connection {conn}; the task is on {}",
-                describe(pdu),
-                command.conn
+        match expected {
+            Some(expected) if expected != conn => Err(format!(
+                "{} for task {itt} on connection {conn}, not {expected}",
+                describe(pdu)
             )),
             _ => Ok(()),
         }
+    }
+
+    /// Whether `wire` is an R2T or Data-In the target sent for a task before
+    /// it answered that task's ABORT TASK, arriving after the answer on
+    /// another connection: allowed, and dropped. A status never is: a task
+    /// is either answered or aborted (`Session::complete`).
+    fn sent_before_its_abort(&self, wire: &Wire) -> bool {
+        let Some(itt) = task_of(&wire.pdu) else {
+            return false;
+        };
+        !matches!(wire.pdu, Pdu::ScsiResponse(_))
+            && !self.commands.contains_key(&itt)
+            && self.aborted_at.get(&itt).is_some_and(|&at| wire.sent < at)
     }
 
     /// Whether `pdu` is the status of a read whose Data-In is not all in:
@@ -753,6 +822,7 @@ impl Initiator {
         &mut self,
         world: &mut World,
         response: TaskManagementResponse,
+        sent: u64,
     ) -> Result<(), Violation> {
         let Some(itt) = self.aborts.remove(&response.initiator_task_tag) else {
             return Err(format!(
@@ -770,6 +840,7 @@ impl Initiator {
                 self.last_ended = world.now();
                 self.stats.aborted += 1;
                 self.ended.insert(itt, "aborted");
+                self.aborted_at.insert(itt, sent);
                 if let Some((id, _)) = command.write {
                     self.model.aborted(id, command.lba, command.blocks);
                 }
@@ -777,9 +848,13 @@ impl Initiator {
                 Ok(())
             }
             // It ended first: its status is in (held, at ERL 1, while
-            // lost Data-In is asked for again).
+            // lost Data-In is asked for again), or on its way on the task's
+            // connection while this answer came on another.
             TaskResponse::TaskDoesNotExist
-                if self.commands.get(&itt).is_none_or(|c| c.status.is_some()) =>
+                if self
+                    .commands
+                    .get(&itt)
+                    .is_none_or(|c| c.status.is_some() || c.abort_conn != c.conn) =>
             {
                 if let Some(command) = self.commands.get_mut(&itt) {
                     command.abort_sent = None;
@@ -835,5 +910,15 @@ impl Initiator {
     /// Tags still in flight, for the end-of-run report.
     pub fn in_flight(&self) -> Vec<u32> {
         self.commands.keys().copied().collect()
+    }
+}
+
+/// The task a PDU from the target is about.
+fn task_of(pdu: &Pdu) -> Option<u32> {
+    match pdu {
+        Pdu::ReadyToTransfer(r) => Some(r.initiator_task_tag),
+        Pdu::DataIn(d) => Some(d.initiator_task_tag),
+        Pdu::ScsiResponse(r) => Some(r.initiator_task_tag),
+        _ => None,
     }
 }

@@ -72,6 +72,7 @@ pub fn run(seed: u64, verbose: bool) -> Result<Summary, Box<Failure>> {
     );
     let mut initiator = Initiator::new(params.clone());
     let result = drive(&mut world, &mut target, &mut initiator, &params);
+    initiator.stats.aborted_before_arrival = target.aborted_before_arrival;
     match result {
         Ok(()) => Ok(Summary {
             params,
@@ -183,6 +184,7 @@ fn apply(world: &mut World, params: &Params, actions: Vec<Action>) {
                         pdu,
                         data,
                         digest_error: damage,
+                        sent: 0,
                     },
                 );
             }

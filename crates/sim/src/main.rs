@@ -60,6 +60,7 @@ fn main() -> ExitCode {
         None => Box::new(args.from..),
     };
     let (mut runs, mut commands, mut simulated) = (0u64, 0u64, 0u64);
+    let mut faults = iscsi_sim::initiator::Stats::default();
     for seed in seeds {
         if args.seed.is_none() && started.elapsed().as_secs() >= args.seconds {
             break;
@@ -69,6 +70,7 @@ fn main() -> ExitCode {
                 runs += 1;
                 commands += summary.stats.reads + summary.stats.writes;
                 simulated += summary.simulated;
+                faults.add(&summary.stats);
             }
             Err(failure) => {
                 report(&failure, planted.as_deref());
@@ -91,6 +93,16 @@ fn main() -> ExitCode {
         "{runs} runs, {commands} commands, {:.1} simulated s in {wall:.1} s: {:.0} simulated commands/s",
         simulated as f64 / 1e6,
         commands as f64 / wall.max(1e-9)
+    );
+    println!(
+        "faults: {} digests damaged (Data-Out, immediate data), {} writes failed for them, \
+         {} tasks aborted ({} before their command arrived), {} SNACKs, {} tags reused",
+        faults.damaged,
+        faults.failed_writes,
+        faults.aborted,
+        faults.aborted_before_arrival,
+        faults.snacks,
+        faults.duplicates
     );
     match planted {
         Some(bug) => {

@@ -123,6 +123,9 @@ pub struct Target {
     aborting: Vec<(u32, usize, TaskManagementRequest)>,
     /// The LUN's bytes.
     pub store: Vec<u8>,
+    /// ABORT TASKs that came before the command they abort (another
+    /// connection overtook it): its CmdSN was taken as received.
+    pub aborted_before_arrival: u64,
     out: Vec<Action>,
 }
 
@@ -149,6 +152,7 @@ impl Target {
             executing: BTreeMap::new(),
             aborting: Vec::new(),
             store: vec![0; blocks * BLOCK],
+            aborted_before_arrival: 0,
             out: Vec::new(),
         }
     }
@@ -360,6 +364,7 @@ impl Target {
                 match self.conns[self.cur].writes.stray(&data_out, length) {
                     Stray::Drained(failed) => self.answer_failed(failed),
                     Stray::Dropped => {}
+                    Stray::Unknown if self.tasks.aborted_unseen(itt) => {}
                     Stray::Unknown if digest_error => {}
                     Stray::Unknown => self.reject(&pdu, RejectReason::InvalidPduField),
                 }
@@ -573,6 +578,17 @@ impl Target {
             return self.tmf_response(&request, TaskResponse::FunctionNotSupported);
         }
         let Some(task) = self.tasks.get(request.referenced_task_tag).cloned() else {
+            // A command not yet arrived (it may come on another connection)
+            // whose CmdSN is in the window is taken as received and aborted
+            // (RFC 7143 11.5.1), as `connection/task_management.rs` does.
+            let (itt, gaps) = (request.referenced_task_tag, self.gaps);
+            if self
+                .tasks
+                .abort_unseen(itt, request.ref_cmd_sn, request.cmd_sn, gaps)
+            {
+                self.aborted_before_arrival += 1;
+                return self.tmf_response(&request, TaskResponse::FunctionComplete);
+            }
             return self.tmf_response(&request, TaskResponse::TaskDoesNotExist);
         };
         if task.done.load(Relaxed) {

@@ -31,6 +31,10 @@ pub struct Wire {
     pub data: Vec<u8>,
     /// Whether its data digest fails at the receiver.
     pub digest_error: bool,
+    /// The target's order of sending (0 for the initiator's PDUs): PDUs
+    /// on different connections arrive in any order, but the target's
+    /// promises are about what it sent before what.
+    pub sent: u64,
 }
 
 /// What happens at a moment of simulated time.
@@ -75,6 +79,8 @@ pub struct World {
     pub verbose: bool,
     /// Events taken off the queue.
     pub events_run: u64,
+    /// PDUs the target has sent.
+    target_sent: u64,
 }
 
 impl World {
@@ -91,6 +97,7 @@ impl World {
             trace_hash: 0xcbf2_9ce4_8422_2325,
             verbose: false,
             events_run: 0,
+            target_sent: 0,
         }
     }
 
@@ -109,7 +116,11 @@ impl World {
 
     /// Sends `wire` over its connection: delivered in order, after a
     /// random latency (5-60 us) and its length at 10 Gbit/s.
-    pub fn send(&mut self, direction: Direction, wire: Wire) {
+    pub fn send(&mut self, direction: Direction, mut wire: Wire) {
+        if direction == Direction::ToInitiator {
+            self.target_sent += 1;
+            wire.sent = self.target_sent;
+        }
         let latency = self.rng.random_range(5..60);
         let on_wire = (48 + wire.data.len() as u64) / 1250;
         if self.free_at.len() <= wire.conn {

@@ -12,7 +12,7 @@
 //! runs them); the core asks them only their tag, LUN and whether they
 //! are over.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use iscsi_proto::serial::CmdSn;
@@ -61,11 +61,18 @@ impl Arriving {
     }
 }
 
+/// Tags of commands aborted before they arrived, remembered per session
+/// to drop their late data quietly: far more than can be in flight.
+pub const UNSEEN_ABORTS_KEPT: usize = 1024;
+
 /// The command window and the live tasks of one session.
 #[derive(Debug)]
 pub struct SessionTasks<T> {
     window: CommandWindow,
     tasks: HashMap<u32, Arc<T>>,
+    /// Commands an ABORT TASK named before they arrived (the latest
+    /// [`UNSEEN_ABORTS_KEPT`]): their tags.
+    unseen_aborts: VecDeque<u32>,
 }
 
 impl<T: TaskHandle> SessionTasks<T> {
@@ -74,6 +81,7 @@ impl<T: TaskHandle> SessionTasks<T> {
         SessionTasks {
             window,
             tasks: HashMap::new(),
+            unseen_aborts: VecDeque::new(),
         }
     }
 
@@ -127,6 +135,33 @@ impl<T: TaskHandle> SessionTasks<T> {
         {
             self.tasks.remove(&itt);
         }
+    }
+
+    /// ABORT TASK for a command not yet arrived (on another connection, it
+    /// may come later): if its CmdSN `ref_cmd_sn` is in the window and not
+    /// yet received, and before the abort's own `cmd_sn`, the CmdSN is
+    /// taken as received, so the command is dropped when it comes, and its
+    /// tag `itt` remembered, so its data is too (RFC 7143 11.5.1). Returns
+    /// whether it was (the abort then answers Function complete).
+    pub fn abort_unseen(&mut self, itt: u32, ref_cmd_sn: CmdSn, cmd_sn: CmdSn, gaps: Gaps) -> bool {
+        if !ref_cmd_sn.lt(cmd_sn) {
+            return false;
+        }
+        let Ok(arrival) = self.window.check(ref_cmd_sn) else {
+            return false;
+        };
+        self.window.receive(arrival, gaps);
+        if self.unseen_aborts.len() == UNSEEN_ABORTS_KEPT {
+            self.unseen_aborts.pop_front();
+        }
+        self.unseen_aborts.push_back(itt);
+        true
+    }
+
+    /// Whether `itt` names a command aborted before it arrived: what comes
+    /// for it is dropped without a Reject.
+    pub fn aborted_unseen(&self, itt: u32) -> bool {
+        !self.tasks.contains_key(&itt) && self.unseen_aborts.contains(&itt)
     }
 
     /// The live task with this tag.
@@ -193,6 +228,30 @@ mod tests {
 
     fn table() -> SessionTasks<Handle> {
         SessionTasks::new(CommandWindow::new(CmdSn::new(1), 4))
+    }
+
+    #[test]
+    fn an_abort_before_its_command_takes_the_cmd_sn_and_remembers_the_tag() {
+        let mut tasks = table();
+        // Across connections: CmdSN 1 not yet here, the abort (CmdSN 2,
+        // immediate) names it.
+        assert!(tasks.abort_unseen(9, CmdSn::new(1), CmdSn::new(2), Gaps::Wait));
+        assert!(tasks.aborted_unseen(9));
+        assert_eq!(
+            tasks.admit(command(1, 9), Gaps::Wait),
+            Err(Refusal::OutOfWindow),
+            "the command, when it comes, is dropped"
+        );
+        // Not for a CmdSN received, outside the window, or not before the
+        // abort's own.
+        assert!(!tasks.abort_unseen(9, CmdSn::new(1), CmdSn::new(2), Gaps::Wait));
+        assert!(!tasks.abort_unseen(8, CmdSn::new(9), CmdSn::new(2), Gaps::Wait));
+        assert!(!tasks.abort_unseen(8, CmdSn::new(2), CmdSn::new(2), Gaps::Wait));
+        assert!(!tasks.aborted_unseen(8));
+        // A live task with the tag later is not "aborted unseen".
+        assert_eq!(tasks.admit(command(2, 9), Gaps::Wait), Ok(true));
+        tasks.register(Handle::new(9, 0), true);
+        assert!(!tasks.aborted_unseen(9));
     }
 
     #[test]

@@ -157,18 +157,18 @@ pub(super) async fn task_management(
                     TaskResponse::FunctionComplete
                 }
                 Some(_) => TaskResponse::TaskDoesNotExist,
-                None => {
-                    // A command not yet arrived whose CmdSN is in the
-                    // window is taken as received and aborted (11.5.1).
-                    if request.ref_cmd_sn.lt(request.cmd_sn)
-                        && session.is_pending_cmd_sn(request.ref_cmd_sn)
-                    {
-                        session.consume_cmd_sn(request.ref_cmd_sn);
-                        TaskResponse::FunctionComplete
-                    } else {
-                        TaskResponse::TaskDoesNotExist
-                    }
+                // A command not yet arrived whose CmdSN is in the window
+                // is taken as received and aborted, its late data dropped
+                // (11.5.1).
+                None if session.abort_unseen(
+                    request.referenced_task_tag,
+                    request.ref_cmd_sn,
+                    request.cmd_sn,
+                ) =>
+                {
+                    TaskResponse::FunctionComplete
                 }
+                None => TaskResponse::TaskDoesNotExist,
             }
         }
         TaskFunction::AbortTaskSet

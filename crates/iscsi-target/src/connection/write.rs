@@ -133,6 +133,13 @@ impl Connection {
                 );
                 Ok(())
             }
+            Stray::Unknown if self.session.aborted_unseen(data_out.initiator_task_tag) => {
+                debug!(
+                    itt = data_out.initiator_task_tag,
+                    "Data-Out for a command aborted before it came: dropped"
+                );
+                Ok(())
+            }
             // Answered already, for its digest.
             Stray::Unknown if rejected => Ok(()),
             Stray::Unknown => self.reject(header, RejectReason::InvalidPduField).await,
