@@ -2,6 +2,7 @@
 //!
 //! ```text
 //! iscsi-sim --seconds 60              seeds from 1 for a minute of wall time
+//! iscsi-sim --count 3000              seeds 1 to 3000, however long it takes (CI)
 //! iscsi-sim --seed 1234 --verbose     one seed, every event printed
 //! iscsi-sim --bug write-before-all-data --seconds 60
 //!                                     with a planted bug (a `planted` build):
@@ -25,6 +26,10 @@ struct Args {
     /// Wall-clock seconds to sweep seeds for.
     #[arg(long, default_value_t = 60)]
     seconds: u64,
+    /// Sweep exactly this many seeds (from --from), however long it takes:
+    /// what CI runs, so that it passes or fails the same on any machine.
+    #[arg(long)]
+    count: Option<u64>,
     /// Print every event (with --seed).
     #[arg(long)]
     verbose: bool,
@@ -55,14 +60,16 @@ fn main() -> ExitCode {
         },
     };
     let started = Instant::now();
-    let seeds: Box<dyn Iterator<Item = u64>> = match args.seed {
-        Some(seed) => Box::new(std::iter::once(seed)),
-        None => Box::new(args.from..),
+    let seeds: Box<dyn Iterator<Item = u64>> = match (args.seed, args.count) {
+        (Some(seed), _) => Box::new(std::iter::once(seed)),
+        (None, Some(count)) => Box::new(args.from..args.from + count),
+        (None, None) => Box::new(args.from..),
     };
+    let timed = args.seed.is_none() && args.count.is_none();
     let (mut runs, mut commands, mut simulated) = (0u64, 0u64, 0u64);
     let mut faults = iscsi_sim::initiator::Stats::default();
     for seed in seeds {
-        if args.seed.is_none() && started.elapsed().as_secs() >= args.seconds {
+        if timed && started.elapsed().as_secs() >= args.seconds {
             break;
         }
         match iscsi_sim::run(seed, args.verbose) {
