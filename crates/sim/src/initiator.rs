@@ -476,6 +476,7 @@ impl Initiator {
         let immediate = entry.data[..plan.immediate as usize].to_vec();
         let damage = !immediate.is_empty() && world.chance(self.params.p_damage_data_out);
         entry.damaged |= damage;
+        self.stats.damaged += u64::from(damage);
         command.final_flag = plan.unsolicited == 0;
         let mut unsolicited = data_segments(
             plan.immediate,

@@ -54,24 +54,6 @@ struct Draining<F> {
     due: Due,
 }
 
-impl<F> Draining<F> {
-    /// Counts `length` bytes of the sequence with `transfer_tag` in: true
-    /// when nothing more is due.
-    fn arrived(&mut self, transfer_tag: u32, length: u32) -> bool {
-        if transfer_tag == UNSOLICITED_TRANSFER_TAG {
-            self.due.unsolicited = self.due.unsolicited.saturating_sub(length);
-        } else if let Some(due) = self
-            .due
-            .r2ts
-            .iter_mut()
-            .find(|(tag, _)| *tag == transfer_tag)
-        {
-            due.1 = due.1.saturating_sub(length);
-        }
-        planted::active(Bug::StatusBeforeLastDataOut) || self.due.is_nothing()
-    }
-}
-
 /// Where a Data-Out belongs, decided from its header before its data is
 /// read.
 #[derive(Debug, PartialEq, Eq)]
@@ -285,9 +267,7 @@ impl<W, F> Collections<W, F> {
         let (r2ts, unsolicited) = write.tracker.still_due();
         let mut due = Due { r2ts, unsolicited };
         if let Some((data_out, length)) = refused {
-            let mut draining = Draining { failed: (), due };
-            draining.arrived(data_out.target_transfer_tag, length);
-            due = draining.due;
+            due.arrived(data_out.target_transfer_tag, length);
         }
         Some((write.write, due))
     }
@@ -309,7 +289,8 @@ impl<W, F> Collections<W, F> {
     pub fn stray(&mut self, data_out: &DataOut, length: u32) -> Stray<F> {
         let itt = data_out.initiator_task_tag;
         if let Some(draining) = self.draining.get_mut(&itt) {
-            if draining.arrived(data_out.target_transfer_tag, length)
+            draining.due.arrived(data_out.target_transfer_tag, length);
+            if (draining.due.is_nothing() || planted::active(Bug::StatusBeforeLastDataOut))
                 && let Some(draining) = self.draining.remove(&itt)
             {
                 return Stray::Drained(draining.failed);
@@ -434,6 +415,19 @@ impl Due {
             r2ts: Vec::new(),
             unsolicited,
         }
+    }
+
+    /// Counts `length` bytes of the sequence with `transfer_tag` in.
+    pub fn arrived(&mut self, transfer_tag: u32, length: u32) {
+        let due = if transfer_tag == UNSOLICITED_TRANSFER_TAG {
+            &mut self.unsolicited
+        } else if let Some((_, bytes)) = self.r2ts.iter_mut().find(|(tag, _)| *tag == transfer_tag)
+        {
+            bytes
+        } else {
+            return;
+        };
+        *due = due.saturating_sub(length);
     }
 
     /// Whether nothing more is due.
