@@ -33,12 +33,12 @@ use iscsi_datamover::{
 };
 use iscsi_proto::error::DecodeError;
 use iscsi_proto::pdu::{
-    AsyncEvent, AsyncMessage, DataIn, Header, LogoutRequest, LogoutResponse, LogoutResponseCode,
-    Lun, NopIn, NopOut, Pdu, RESERVED_TAG, Reject, RejectReason, ScsiCommand, ScsiResponse,
-    SegmentLengths, ServiceResponse, SnackRequest, TaskFunction, TaskManagementRequest,
-    TaskManagementResponse, TaskResponse, TextRequest,
+    AsyncEvent, AsyncMessage, Header, LogoutRequest, LogoutResponse, LogoutResponseCode, Lun,
+    NopIn, NopOut, Pdu, RESERVED_TAG, Reject, RejectReason, ScsiCommand, SegmentLengths,
+    SnackRequest, TaskFunction, TaskManagementRequest, TaskManagementResponse, TaskResponse,
+    TextRequest,
 };
-use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
+use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachine};
 use iscsi_proto::text::SessionType;
 use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
@@ -69,7 +69,8 @@ mod respond;
 mod task_management;
 pub(crate) mod write;
 
-use respond::{Residual, Response, respond, send_answer};
+use iscsi_target_core::answer::Residual;
+use respond::{Response, respond, send_answer};
 use task_management::task_management;
 
 /// SAM status GOOD.

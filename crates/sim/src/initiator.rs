@@ -586,7 +586,12 @@ impl Initiator {
         let sent = wire.sent;
         match wire.pdu {
             Pdu::ReadyToTransfer(r2t) => self.r2t(world, r2t)?,
-            Pdu::DataIn(data_in) => self.data_in(&data_in, &wire.data, wire.digest_error)?,
+            Pdu::DataIn(data_in) => {
+                self.data_in(&data_in, &wire.data, wire.digest_error)?;
+                if let Some(response) = collapsed_status(&data_in) {
+                    self.response(world, response)?;
+                }
+            }
             Pdu::ScsiResponse(response) => self.response(world, response)?,
             Pdu::TaskManagementResponse(response) => self.tmf_response(world, response, sent)?,
             Pdu::Reject(reject) => self.reject(&reject, &wire.data)?,
@@ -608,6 +613,9 @@ impl Initiator {
             Pdu::TaskManagementResponse(r) => (Some(r.stat_sn), r.exp_cmd_sn, r.max_cmd_sn, true),
             Pdu::Reject(r) => (Some(r.stat_sn), r.exp_cmd_sn, r.max_cmd_sn, true),
             Pdu::ReadyToTransfer(r) => (Some(r.stat_sn), r.exp_cmd_sn, r.max_cmd_sn, false),
+            Pdu::DataIn(d) if d.status.is_some() => {
+                (Some(d.stat_sn), d.exp_cmd_sn, d.max_cmd_sn, true)
+            }
             Pdu::DataIn(d) => (None, d.exp_cmd_sn, d.max_cmd_sn, false),
             _ => return Ok(()),
         };
@@ -670,7 +678,7 @@ impl Initiator {
         let Some(itt) = task_of(&wire.pdu) else {
             return false;
         };
-        !matches!(wire.pdu, Pdu::ScsiResponse(_))
+        !is_status(&wire.pdu)
             && !self.commands.contains_key(&itt)
             && self.aborted_at.get(&itt).is_some_and(|&at| wire.sent < at)
     }
@@ -756,6 +764,17 @@ impl Initiator {
             return Err(format!(
                 "status of task {itt} while {} of its Data-Out had not reached the target (RFC 7143 7.8)",
                 self.data_out_in_flight[&itt]
+            ));
+        }
+        if response.status == GOOD
+            && (response.residual_count != 0
+                || response.residual_overflow
+                || response.residual_underflow)
+        {
+            // Every command moves exactly its EDTL (RFC 7143 11.4.5).
+            return Err(format!(
+                "task {itt} answered with a residual of {} bytes",
+                response.residual_count
             ));
         }
         if command.write.is_none() && response.status == GOOD {
@@ -922,4 +941,30 @@ fn task_of(pdu: &Pdu) -> Option<u32> {
         Pdu::ScsiResponse(r) => Some(r.initiator_task_tag),
         _ => None,
     }
+}
+
+/// Whether `pdu` carries a task's status: a SCSI Response, or a Data-In
+/// with the S bit (phase collapse).
+fn is_status(pdu: &Pdu) -> bool {
+    match pdu {
+        Pdu::ScsiResponse(_) => true,
+        Pdu::DataIn(d) => d.status.is_some(),
+        _ => false,
+    }
+}
+
+/// The status a Data-In carries (phase collapse, RFC 7143 11.7.3), as the
+/// SCSI Response it stands for.
+fn collapsed_status(data_in: &DataIn) -> Option<ScsiResponse> {
+    Some(ScsiResponse {
+        status: data_in.status?,
+        residual_overflow: data_in.residual_overflow,
+        residual_underflow: data_in.residual_underflow,
+        residual_count: data_in.residual_count,
+        initiator_task_tag: data_in.initiator_task_tag,
+        stat_sn: data_in.stat_sn,
+        exp_cmd_sn: data_in.exp_cmd_sn,
+        max_cmd_sn: data_in.max_cmd_sn,
+        ..ScsiResponse::default()
+    })
 }

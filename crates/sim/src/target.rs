@@ -13,11 +13,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
 use iscsi_proto::pdu::{
-    DataOut, Pdu, Reject, RejectReason, ScsiCommand, ScsiResponse, SnackRequest, TaskFunction,
+    DataOut, Pdu, Reject, RejectReason, ScsiCommand, SnackRequest, TaskFunction,
     TaskManagementRequest, TaskManagementResponse, TaskResponse,
 };
 use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
+use iscsi_target_core::answer::{Answer, Outcome, Residual};
 use iscsi_target_core::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
 use iscsi_target_core::{
     Advance, Arriving, Collecting, Collections, CommandWindow, Due, Inserted, Placement,
@@ -435,19 +436,17 @@ impl Target {
         if failed.task.aborted.load(Relaxed) || failed.task.done.load(Relaxed) {
             return;
         }
-        let mut sense = vec![0u8; 20];
-        sense[1] = 18;
-        sense[2] = 0x70;
-        sense[4] = ABORTED_COMMAND;
-        sense[14] = failed.sense.0;
-        sense[15] = failed.sense.1;
-        self.status(
-            &failed.task,
-            &failed.command,
-            CHECK_CONDITION,
-            sense,
-            Vec::new(),
-        );
+        let mut sense = vec![0u8; 18];
+        sense[0] = 0x70;
+        sense[2] = ABORTED_COMMAND;
+        sense[7] = 10;
+        sense[12] = failed.sense.0;
+        sense[13] = failed.sense.1;
+        let outcome = Outcome {
+            status: CHECK_CONDITION,
+            sense: Some(&sense),
+        };
+        self.status(&failed.task, &failed.command, outcome, Vec::new());
     }
 
     fn execute(&mut self, task: Arc<SimTask>, command: ScsiCommand, data: Vec<u8>) {
@@ -483,49 +482,57 @@ impl Target {
         } else {
             self.store[range].to_vec()
         };
-        self.status(&run.task, &run.command, GOOD, Vec::new(), data_in);
+        let good = Outcome {
+            status: GOOD,
+            sense: None,
+        };
+        self.status(&run.task, &run.command, good, data_in);
     }
 
-    /// Sends a command's Data-In (cut by proto's `data_in_segments`) and
-    /// its SCSI Response, keeps them for SNACKs at ERL 1, and ends the task.
+    /// Sends a command's answer as the core's `Answer` decides it (the
+    /// driver's `connection/respond.rs`): its Data-In, and its status in
+    /// the last of them (ERL 0) or in a SCSI Response kept for SNACKs; the
+    /// task ends just before its status, one aborted meanwhile sends none.
     fn status(
         &mut self,
         task: &SimTask,
         command: &ScsiCommand,
-        status: u8,
-        sense: Vec<u8>,
+        outcome: Outcome<'_>,
         data_in: Vec<u8>,
     ) {
-        let itt = command.initiator_task_tag;
-        let sent = SentStatus {
-            stat_sn: StatSn::new(0),
-            response: ScsiResponse {
-                status,
-                initiator_task_tag: itt,
-                ..ScsiResponse::default()
-            },
-            sense_data: sense,
-            data_in,
-            lun: command.lun,
-            limits: self.limits,
+        let residual = if command.write {
+            // What the CDB asks for against the EDTL (`write_residual`).
+            let wanted = lba_blocks(&command.cdb).1 * BLOCK;
+            Residual::of(wanted as u64, command.expected_data_transfer_length)
+        } else {
+            Residual::of_data_in(command, data_in.len())
+        };
+        let retains = self.conns[self.cur].retained.is_some();
+        let answer = Answer::new(command, outcome, data_in, residual, 0, retains, self.limits);
+        let sent = match answer {
+            Answer::Collapsed(collapsed) => {
+                for piece in collapsed.pdus() {
+                    if piece.with_status && !self.complete_task(task) {
+                        return;
+                    }
+                    let stat = match piece.with_status {
+                        true => Stat::Advance,
+                        false => Stat::Reserved,
+                    };
+                    self.send(Pdu::DataIn(piece.pdu), piece.data, stat);
+                }
+                return;
+            }
+            Answer::Separate(sent) => sent,
         };
         for segment in self.limits.data_in_segments(sent.data_in.len() as u32) {
             let (pdu, data) = sent.data_in(&segment);
             self.send(Pdu::DataIn(pdu), data, Stat::Reserved);
         }
-        // The task ends before its status goes out, so that the status
-        // carries the grown MaxCmdSN (`Session::complete`); one aborted
-        // meanwhile sends none.
-        if task.aborted.load(Relaxed) {
-            return self.finish(task);
+        if !self.complete_task(task) {
+            return;
         }
-        self.finish(task);
-        let mut response = sent.response.clone();
-        response.exp_data_sn = iscsi_proto::serial::DataSn::new(
-            self.limits
-                .data_in_segments(sent.data_in.len() as u32)
-                .len() as u32,
-        );
+        let response = sent.response_after_data_in();
         let stat_sn = self.send(
             Pdu::ScsiResponse(response.clone()),
             sent.sense_data.clone(),
@@ -538,6 +545,14 @@ impl Target {
                 ..sent
             });
         }
+    }
+
+    /// Ends a task that is about to send its status, so that the status
+    /// carries the grown MaxCmdSN (`Session::complete`); whether it is
+    /// still to send one (not aborted meanwhile).
+    fn complete_task(&mut self, task: &SimTask) -> bool {
+        self.finish(task);
+        !task.aborted.load(Relaxed)
     }
 
     fn snack(&mut self, header: &Pdu, snack: &SnackRequest) {

@@ -5,6 +5,8 @@
 //! blocking pool); tests and a simulator can drive the same core in one
 //! thread, deterministically.
 //!
+//! - [`answer`]: a finished command's Data-In, residual and status: in
+//!   its last Data-In (phase collapse) or a SCSI Response of its own.
 //! - [`window`]: the CmdSN window of a session (RFC 7143 section 4.2.2.1):
 //!   which commands to deliver, which to drop as duplicates or out of
 //!   window, and the ExpCmdSN/MaxCmdSN every response carries.
@@ -29,6 +31,7 @@
 //! - [`orphans`]: ERL 2: what a failed connection leaves for a TASK
 //!   REASSIGN, bounded, expiring with the connection's Time2Retain.
 
+pub mod answer;
 pub mod collect;
 pub mod keepalive;
 pub mod logout;
@@ -42,6 +45,7 @@ pub mod tasks;
 pub mod text;
 pub mod window;
 
+pub use answer::{Answer, Collapsed, CollapsedPdu, Outcome, Residual};
 pub use collect::{Advance, Collecting, Collections, Due, Inserted, Placement, Stray};
 pub use keepalive::{Keepalive, KeepaliveAction};
 pub use logout::{LogoutContext, LogoutPlan};

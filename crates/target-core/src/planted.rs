@@ -29,17 +29,21 @@ pub enum Bug {
     AbortLeavesWriteRunning = 5,
     /// A status that should advance StatSN does not, every 64th time.
     StatSnNotAdvanced = 6,
+    /// A read's status rides on its first Data-In instead of its last
+    /// (phase collapse, RFC 7143 11.7.3): the task ends before its data.
+    StatusBeforeLastDataIn = 7,
 }
 
 impl Bug {
     /// Every planted bug, by the name `scripts/sim --bug` takes.
-    pub const ALL: [(Bug, &'static str); 6] = [
+    pub const ALL: [(Bug, &'static str); 7] = [
         (Bug::DuplicateTagAccepted, "duplicate-tag-accepted"),
         (Bug::StatusBeforeLastDataOut, "status-before-last-data-out"),
         (Bug::WriteBeforeAllData, "write-before-all-data"),
         (Bug::RecoveryR2tNeverSent, "recovery-r2t-never-sent"),
         (Bug::AbortLeavesWriteRunning, "abort-leaves-write-running"),
         (Bug::StatSnNotAdvanced, "stat-sn-not-advanced"),
+        (Bug::StatusBeforeLastDataIn, "status-before-last-data-in"),
     ];
 
     /// The bug named `name`.

@@ -65,6 +65,21 @@ impl<D: Payload> SentStatus<D> {
         };
         (pdu, data)
     }
+
+    /// The SCSI Response to send after the Data-In: ExpDataSN the count of
+    /// Data-In PDUs when it follows any (as cut by `limits`), else as kept
+    /// (a write's R2T count).
+    pub fn response_after_data_in(&self) -> ScsiResponse {
+        let mut response = self.response.clone();
+        if !self.data_in.is_empty() {
+            let count = self
+                .limits
+                .data_in_segments(self.data_in.len() as u32)
+                .len();
+            response.exp_data_sn = DataSn::new(u32::try_from(count).unwrap_or(u32::MAX));
+        }
+        response
+    }
 }
 
 /// One PDU to send again in answer to a SNACK.

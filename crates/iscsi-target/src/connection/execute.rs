@@ -369,7 +369,7 @@ fn run_command(
     } else {
         lent.iter().map(|l| l.bytes.len()).sum()
     };
-    (outcome, answer_residual(command, sent))
+    (outcome, Residual::of_data_in(command, sent))
 }
 
 /// A write's Data-Out as the SCSI layer takes it: one buffer, or pieces.
@@ -398,19 +398,6 @@ pub(super) fn write_residual(
     let (_, wanted) = iscsi_scsi::command_info(cdb, block_size);
     let residual = Residual::of(u64::from(wanted), command.expected_data_transfer_length);
     (residual, wanted, block_size)
-}
-
-/// For any other command: the residual of the `sent` bytes of Data-In
-/// (none for a command that reads nothing) against the EDTL.
-pub(super) fn answer_residual(command: &ScsiCommand, sent: usize) -> Residual {
-    let expected = command.expected_data_transfer_length;
-    if command.read {
-        Residual::of(sent as u64, expected)
-    } else if expected > 0 {
-        Residual::of(0, expected)
-    } else {
-        Residual::NONE
-    }
 }
 
 /// For a write CDB (WRITE and WRITE AND VERIFY 6/10/12/16), the same CDB

@@ -85,7 +85,7 @@ pub(super) async fn run(
             (outcome, data)
         }
     };
-    let residual = residual.unwrap_or_else(|| execute::answer_residual(command, data_in.len()));
+    let residual = residual.unwrap_or_else(|| Residual::of_data_in(command, data_in.len()));
     Ok(Ran {
         outcome,
         residual,

@@ -1,44 +1,12 @@
 //! Answering a command: its Data-In and status on the connection its
 //! task is allegiant to (phase collapse at ERL 0; at ERL 1 and above a
 //! SCSI Response of its own, kept for SNACKs; at ERL 2 parked or kept
-//! for TASK REASSIGN when that connection is gone), and the residual.
+//! for TASK REASSIGN when that connection is gone). What the answer is
+//! made of is decided in the core (`iscsi_target_core::answer`); this
+//! sends it.
 
 use super::*;
-
-/// The residual of a command (RFC 7143 11.4.5).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Residual {
-    pub(super) overflow: bool,
-    pub(super) underflow: bool,
-    pub(super) count: u32,
-}
-
-impl Residual {
-    pub(super) const NONE: Residual = Residual {
-        overflow: false,
-        underflow: false,
-        count: 0,
-    };
-
-    /// What the SCSI layer wants to transfer (`wanted`) against what the
-    /// initiator expects (`expected`).
-    pub(super) fn of(wanted: u64, expected: u32) -> Residual {
-        let expected = u64::from(expected);
-        match wanted.cmp(&expected) {
-            std::cmp::Ordering::Greater => Residual {
-                overflow: true,
-                underflow: false,
-                count: u32::try_from(wanted - expected).unwrap_or(u32::MAX),
-            },
-            std::cmp::Ordering::Less => Residual {
-                overflow: false,
-                underflow: true,
-                count: (expected - wanted) as u32,
-            },
-            std::cmp::Ordering::Equal => Residual::NONE,
-        }
-    }
-}
+use iscsi_target_core::answer::{Answer, Collapsed, CollapsedPdu, Outcome, Residual};
 
 /// Everything needed to answer one command.
 pub(super) struct Response<'a> {
@@ -124,62 +92,30 @@ async fn send_response(
         tap,
         hold,
     } = response;
-    let sent = if command.read {
-        data_in
-            .len()
-            .min(command.expected_data_transfer_length as usize) as u32
-    } else {
-        0
-    };
-    // At ERL 1 the status goes in a SCSI Response of its own, so that a
-    // Data-In sent again never carries a status (and its StatSN) again.
-    let collapse =
-        writer.retained.is_none() && outcome.status == GOOD && outcome.sense.is_none() && sent > 0;
-    if collapse {
-        let result = respond_collapsed(
-            &writer, session, task, &limits, command, data_in, sent, residual, tap, hold,
-        )
-        .await;
-        if result.is_err() {
-            // The connection failed under the Data-In: the task ends
-            // (without this its window slot stayed taken for good).
-            session.finish(task);
-        }
-        return result;
-    }
-    // Sense data travels in the SCSI Response's data segment: a 2-byte
-    // length, then the sense bytes (RFC 7143 11.4.7).
-    let sense_data = match outcome.sense {
-        Some(_) => {
-            let bytes = outcome.sense_bytes();
-            let mut data = Vec::with_capacity(2 + bytes.len());
-            data.extend_from_slice(&(bytes.len() as u16).to_be_bytes());
-            data.extend_from_slice(&bytes);
-            data
-        }
-        None => Vec::new(),
-    };
-    let mut answer = SentStatus {
-        stat_sn: StatSn::new(0),
-        response: ScsiResponse {
-            residual_overflow: residual.overflow,
-            residual_underflow: residual.underflow,
-            response: ServiceResponse::CommandCompleted,
+    let sense = outcome.sense.is_some().then(|| outcome.sense_bytes());
+    let decided = Answer::new(
+        command,
+        Outcome {
             status: outcome.status,
-            initiator_task_tag: command.initiator_task_tag,
-            // A read's: the count of its Data-In, set as they are cut.
-            exp_data_sn: DataSn::new(if command.read { 0 } else { r2ts }),
-            residual_count: residual.count,
-            ..ScsiResponse::default()
+            sense: sense.as_deref(),
         },
-        sense_data,
-        data_in: if command.read {
-            data_in.slice(0..sent as usize)
-        } else {
-            Gather::default()
-        },
-        lun: command.lun,
+        data_in,
+        residual,
+        r2ts,
+        writer.retained.is_some(),
         limits,
+    );
+    let mut answer = match decided {
+        Answer::Collapsed(collapsed) => {
+            let result = respond_collapsed(&writer, session, task, &collapsed, tap, hold).await;
+            if result.is_err() {
+                // The connection failed under the Data-In: the task ends
+                // (without this its window slot stayed taken for good).
+                session.finish(task);
+            }
+            return result;
+        }
+        Answer::Separate(answer) => answer,
     };
     loop {
         let waiting = tap.map(|_| std::time::Instant::now());
@@ -232,57 +168,39 @@ async fn send_response(
 
 /// ERL 0's answer to a read that succeeded: the status in the last
 /// Data-In (phase collapse, RFC 7143 11.7.3).
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn respond_collapsed(
+async fn respond_collapsed(
     writer: &Writer,
     session: &Session,
     task: &Task,
-    limits: &Limits,
-    command: &ScsiCommand,
-    data_in: Gather,
-    sent: u32,
-    residual: Residual,
+    answer: &Collapsed<Gather>,
     tap: Option<&Tap>,
     hold: bool,
 ) -> Result<(), DatamoverError> {
-    let segments = limits.data_in_segments(sent);
-    let count = segments.len();
     let waiting = tap.map(|_| std::time::Instant::now());
     let mut out = writer.lock().await;
     out.hold(hold);
     if let (Some(tap), Some(waiting)) = (tap, waiting) {
-        let itt = command.initiator_task_tag;
+        let itt = task.itt;
         tap.step("wait for writer", itt, waiting, std::time::Instant::now());
     }
-    for (i, segment) in segments.iter().enumerate() {
-        let with_status = i + 1 == count;
+    for CollapsedPdu {
+        pdu,
+        data,
+        with_status,
+    } in answer.pdus()
+    {
         if with_status && !session.complete(task) {
             return Ok(());
         }
-        let pdu = DataIn {
-            final_flag: segment.last_in_sequence,
-            acknowledge: false,
-            residual_overflow: with_status && residual.overflow,
-            residual_underflow: with_status && residual.underflow,
-            status: with_status.then_some(GOOD),
-            lun: command.lun,
-            initiator_task_tag: command.initiator_task_tag,
-            target_transfer_tag: RESERVED_TAG,
-            data_sn: DataSn::new(segment.data_sn),
-            buffer_offset: segment.offset,
-            residual_count: if with_status { residual.count } else { 0 },
-            ..DataIn::default()
-        };
-        let start = segment.offset as usize;
-        let end = start + segment.length as usize;
         let stat = if with_status {
             Stat::Advance
         } else {
             Stat::Reserved
         };
-        out.send_data_in(session, Pdu::DataIn(pdu), data_in.slice(start..end), stat)
+        let length = data.len() as u64;
+        out.send_data_in(session, Pdu::DataIn(pdu), data, stat)
             .await?;
-        SessionStats::add(&session.stats.read_bytes, u64::from(segment.length));
+        SessionStats::add(&session.stats.read_bytes, length);
     }
     Ok(())
 }
@@ -314,10 +232,7 @@ pub(super) async fn send_answer(
     {
         return Ok(());
     }
-    let mut response = answer.response.clone();
-    if !answer.data_in.is_empty() {
-        response.exp_data_sn = DataSn::new(segments.len() as u32);
-    }
+    let response = answer.response_after_data_in();
     let stat_sn = out.next_stat_sn();
     let kept = writer.retained.as_ref().map(|_| response.clone());
     out.send(
