@@ -41,11 +41,9 @@ use iscsi_proto::pdu::{
 use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::state::{ConnectionEvent, ConnectionState, ConnectionStateMachine};
 use iscsi_proto::text::SessionType;
-use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
+use iscsi_proto::transfer::{DataOutProgress, Limits};
 use iscsi_scsi::{CommandOutcome, DataOut, Nexus, ScsiTarget, TargetReset};
-use iscsi_target_core::{
-    Due, Inserted, Keepalive, KeepaliveAction, Solicitation, TextExchange, TransferTags,
-};
+use iscsi_target_core::{Inserted, Keepalive, KeepaliveAction, TextExchange, TransferTags};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 use tracing::{debug, info, warn};
@@ -70,6 +68,7 @@ mod task_management;
 pub(crate) mod write;
 
 use iscsi_target_core::answer::Residual;
+use iscsi_target_core::command::{self, DamagedImmediate, Route};
 use respond::{Response, respond, send_answer};
 use task_management::task_management;
 
@@ -679,48 +678,39 @@ impl Connection {
             };
         task.allegiance.pledge(&self.writer, self.data_in_limits);
         self.session.luns_used.note(command.lun.0);
-        if self.session.scsi.is_none() {
-            // SCSI commands in a discovery session.
-            let rejected = self.data_or_reject(receiver, header).await?.is_none();
-            self.session.finish(&task);
-            if rejected {
+        let cdb = header.full_cdb().unwrap_or_else(|| command.cdb.to_vec());
+        let expected = command.expected_data_transfer_length;
+        let serves_scsi = self.session.scsi.is_some();
+        let route = command::route(
+            &command,
+            immediate_len,
+            &self.limits,
+            serves_scsi,
+            MAX_WRITE_BUFFER,
+        );
+        let mut tracker = match route {
+            Route::Reject(reason) => {
+                debug!(itt, ?reason, "SCSI command rejected");
+                let rejected = self.data_or_reject(receiver, header).await?.is_none();
+                self.session.finish(&task);
+                if rejected {
+                    return Ok(());
+                }
+                return self.reject(header, reason).await;
+            }
+            Route::Run => {
+                self.execute(task, command, cdb, WriteBuffer::default(), 0)
+                    .await;
                 return Ok(());
             }
-            return self.reject(header, RejectReason::CommandNotSupported).await;
-        };
-        let cdb = header.full_cdb().unwrap_or_else(|| command.cdb.to_vec());
-        if !command.write {
-            if immediate_len > 0 {
-                let rejected = self.data_or_reject(receiver, header).await?.is_none();
-                self.session.finish(&task);
-                if rejected {
-                    return Ok(());
-                }
-                return self.reject(header, RejectReason::ProtocolError).await;
+            Route::TooLong(due) => {
+                self.data_or_reject(receiver, header).await?;
+                let outcome =
+                    CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
+                self.answer_when_drained(task, command, outcome, due);
+                return Ok(());
             }
-            self.execute(task, command, cdb, WriteBuffer::default(), 0)
-                .await;
-            return Ok(());
-        }
-        let expected = command.expected_data_transfer_length;
-        if expected > MAX_WRITE_BUFFER {
-            self.data_or_reject(receiver, header).await?;
-            let outcome = CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_FIELD_IN_CDB);
-            let due = Due::unsolicited_after(&self.limits, expected, immediate_len);
-            self.answer_when_drained(task, command, outcome, due);
-            return Ok(());
-        }
-        let mut tracker = match DataOutTracker::new(self.limits, expected, immediate_len) {
-            Ok(tracker) => tracker,
-            Err(e) => {
-                debug!(error = %e, "bad immediate data");
-                let rejected = self.data_or_reject(receiver, header).await?.is_none();
-                self.session.finish(&task);
-                if rejected {
-                    return Ok(());
-                }
-                return self.reject(header, e.reject_reason()).await;
-            }
+            Route::Collect(tracker) => tracker,
         };
         // Not zeroed: the write runs only once its tracker has seen every
         // byte of the Expected Data Transfer Length arrive exactly once
@@ -735,27 +725,22 @@ impl Connection {
             Ok(()) => {
                 SessionStats::add(&self.session.stats.write_bytes, u64::from(immediate_len));
             }
-            Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. }))
-                if self.limits.error_recovery_level > 0 =>
-            {
-                // ErrorRecoveryLevel 1 (RFC 7143 7.8): reject the PDU and
-                // ask for its data again with a recovery R2T.
-                warn!("data digest error in immediate data: PDU rejected, data asked for again");
-                self.reject(header, RejectReason::DataDigestError).await?;
-                tracker.discard(UNSOLICITED_TRANSFER_TAG, 0, immediate_len);
-            }
             Err(DatamoverError::Decode(DecodeError::DataDigestMismatch { .. })) => {
-                // The data is rejected and the rest of the command processed
-                // (RFC 7143 7.8): at ErrorRecoveryLevel 0 the task ends in
-                // CHECK CONDITION, PROTOCOL SERVICE CRC ERROR, once the
-                // unsolicited data still due is in.
-                warn!("data digest error in immediate data: PDU rejected, write failed");
-                self.give_write_buffer(buffer);
+                // RFC 7143 7.8: the PDU is rejected; at ErrorRecoveryLevel
+                // 1 its data is asked for again with a recovery R2T, at 0
+                // the task ends in CHECK CONDITION, PROTOCOL SERVICE CRC
+                // ERROR, once the unsolicited data still due is in.
                 self.reject(header, RejectReason::DataDigestError).await?;
-                let outcome = CommandOutcome::check_condition(PROTOCOL_SERVICE_CRC_ERROR);
-                let due = Due::unsolicited_after(&self.limits, expected, immediate_len);
-                self.answer_when_drained(task, command, outcome, due);
-                return Ok(());
+                let damaged =
+                    command::damaged_immediate(&command, immediate_len, &mut tracker, &self.limits);
+                if let DamagedImmediate::Fail(due) = damaged {
+                    warn!("data digest error in immediate data: PDU rejected, write failed");
+                    self.give_write_buffer(buffer);
+                    let outcome = CommandOutcome::check_condition(PROTOCOL_SERVICE_CRC_ERROR);
+                    self.answer_when_drained(task, command, outcome, due);
+                    return Ok(());
+                }
+                warn!("data digest error in immediate data: PDU rejected, data asked for again");
             }
             Err(e) => {
                 // The connection failed under the command's own data: the
@@ -767,8 +752,7 @@ impl Connection {
                 return Err(e);
             }
         }
-        let bursts = self.limits.r2t_bursts(expected, tracker.solicited_from());
-        let solicit = Solicitation::new(command.lun, itt, bursts);
+        let solicit = command::solicitation(&command, &tracker, &self.limits);
         let pending = PendingWrite {
             write: WriteParts {
                 task,

@@ -69,6 +69,9 @@ pub struct Initiator {
     /// Commands sent with a tag still in use, and when: each must get a
     /// Reject (Task in progress) within the bound.
     duplicates: BTreeMap<u32, Micros>,
+    /// Malformed commands sent (by tag), each to be rejected (Protocol
+    /// Error) and never answered.
+    malformed: BTreeMap<u32, Micros>,
     /// Tags whose task ended, and how: a PDU for them now is a violation.
     ended: BTreeMap<u32, &'static str>,
     /// Tasks ended by ABORT TASK: the target's send order of the answer.
@@ -113,6 +116,8 @@ pub struct Stats {
     pub snacks: u64,
     /// Commands sent with a tag in use.
     pub duplicates: u64,
+    /// Malformed commands sent (each rejected).
+    pub malformed: u64,
     /// ABORT TASKs that reached the target before their command.
     pub aborted_before_arrival: u64,
 }
@@ -127,6 +132,7 @@ impl Stats {
         self.damaged += other.damaged;
         self.snacks += other.snacks;
         self.duplicates += other.duplicates;
+        self.malformed += other.malformed;
         self.aborted_before_arrival += other.aborted_before_arrival;
     }
 }
@@ -142,6 +148,7 @@ impl Initiator {
             commands: BTreeMap::new(),
             aborts: BTreeMap::new(),
             duplicates: BTreeMap::new(),
+            malformed: BTreeMap::new(),
             ended: BTreeMap::new(),
             aborted_at: BTreeMap::new(),
             data_out_in_flight: BTreeMap::new(),
@@ -167,6 +174,7 @@ impl Initiator {
             && self.commands.is_empty()
             && self.aborts.is_empty()
             && self.duplicates.is_empty()
+            && self.malformed.is_empty()
     }
 
     /// A Data-Out reached the target.
@@ -261,6 +269,11 @@ impl Initiator {
         {
             return Err(format!(
                 "a command sent at {sent} with the tag {itt} of a task in flight was not rejected"
+            ));
+        }
+        if let Some((itt, sent)) = self.malformed.iter().find(|&(_, &at)| now - at > TMF_BOUND) {
+            return Err(format!(
+                "a malformed command (tag {itt}) sent at {sent} was not rejected"
             ));
         }
         if !self.commands.is_empty() && now - self.last_ended > STALL {
@@ -459,6 +472,9 @@ impl Initiator {
             moved: world.now(),
         };
         if !write {
+            if world.chance(self.params.p_malformed) {
+                self.send_malformed(world);
+            }
             self.stats.reads += 1;
             self.commands.insert(itt, entry);
             self.send(world, Pdu::ScsiCommand(command), Vec::new(), false);
@@ -534,6 +550,26 @@ impl Initiator {
         };
         self.duplicates.insert(itt, world.now());
         self.send(world, Pdu::ScsiCommand(command), Vec::new(), false);
+    }
+
+    /// An immediate READ with a block of immediate data (RFC 7143 11.3.4:
+    /// only a write may carry data): the target must Reject it (Protocol
+    /// Error), answer nothing else for it and go on with the session.
+    fn send_malformed(&mut self, world: &mut World) {
+        self.stats.malformed += 1;
+        let itt = self.take_itt();
+        let command = ScsiCommand {
+            immediate: true,
+            final_flag: true,
+            read: true,
+            initiator_task_tag: itt,
+            expected_data_transfer_length: BLOCK as u32,
+            cmd_sn: self.cmd_sn,
+            cdb: cdb(READ_10, 0, 1),
+            ..ScsiCommand::default()
+        };
+        self.malformed.insert(itt, world.now());
+        self.send(world, Pdu::ScsiCommand(command), vec![0xA5; BLOCK], false);
     }
 
     fn send_data_out(
@@ -703,6 +739,9 @@ impl Initiator {
     }
 
     fn ended_or_unknown(&self, itt: u32, what: &str) -> Violation {
+        if self.malformed.contains_key(&itt) {
+            return format!("{what} for malformed command {itt}, which the target had to reject");
+        }
         match self.ended.get(&itt) {
             Some(how) => format!("{what} for task {itt}, which had ended ({how})"),
             None => format!("{what} for task {itt}, which was never sent"),
@@ -896,6 +935,7 @@ impl Initiator {
             (RejectReason::TaskInProgress, 0x01) if self.duplicates.remove(&itt).is_some() => {
                 Ok(())
             }
+            (RejectReason::ProtocolError, 0x01) if self.malformed.remove(&itt).is_some() => Ok(()),
             (RejectReason::DataDigestError, 0x01 | 0x05)
                 if self.commands.get(&itt).is_some_and(|c| c.damaged)
                     || self.ended.contains_key(&itt) =>

@@ -103,13 +103,14 @@ fn main() -> ExitCode {
     );
     println!(
         "faults: {} digests damaged (Data-Out, immediate data), {} writes failed for them, \
-         {} tasks aborted ({} before their command arrived), {} SNACKs, {} tags reused",
+         {} tasks aborted ({} before their command arrived), {} SNACKs, {} tags reused, {} malformed commands",
         faults.damaged,
         faults.failed_writes,
         faults.aborted,
         faults.aborted_before_arrival,
         faults.snacks,
-        faults.duplicates
+        faults.duplicates,
+        faults.malformed
     );
     match planted {
         Some(bug) => {

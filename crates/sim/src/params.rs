@@ -36,6 +36,9 @@ pub struct Params {
     pub p_abort: f64,
     /// Chance a command is preceded by one reusing a live tag.
     pub p_duplicate: f64,
+    /// Chance a READ is preceded by a malformed one (immediate data with
+    /// a command that moves none out, RFC 7143 11.3.4).
+    pub p_malformed: f64,
 }
 
 impl Params {
@@ -77,6 +80,7 @@ impl Params {
             },
             p_abort: pick(rng, &[0.0, 0.0005, 0.005]),
             p_duplicate: pick(rng, &[0.0, 0.01]),
+            p_malformed: pick(rng, &[0.0, 0.01]),
         }
     }
 }

@@ -17,12 +17,13 @@ use iscsi_proto::pdu::{
     TaskManagementRequest, TaskManagementResponse, TaskResponse,
 };
 use iscsi_proto::serial::{CmdSn, StatSn};
-use iscsi_proto::transfer::{DataOutProgress, DataOutTracker, Limits, UNSOLICITED_TRANSFER_TAG};
+use iscsi_proto::transfer::{DataOutProgress, Limits};
 use iscsi_target_core::answer::{Answer, Outcome, Residual};
+use iscsi_target_core::command::{self, DamagedImmediate, Route};
 use iscsi_target_core::retention::{Resend, Retained, SentStatus, exp_stat_sn_of};
 use iscsi_target_core::{
     Advance, Arriving, Collecting, Collections, CommandWindow, Due, Inserted, Placement,
-    SessionTasks, Solicitation, Stat, StatSequence, Stray, TaskHandle, TransferTags, window::Gaps,
+    SessionTasks, Stat, StatSequence, Stray, TaskHandle, TransferTags, window::Gaps,
 };
 
 /// SCSI status GOOD.
@@ -35,6 +36,12 @@ pub const CHECK_CONDITION: u8 = 0x02;
 const ABORTED_COMMAND: u8 = 0x0B;
 const CRC_ERROR: (u8, u8) = (0x47, 0x05);
 const BAD_DATA_OUT: (u8, u8) = (0x0C, 0x0D);
+/// ILLEGAL REQUEST's INVALID FIELD IN CDB (a write past [`MAX_WRITE`]); the
+/// simulated target answers every failure with ABORTED COMMAND's key.
+const INVALID_FIELD_IN_CDB: (u8, u8) = (0x24, 0x00);
+/// The longest write the simulated target buffers (the driver's
+/// `MAX_WRITE_BUFFER` is 32 MiB; the workload stays far below either).
+pub const MAX_WRITE: u32 = 32 << 20;
 /// READ(10).
 pub const READ_10: u8 = 0x28;
 /// WRITE(10).
@@ -282,40 +289,45 @@ impl Target {
             executing: AtomicBool::new(false),
         });
         self.tasks.register(Arc::clone(&task), arriving.windowed());
-        if !command.write {
-            return self.execute(task, command, Vec::new());
-        }
-        let expected = command.expected_data_transfer_length;
         let immediate = data.len() as u32;
-        let mut tracker = match DataOutTracker::new(self.limits, expected, immediate) {
-            Ok(tracker) => tracker,
-            Err(e) => {
+        let route = command::route(&command, immediate, &self.limits, true, MAX_WRITE);
+        let mut tracker = match route {
+            Route::Reject(reason) => {
                 self.finish(&task);
-                return self.reject(&pdu, e.reject_reason());
+                let reason = match digest_error {
+                    true => RejectReason::DataDigestError,
+                    false => reason,
+                };
+                return self.reject(&pdu, reason);
             }
+            Route::Run => return self.execute(task, command, Vec::new()),
+            Route::TooLong(due) => {
+                if digest_error {
+                    self.reject(&pdu, RejectReason::DataDigestError);
+                }
+                return self.answer_when_drained(task, command, INVALID_FIELD_IN_CDB, due);
+            }
+            Route::Collect(tracker) => tracker,
         };
-        let mut buffer = vec![0u8; expected as usize];
+        let mut buffer = vec![0u8; command.expected_data_transfer_length as usize];
         if digest_error {
             self.reject(&pdu, RejectReason::DataDigestError);
-            if self.limits.error_recovery_level == 0 {
-                let due = Due::unsolicited_after(&self.limits, expected, immediate);
+            let damaged =
+                command::damaged_immediate(&command, immediate, &mut tracker, &self.limits);
+            if let DamagedImmediate::Fail(due) = damaged {
                 return self.answer_when_drained(task, command, CRC_ERROR, due);
             }
-            tracker.discard(UNSOLICITED_TRANSFER_TAG, 0, immediate);
         } else {
             buffer[..data.len()].copy_from_slice(&data);
         }
-        let bursts = self.limits.r2t_bursts(expected, tracker.solicited_from());
-        let solicit = Solicitation::new(command.lun, itt, bursts);
-        let write = SimWrite {
-            task,
-            command,
-            buffer,
-        };
         let collecting = Collecting {
-            write,
+            solicit: command::solicitation(&command, &tracker, &self.limits),
+            write: SimWrite {
+                task,
+                command,
+                buffer,
+            },
             tracker,
-            solicit,
         };
         match self.conns[self.cur].writes.insert(itt, collecting) {
             Inserted::Complete(done) => self.start_write(done),

@@ -7,6 +7,8 @@
 //!
 //! - [`answer`]: a finished command's Data-In, residual and status: in
 //!   its last Data-In (phase collapse) or a SCSI Response of its own.
+//! - [`command`]: where an admitted SCSI Command goes: a Reject, run at
+//!   once, refused once its data is in, or a write collecting its data.
 //! - [`window`]: the CmdSN window of a session (RFC 7143 section 4.2.2.1):
 //!   which commands to deliver, which to drop as duplicates or out of
 //!   window, and the ExpCmdSN/MaxCmdSN every response carries.
@@ -33,6 +35,7 @@
 
 pub mod answer;
 pub mod collect;
+pub mod command;
 pub mod keepalive;
 pub mod logout;
 pub mod orphans;
