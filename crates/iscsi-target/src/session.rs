@@ -136,6 +136,9 @@ impl TaskHandle for Task {
     fn lun(&self) -> u64 {
         self.lun
     }
+    fn cmd_sn(&self) -> CmdSn {
+        self.cmd_sn
+    }
     fn is_done(&self) -> bool {
         Task::is_done(self)
     }
@@ -584,6 +587,12 @@ impl Session {
     /// Live tasks, optionally only those addressed to `lun`.
     pub fn tasks(&self, lun: Option<u64>) -> Vec<Arc<Task>> {
         self.lock().select(lun)
+    }
+
+    /// The tasks a function numbered `before` ends in this session
+    /// (`SessionTasks::before`).
+    pub fn tasks_before(&self, lun: Option<u64>, before: CmdSn) -> Vec<Arc<Task>> {
+        self.lock().before(lun, before)
     }
 
     /// Connections in full feature phase.

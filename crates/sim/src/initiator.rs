@@ -66,6 +66,10 @@ pub struct Initiator {
     commands: BTreeMap<u32, Command>,
     /// ABORT TASKs in flight: their tag, the tag they abort.
     aborts: BTreeMap<u32, u32>,
+    /// The ABORT TASK SET in flight (one at a time, and never beside an
+    /// ABORT TASK: which of the two ends a task is then the target's
+    /// choice): its tag, its CmdSN, when it was sent, its connection.
+    abort_set: Option<(u32, CmdSn, Micros, usize)>,
     /// Commands sent with a tag still in use, and when: each must get a
     /// Reject (Task in progress) within the bound.
     duplicates: BTreeMap<u32, Micros>,
@@ -118,6 +122,8 @@ pub struct Stats {
     pub duplicates: u64,
     /// Malformed commands sent (each rejected).
     pub malformed: u64,
+    /// ABORT TASK SETs sent.
+    pub abort_sets: u64,
     /// ABORT TASKs that reached the target before their command.
     pub aborted_before_arrival: u64,
 }
@@ -133,6 +139,7 @@ impl Stats {
         self.snacks += other.snacks;
         self.duplicates += other.duplicates;
         self.malformed += other.malformed;
+        self.abort_sets += other.abort_sets;
         self.aborted_before_arrival += other.aborted_before_arrival;
     }
 }
@@ -147,6 +154,7 @@ impl Initiator {
             params,
             commands: BTreeMap::new(),
             aborts: BTreeMap::new(),
+            abort_set: None,
             duplicates: BTreeMap::new(),
             malformed: BTreeMap::new(),
             ended: BTreeMap::new(),
@@ -175,6 +183,7 @@ impl Initiator {
             && self.aborts.is_empty()
             && self.duplicates.is_empty()
             && self.malformed.is_empty()
+            && self.abort_set.is_none()
     }
 
     /// A Data-Out reached the target.
@@ -193,6 +202,9 @@ impl Initiator {
             Pdu::ScsiCommand(c) => c.initiator_task_tag,
             Pdu::DataOut(d) => d.initiator_task_tag,
             Pdu::SnackRequest(s) => s.initiator_task_tag,
+            Pdu::TaskManagementRequest(t) if t.function == TaskFunction::AbortTaskSet => {
+                return self.abort_set.map_or(0, |(_, _, _, conn)| conn);
+            }
             Pdu::TaskManagementRequest(t) => {
                 return self
                     .commands
@@ -269,6 +281,13 @@ impl Initiator {
         {
             return Err(format!(
                 "a command sent at {sent} with the tag {itt} of a task in flight was not rejected"
+            ));
+        }
+        if let Some((itt, _, sent, _)) =
+            self.abort_set.filter(|&(_, _, at, _)| now - at > TMF_BOUND)
+        {
+            return Err(format!(
+                "ABORT TASK SET (tag {itt}) sent at {sent} not answered in {TMF_BOUND} us"
             ));
         }
         if let Some((itt, sent)) = self.malformed.iter().find(|&(_, &at)| now - at > TMF_BOUND) {
@@ -368,6 +387,14 @@ impl Initiator {
     }
 
     fn abort_some(&mut self, world: &mut World) {
+        if self.abort_set.is_none()
+            && self.aborts.is_empty()
+            && self.duplicates.is_empty()
+            && !self.commands.is_empty()
+            && world.chance(self.params.p_abort_set)
+        {
+            self.send_abort_set(world);
+        }
         let candidates: Vec<u32> = self
             .commands
             .iter()
@@ -384,6 +411,9 @@ impl Initiator {
     /// ABORT TASK for task `itt`, on any of the session's connections: on
     /// another one than the task's it may overtake the command itself.
     fn send_abort(&mut self, world: &mut World, itt: u32) {
+        if self.abort_set.is_some() {
+            return;
+        }
         if self.duplicates.contains_key(&itt) {
             // Not while a command reusing its tag is on the way: a target
             // that never saw the task (the abort overtook it) would take
@@ -414,6 +444,75 @@ impl Initiator {
             Vec::new(),
             false,
         );
+    }
+
+    /// ABORT TASK SET on LUN 0, immediate, on any connection: it ends every
+    /// task numbered before it that the target has not answered (RFC 7143
+    /// 11.6.2); those sent after it (it takes no CmdSN of its own) go on.
+    /// Not while a command reusing a live tag is on the way (as for ABORT
+    /// TASK: the target could take it for a new command, rightly).
+    fn send_abort_set(&mut self, world: &mut World) {
+        let tmf_itt = self.take_itt();
+        let conn = world.rng_range(0, self.params.connections);
+        self.abort_set = Some((tmf_itt, self.cmd_sn, world.now(), conn));
+        self.stats.abort_sets += 1;
+        let request = TaskManagementRequest {
+            immediate: true,
+            function: TaskFunction::AbortTaskSet,
+            initiator_task_tag: tmf_itt,
+            referenced_task_tag: iscsi_proto::pdu::RESERVED_TAG,
+            cmd_sn: self.cmd_sn,
+            ..TaskManagementRequest::default()
+        };
+        self.send(
+            world,
+            Pdu::TaskManagementRequest(request),
+            Vec::new(),
+            false,
+        );
+    }
+
+    /// The ABORT TASK SET's answer (sent `sent`-th by the target): every
+    /// task numbered before it is over. Those whose status the target sent
+    /// before the answer (on the way on another connection, or held at
+    /// ERL 1 for lost Data-In) end by it; the rest were aborted, and no PDU
+    /// of theirs may follow but what the target sent before the answer.
+    fn abort_set_answered(
+        &mut self,
+        world: &mut World,
+        response: &TaskManagementResponse,
+        sent: u64,
+    ) -> Result<(), Violation> {
+        let Some((_, before, _, _)) = self.abort_set.take() else {
+            return Ok(());
+        };
+        if response.response != TaskResponse::FunctionComplete {
+            return Err(format!("ABORT TASK SET answered {:?}", response.response));
+        }
+        let answered: BTreeSet<u32> = world
+            .to_initiator()
+            .filter(|w| is_status(&w.pdu) && w.sent < sent)
+            .filter_map(|w| task_of(&w.pdu))
+            .collect();
+        let aborted: Vec<u32> = self
+            .commands
+            .iter()
+            .filter(|(itt, c)| c.cmd_sn.lt(before) && c.status.is_none() && !answered.contains(itt))
+            .map(|(&itt, _)| itt)
+            .collect();
+        for itt in aborted {
+            let Some(command) = self.commands.remove(&itt) else {
+                continue;
+            };
+            self.last_ended = world.now();
+            self.stats.aborted += 1;
+            self.ended.insert(itt, "aborted by ABORT TASK SET");
+            self.aborted_at.insert(itt, sent);
+            if let Some((id, _)) = command.write {
+                self.model.aborted(id, command.lba, command.blocks);
+            }
+        }
+        Ok(())
     }
 
     /// Issues one command; false when no range free of conflicts was found.
@@ -883,6 +982,12 @@ impl Initiator {
         response: TaskManagementResponse,
         sent: u64,
     ) -> Result<(), Violation> {
+        if self
+            .abort_set
+            .is_some_and(|(tag, ..)| tag == response.initiator_task_tag)
+        {
+            return self.abort_set_answered(world, &response, sent);
+        }
         let Some(itt) = self.aborts.remove(&response.initiator_task_tag) else {
             return Err(format!(
                 "TMF response for {}, never sent",

@@ -129,14 +129,13 @@ fn drive(
         }
         // A write aborted while collecting data leaves its connection's
         // table at that connection's next PDU (as on the target:
-        // `sweep_aborted_writes`), so one a connection may be there
-        // without its task.
-        let (tasks, collecting, _) = target.held();
+        // `sweep_aborted_writes`); until then it holds its buffer, so
+        // there may be as many as an ABORT TASK SET ended.
+        let held = target.held();
         let bound = params.window as usize + params.queue_depth + 1;
-        if collecting > tasks + params.connections || tasks > bound {
+        if held.collecting > held.tasks || held.tasks > bound || held.aborted_collecting > bound {
             return Err(format!(
-                "target holds {tasks} tasks and {collecting} writes collecting data \
-                 (window {}, queue depth {})",
+                "target holds {held:?} (window {}, queue depth {})",
                 params.window, params.queue_depth
             ));
         }
@@ -148,11 +147,9 @@ fn drive(
         ));
     }
     target.sweep_all();
-    let (tasks, collecting, _) = target.held();
-    if tasks != 0 || collecting != 0 {
-        return Err(format!(
-            "after the run the target still holds {tasks} tasks, {collecting} writes collecting"
-        ));
+    let held = target.held();
+    if held.tasks != 0 || held.collecting + held.aborted_collecting != 0 {
+        return Err(format!("after the run the target still holds {held:?}"));
     }
     // Every block as the store holds it, against the model.
     let store = target.store.clone();

@@ -103,14 +103,15 @@ fn main() -> ExitCode {
     );
     println!(
         "faults: {} digests damaged (Data-Out, immediate data), {} writes failed for them, \
-         {} tasks aborted ({} before their command arrived), {} SNACKs, {} tags reused, {} malformed commands",
+         {} tasks aborted ({} before their command arrived), {} SNACKs, {} tags reused, {} malformed commands, {} ABORT TASK SETs",
         faults.damaged,
         faults.failed_writes,
         faults.aborted,
         faults.aborted_before_arrival,
         faults.snacks,
         faults.duplicates,
-        faults.malformed
+        faults.malformed,
+        faults.abort_sets
     );
     match planted {
         Some(bug) => {

@@ -34,6 +34,8 @@ pub struct Params {
     pub p_damage_data_in: f64,
     /// Chance, per tick, that a task in flight is aborted.
     pub p_abort: f64,
+    /// Chance, per tick, of an ABORT TASK SET.
+    pub p_abort_set: f64,
     /// Chance a command is preceded by one reusing a live tag.
     pub p_duplicate: f64,
     /// Chance a READ is preceded by a malformed one (immediate data with
@@ -81,6 +83,7 @@ impl Params {
             p_abort: pick(rng, &[0.0, 0.0005, 0.005]),
             p_duplicate: pick(rng, &[0.0, 0.01]),
             p_malformed: pick(rng, &[0.0, 0.01]),
+            p_abort_set: pick(rng, &[0.0, 0.0, 0.0005, 0.002]),
         }
     }
 }

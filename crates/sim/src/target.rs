@@ -8,7 +8,7 @@
 //! What is not here: the SCSI layer (a READ(10)/WRITE(10) CDB is decoded
 //! by hand, the store is bytes) and login; those have their own tests.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 
@@ -53,6 +53,7 @@ pub const BLOCK: usize = 512;
 #[derive(Debug)]
 pub struct SimTask {
     itt: u32,
+    cmd_sn: CmdSn,
     /// The connection it is allegiant to: its R2Ts, Data-In and status go
     /// there.
     conn: usize,
@@ -68,6 +69,9 @@ impl TaskHandle for SimTask {
     }
     fn lun(&self) -> u64 {
         0
+    }
+    fn cmd_sn(&self) -> CmdSn {
+        self.cmd_sn
     }
     fn is_done(&self) -> bool {
         self.done.load(Relaxed)
@@ -107,6 +111,20 @@ pub enum Action {
     Execute(u32),
 }
 
+/// What the target holds.
+#[derive(Clone, Copy, Debug)]
+pub struct Held {
+    /// Live tasks.
+    pub tasks: usize,
+    /// Writes collecting data whose task lives.
+    pub collecting: usize,
+    /// Writes collecting data whose task was aborted, until their
+    /// connection's next PDU sweeps them (`sweep_aborted_writes`).
+    pub aborted_collecting: usize,
+    /// Statuses kept for SNACKs.
+    pub retained: usize,
+}
+
 /// What each connection of the session keeps.
 struct Conn {
     writes: Collections<SimWrite, SimFailed>,
@@ -126,9 +144,13 @@ pub struct Target {
     gaps: Gaps,
     limits: Limits,
     executing: BTreeMap<u32, Executing>,
-    /// ABORT TASKs waiting for the task they abort to leave the store,
-    /// with the connection each came on.
-    aborting: Vec<(u32, usize, TaskManagementRequest)>,
+    /// Aborting functions waiting for the tasks they abort to leave the
+    /// store (their tags), with the connection each came on.
+    aborting: Vec<(BTreeSet<u32>, usize, TaskManagementRequest)>,
+    /// ABORT TASK SETs waiting for the commands numbered before them
+    /// still on their way on other connections (`abort_tasks` waits for
+    /// `received_before`), with the connection each came on.
+    sets_waiting: Vec<(usize, TaskManagementRequest)>,
     /// The LUN's bytes.
     pub store: Vec<u8>,
     /// ABORT TASKs that came before the command they abort (another
@@ -159,22 +181,29 @@ impl Target {
             limits,
             executing: BTreeMap::new(),
             aborting: Vec::new(),
+            sets_waiting: Vec::new(),
             store: vec![0; blocks * BLOCK],
             aborted_before_arrival: 0,
             out: Vec::new(),
         }
     }
 
-    /// What the target holds: live tasks, writes collecting data, statuses
-    /// kept for SNACKs (for the memory oracle).
-    pub fn held(&self) -> (usize, usize, usize) {
+    /// What the target holds (for the memory oracle).
+    pub fn held(&self) -> Held {
         let retained = self
             .conns
             .iter()
             .map(|c| c.retained.as_ref().map_or(0, |r| r.size().0))
             .sum();
-        let collecting = self.conns.iter().map(|c| c.writes.collecting()).sum();
-        (self.tasks.len(), collecting, retained)
+        let aborted = |w: &SimWrite| w.task.aborted.load(Relaxed);
+        let collecting: usize = self.conns.iter().map(|c| c.writes.collecting()).sum();
+        let aborted: usize = self.conns.iter().map(|c| c.writes.count(aborted)).sum();
+        Held {
+            tasks: self.tasks.len(),
+            collecting: collecting - aborted,
+            aborted_collecting: aborted,
+            retained,
+        }
     }
 
     /// Sweeps every connection's aborted writes, as each connection's next
@@ -208,6 +237,7 @@ impl Target {
             Pdu::TaskManagementRequest(request) => self.task_management(request),
             other => self.reject(&other, RejectReason::CommandNotSupported),
         }
+        self.start_sets_received_before();
         std::mem::take(&mut self.out)
     }
 
@@ -221,8 +251,13 @@ impl Target {
             } else {
                 self.complete(run);
             }
-            let (done, waiting): (Vec<_>, Vec<_>) =
-                self.aborting.drain(..).partition(|(i, _, _)| *i == itt);
+            for (tags, _, _) in &mut self.aborting {
+                tags.remove(&itt);
+            }
+            let (done, waiting): (Vec<_>, Vec<_>) = self
+                .aborting
+                .drain(..)
+                .partition(|(tags, _, _)| tags.is_empty());
             self.aborting = waiting;
             for (_, conn, request) in done {
                 self.cur = conn;
@@ -282,6 +317,7 @@ impl Target {
         }
         let task = Arc::new(SimTask {
             itt,
+            cmd_sn: command.cmd_sn,
             conn: self.cur,
             windowed: arriving.windowed(),
             done: AtomicBool::new(false),
@@ -597,10 +633,14 @@ impl Target {
         }
     }
 
-    /// ABORT TASK (the only function the simulated initiator sends): as
-    /// `connection/task_management.rs` does it, the response waits for a
-    /// task at the store to leave it.
+    /// ABORT TASK and ABORT TASK SET (the functions the simulated
+    /// initiator sends): as `connection/task_management.rs` does them, the
+    /// response waits for a task at the store to leave it.
     fn task_management(&mut self, request: TaskManagementRequest) {
+        if request.function == TaskFunction::AbortTaskSet {
+            self.sets_waiting.push((self.cur, request));
+            return;
+        }
         if request.function != TaskFunction::AbortTask {
             return self.tmf_response(&request, TaskResponse::FunctionNotSupported);
         }
@@ -621,13 +661,43 @@ impl Target {
         if task.done.load(Relaxed) {
             return self.tmf_response(&request, TaskResponse::TaskDoesNotExist);
         }
-        task.aborted.store(true, Relaxed);
-        if task.executing.load(Relaxed) {
-            self.aborting.push((task.itt, self.cur, request));
-            return;
+        self.abort_tasks(vec![task], request);
+    }
+
+    /// Starts each ABORT TASK SET whose commands numbered before it have
+    /// all arrived (`Session::received_before`; in the simulation none is
+    /// lost, so the driver's bounded wait never runs out).
+    fn start_sets_received_before(&mut self) {
+        while let Some(at) = self
+            .sets_waiting
+            .iter()
+            .position(|(_, r)| self.tasks.window().received_before(r.cmd_sn))
+        {
+            let (conn, request) = self.sets_waiting.remove(at);
+            self.cur = conn;
+            let lun = Some(request.lun.0);
+            let tasks = self.tasks.before(lun, request.cmd_sn);
+            self.abort_tasks(tasks, request);
         }
-        self.finish(&task);
-        self.tmf_response(&request, TaskResponse::FunctionComplete);
+    }
+
+    /// Aborts `tasks` for `request` (`abort_tasks`): each ends without a
+    /// status; the function is answered once those at the store have left
+    /// it.
+    fn abort_tasks(&mut self, tasks: Vec<Arc<SimTask>>, request: TaskManagementRequest) {
+        let mut executing = BTreeSet::new();
+        for task in tasks.into_iter().filter(|t| !t.done.load(Relaxed)) {
+            task.aborted.store(true, Relaxed);
+            if task.executing.load(Relaxed) {
+                executing.insert(task.itt);
+            } else {
+                self.finish(&task);
+            }
+        }
+        if executing.is_empty() {
+            return self.tmf_response(&request, TaskResponse::FunctionComplete);
+        }
+        self.aborting.push((executing, self.cur, request));
     }
 
     fn tmf_response(&mut self, request: &TaskManagementRequest, response: TaskResponse) {

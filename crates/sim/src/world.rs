@@ -137,6 +137,15 @@ impl World {
         self.at(after, event);
     }
 
+    /// The PDUs on their way to the initiator (an oracle may ask what the
+    /// target had sent before something it did).
+    pub fn to_initiator(&self) -> impl Iterator<Item = &Wire> {
+        self.events.values().filter_map(|event| match event {
+            Event::ToInitiator(wire) => Some(wire),
+            _ => None,
+        })
+    }
+
     /// The next event, the clock moved to its time.
     pub fn pop(&mut self) -> Option<Event> {
         let Reverse((time, seq)) = self.queue.pop()?;

@@ -115,7 +115,12 @@ impl<D: Payload> Answer<D> {
         } else {
             0
         };
-        let data_in = data_in.slice(0..sent);
+        // (Cut only when there is more than is sent: slicing a gather of
+        // shared pieces allocates.)
+        let data_in = match data_in.len() == sent {
+            true => data_in,
+            false => data_in.slice(0..sent),
+        };
         let itt = command.initiator_task_tag;
         if !retains && outcome.status == GOOD && outcome.sense.is_none() && sent > 0 {
             return Answer::Collapsed(Collapsed {

@@ -155,6 +155,12 @@ impl<W, F> Collections<W, F> {
         self.collecting.len()
     }
 
+    /// How many writes collecting data `which` picks (say, those whose
+    /// task was aborted and that wait to be swept).
+    pub fn count(&self, which: impl Fn(&W) -> bool) -> usize {
+        self.collecting.values().filter(|c| which(&c.write)).count()
+    }
+
     /// The R2Ts write `itt` may send now: while fewer than `limit` await
     /// data (RFC 7143 11.8, 13.17).
     pub fn next_r2ts(

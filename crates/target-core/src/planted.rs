@@ -32,11 +32,14 @@ pub enum Bug {
     /// A read's status rides on its first Data-In instead of its last
     /// (phase collapse, RFC 7143 11.7.3): the task ends before its data.
     StatusBeforeLastDataIn = 7,
+    /// ABORT TASK SET also ends the command numbered as the function
+    /// itself: one the initiator sent after it, and waits for.
+    AbortSetTakesALaterCommand = 8,
 }
 
 impl Bug {
     /// Every planted bug, by the name `scripts/sim --bug` takes.
-    pub const ALL: [(Bug, &'static str); 7] = [
+    pub const ALL: [(Bug, &'static str); 8] = [
         (Bug::DuplicateTagAccepted, "duplicate-tag-accepted"),
         (Bug::StatusBeforeLastDataOut, "status-before-last-data-out"),
         (Bug::WriteBeforeAllData, "write-before-all-data"),
@@ -44,6 +47,10 @@ impl Bug {
         (Bug::AbortLeavesWriteRunning, "abort-leaves-write-running"),
         (Bug::StatSnNotAdvanced, "stat-sn-not-advanced"),
         (Bug::StatusBeforeLastDataIn, "status-before-last-data-in"),
+        (
+            Bug::AbortSetTakesALaterCommand,
+            "abort-set-takes-a-later-command",
+        ),
     ];
 
     /// The bug named `name`.

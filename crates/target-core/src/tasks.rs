@@ -26,6 +26,8 @@ pub trait TaskHandle {
     fn itt(&self) -> u32;
     /// The LUN field of its command.
     fn lun(&self) -> u64;
+    /// Its CmdSN (an immediate command's too).
+    fn cmd_sn(&self) -> CmdSn;
     /// Whether the task is over (its tag may be used again).
     fn is_done(&self) -> bool;
 }
@@ -179,13 +181,31 @@ impl<T: TaskHandle> SessionTasks<T> {
         self.tasks.is_empty()
     }
 
-    /// The tasks in the table, optionally only those addressed to `lun`.
+    /// The tasks in the table, optionally only those addressed to `lun`,
+    /// in tag order (so that a simulator's run replays exactly).
     pub fn select(&self, lun: Option<u64>) -> Vec<Arc<T>> {
-        self.tasks
+        let mut selected: Vec<Arc<T>> = self
+            .tasks
             .values()
             .filter(|t| lun.is_none_or(|l| t.lun() == l))
             .cloned()
-            .collect()
+            .collect();
+        selected.sort_by_key(|t| t.itt());
+        selected
+    }
+
+    /// The tasks an ABORT TASK SET, CLEAR TASK SET or LOGICAL UNIT RESET
+    /// numbered `before` ends in its own session (RFC 7143 11.6.2): those
+    /// on `lun` (or all) whose commands were numbered before it. Those
+    /// that came after it are not its to abort: the initiator counts them
+    /// as sent after the function and waits for their status. (The driver
+    /// first waits, bounded, for [`CommandWindow::received_before`]: a
+    /// command numbered before it may still be on another connection.)
+    pub fn before(&self, lun: Option<u64>, before: CmdSn) -> Vec<Arc<T>> {
+        let mut selected = self.select(lun);
+        let later_too = planted::active(Bug::AbortSetTakesALaterCommand);
+        selected.retain(|t| t.cmd_sn().lt(before) || (later_too && t.cmd_sn() == before));
+        selected
     }
 }
 
@@ -197,11 +217,15 @@ mod tests {
 
     /// A task as a driver's would be: a tag, a LUN, a done flag.
     #[derive(Debug)]
-    struct Handle(u32, u64, AtomicBool);
+    struct Handle(u32, u64, AtomicBool, CmdSn);
 
     impl Handle {
         fn new(itt: u32, lun: u64) -> Arc<Self> {
-            Arc::new(Handle(itt, lun, AtomicBool::new(false)))
+            Self::numbered(itt, lun, itt)
+        }
+
+        fn numbered(itt: u32, lun: u64, cmd_sn: u32) -> Arc<Self> {
+            Arc::new(Handle(itt, lun, AtomicBool::new(false), CmdSn::new(cmd_sn)))
         }
     }
 
@@ -211,6 +235,9 @@ mod tests {
         }
         fn lun(&self) -> u64 {
             self.1
+        }
+        fn cmd_sn(&self) -> CmdSn {
+            self.3
         }
         fn is_done(&self) -> bool {
             self.2.load(Ordering::Relaxed)
@@ -313,9 +340,19 @@ mod tests {
             tasks.register(Handle::new(itt, lun), true);
         }
         assert_eq!(tasks.window().outstanding(), 3);
-        let mut on_one: Vec<u32> = tasks.select(Some(1)).iter().map(|t| t.itt()).collect();
-        on_one.sort_unstable();
+        let on_one: Vec<u32> = tasks.select(Some(1)).iter().map(|t| t.itt()).collect();
         assert_eq!(on_one, [2, 3]);
+        // ABORT TASK SET numbered 3 on LUN 1 ends the task numbered 2
+        // only; one numbered 4 ends both.
+        let ended = |before| -> Vec<u32> {
+            tasks
+                .before(Some(1), CmdSn::new(before))
+                .iter()
+                .map(|t| t.itt())
+                .collect()
+        };
+        assert_eq!(ended(3), [2]);
+        assert_eq!(ended(4), [2, 3]);
         assert_eq!(tasks.select(None).len(), 3);
         // A NOP-Out consumes its CmdSN and holds nothing.
         let nop = Arriving {

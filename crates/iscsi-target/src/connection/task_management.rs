@@ -278,9 +278,8 @@ pub(super) async fn abort_tasks(
     }
     let mut waiting = Vec::new();
     let own = session
-        .tasks(lun)
+        .tasks_before(lun, before)
         .into_iter()
-        .filter(|task| task.cmd_sn.lt(before))
         .map(|task| (session, task));
     let theirs = others
         .iter()
