@@ -46,9 +46,45 @@ pub struct SessionUse {
 #[derive(Default)]
 pub(crate) struct Registry {
     sessions: Mutex<HashMap<u16, Arc<Session>>>,
+    /// Sessions that ended while some of their tasks were still at the
+    /// store (a write on the blocking pool cannot be called back): kept
+    /// until those are over, so that a new login of the same I_T nexus
+    /// waits for them ([`Registry::of_nexus`]).
+    draining: Mutex<Vec<Arc<Session>>>,
 }
 
 impl Registry {
+    /// Keeps an ended `session` while any of its tasks is still running.
+    pub fn drain(&self, session: &Arc<Session>) {
+        let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        draining.retain(|s| s.has_live_tasks());
+        if session.has_live_tasks() && !draining.iter().any(|s| Arc::ptr_eq(s, session)) {
+            draining.push(Arc::clone(session));
+        }
+    }
+
+    /// The sessions of the I_T nexus of `initiator`, `isid` and `target`:
+    /// the running one a new leading login reinstates, and any that ended
+    /// with tasks still running. Their writes must be over before the new
+    /// session's run, or one of them could land after a write the new
+    /// session had acknowledged.
+    pub fn of_nexus(
+        &self,
+        initiator: &str,
+        isid: [u8; 6],
+        target: Option<&str>,
+    ) -> Vec<Arc<Session>> {
+        let same = |s: &Arc<Session>| {
+            s.initiator_name == initiator && s.isid == isid && s.target_name.as_deref() == target
+        };
+        let mut found: Vec<Arc<Session>> =
+            self.lock().values().filter(|s| same(s)).cloned().collect();
+        let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        draining.retain(|s| s.has_live_tasks());
+        found.extend(draining.iter().filter(|s| same(s)).cloned());
+        found
+    }
+
     /// The session with this TSIH.
     pub fn get(&self, tsih: u16) -> Option<Arc<Session>> {
         self.lock().get(&tsih).cloned()

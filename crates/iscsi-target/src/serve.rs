@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use iscsi_datamover::tap::Tap;
 use iscsi_datamover::{Datamover, DatamoverError, PduReceiver, PduSender};
-use iscsi_proto::login::target::{LoginComplete, LoginOutcome, TargetLogin};
+use iscsi_proto::login::target::{LoginComplete, LoginOutcome, SessionRequest, TargetLogin};
 use iscsi_proto::pdu::{Digests, Header, LoginRequest, LoginResponse, Pdu};
 use iscsi_proto::serial::{CmdSn, StatSn};
 use iscsi_proto::state::{
@@ -18,7 +18,7 @@ use iscsi_proto::state::{
 };
 use iscsi_proto::text::{Digest, SessionType};
 use iscsi_proto::transfer::Limits;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::connection::Connection;
 use crate::metrics::LoginResult;
@@ -104,6 +104,16 @@ pub(crate) async fn serve_connection(
         header: params.header_digest == Digest::Crc32c,
         data: params.data_digest == Digest::Crc32c,
     };
+    if complete.leading && !quiesce_nexus(&shared, &complete.request).await {
+        if let Some(mut leading) = leading {
+            record(
+                &mut leading,
+                SessionEvent::LeadingLoginFailed,
+                "leading login",
+            );
+        }
+        return Ok(());
+    }
     let config = shared.config();
     let session = if complete.leading {
         let scsi = complete
@@ -275,6 +285,40 @@ pub(crate) async fn serve_connection(
 /// Ends a session whose last connection is gone: its tasks and what failed
 /// connections left end, it leaves the registry, and the SCSI layer
 /// forgets its nexus (unless a reinstatement already replaced it there).
+/// How long a leading login waits for the tasks of an earlier session of
+/// its I_T nexus to leave the store (`quiesce_nexus`).
+const QUIESCE_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Before a leading login's session runs: every task of an earlier session
+/// of the same I_T nexus (the one it reinstates, RFC 7143 6.3.5, or one
+/// that failed a moment ago) is aborted and over. A write of the old
+/// session still at the store would otherwise land after the initiator
+/// had written the same blocks again through the new one (it retries what
+/// the old session never answered), and put old data over new. False when
+/// they are not over within [`QUIESCE_BOUND`] (a store that hangs): the
+/// connection then closes unanswered and the initiator tries again later,
+/// rather than write beside them.
+async fn quiesce_nexus(shared: &Shared, request: &SessionRequest) -> bool {
+    let earlier = shared.sessions.of_nexus(
+        &request.initiator_name,
+        request.isid,
+        request.target_name.as_deref(),
+    );
+    let deadline = tokio::time::Instant::now() + QUIESCE_BOUND;
+    for old in &earlier {
+        if !old.abort_all_and_wait(deadline).await {
+            warn!(
+                tsih = old.tsih,
+                initiator = %request.initiator_name,
+                "a login waits for the tasks of an earlier session at the store: \
+                 still running after {QUIESCE_BOUND:?}; connection closed"
+            );
+            return false;
+        }
+    }
+    true
+}
+
 fn end_session(shared: &Shared, session: &Arc<Session>) {
     session.abort_all();
     for orphan in session.orphans.drain() {
@@ -287,6 +331,7 @@ fn end_session(shared: &Shared, session: &Arc<Session>) {
         .get(session.tsih)
         .is_some_and(|s| Arc::ptr_eq(&s, session));
     shared.sessions.remove(session);
+    shared.sessions.drain(session);
     if let (true, Some(scsi)) = (registered, &session.scsi) {
         scsi.nexus_lost(&session.nexus);
     }

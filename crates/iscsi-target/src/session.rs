@@ -621,6 +621,27 @@ impl Session {
     }
 
     /// Aborts every live task (the session is going away).
+    /// Whether any task of the session is not over (one aborted while at
+    /// the store is over only when the store lets go of it).
+    pub(crate) fn has_live_tasks(&self) -> bool {
+        self.tasks(None).iter().any(|t| !t.is_done())
+    }
+
+    /// Ends every task (as `abort_all`) and waits until each is over, at
+    /// most until `deadline`; whether all are.
+    pub(crate) async fn abort_all_and_wait(&self, deadline: tokio::time::Instant) -> bool {
+        self.abort_all();
+        for task in self.tasks(None) {
+            if tokio::time::timeout_at(deadline, task.wait())
+                .await
+                .is_err()
+            {
+                return false;
+            }
+        }
+        true
+    }
+
     pub(crate) fn abort_all(&self) {
         for task in self.tasks(None) {
             self.abort(&task);
