@@ -624,7 +624,7 @@ impl Session {
     /// Whether any task of the session is not over (one aborted while at
     /// the store is over only when the store lets go of it).
     pub(crate) fn has_live_tasks(&self) -> bool {
-        self.tasks(None).iter().any(|t| !t.is_done())
+        !self.lock().quiesced()
     }
 
     /// Ends every task (as `abort_all`) and waits until each is over, at
@@ -639,7 +639,7 @@ impl Session {
                 return false;
             }
         }
-        true
+        !self.has_live_tasks()
     }
 
     pub(crate) fn abort_all(&self) {

@@ -96,6 +96,11 @@ pub struct Initiator {
     issued: usize,
     next_write: WriteId,
     last_ended: Micros,
+    /// Every connection was lost: waiting for the login of a new session
+    /// (the target answers it once the old session's tasks are over).
+    pub logging_in: bool,
+    /// The tick decided to lose the session (the run carries it out).
+    lose_session: bool,
     /// What each block of the LUN may hold.
     pub model: Model,
     /// What the run did.
@@ -124,6 +129,8 @@ pub struct Stats {
     pub malformed: u64,
     /// ABORT TASK SETs sent.
     pub abort_sets: u64,
+    /// Sessions lost with every connection.
+    pub session_losses: u64,
     /// ABORT TASKs that reached the target before their command.
     pub aborted_before_arrival: u64,
 }
@@ -140,6 +147,7 @@ impl Stats {
         self.duplicates += other.duplicates;
         self.malformed += other.malformed;
         self.abort_sets += other.abort_sets;
+        self.session_losses += other.session_losses;
         self.aborted_before_arrival += other.aborted_before_arrival;
     }
 }
@@ -172,6 +180,8 @@ impl Initiator {
             next_write: 1,
             last_ended: 0,
             stats: Stats::default(),
+            logging_in: false,
+            lose_session: false,
         }
     }
 
@@ -184,6 +194,7 @@ impl Initiator {
             && self.duplicates.is_empty()
             && self.malformed.is_empty()
             && self.abort_set.is_none()
+            && !self.logging_in
     }
 
     /// A Data-Out reached the target.
@@ -300,6 +311,13 @@ impl Initiator {
             return Err(format!(
                 "hung: no task ended for {STALL} us; tasks {tags:?} never answered"
             ));
+        }
+        if self.logging_in {
+            return Ok(());
+        }
+        if !self.commands.is_empty() && world.chance(self.params.p_session_loss) {
+            self.lose_session = true;
+            return Ok(());
         }
         self.ask_again(world);
         self.abort_some(world);
@@ -513,6 +531,50 @@ impl Initiator {
             }
         }
         Ok(())
+    }
+
+    /// Whether this tick decided that every connection is lost now.
+    pub fn take_session_loss(&mut self) -> bool {
+        std::mem::take(&mut self.lose_session)
+    }
+
+    /// Every connection is gone (the PDUs on them too): the session is
+    /// over below ERL 2. Every task in flight ends unanswered: a write may
+    /// or may not have landed, and is sent again (a new write of the same
+    /// blocks, as a SCSI layer retries one) once a new session is logged
+    /// in; a read is dropped.
+    pub fn session_lost(&mut self, world: &mut World) {
+        world.note(|| "-- every connection lost: the session is over".to_string());
+        self.stats.session_losses += 1;
+        for (itt, command) in std::mem::take(&mut self.commands) {
+            self.ended.insert(itt, "lost with its session");
+            if let Some((id, _)) = command.write {
+                self.model.aborted(id, command.lba, command.blocks);
+                self.retries.push((command.lba, command.blocks));
+            }
+        }
+        self.aborts.clear();
+        self.abort_set = None;
+        self.duplicates.clear();
+        self.malformed.clear();
+        self.data_out_in_flight.clear();
+        self.logging_in = true;
+        self.last_ended = world.now();
+    }
+
+    /// A new session of the same nexus is logged in: sequence numbers start
+    /// again, its window opens as the first one's did.
+    pub fn logged_in(&mut self, world: &mut World) {
+        world.note(|| "-- a new session logged in".to_string());
+        let connections = self.params.connections;
+        self.cmd_sn = CmdSn::new(1);
+        self.max_cmd_sn = CmdSn::new(1);
+        self.stat_sns = (0..connections)
+            .map(|_| StatSns::new(StatSn::new(1)))
+            .collect();
+        self.next_stat_sn = vec![StatSn::new(1); connections];
+        self.logging_in = false;
+        self.last_ended = world.now();
     }
 
     /// Issues one command; false when no range free of conflicts was found.

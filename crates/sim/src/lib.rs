@@ -64,15 +64,15 @@ pub fn run(seed: u64, verbose: bool) -> Result<Summary, Box<Failure>> {
     let mut world = World::new(seed);
     world.verbose = verbose;
     let params = Params::draw(&mut world.rng);
-    let mut target = Target::new(
-        params.limits,
-        params.window,
-        params.blocks,
-        params.connections,
-    );
+    let store = target::store(params.blocks);
+    let mut sessions = Sessions {
+        current: new_session(&params, &store),
+        ended: Vec::new(),
+        store,
+    };
     let mut initiator = Initiator::new(params.clone());
-    let result = drive(&mut world, &mut target, &mut initiator, &params);
-    initiator.stats.aborted_before_arrival = target.aborted_before_arrival;
+    let result = drive(&mut world, &mut sessions, &mut initiator, &params);
+    initiator.stats.aborted_before_arrival = sessions.aborted_before_arrival();
     match result {
         Ok(()) => Ok(Summary {
             params,
@@ -91,14 +91,73 @@ pub fn run(seed: u64, verbose: bool) -> Result<Summary, Box<Failure>> {
     }
 }
 
+/// The target's sessions of the run's one I_T nexus: the one logged in,
+/// and those lost whose commands are still at the store.
+struct Sessions {
+    current: Target,
+    ended: Vec<Target>,
+    store: target::Store,
+}
+
+impl Sessions {
+    fn aborted_before_arrival(&self) -> u64 {
+        self.ended
+            .iter()
+            .chain([&self.current])
+            .map(|t| t.aborted_before_arrival)
+            .sum()
+    }
+
+    /// Every connection is lost: the session ends, a new one waits for
+    /// the initiator's login.
+    fn lose(&mut self, params: &Params) {
+        let mut lost = std::mem::replace(&mut self.current, new_session(params, &self.store));
+        lost.lose();
+        let before = lost.aborted_before_arrival;
+        lost.aborted_before_arrival = 0;
+        self.current.aborted_before_arrival = before;
+        self.ended.push(lost);
+    }
+
+    /// The store finished `itt`: of the current session, or of a lost one
+    /// (whose answer has nowhere to go).
+    fn store_done(&mut self, itt: u32) -> Vec<Action> {
+        if let Some(lost) = self.ended.iter_mut().find(|t| t.executing(itt)) {
+            lost.store_done(itt);
+            return Vec::new();
+        }
+        self.current.store_done(itt)
+    }
+
+    /// Whether a login of the nexus may be answered: the sessions before
+    /// it are over (`quiesce_nexus`); those that are leave.
+    fn login_may_proceed(&mut self) -> bool {
+        // (A lost session stays while the store holds any of its commands,
+        // whatever the core says: their writes land when they land.)
+        self.ended.retain(|t| t.at_store() > 0);
+        self.ended.iter().all(Target::quiesced)
+    }
+}
+
+/// A session of `params`' negotiation over `store`.
+fn new_session(params: &Params, store: &target::Store) -> Target {
+    Target::new(
+        params.limits,
+        params.window,
+        std::rc::Rc::clone(store),
+        params.connections,
+    )
+}
+
 fn drive(
     world: &mut World,
-    target: &mut Target,
+    sessions: &mut Sessions,
     initiator: &mut Initiator,
     params: &Params,
 ) -> Result<(), Violation> {
     world.at(0, Event::Tick);
     while let Some(event) = world.pop() {
+        let target = &mut sessions.current;
         let actions = match event {
             Event::ToTarget(wire) => {
                 if matches!(wire.pdu, iscsi_proto::pdu::Pdu::DataOut(_)) {
@@ -110,15 +169,24 @@ fn drive(
                 initiator.receive(world, wire)?;
                 Vec::new()
             }
-            Event::StoreDone(itt) => target.store_done(itt),
+            Event::StoreDone(itt) => sessions.store_done(itt),
             Event::Tick => {
                 initiator.tick(world)?;
+                if initiator.take_session_loss() {
+                    world.cut_links();
+                    initiator.session_lost(world);
+                    sessions.lose(params);
+                }
                 if !initiator.finished() {
                     world.at(TICK, Event::Tick);
                 }
                 Vec::new()
             }
         };
+        if initiator.logging_in && sessions.login_may_proceed() {
+            initiator.logged_in(world);
+        }
+        let target = &mut sessions.current;
         apply(world, params, actions);
         if world.now() > RUN_BOUND {
             return Err(format!(
@@ -146,13 +214,17 @@ fn drive(
             initiator.in_flight()
         ));
     }
+    if !sessions.login_may_proceed() || !sessions.ended.is_empty() {
+        return Err("a lost session still has tasks after the run".to_string());
+    }
+    let target = &mut sessions.current;
     target.sweep_all();
     let held = target.held();
     if held.tasks != 0 || held.collecting + held.aborted_collecting != 0 {
         return Err(format!("after the run the target still holds {held:?}"));
     }
     // Every block as the store holds it, against the model.
-    let store = target.store.clone();
+    let store = sessions.store.borrow().clone();
     initiator
         .model
         .read(0, &store)

@@ -103,7 +103,7 @@ fn main() -> ExitCode {
     );
     println!(
         "faults: {} digests damaged (Data-Out, immediate data), {} writes failed for them, \
-         {} tasks aborted ({} before their command arrived), {} SNACKs, {} tags reused, {} malformed commands, {} ABORT TASK SETs",
+         {} tasks aborted ({} before their command arrived), {} SNACKs, {} tags reused, {} malformed commands, {} ABORT TASK SETs, {} sessions lost",
         faults.damaged,
         faults.failed_writes,
         faults.aborted,
@@ -111,7 +111,8 @@ fn main() -> ExitCode {
         faults.snacks,
         faults.duplicates,
         faults.malformed,
-        faults.abort_sets
+        faults.abort_sets,
+        faults.session_losses
     );
     match planted {
         Some(bug) => {

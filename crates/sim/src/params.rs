@@ -36,6 +36,10 @@ pub struct Params {
     pub p_abort: f64,
     /// Chance, per tick, of an ABORT TASK SET.
     pub p_abort_set: f64,
+    /// Chance, per tick, that every connection of the session is lost
+    /// (the initiator logs in again, a new session of the same nexus, and
+    /// sends again the writes never answered).
+    pub p_session_loss: f64,
     /// Chance a command is preceded by one reusing a live tag.
     pub p_duplicate: f64,
     /// Chance a READ is preceded by a malformed one (immediate data with
@@ -84,6 +88,7 @@ impl Params {
             p_duplicate: pick(rng, &[0.0, 0.01]),
             p_malformed: pick(rng, &[0.0, 0.01]),
             p_abort_set: pick(rng, &[0.0, 0.0, 0.0005, 0.002]),
+            p_session_loss: pick(rng, &[0.0, 0.0, 0.0002, 0.001]),
         }
     }
 }

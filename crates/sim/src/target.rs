@@ -111,6 +111,14 @@ pub enum Action {
     Execute(u32),
 }
 
+/// The LUN's bytes, shared by every session of the run.
+pub type Store = std::rc::Rc<std::cell::RefCell<Vec<u8>>>;
+
+/// A LUN of `blocks` zeroed blocks.
+pub fn store(blocks: usize) -> Store {
+    std::rc::Rc::new(std::cell::RefCell::new(vec![0; blocks * BLOCK]))
+}
+
 /// What the target holds.
 #[derive(Clone, Copy, Debug)]
 pub struct Held {
@@ -151,8 +159,9 @@ pub struct Target {
     /// still on their way on other connections (`abort_tasks` waits for
     /// `received_before`), with the connection each came on.
     sets_waiting: Vec<(usize, TaskManagementRequest)>,
-    /// The LUN's bytes.
-    pub store: Vec<u8>,
+    /// The LUN's bytes, shared with the sessions before and after this one
+    /// (a write of a lost session may still land).
+    pub store: Store,
     /// ABORT TASKs that came before the command they abort (another
     /// connection overtook it): its CmdSN was taken as received.
     pub aborted_before_arrival: u64,
@@ -162,7 +171,7 @@ pub struct Target {
 impl Target {
     /// A session of `connections` connections logged in with `limits`, a
     /// command window of `window` and a LUN of `blocks` zeroed blocks.
-    pub fn new(limits: Limits, window: u32, blocks: usize, connections: usize) -> Self {
+    pub fn new(limits: Limits, window: u32, store: Store, connections: usize) -> Self {
         let conn = || Conn {
             writes: Collections::default(),
             tags: TransferTags::default(),
@@ -182,7 +191,7 @@ impl Target {
             executing: BTreeMap::new(),
             aborting: Vec::new(),
             sets_waiting: Vec::new(),
-            store: vec![0; blocks * BLOCK],
+            store,
             aborted_before_arrival: 0,
             out: Vec::new(),
         }
@@ -204,6 +213,40 @@ impl Target {
             aborted_collecting: aborted,
             retained,
         }
+    }
+
+    /// Every connection of the session is gone (below ERL 2 the session
+    /// ends with them): every task is aborted, as `end_session` does; those
+    /// at the store end when it lets go of them, and nothing more is sent.
+    pub fn lose(&mut self) {
+        for task in self.tasks.select(None) {
+            task.aborted.store(true, Relaxed);
+            if !task.executing.load(Relaxed) {
+                self.finish(&task);
+            }
+        }
+        for conn in &mut self.conns {
+            conn.writes.take_all();
+            conn.writes.take_draining();
+        }
+        self.aborting.clear();
+        self.sets_waiting.clear();
+    }
+
+    /// Whether every task of the session is over: a new session of its
+    /// nexus may run (`quiesce_nexus`, the core's `SessionTasks::quiesced`).
+    pub fn quiesced(&self) -> bool {
+        self.tasks.quiesced()
+    }
+
+    /// How many commands of the session are at the store.
+    pub fn at_store(&self) -> usize {
+        self.executing.len()
+    }
+
+    /// Whether the command with this tag is at the store.
+    pub fn executing(&self, itt: u32) -> bool {
+        self.executing.contains_key(&itt)
     }
 
     /// Sweeps every connection's aborted writes, as each connection's next
@@ -246,11 +289,7 @@ impl Target {
         if let Some(run) = self.executing.remove(&itt) {
             self.cur = run.task.conn;
             run.task.executing.store(false, Relaxed);
-            if run.task.aborted.load(Relaxed) {
-                self.finish(&run.task);
-            } else {
-                self.complete(run);
-            }
+            self.complete(run);
             for (tags, _, _) in &mut self.aborting {
                 tags.remove(&itt);
             }
@@ -511,12 +550,15 @@ impl Target {
         self.out.push(Action::Execute(itt));
     }
 
-    /// A command leaves the store: the write's data is stored, the read's
-    /// read, and the status goes out.
+    /// A command leaves the store: the write's data is stored (aborted or
+    /// not), the read's read, and the status goes out unless it was
+    /// aborted.
     fn complete(&mut self, run: Executing) {
         let (lba, blocks) = lba_blocks(&run.command.cdb);
         let range = lba * BLOCK..(lba + blocks) * BLOCK;
-        if range.end > self.store.len() {
+        let mut store = self.store.borrow_mut();
+        if range.end > store.len() {
+            drop(store);
             return self.answer_failed(SimFailed {
                 task: run.task,
                 command: run.command,
@@ -525,11 +567,17 @@ impl Target {
         }
         let data_in = if run.command.write {
             let len = run.data.len().min(range.len());
-            self.store[range.start..range.start + len].copy_from_slice(&run.data[..len]);
+            store[range.start..range.start + len].copy_from_slice(&run.data[..len]);
             Vec::new()
         } else {
-            self.store[range].to_vec()
+            store[range].to_vec()
         };
+        drop(store);
+        if run.task.aborted.load(Relaxed) {
+            // The store did its work (a write landed: nothing calls it
+            // back); the task ends unanswered.
+            return self.finish(&run.task);
+        }
         let good = Outcome {
             status: GOOD,
             sense: None,

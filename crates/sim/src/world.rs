@@ -148,15 +148,27 @@ impl World {
 
     /// The next event, the clock moved to its time.
     pub fn pop(&mut self) -> Option<Event> {
-        let Reverse((time, seq)) = self.queue.pop()?;
-        self.now = time;
-        self.events_run += 1;
-        self.events.remove(&seq)
+        loop {
+            let Reverse((time, seq)) = self.queue.pop()?;
+            // (Events on a link that was cut are gone.)
+            if let Some(event) = self.events.remove(&seq) {
+                self.now = time;
+                self.events_run += 1;
+                return Some(event);
+            }
+        }
+    }
+
+    /// Every connection is cut: the PDUs on their way either way are lost
+    /// (the store's work goes on).
+    pub fn cut_links(&mut self) {
+        self.events
+            .retain(|_, event| !matches!(event, Event::ToTarget(_) | Event::ToInitiator(_)));
     }
 
     /// Whether nothing is scheduled.
     pub fn idle(&self) -> bool {
-        self.queue.is_empty()
+        self.events.is_empty()
     }
 
     /// Notes a line of the trace.

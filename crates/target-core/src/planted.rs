@@ -35,11 +35,14 @@ pub enum Bug {
     /// ABORT TASK SET also ends the command numbered as the function
     /// itself: one the initiator sent after it, and waits for.
     AbortSetTakesALaterCommand = 8,
+    /// A new session of an I_T nexus runs while a write of the session it
+    /// replaces is still at the store.
+    NewSessionBesideOldWrites = 9,
 }
 
 impl Bug {
     /// Every planted bug, by the name `scripts/sim --bug` takes.
-    pub const ALL: [(Bug, &'static str); 8] = [
+    pub const ALL: [(Bug, &'static str); 9] = [
         (Bug::DuplicateTagAccepted, "duplicate-tag-accepted"),
         (Bug::StatusBeforeLastDataOut, "status-before-last-data-out"),
         (Bug::WriteBeforeAllData, "write-before-all-data"),
@@ -50,6 +53,10 @@ impl Bug {
         (
             Bug::AbortSetTakesALaterCommand,
             "abort-set-takes-a-later-command",
+        ),
+        (
+            Bug::NewSessionBesideOldWrites,
+            "new-session-beside-old-writes",
         ),
     ];
 

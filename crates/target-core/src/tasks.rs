@@ -181,6 +181,16 @@ impl<T: TaskHandle> SessionTasks<T> {
         self.tasks.is_empty()
     }
 
+    /// Whether every task is over: for a session that ended (or is being
+    /// reinstated, RFC 7143 6.3.5), whether a new session of its I_T
+    /// nexus may run. One of its writes still at the store would land
+    /// after the initiator wrote the same blocks again through the new
+    /// session (it retries what the old one never answered): old data
+    /// over acknowledged new data.
+    pub fn quiesced(&self) -> bool {
+        planted::active(Bug::NewSessionBesideOldWrites) || self.tasks.values().all(|t| t.is_done())
+    }
+
     /// The tasks in the table, optionally only those addressed to `lun`,
     /// in tag order (so that a simulator's run replays exactly).
     pub fn select(&self, lun: Option<u64>) -> Vec<Arc<T>> {
