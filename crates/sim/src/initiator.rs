@@ -699,7 +699,15 @@ impl Initiator {
     /// (Task in progress) and leave the write alone.
     fn send_duplicate(&mut self, world: &mut World, itt: u32) {
         self.stats.duplicates += 1;
-        let command = ScsiCommand {
+        self.duplicates.insert(itt, world.now());
+        let command = self.probe_read(itt);
+        self.send(world, Pdu::ScsiCommand(command), Vec::new(), false);
+    }
+
+    /// An immediate READ of block 0 with tag `itt`, outside the workload:
+    /// a command the target must refuse.
+    fn probe_read(&self, itt: u32) -> ScsiCommand {
+        ScsiCommand {
             immediate: true,
             final_flag: true,
             read: true,
@@ -708,9 +716,7 @@ impl Initiator {
             cmd_sn: self.cmd_sn,
             cdb: cdb(READ_10, 0, 1),
             ..ScsiCommand::default()
-        };
-        self.duplicates.insert(itt, world.now());
-        self.send(world, Pdu::ScsiCommand(command), Vec::new(), false);
+        }
     }
 
     /// An immediate READ with a block of immediate data (RFC 7143 11.3.4:
@@ -719,16 +725,7 @@ impl Initiator {
     fn send_malformed(&mut self, world: &mut World) {
         self.stats.malformed += 1;
         let itt = self.take_itt();
-        let command = ScsiCommand {
-            immediate: true,
-            final_flag: true,
-            read: true,
-            initiator_task_tag: itt,
-            expected_data_transfer_length: BLOCK as u32,
-            cmd_sn: self.cmd_sn,
-            cdb: cdb(READ_10, 0, 1),
-            ..ScsiCommand::default()
-        };
+        let command = self.probe_read(itt);
         self.malformed.insert(itt, world.now());
         self.send(world, Pdu::ScsiCommand(command), vec![0xA5; BLOCK], false);
     }
