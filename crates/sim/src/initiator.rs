@@ -3,18 +3,19 @@
 //! proto's `R2tTracker` (the real initiator's check) and checks every PDU
 //! the target sends. It is also the nemesis: it damages data digests,
 //! aborts tasks at random moments and sends commands with tags still in
-//! use. Each check that fails is a [`Violation`].
+//! use (`nemesis`). Each check that fails is a [`Violation`].
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use iscsi_proto::pdu::{
-    DataIn, DataOut, Pdu, ReadyToTransfer, Reject, RejectReason, ScsiCommand, ScsiResponse,
-    SnackRequest, SnackType, TaskFunction, TaskManagementRequest, TaskManagementResponse,
-    TaskResponse,
+    DataIn, DataOut, Pdu, ReadyToTransfer, ScsiCommand, ScsiResponse, SnackRequest, SnackType,
+    TaskFunction,
 };
 use iscsi_proto::serial::{CmdSn, DataSn, StatSn};
 use iscsi_proto::stat_sn::{Arrived, StatSns};
 use iscsi_proto::transfer::{Limits, R2tTracker, UNSOLICITED_TRANSFER_TAG, data_segments};
+
+mod nemesis;
 
 use crate::describe::describe;
 use crate::model::{Model, WriteId};
@@ -404,179 +405,6 @@ impl Initiator {
             .collect()
     }
 
-    fn abort_some(&mut self, world: &mut World) {
-        if self.abort_set.is_none()
-            && self.aborts.is_empty()
-            && self.duplicates.is_empty()
-            && !self.commands.is_empty()
-            && world.chance(self.params.p_abort_set)
-        {
-            self.send_abort_set(world);
-        }
-        let candidates: Vec<u32> = self
-            .commands
-            .iter()
-            .filter(|(_, c)| c.abort_sent.is_none() && c.status.is_none())
-            .map(|(&itt, _)| itt)
-            .collect();
-        for itt in candidates {
-            if world.chance(self.params.p_abort) {
-                self.send_abort(world, itt);
-            }
-        }
-    }
-
-    /// ABORT TASK for task `itt`, on any of the session's connections: on
-    /// another one than the task's it may overtake the command itself.
-    fn send_abort(&mut self, world: &mut World, itt: u32) {
-        if self.abort_set.is_some() {
-            return;
-        }
-        if self.duplicates.contains_key(&itt) {
-            // Not while a command reusing its tag is on the way: a target
-            // that never saw the task (the abort overtook it) would take
-            // that command as a new one, rightly.
-            return;
-        }
-        let tmf_itt = self.take_itt();
-        let abort_conn = world.rng_range(0, self.params.connections);
-        let now = world.now();
-        let Some(command) = self.commands.get_mut(&itt) else {
-            return;
-        };
-        command.abort_sent = Some(now);
-        command.abort_conn = abort_conn;
-        let request = TaskManagementRequest {
-            immediate: true,
-            function: TaskFunction::AbortTask,
-            initiator_task_tag: tmf_itt,
-            referenced_task_tag: itt,
-            cmd_sn: self.cmd_sn,
-            ref_cmd_sn: command.cmd_sn,
-            ..TaskManagementRequest::default()
-        };
-        self.aborts.insert(tmf_itt, itt);
-        self.send(
-            world,
-            Pdu::TaskManagementRequest(request),
-            Vec::new(),
-            false,
-        );
-    }
-
-    /// ABORT TASK SET on LUN 0, immediate, on any connection: it ends every
-    /// task numbered before it that the target has not answered (RFC 7143
-    /// 11.6.2); those sent after it (it takes no CmdSN of its own) go on.
-    /// Not while a command reusing a live tag is on the way (as for ABORT
-    /// TASK: the target could take it for a new command, rightly).
-    fn send_abort_set(&mut self, world: &mut World) {
-        let tmf_itt = self.take_itt();
-        let conn = world.rng_range(0, self.params.connections);
-        self.abort_set = Some((tmf_itt, self.cmd_sn, world.now(), conn));
-        self.stats.abort_sets += 1;
-        let request = TaskManagementRequest {
-            immediate: true,
-            function: TaskFunction::AbortTaskSet,
-            initiator_task_tag: tmf_itt,
-            referenced_task_tag: iscsi_proto::pdu::RESERVED_TAG,
-            cmd_sn: self.cmd_sn,
-            ..TaskManagementRequest::default()
-        };
-        self.send(
-            world,
-            Pdu::TaskManagementRequest(request),
-            Vec::new(),
-            false,
-        );
-    }
-
-    /// The ABORT TASK SET's answer (sent `sent`-th by the target): every
-    /// task numbered before it is over. Those whose status the target sent
-    /// before the answer (on the way on another connection, or held at
-    /// ERL 1 for lost Data-In) end by it; the rest were aborted, and no PDU
-    /// of theirs may follow but what the target sent before the answer.
-    fn abort_set_answered(
-        &mut self,
-        world: &mut World,
-        response: &TaskManagementResponse,
-        sent: u64,
-    ) -> Result<(), Violation> {
-        let Some((_, before, _, _)) = self.abort_set.take() else {
-            return Ok(());
-        };
-        if response.response != TaskResponse::FunctionComplete {
-            return Err(format!("ABORT TASK SET answered {:?}", response.response));
-        }
-        let answered: BTreeSet<u32> = world
-            .to_initiator()
-            .filter(|w| is_status(&w.pdu) && w.sent < sent)
-            .filter_map(|w| task_of(&w.pdu))
-            .collect();
-        let aborted: Vec<u32> = self
-            .commands
-            .iter()
-            .filter(|(itt, c)| c.cmd_sn.lt(before) && c.status.is_none() && !answered.contains(itt))
-            .map(|(&itt, _)| itt)
-            .collect();
-        for itt in aborted {
-            let Some(command) = self.commands.remove(&itt) else {
-                continue;
-            };
-            self.last_ended = world.now();
-            self.stats.aborted += 1;
-            self.ended.insert(itt, "aborted by ABORT TASK SET");
-            self.aborted_at.insert(itt, sent);
-            if let Some((id, _)) = command.write {
-                self.model.aborted(id, command.lba, command.blocks);
-            }
-        }
-        Ok(())
-    }
-
-    /// Whether this tick decided that every connection is lost now.
-    pub fn take_session_loss(&mut self) -> bool {
-        std::mem::take(&mut self.lose_session)
-    }
-
-    /// Every connection is gone (the PDUs on them too): the session is
-    /// over below ERL 2. Every task in flight ends unanswered: a write may
-    /// or may not have landed, and is sent again (a new write of the same
-    /// blocks, as a SCSI layer retries one) once a new session is logged
-    /// in; a read is dropped.
-    pub fn session_lost(&mut self, world: &mut World) {
-        world.note(|| "-- every connection lost: the session is over".to_string());
-        self.stats.session_losses += 1;
-        for (itt, command) in std::mem::take(&mut self.commands) {
-            self.ended.insert(itt, "lost with its session");
-            if let Some((id, _)) = command.write {
-                self.model.aborted(id, command.lba, command.blocks);
-                self.retries.push((command.lba, command.blocks));
-            }
-        }
-        self.aborts.clear();
-        self.abort_set = None;
-        self.duplicates.clear();
-        self.malformed.clear();
-        self.data_out_in_flight.clear();
-        self.logging_in = true;
-        self.last_ended = world.now();
-    }
-
-    /// A new session of the same nexus is logged in: sequence numbers start
-    /// again, its window opens as the first one's did.
-    pub fn logged_in(&mut self, world: &mut World) {
-        world.note(|| "-- a new session logged in".to_string());
-        let connections = self.params.connections;
-        self.cmd_sn = CmdSn::new(1);
-        self.max_cmd_sn = CmdSn::new(1);
-        self.stat_sns = (0..connections)
-            .map(|_| StatSns::new(StatSn::new(1)))
-            .collect();
-        self.next_stat_sn = vec![StatSn::new(1); connections];
-        self.logging_in = false;
-        self.last_ended = world.now();
-    }
-
     /// Issues one command; false when no range free of conflicts was found.
     fn issue(&mut self, world: &mut World) -> bool {
         let retry = self.retries.pop();
@@ -676,58 +504,12 @@ impl Initiator {
         true
     }
 
-    /// Now and then an ABORT TASK right behind its command: on another
-    /// connection it can reach the target first (RFC 7143 11.5.1: the
-    /// CmdSN is then taken as received, the command dropped when it comes).
-    fn maybe_abort_at_once(&mut self, world: &mut World, itt: u32) {
-        if world.chance(self.params.p_abort * 20.0) {
-            self.send_abort(world, itt);
-        }
-    }
-
     /// With DataPDUInOrder=No (RFC 7143 13.18) the PDUs of a sequence go
     /// out in any order: shuffled.
     fn order(&self, world: &mut World, segments: &mut [iscsi_proto::transfer::Segment]) {
         if !self.limits.data_pdu_in_order {
             world.shuffle(segments);
         }
-    }
-
-    /// A READ with the tag of write `itt`, sent right behind it: the link
-    /// keeps order and the write cannot end before its Data-Out, so the tag
-    /// is in use when the READ arrives, and the target must Reject it
-    /// (Task in progress) and leave the write alone.
-    fn send_duplicate(&mut self, world: &mut World, itt: u32) {
-        self.stats.duplicates += 1;
-        self.duplicates.insert(itt, world.now());
-        let command = self.probe_read(itt);
-        self.send(world, Pdu::ScsiCommand(command), Vec::new(), false);
-    }
-
-    /// An immediate READ of block 0 with tag `itt`, outside the workload:
-    /// a command the target must refuse.
-    fn probe_read(&self, itt: u32) -> ScsiCommand {
-        ScsiCommand {
-            immediate: true,
-            final_flag: true,
-            read: true,
-            initiator_task_tag: itt,
-            expected_data_transfer_length: BLOCK as u32,
-            cmd_sn: self.cmd_sn,
-            cdb: cdb(READ_10, 0, 1),
-            ..ScsiCommand::default()
-        }
-    }
-
-    /// An immediate READ with a block of immediate data (RFC 7143 11.3.4:
-    /// only a write may carry data): the target must Reject it (Protocol
-    /// Error), answer nothing else for it and go on with the session.
-    fn send_malformed(&mut self, world: &mut World) {
-        self.stats.malformed += 1;
-        let itt = self.take_itt();
-        let command = self.probe_read(itt);
-        self.malformed.insert(itt, world.now());
-        self.send(world, Pdu::ScsiCommand(command), vec![0xA5; BLOCK], false);
     }
 
     fn send_data_out(
@@ -1031,83 +813,6 @@ impl Initiator {
                 } else {
                     "read"
                 }
-            )),
-        }
-    }
-
-    fn tmf_response(
-        &mut self,
-        world: &mut World,
-        response: TaskManagementResponse,
-        sent: u64,
-    ) -> Result<(), Violation> {
-        if self
-            .abort_set
-            .is_some_and(|(tag, ..)| tag == response.initiator_task_tag)
-        {
-            return self.abort_set_answered(world, &response, sent);
-        }
-        let Some(itt) = self.aborts.remove(&response.initiator_task_tag) else {
-            return Err(format!(
-                "TMF response for {}, never sent",
-                response.initiator_task_tag
-            ));
-        };
-        match response.response {
-            TaskResponse::FunctionComplete => {
-                let Some(command) = self.commands.remove(&itt) else {
-                    return Err(format!(
-                        "ABORT TASK of {itt} complete, but the task had ended"
-                    ));
-                };
-                self.last_ended = world.now();
-                self.stats.aborted += 1;
-                self.ended.insert(itt, "aborted");
-                self.aborted_at.insert(itt, sent);
-                if let Some((id, _)) = command.write {
-                    self.model.aborted(id, command.lba, command.blocks);
-                }
-                // A status held for lost Data-In is void now.
-                Ok(())
-            }
-            // It ended first: its status is in (held, at ERL 1, while
-            // lost Data-In is asked for again), or on its way on the task's
-            // connection while this answer came on another.
-            TaskResponse::TaskDoesNotExist
-                if self
-                    .commands
-                    .get(&itt)
-                    .is_none_or(|c| c.status.is_some() || c.abort_conn != c.conn) =>
-            {
-                if let Some(command) = self.commands.get_mut(&itt) {
-                    command.abort_sent = None;
-                }
-                Ok(())
-            }
-            other => Err(format!(
-                "ABORT TASK of {itt} answered {other:?} while the task was in flight"
-            )),
-        }
-    }
-
-    fn reject(&mut self, reject: &Reject, header: &[u8]) -> Result<(), Violation> {
-        let opcode = header.first().map_or(0xFF, |b| b & 0x3F);
-        let itt = header
-            .get(16..20)
-            .map_or(0, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-        match (reject.reason, opcode) {
-            (RejectReason::TaskInProgress, 0x01) if self.duplicates.remove(&itt).is_some() => {
-                Ok(())
-            }
-            (RejectReason::ProtocolError, 0x01) if self.malformed.remove(&itt).is_some() => Ok(()),
-            (RejectReason::DataDigestError, 0x01 | 0x05)
-                if self.commands.get(&itt).is_some_and(|c| c.damaged)
-                    || self.ended.contains_key(&itt) =>
-            {
-                Ok(())
-            }
-            (reason, opcode) => Err(format!(
-                "Reject {reason:?} of a PDU (opcode {opcode:#x}) for task {itt}"
             )),
         }
     }
