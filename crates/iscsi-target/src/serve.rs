@@ -282,9 +282,6 @@ pub(crate) async fn serve_connection(
     result
 }
 
-/// Ends a session whose last connection is gone: its tasks and what failed
-/// connections left end, it leaves the registry, and the SCSI layer
-/// forgets its nexus (unless a reinstatement already replaced it there).
 /// How long a leading login waits for the tasks of an earlier session of
 /// its I_T nexus to leave the store (`quiesce_nexus`).
 const QUIESCE_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
@@ -319,6 +316,9 @@ async fn quiesce_nexus(shared: &Shared, request: &SessionRequest) -> bool {
     true
 }
 
+/// Ends a session whose last connection is gone: its tasks and what failed
+/// connections left end, it leaves the registry, and the SCSI layer
+/// forgets its nexus (unless a reinstatement already replaced it there).
 fn end_session(shared: &Shared, session: &Arc<Session>) {
     session.abort_all();
     for orphan in session.orphans.drain() {

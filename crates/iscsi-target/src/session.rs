@@ -620,7 +620,6 @@ impl Session {
         }
     }
 
-    /// Aborts every live task (the session is going away).
     /// Whether any task of the session is not over (one aborted while at
     /// the store is over only when the store lets go of it).
     pub(crate) fn has_live_tasks(&self) -> bool {
@@ -633,8 +632,9 @@ impl Session {
     /// given up: that one is the initiator's own concurrent write, not a
     /// leftover, and is not waited for.)
     pub(crate) async fn abort_all_and_wait(&self, deadline: tokio::time::Instant) -> bool {
+        let tasks = self.tasks(None);
         self.abort_all();
-        for task in self.tasks(None) {
+        for task in tasks {
             if tokio::time::timeout_at(deadline, task.wait())
                 .await
                 .is_err()
@@ -645,6 +645,7 @@ impl Session {
         true
     }
 
+    /// Aborts every live task (the session is going away).
     pub(crate) fn abort_all(&self) {
         for task in self.tasks(None) {
             self.abort(&task);
