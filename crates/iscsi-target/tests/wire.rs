@@ -7,9 +7,9 @@
 //! corrupted data digest, a connection dropped mid-write — the LUN keeps
 //! every acknowledged write and nothing else), a second connection joining
 //! the session (MC/S), session reinstatement, and the logout request sent
-//! when the target shuts down. ERL 1 (recovery R2T, SNACKs) in `wire/erl1.rs`; a lost session's write
-//! still at the store, which never lands over the next session's, in
-//! `wire/lost_session.rs`.
+//! when the target shuts down. ERL 1 (recovery R2T, SNACKs) in
+//! `wire/erl1.rs`; a lost session's write still at the store, which never
+//! lands over the next session's, in `wire/lost_session.rs`.
 
 mod common;
 #[path = "wire/erl1.rs"]
