@@ -69,6 +69,7 @@ pub fn run(seed: u64, verbose: bool) -> Result<Summary, Box<Failure>> {
         current: new_session(&params, &store),
         ended: Vec::new(),
         store,
+        lost_aborted_before_arrival: 0,
     };
     let mut initiator = Initiator::new(params.clone());
     let result = drive(&mut world, &mut sessions, &mut initiator, &params);
@@ -97,15 +98,13 @@ struct Sessions {
     current: Target,
     ended: Vec<Target>,
     store: target::Store,
+    /// ABORT TASKs that overtook their command, in the sessions lost.
+    lost_aborted_before_arrival: u64,
 }
 
 impl Sessions {
     fn aborted_before_arrival(&self) -> u64 {
-        self.ended
-            .iter()
-            .chain([&self.current])
-            .map(|t| t.aborted_before_arrival)
-            .sum()
+        self.lost_aborted_before_arrival + self.current.aborted_before_arrival
     }
 
     /// Every connection is lost: the session ends, a new one waits for
@@ -113,9 +112,7 @@ impl Sessions {
     fn lose(&mut self, params: &Params) {
         let mut lost = std::mem::replace(&mut self.current, new_session(params, &self.store));
         lost.lose();
-        let before = lost.aborted_before_arrival;
-        lost.aborted_before_arrival = 0;
-        self.current.aborted_before_arrival = before;
+        self.lost_aborted_before_arrival += lost.aborted_before_arrival;
         self.ended.push(lost);
     }
 

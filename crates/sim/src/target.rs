@@ -621,14 +621,15 @@ impl Target {
             }
             Answer::Separate(sent) => sent,
         };
-        for segment in self.limits.data_in_segments(sent.data_in.len() as u32) {
-            let (pdu, data) = sent.data_in(&segment);
+        let segments = self.limits.data_in_segments(sent.data_in.len() as u32);
+        for segment in &segments {
+            let (pdu, data) = sent.data_in(segment);
             self.send(Pdu::DataIn(pdu), data, Stat::Reserved);
         }
         if !self.complete_task(task) {
             return;
         }
-        let response = sent.response_after_data_in();
+        let response = sent.response_after(segments.len());
         let stat_sn = self.send(
             Pdu::ScsiResponse(response.clone()),
             sent.sense_data.clone(),

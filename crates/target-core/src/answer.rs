@@ -10,12 +10,12 @@
 //! asking the task table just before the status whether the task still
 //! wants one (an ABORT TASK may have ended it meanwhile, 11.5.1).
 
-use iscsi_proto::pdu::{DataIn, Lun, RESERVED_TAG, ScsiCommand, ScsiResponse};
+use iscsi_proto::pdu::{DataIn, Lun, ScsiCommand, ScsiResponse};
 use iscsi_proto::serial::{DataSn, StatSn};
 use iscsi_proto::transfer::{Limits, Payload, Segment};
 
 use crate::planted::{self, Bug};
-use crate::retention::SentStatus;
+use crate::retention::{SentStatus, data_in_header};
 
 /// SCSI status GOOD.
 const GOOD: u8 = 0x00;
@@ -89,7 +89,7 @@ pub enum Answer<D> {
     /// A read that succeeded at ERL 0: its status in its last Data-In.
     Collapsed(Collapsed<D>),
     /// Data-In (if any), then a SCSI Response: its `stat_sn` is a
-    /// placeholder until sent ([`SentStatus::response_after_data_in`]), and
+    /// placeholder until sent ([`SentStatus::response_after`]), and
     /// what the connection keeps for SNACKs at ERL 1.
     Separate(SentStatus<D>),
 }
@@ -139,7 +139,7 @@ impl<D: Payload> Answer<D> {
                 status: outcome.status,
                 initiator_task_tag: itt,
                 // A read's: the count of its Data-In, set as they are cut
-                // (`SentStatus::response_after_data_in`).
+                // (`SentStatus::response_after`).
                 exp_data_sn: DataSn::new(if command.read { 0 } else { r2ts }),
                 residual_count: residual.count,
                 ..ScsiResponse::default()
@@ -202,17 +202,11 @@ impl<D: Payload> Collapsed<D> {
             let start = segment.offset as usize;
             CollapsedPdu {
                 pdu: DataIn {
-                    final_flag: segment.last_in_sequence,
                     residual_overflow: residual.overflow,
                     residual_underflow: residual.underflow,
                     status: with_status.then_some(GOOD),
-                    lun: self.lun,
-                    initiator_task_tag: self.itt,
-                    target_transfer_tag: RESERVED_TAG,
-                    data_sn: DataSn::new(segment.data_sn),
-                    buffer_offset: segment.offset,
                     residual_count: residual.count,
-                    ..DataIn::default()
+                    ..data_in_header(self.itt, self.lun, segment)
                 },
                 data: self.data_in.slice(start..start + segment.length as usize),
                 with_status,
@@ -311,7 +305,9 @@ mod tests {
             panic!("collapsed at ERL 1");
         };
         assert_eq!(sent.data_in.len(), 4096);
-        assert_eq!(sent.response_after_data_in().exp_data_sn.get(), 4);
+        let pdus = sent.limits.data_in_segments(4096).len();
+        assert_eq!(pdus, 4);
+        assert_eq!(sent.response_after(pdus).exp_data_sn.get(), 4);
     }
 
     #[test]
@@ -360,7 +356,7 @@ mod tests {
             panic!("a write collapsed");
         };
         assert!(sent.data_in.is_empty());
-        assert_eq!(sent.response_after_data_in().exp_data_sn.get(), 3);
+        assert_eq!(sent.response_after(0).exp_data_sn.get(), 3);
     }
 
     #[test]

@@ -54,31 +54,35 @@ impl<D: Payload> SentStatus<D> {
     pub fn data_in(&self, segment: &Segment) -> (DataIn, D) {
         let start = segment.offset as usize;
         let data = self.data_in.slice(start..start + segment.length as usize);
-        let pdu = DataIn {
-            final_flag: segment.last_in_sequence,
-            lun: self.lun,
-            initiator_task_tag: self.response.initiator_task_tag,
-            target_transfer_tag: RESERVED_TAG,
-            data_sn: DataSn::new(segment.data_sn),
-            buffer_offset: segment.offset,
-            ..DataIn::default()
-        };
-        (pdu, data)
+        let itt = self.response.initiator_task_tag;
+        (data_in_header(itt, self.lun, segment), data)
     }
 
-    /// The SCSI Response to send after the Data-In: ExpDataSN the count of
-    /// Data-In PDUs when it follows any (as cut by `limits`), else as kept
-    /// (a write's R2T count).
-    pub fn response_after_data_in(&self) -> ScsiResponse {
+    /// The SCSI Response to send after the Data-In, `data_in_pdus` of them
+    /// (as the sender cut them by `limits`): ExpDataSN their count when it
+    /// follows any, else as kept (a write's R2T count).
+    pub fn response_after(&self, data_in_pdus: usize) -> ScsiResponse {
         let mut response = self.response.clone();
         if !self.data_in.is_empty() {
-            let count = self
-                .limits
-                .data_in_segments(self.data_in.len() as u32)
-                .len();
-            response.exp_data_sn = DataSn::new(u32::try_from(count).unwrap_or(u32::MAX));
+            let count = u32::try_from(data_in_pdus).unwrap_or(u32::MAX);
+            response.exp_data_sn = DataSn::new(count);
         }
         response
+    }
+}
+
+/// The header of the Data-In that carries `segment` of task `itt`'s data,
+/// without status: what every Data-In of a task shares, whether it is
+/// sent first, sent again, or carries the status (phase collapse).
+pub fn data_in_header(itt: u32, lun: Lun, segment: &Segment) -> DataIn {
+    DataIn {
+        final_flag: segment.last_in_sequence,
+        lun,
+        initiator_task_tag: itt,
+        target_transfer_tag: RESERVED_TAG,
+        data_sn: DataSn::new(segment.data_sn),
+        buffer_offset: segment.offset,
+        ..DataIn::default()
     }
 }
 

@@ -232,7 +232,7 @@ pub(super) async fn send_answer(
     {
         return Ok(());
     }
-    let response = answer.response_after_data_in();
+    let response = answer.response_after(segments.len());
     let stat_sn = out.next_stat_sn();
     let kept = writer.retained.as_ref().map(|_| response.clone());
     out.send(

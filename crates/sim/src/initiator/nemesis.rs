@@ -131,18 +131,27 @@ impl Initiator {
             .map(|(&itt, _)| itt)
             .collect();
         for itt in aborted {
-            let Some(command) = self.commands.remove(&itt) else {
-                continue;
-            };
-            self.last_ended = world.now();
-            self.stats.aborted += 1;
-            self.ended.insert(itt, "aborted by ABORT TASK SET");
-            self.aborted_at.insert(itt, sent);
-            if let Some((id, _)) = command.write {
-                self.model.aborted(id, command.lba, command.blocks);
-            }
+            self.end_aborted(world, itt, "aborted by ABORT TASK SET", sent);
         }
         Ok(())
+    }
+
+    /// Task `itt` ended by a task management function the target answered
+    /// `sent`-th: gone, its write may or may not have landed, and no PDU of
+    /// it may follow but what the target sent before that answer. False
+    /// when it had already ended.
+    fn end_aborted(&mut self, world: &World, itt: u32, how: &'static str, sent: u64) -> bool {
+        let Some(command) = self.commands.remove(&itt) else {
+            return false;
+        };
+        self.last_ended = world.now();
+        self.stats.aborted += 1;
+        self.ended.insert(itt, how);
+        self.aborted_at.insert(itt, sent);
+        if let Some((id, _)) = command.write {
+            self.model.aborted(id, command.lba, command.blocks);
+        }
+        true
     }
 
     /// Whether this tick decided that every connection is lost now.
@@ -255,17 +264,10 @@ impl Initiator {
         };
         match response.response {
             TaskResponse::FunctionComplete => {
-                let Some(command) = self.commands.remove(&itt) else {
+                if !self.end_aborted(world, itt, "aborted", sent) {
                     return Err(format!(
                         "ABORT TASK of {itt} complete, but the task had ended"
                     ));
-                };
-                self.last_ended = world.now();
-                self.stats.aborted += 1;
-                self.ended.insert(itt, "aborted");
-                self.aborted_at.insert(itt, sent);
-                if let Some((id, _)) = command.write {
-                    self.model.aborted(id, command.lba, command.blocks);
                 }
                 // A status held for lost Data-In is void now.
                 Ok(())
