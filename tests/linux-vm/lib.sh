@@ -85,6 +85,10 @@ _vm_exit() {
         wait "${VM_CAPTURE_PID[$name]}" 2>/dev/null || true
     done
     if [ "$rc" -ne 0 ] && [ "$rc" -ne "$VM_SKIP_STATUS" ]; then
+        # A guest kernel that crashed is named first: its trace is the likely cause, and it
+        # scrolls out of the console's tail when the guest ran on after it.
+        grep -m 3 -E 'Oops: |Kernel panic|BUG: |kernel BUG at' "$VM_WORK/console.log" 2>/dev/null |
+            sed "s/^/$VM_JOB: FAIL: the guest kernel crashed: /" || true
         echo "===== $VM_JOB failed (exit $rc): last $n lines of the guest console ====="
         tail -n "$n" "$VM_WORK/console.log" 2>/dev/null || true
         for f in "$VM_WORK"/target-*.log; do
