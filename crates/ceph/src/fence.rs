@@ -18,13 +18,34 @@
 //! (its [`super::RbdAsync`] was taken before the new one came) fails
 //! rather than reach the new client, and a late error from the old one
 //! trips nothing.
+//!
+//! A host should not see the fence as an I/O error: a rejoin takes about
+//! a second. So an I/O refused by the fence, or failed by the
+//! blocklist, fails with EAGAIN ([`std::io::ErrorKind::WouldBlock`]) for
+//! [`REJOIN_GRACE`] after the trip, which the SCSI layer answers with BUSY
+//! status (Linux's SCSI midlayer and QEMU send the command again; a NOT
+//! READY would fail the I/O up to the application). Sent again, it is
+//! checked again (reservations, ALUA) against what the rejoin brought,
+//! and runs through the new client. A rejoin that takes longer (the
+//! cluster unreachable) gets the lasting answer: NOT READY, LOGICAL UNIT
+//! COMMUNICATION FAILURE, so that initiators fail over or give up rather
+//! than retry for minutes.
 
 use std::io;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use super::ffi::rados::EBLOCKLISTED;
 use iscsi_scsi::alua::{AccessState, AluaGroup, AluaView, PortGroup};
+
+/// How long after the fence tripped its refusals say "again soon" (BUSY):
+/// a rejoin takes about a second; one that is not done by then is waiting
+/// for a cluster it cannot reach.
+pub(super) const REJOIN_GRACE: Duration = Duration::from_secs(10);
+
+/// What an I/O refused while a rejoin is expected fails with (EAGAIN).
+const EAGAIN: i32 = 11;
 
 /// One LU's fence (see the module's doc).
 #[derive(Debug)]
@@ -37,6 +58,9 @@ pub(super) struct Fence {
     /// The generation of the client that may serve.
     generation: AtomicU64,
     tripped: AtomicBool,
+    /// When it last tripped: refusals say "again soon" for
+    /// [`REJOIN_GRACE`] after it.
+    tripped_at: Mutex<Option<Instant>>,
 }
 
 impl Fence {
@@ -47,6 +71,7 @@ impl Fence {
             alua,
             generation: AtomicU64::new(0),
             tripped: AtomicBool::new(false),
+            tripped_at: Mutex::new(None),
         }
     }
 
@@ -61,14 +86,13 @@ impl Fence {
         !self.tripped() && self.generation() == generation
     }
 
-    /// `Ok` if the client of `generation` may serve, else the error a
-    /// blocklisted client gets (NOT READY, LOGICAL UNIT COMMUNICATION
-    /// FAILURE: the initiator retries, or tries another path).
+    /// `Ok` if the client of `generation` may serve, else the error of an
+    /// I/O the fence stops ([`Fence::refusal`]).
     pub fn admit(&self, generation: u64) -> io::Result<()> {
         if self.serving(generation) {
             Ok(())
         } else {
-            Err(io::Error::from_raw_os_error(EBLOCKLISTED))
+            Err(self.refusal(generation, Instant::now()))
         }
     }
 
@@ -81,6 +105,38 @@ impl Fence {
         e
     }
 
+    /// [`Fence::check`] for a data I/O's error: a blocklisted one's is the
+    /// fence's refusal, as for one the fence stopped before it started.
+    /// (The reservation record's errors stay EBLOCKLISTED: the SCSI layer
+    /// marks its reservation state stale on that.)
+    pub fn check_io(&self, generation: u64, e: io::Error) -> io::Error {
+        if e.raw_os_error() == Some(EBLOCKLISTED) {
+            self.trip(generation);
+            return self.refusal(generation, Instant::now());
+        }
+        e
+    }
+
+    /// The error of an I/O of the client of `generation` that the fence
+    /// stops at `now`: EAGAIN (BUSY: sent again, it goes through the
+    /// current client) when that client was replaced already, or the fence
+    /// tripped less than [`REJOIN_GRACE`] ago; else EBLOCKLISTED (NOT
+    /// READY, LOGICAL UNIT COMMUNICATION FAILURE).
+    fn refusal(&self, generation: u64, now: Instant) -> io::Error {
+        let replaced = generation < self.generation();
+        let tripped_at = *self
+            .tripped_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let rejoining = self.tripped()
+            && tripped_at.is_some_and(|at| now.saturating_duration_since(at) < REJOIN_GRACE);
+        io::Error::from_raw_os_error(if replaced || rejoining {
+            EAGAIN
+        } else {
+            EBLOCKLISTED
+        })
+    }
+
     /// Whether the fence has tripped.
     pub fn tripped(&self) -> bool {
         self.tripped.load(Ordering::Acquire)
@@ -88,7 +144,15 @@ impl Fence {
 
     /// Trips the fence if `generation` is the current client's.
     pub fn trip(&self, generation: u64) {
-        if self.generation() != generation || self.tripped.swap(true, Ordering::AcqRel) {
+        if self.generation() != generation || self.tripped.load(Ordering::Acquire) {
+            return;
+        }
+        // The time first: whoever sees `tripped` finds it.
+        *self
+            .tripped_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        if self.tripped.swap(true, Ordering::AcqRel) {
             return;
         }
         let me = self.port;
@@ -150,15 +214,42 @@ mod tests {
         // Nor does another error of the current one.
         let _ = f.check(0, io::Error::from_raw_os_error(5));
         assert!(f.serving(0));
-        let _ = f.check(0, io::Error::from_raw_os_error(EBLOCKLISTED));
+        let refused = f.check_io(0, io::Error::from_raw_os_error(EBLOCKLISTED));
         assert!(f.tripped() && !f.serving(0));
-        assert_eq!(f.admit(0).unwrap_err().raw_os_error(), Some(EBLOCKLISTED));
+        // Refused while a rejoin is expected: "again soon".
+        assert_eq!(refused.raw_os_error(), Some(EAGAIN));
+        assert_eq!(refused.kind(), io::ErrorKind::WouldBlock);
+        assert_eq!(f.admit(0).unwrap_err().raw_os_error(), Some(EAGAIN));
         f.rejoined(1);
         assert!(f.serving(1) && !f.serving(0));
-        assert!(f.admit(0).is_err() && f.admit(1).is_ok());
+        // An I/O planned on the replaced client is sent again through the
+        // new one.
+        assert_eq!(f.admit(0).unwrap_err().raw_os_error(), Some(EAGAIN));
+        assert!(f.admit(1).is_ok());
         // The fenced client's late error does not trip the new one.
-        let _ = f.check(0, io::Error::from_raw_os_error(EBLOCKLISTED));
+        let _ = f.check_io(0, io::Error::from_raw_os_error(EBLOCKLISTED));
         assert!(f.serving(1));
+        // The reservation record's errors go on as they are.
+        let record = f.check(1, io::Error::from_raw_os_error(EBLOCKLISTED));
+        assert_eq!(record.raw_os_error(), Some(EBLOCKLISTED));
+        assert!(f.tripped());
+    }
+
+    #[test]
+    fn a_rejoin_that_takes_past_the_grace_gets_the_lasting_answer() {
+        let f = Fence::new(1, "rbd:p/i".into(), None);
+        f.trip(0);
+        let at = f.tripped_at.lock().unwrap().expect("tripped");
+        let code = |after: Duration| f.refusal(0, at + after).raw_os_error();
+        assert_eq!(code(Duration::ZERO), Some(EAGAIN));
+        assert_eq!(code(REJOIN_GRACE - Duration::from_millis(1)), Some(EAGAIN));
+        assert_eq!(code(REJOIN_GRACE), Some(EBLOCKLISTED));
+        // Rejoined and tripped again: the grace counts from the new trip.
+        f.rejoined(1);
+        f.trip(1);
+        let again = f.tripped_at.lock().unwrap().expect("tripped");
+        assert!(again >= at);
+        assert_eq!(f.refusal(1, again).raw_os_error(), Some(EAGAIN));
     }
 
     #[test]

@@ -614,10 +614,10 @@ impl AsyncIo for RbdAsync {
 }
 
 /// What every failed I/O of a client goes through: the fence looks for
-/// EBLOCKLISTED ([`fence::Fence::check`]), the medium for ENOENT
+/// EBLOCKLISTED ([`fence::Fence::check_io`]), the medium for ENOENT
 /// ([`Medium::failed`]).
 fn failed(fence: &fence::Fence, generation: u64, medium: &Medium, e: io::Error) -> io::Error {
-    medium.failed(fence.check(generation, e))
+    medium.failed(fence.check_io(generation, e))
 }
 
 /// librados op flags for a write that must be durable when it completes.

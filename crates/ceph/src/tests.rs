@@ -527,9 +527,12 @@ fn the_lock_moves_only_when_broken_and_the_old_holder_is_fenced() {
     b.shared.image().lock_acquire().unwrap();
     assert!(b.shared.image().is_lock_owner().unwrap());
     b.write_at(0, &[7u8; 512]).unwrap();
-    // A was blocklisted by the break: its writes fail with ESHUTDOWN.
+    // A was blocklisted by the break: its write fails (ESHUTDOWN), which
+    // trips its fence, and the fence says "again soon" (EAGAIN: BUSY)
+    // while A rejoins.
     let e = a.write_at(0, &[1u8; 512]).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(108), "{e}");
+    assert_eq!(e.raw_os_error(), Some(11), "{e}");
+    assert!(a.shared.fence.tripped());
     b.shared.image().lock_release().unwrap();
     assert!(b.shared.image().lock_owners().unwrap().is_empty());
     // Unblocklist A's client is not needed: it goes with `a`.

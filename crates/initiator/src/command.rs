@@ -12,6 +12,10 @@ pub use crate::sense::Sense;
 pub const STATUS_GOOD: u8 = 0x00;
 /// SCSI status CHECK CONDITION.
 pub const STATUS_CHECK_CONDITION: u8 = 0x02;
+/// SCSI status BUSY.
+pub const STATUS_BUSY: u8 = 0x08;
+/// SCSI status TASK SET FULL.
+pub const STATUS_TASK_SET_FULL: u8 = 0x28;
 
 /// The data a command moves.
 #[derive(Debug)]
@@ -159,6 +163,13 @@ impl Response {
                 s.key == Sense::UNIT_ATTENTION
                     || (s.key == Sense::ABORTED_COMMAND && s.asc == Sense::ASC_TRANSPORT_CRC)
             })
+    }
+
+    /// Whether the target could not take the command now: BUSY or TASK SET
+    /// FULL (SAM-5 5.3.1), both asking for it again later. Nothing of it
+    /// ran.
+    pub fn is_busy(&self) -> bool {
+        matches!(self.status, STATUS_BUSY | STATUS_TASK_SET_FULL)
     }
 
     /// `Ok(self)` for GOOD, else [`Error::Status`].

@@ -1,7 +1,11 @@
 //! The SCSI helpers of [`Session`]: CDB builders (SPC-5, SBC-4) and the
 //! parsers of what comes back. Each helper fails with
 //! [`Error::Status`] on a status other than GOOD, after retrying a UNIT
-//! ATTENTION (which a target reports once after a reset or reinstatement).
+//! ATTENTION (which a target reports once after a reset or reinstatement)
+//! and, for a while, BUSY or TASK SET FULL (a target that cannot take the
+//! command now, e.g. an RBD gateway rejoining the cluster after a fence).
+
+use std::time::Duration;
 
 use crate::command::{Command, Response, decode_lun};
 use crate::error::Error;
@@ -10,6 +14,15 @@ use crate::session::Session;
 /// How often a command is repeated while it keeps ending in UNIT ATTENTION
 /// or a transport CRC error.
 const UNIT_ATTENTION_RETRIES: usize = 4;
+
+/// How long a command that keeps ending in BUSY or TASK SET FULL is sent
+/// again: past a fenced gateway's 10 s of "again soon", as QEMU's iSCSI
+/// driver and Linux's SCSI midlayer send such a command again.
+const BUSY_FOR_AT_MOST: Duration = Duration::from_secs(15);
+/// The first pause before a BUSY command is sent again; each next one
+/// doubles, up to [`BUSY_PAUSE_MAX`].
+const BUSY_PAUSE_FIRST: Duration = Duration::from_millis(5);
+const BUSY_PAUSE_MAX: Duration = Duration::from_millis(500);
 
 /// Standard INQUIRY data (SPC-5 6.7.2), the parts worth showing.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -125,14 +138,25 @@ impl Session {
         mut make: impl FnMut(Vec<u8>) -> Command<'a>,
         mut buffer: Vec<u8>,
     ) -> Result<Response, Error> {
-        for _ in 0..UNIT_ATTENTION_RETRIES {
+        let mut retried = 0;
+        let mut busy: Option<(tokio::time::Instant, Duration)> = None;
+        loop {
             let response = self.execute(make(buffer)).await?;
-            if !response.may_retry() {
+            if response.is_busy() {
+                let (since, pause) =
+                    busy.get_or_insert((tokio::time::Instant::now(), BUSY_PAUSE_FIRST));
+                if since.elapsed() >= BUSY_FOR_AT_MOST {
+                    return response.check();
+                }
+                tokio::time::sleep(*pause).await;
+                *pause = (*pause * 2).min(BUSY_PAUSE_MAX);
+            } else if !response.may_retry() || retried == UNIT_ATTENTION_RETRIES {
                 return response.check();
+            } else {
+                retried += 1;
             }
             buffer = response.data;
         }
-        self.execute(make(buffer)).await?.check()
     }
 
     /// Runs a command that moves no data, to GOOD.

@@ -13,7 +13,9 @@ use iscsi_datamover::tcp::TcpDatamover;
 use iscsi_datamover::{PduReceiver, PduSender};
 use iscsi_initiator::{Command, Error, IscsiUrl, Session, SessionConfig};
 use iscsi_proto::pdu::login::LoginResponse;
-use iscsi_proto::pdu::{DataIn, Header, Pdu, TaskFunction, TaskManagementResponse, TaskResponse};
+use iscsi_proto::pdu::{
+    DataIn, Header, Pdu, ScsiResponse, TaskFunction, TaskManagementResponse, TaskResponse,
+};
 use iscsi_proto::serial::{DataSn, StatSn};
 use tokio::net::TcpListener;
 
@@ -25,7 +27,14 @@ enum Misbehaviour {
     /// Silence to the command, but an answer to ABORT TASK.
     SilenceThenAbort,
     LoginResponseInFullFeature,
+    /// BUSY status to the first [`BUSY_ANSWERS`] commands, then the data.
+    BusyThenData,
 }
+
+/// How many commands [`Misbehaviour::BusyThenData`] answers BUSY.
+const BUSY_ANSWERS: u32 = 3;
+/// The commands the fake target received (BusyThenData).
+static RECEIVED: AtomicU32 = AtomicU32::new(0);
 
 /// The ITT of the last ABORT TASK the fake target answered.
 static ABORTED: AtomicU32 = AtomicU32::new(0);
@@ -80,6 +89,29 @@ async fn serve(listener: TcpListener, misbehaviour: Misbehaviour) {
                                 let _ = dm.sender.send_control(&h, &[0; 512]).await;
                             }
                             Misbehaviour::Silence | Misbehaviour::SilenceThenAbort => {}
+                            Misbehaviour::BusyThenData => {
+                                let n = RECEIVED.fetch_add(1, Ordering::SeqCst);
+                                let h = if n < BUSY_ANSWERS {
+                                    let busy = ScsiResponse {
+                                        status: 0x08,
+                                        initiator_task_tag: command.initiator_task_tag,
+                                        stat_sn,
+                                        exp_cmd_sn: command.cmd_sn.next(),
+                                        max_cmd_sn: command.cmd_sn.wrapping_add(32),
+                                        ..ScsiResponse::default()
+                                    };
+                                    Header::new(Pdu::ScsiResponse(busy), 0)
+                                } else {
+                                    Header::new(Pdu::DataIn(data_in(false)), 512)
+                                };
+                                stat_sn = stat_sn.next();
+                                let data = if n < BUSY_ANSWERS {
+                                    &[][..]
+                                } else {
+                                    &[7u8; 512][..]
+                                };
+                                let _ = dm.sender.send_control(&h, data).await;
+                            }
                             Misbehaviour::LoginResponseInFullFeature => {
                                 let h =
                                     Header::new(Pdu::LoginResponse(LoginResponse::default()), 0);
@@ -112,7 +144,7 @@ async fn serve(listener: TcpListener, misbehaviour: Misbehaviour) {
     }
 }
 
-async fn one_read(misbehaviour: Misbehaviour) -> Result<(), Error> {
+async fn session_to(misbehaviour: Misbehaviour) -> Result<Session, Error> {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(serve(listener, misbehaviour));
@@ -123,7 +155,11 @@ async fn one_read(misbehaviour: Misbehaviour) -> Result<(), Error> {
     config.timeouts.command = Duration::from_millis(500);
     config.timeouts.management = Duration::from_millis(300);
     config.command_retries = 0;
-    let session = Session::connect(&url, config).await?;
+    Session::connect(&url, config).await
+}
+
+async fn one_read(misbehaviour: Misbehaviour) -> Result<(), Error> {
+    let session = session_to(misbehaviour).await?;
     let cdb = iscsi_initiator::scsi::rw10_cdb(false, 0, 1);
     let outcome = tokio::time::timeout(
         Duration::from_secs(5),
@@ -176,4 +212,22 @@ async fn a_timed_out_command_is_aborted_before_its_error_is_reported() {
         0,
         "the error came before the target had answered ABORT TASK"
     );
+}
+
+/// A command that ends in BUSY is sent again a little later, as Linux and
+/// QEMU do (a fenced RBD gateway answers BUSY while it rejoins): the read
+/// helpers see only the data.
+#[tokio::test]
+async fn a_busy_command_is_sent_again_until_it_runs() {
+    RECEIVED.store(0, Ordering::SeqCst);
+    let session = session_to(Misbehaviour::BusyThenData).await.unwrap();
+    let data = tokio::time::timeout(
+        Duration::from_secs(5),
+        session.read(0, 0, 512, vec![0; 512]),
+    )
+    .await
+    .expect("the command must not hang")
+    .unwrap();
+    assert_eq!(data, vec![7u8; 512]);
+    assert_eq!(RECEIVED.load(Ordering::SeqCst), BUSY_ANSWERS + 1);
 }

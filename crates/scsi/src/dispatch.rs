@@ -207,6 +207,10 @@ impl ScsiTarget {
                 data_in.clear();
                 CommandOutcome::RESERVATION_CONFLICT
             }
+            Err(Fail::Busy) => {
+                data_in.clear();
+                CommandOutcome::BUSY
+            }
         }
     }
 
@@ -481,9 +485,11 @@ fn plan_read_write(
     let permit = match transfer.write {
         false => None,
         true => match lu.write_async() {
-            // Checked in this epoch, started in it too.
+            // Checked in this epoch, started in it too. One checked before
+            // a rejoin moved the epoch is asked for again (BUSY): its
+            // retry is checked against the state the rejoin brought.
             Some(permit) if lu.io_epoch() == checked.epoch => Some(permit),
-            Some(_) => return Err(Sense::LU_COMMUNICATION_FAILURE.into()),
+            Some(_) => return Err(Fail::Busy),
             None => {
                 *plan = PlanSlot::Synchronous;
                 return Ok(());

@@ -8,16 +8,19 @@ pub mod status {
     pub const GOOD: u8 = 0x00;
     /// CHECK CONDITION: sense data describes the error.
     pub const CHECK_CONDITION: u8 = 0x02;
+    /// BUSY: the logical unit cannot take the command now; the initiator
+    /// sends it again later (SAM-5 5.3.1).
+    pub const BUSY: u8 = 0x08;
     /// RESERVATION CONFLICT.
     pub const RESERVATION_CONFLICT: u8 = 0x18;
 }
 
 /// The outcome of one command. Data-In has been written to the caller's
-/// buffer; on CHECK CONDITION or RESERVATION CONFLICT that buffer is empty.
+/// buffer; on any other status that buffer is empty.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommandOutcome {
-    /// SAM status: [`status::GOOD`], [`status::CHECK_CONDITION`] or
-    /// [`status::RESERVATION_CONFLICT`].
+    /// SAM status: [`status::GOOD`], [`status::CHECK_CONDITION`],
+    /// [`status::BUSY`] or [`status::RESERVATION_CONFLICT`].
     pub status: u8,
     /// Sense data, present exactly when the status is CHECK CONDITION.
     pub sense: Option<Sense>,
@@ -38,6 +41,20 @@ impl CommandOutcome {
     /// RESERVATION CONFLICT status, no sense (SPC-4 §5.12.1).
     pub const RESERVATION_CONFLICT: Self = Self {
         status: status::RESERVATION_CONFLICT,
+        sense: None,
+        descriptor_sense: false,
+    };
+
+    /// BUSY status, no sense: what a command gets while its LU's store
+    /// says "not now, soon" (an I/O error of kind
+    /// [`std::io::ErrorKind::WouldBlock`]: a fenced RBD gateway rejoining
+    /// the cluster). Initiators send a BUSY command again without telling
+    /// the application: Linux's SCSI midlayer requeues it (bounded by the
+    /// command's retries times its timeout), QEMU's iSCSI driver retries it
+    /// after 8 ms to 2 s; a CHECK CONDITION with NOT READY, LOGICAL UNIT
+    /// COMMUNICATION FAILURE fails the I/O up in both.
+    pub const BUSY: Self = Self {
+        status: status::BUSY,
         sense: None,
         descriptor_sense: false,
     };

@@ -73,7 +73,7 @@ impl PlannedIo {
             Ok(()) => (buf, CommandOutcome::GOOD),
             Err(e) => {
                 buf.clear();
-                (buf, self.failed(Sense::read_failed(e)))
+                (buf, self.failed(e, Sense::read_failed))
             }
         }
     }
@@ -89,14 +89,21 @@ impl PlannedIo {
         let result: io::Result<()> = self.io.write(offset, data, len, through).await;
         match result {
             Ok(()) => CommandOutcome::GOOD,
-            Err(e) => self.failed(Sense::write_failed(e)),
+            Err(e) => self.failed(e, Sense::write_failed),
         }
     }
 
-    fn failed(&self, sense: Sense) -> CommandOutcome {
+    /// The outcome of a failed transfer: BUSY when the store asks for the
+    /// command again soon ([`io::ErrorKind::WouldBlock`]: a READ or WRITE
+    /// sent again leaves the medium as one run of it would, whatever of it
+    /// got there), else CHECK CONDITION with `sense` of the error.
+    fn failed(&self, e: io::Error, sense: fn(io::Error) -> Sense) -> CommandOutcome {
+        if e.kind() == io::ErrorKind::WouldBlock {
+            return CommandOutcome::BUSY;
+        }
         CommandOutcome {
             descriptor_sense: self.descriptor_sense,
-            ..CommandOutcome::check_condition(sense)
+            ..CommandOutcome::check_condition(sense(e))
         }
     }
 }

@@ -212,6 +212,33 @@ async fn an_io_error_becomes_the_sense_its_errno_means() {
     assert_eq!(o.sense, Some(Sense::LU_COMMUNICATION_FAILURE));
 }
 
+/// EAGAIN (a fenced RBD gateway rejoining): "again soon", BUSY status with
+/// no sense, which initiators send again; read or write, nothing read.
+#[tokio::test]
+async fn a_store_that_says_again_soon_gets_busy() {
+    let (t, io) = setup();
+    let n = nexus(1);
+    good(&t, &n, &write16(0, 1), &[5; 512]);
+    *io.fail.lock().unwrap() = Some(11); // EAGAIN
+    let o = planned(plan(&t, &n, &write16(0, 1), &[6; 512]))
+        .write(Box::new(vec![6u8; 512]))
+        .await;
+    assert_eq!(o, CommandOutcome::BUSY);
+    assert!(o.sense_bytes().is_empty());
+    *io.fail.lock().unwrap() = Some(11);
+    let (data, o) = planned(plan(&t, &n, &read16(0, 1), &[]))
+        .read(Vec::new())
+        .await;
+    assert!(data.is_empty());
+    assert_eq!(o.status, status::BUSY);
+    // Sent again, it runs.
+    let (data, o) = planned(plan(&t, &n, &read16(0, 1), &[]))
+        .read(Vec::new())
+        .await;
+    assert!(o.is_good());
+    assert_eq!(data, vec![5u8; 512]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compare_and_write_waits_for_an_asynchronous_write_in_flight() {
     let (t, io) = setup();

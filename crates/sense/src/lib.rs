@@ -460,7 +460,9 @@ impl Sense {
     ///   past the store's `timeout=`; it may or may not have landed, which
     ///   the initiator's retry of the same write makes harmless);
     /// - ESHUTDOWN (Ceph's EBLOCKLISTED), ENOTCONN: LOGICAL UNIT
-    ///   COMMUNICATION FAILURE (this client was fenced);
+    ///   COMMUNICATION FAILURE (this client was fenced); EAGAIN too (a
+    ///   fenced store rejoining: where the SCSI layer can, it answers BUSY
+    ///   instead, which initiators retry);
     /// - ENOENT, ENODEV: MEDIUM NOT PRESENT (the medium itself is gone,
     ///   e.g. an RBD image removed: SPC-4 says "not ready, medium not
     ///   present" for a LU that exists with no medium, which keeps the LU
@@ -468,16 +470,18 @@ impl Sense {
     ///   the LUN does not exist at all).
     pub fn for_io_error(error: &std::io::Error, fallback: Self) -> Self {
         const ENOENT: i32 = 2;
+        const EAGAIN: i32 = 11;
         const ENODEV: i32 = 19;
         const ENOTCONN: i32 = 107;
         const ESHUTDOWN: i32 = 108;
         const ETIMEDOUT: i32 = 110;
         match error.raw_os_error() {
             Some(ETIMEDOUT) => Self::LU_COMMUNICATION_TIMEOUT,
-            Some(ESHUTDOWN | ENOTCONN) => Self::LU_COMMUNICATION_FAILURE,
+            Some(ESHUTDOWN | ENOTCONN | EAGAIN) => Self::LU_COMMUNICATION_FAILURE,
             Some(ENOENT | ENODEV) => Self::MEDIUM_NOT_PRESENT,
             _ => match error.kind() {
                 std::io::ErrorKind::TimedOut => Self::LU_COMMUNICATION_TIMEOUT,
+                std::io::ErrorKind::WouldBlock => Self::LU_COMMUNICATION_FAILURE,
                 std::io::ErrorKind::NotFound => Self::MEDIUM_NOT_PRESENT,
                 _ => fallback,
             },
@@ -695,6 +699,8 @@ mod tests {
             (fenced.key, fenced.asc),
             (SenseKey::NotReady, Asc::new(0x08, 0))
         );
+        assert_eq!(sense(Error::from_raw_os_error(11)), fenced);
+        assert_eq!(sense(ErrorKind::WouldBlock.into()), fenced);
         let gone = sense(Error::from_raw_os_error(2));
         assert_eq!(
             (gone.key, gone.asc),

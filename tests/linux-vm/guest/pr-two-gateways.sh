@@ -140,7 +140,8 @@ touch out/cont-gw1
 for _ in $(seq 1 300); do [ -e gw1-continued ] && break; sleep 0.1; done
 [ -e gw1-continued ] || fail "the host did not continue gateway 1"
 
-# --- Gateway 1 runs again: A's writes fail (bounded wait), none of them landed.
+# --- Gateway 1 runs again: A's writes fail (bounded wait), none of them landed. (Those that find
+# gateway 1 fenced end in BUSY and are sent again once it has rejoined, then meet the preemption.)
 for _ in $(seq 1 1800); do kill -0 "$a_sgraw" 2>/dev/null || kill -0 "$a_dd" 2>/dev/null || break; sleep 0.1; done
 kill -0 "$a_sgraw" 2>/dev/null && fail "A's sg_raw still waits 180 s after gateway 1 continued"
 kill -0 "$a_dd" 2>/dev/null && fail "A's dd still waits 180 s after gateway 1 continued"

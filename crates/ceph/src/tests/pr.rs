@@ -123,8 +123,9 @@ fn a_fenced_client_fails_its_writes_and_the_store_rejoins_with_a_new_one() {
     let err = b.shared.pr.read().unwrap_err();
     assert_eq!(err.raw_os_error(), Some(108), "{err}");
     assert!(b.shared.fence.tripped());
+    // Refused while it rejoins: "again soon" (EAGAIN, BUSY to the host).
     let err = b.write_at(0, &[2u8; 512]).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    assert_eq!(err.raw_os_error(), Some(11), "{err}");
     // Planned on the fenced client: refused by the fence even after the
     // new client serves.
     let stale = b.async_io().unwrap();
@@ -153,7 +154,8 @@ fn a_fenced_client_fails_its_writes_and_the_store_rejoins_with_a_new_one() {
         .unwrap();
     let data: Box<dyn iscsi_scsi::backstore::WriteData> = Box::new(vec![4u8; 512]);
     let err = rt.block_on(stale.write(0, data, 512, false)).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    // Sent again, it would be checked again and go through the new client.
+    assert_eq!(err.raw_os_error(), Some(11), "{err}");
     a.read_at(0, &mut back).unwrap();
     assert_eq!(
         back, [3u8; 512],
@@ -373,9 +375,10 @@ fn a_gateway_that_does_not_acknowledge_is_fenced_before_the_command_completes() 
         "{:?}",
         start.elapsed()
     );
-    // Fenced by then: its writes fail, and the record forgot it.
+    // Fenced by then: its writes fail (EAGAIN while it rejoins), and the
+    // record forgot it.
     let err = late.write_at(0, &[8u8; 512]).unwrap_err();
-    assert_eq!(err.raw_os_error(), Some(108), "{err}");
+    assert_eq!(err.raw_os_error(), Some(11), "{err}");
     let rec = PrRecord::decode(&late_free_read(&image)).unwrap();
     assert!(
         rec.gateways.iter().all(|g| g.gid != gid),
