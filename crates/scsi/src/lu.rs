@@ -15,6 +15,7 @@ use crate::alua::AluaGroup;
 use crate::backstore::{Backstore, SharedPrStore};
 use crate::medium::{LuOptions, Medium};
 use crate::nexus::NexusKey;
+use crate::outcome::Fail;
 use crate::pr_record::Gateway;
 use crate::pr_state::PrState;
 use crate::sanitize_state::SanitizeState;
@@ -295,9 +296,10 @@ impl LogicalUnit {
     /// [`LogicalUnit::write_shared`] for a write checked in I/O epoch
     /// `epoch`: refused when the epoch moved on meanwhile, because the
     /// state it was checked against (a reservation, say) may be gone. The
-    /// write does not run; NOT READY, LOGICAL UNIT COMMUNICATION FAILURE
-    /// is what the fenced store answered the commands just before it.
-    pub fn write_shared_at(&self, epoch: u64) -> Result<ShardedLockReadGuard<'_, ()>, Sense> {
+    /// write does not run; it ends in BUSY, as the commands the fenced store
+    /// refused just before it did, and sent again it is checked against the
+    /// state the rejoin brought.
+    pub(crate) fn write_shared_at(&self, epoch: u64) -> Result<ShardedLockReadGuard<'_, ()>, Fail> {
         let guard = self.write_shared();
         self.still_in(epoch)?;
         Ok(guard)
@@ -305,17 +307,20 @@ impl LogicalUnit {
 
     /// [`LogicalUnit::write_exclusive`] for a write checked in I/O epoch
     /// `epoch` (see [`LogicalUnit::write_shared_at`]).
-    pub fn write_exclusive_at(&self, epoch: u64) -> Result<ShardedLockWriteGuard<'_, ()>, Sense> {
+    pub(crate) fn write_exclusive_at(
+        &self,
+        epoch: u64,
+    ) -> Result<ShardedLockWriteGuard<'_, ()>, Fail> {
         let guard = self.write_exclusive();
         self.still_in(epoch)?;
         Ok(guard)
     }
 
-    fn still_in(&self, epoch: u64) -> Result<(), Sense> {
+    fn still_in(&self, epoch: u64) -> Result<(), Fail> {
         if self.io_epoch() == epoch {
             Ok(())
         } else {
-            Err(Sense::LU_COMMUNICATION_FAILURE)
+            Err(Fail::Busy)
         }
     }
 
@@ -423,14 +428,8 @@ mod tests {
         assert!(lu.write_shared_at(before).is_ok());
         assert!(lu.write_exclusive_at(before).is_ok());
         lu.next_io_epoch();
-        assert_eq!(
-            lu.write_shared_at(before).err(),
-            Some(Sense::LU_COMMUNICATION_FAILURE)
-        );
-        assert_eq!(
-            lu.write_exclusive_at(before).err(),
-            Some(Sense::LU_COMMUNICATION_FAILURE)
-        );
+        assert_eq!(lu.write_shared_at(before).err(), Some(Fail::Busy));
+        assert_eq!(lu.write_exclusive_at(before).err(), Some(Fail::Busy));
         let now = lu.io_epoch();
         assert!(lu.write_shared_at(now).is_ok());
         assert!(lu.write_exclusive_at(now).is_ok());

@@ -81,3 +81,18 @@ impl CommandOutcome {
         self.status == status::GOOD
     }
 }
+
+/// Why a command failed: CHECK CONDITION with sense, RESERVATION CONFLICT
+/// status, or BUSY status (the store asks for the command again soon).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fail {
+    Check(Sense),
+    Conflict,
+    Busy,
+}
+
+impl From<Sense> for Fail {
+    fn from(s: Sense) -> Self {
+        Self::Check(s)
+    }
+}

@@ -27,20 +27,7 @@ use iscsi_sense::{Asc, Sense};
 pub use crate::pr_state::{MAX_REGISTRATIONS, PrType};
 pub(crate) use crate::pr_state::{PrState, Registration, Reservation};
 
-/// Why a command failed: CHECK CONDITION with sense, RESERVATION CONFLICT
-/// status, or BUSY status (the store asks for the command again soon).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Fail {
-    Check(Sense),
-    Conflict,
-    Busy,
-}
-
-impl From<Sense> for Fail {
-    fn from(s: Sense) -> Self {
-        Self::Check(s)
-    }
-}
+pub(crate) use crate::outcome::Fail;
 
 /// How a command is treated in the presence of reservations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
