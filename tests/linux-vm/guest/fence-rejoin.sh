@@ -28,11 +28,7 @@ fio "${job[@]}" --do_verify=0 --rate_iops=500 --output=out/fio-write.txt >/dev/n
 fio_pid=$!
 writes_under_way "$dev"
 note "writes under way; the host blocklists the gateway's client now"
-fio_rc=0
-wait "$fio_pid" || fio_rc=$?
-cat out/fio-write.txt
-[ "$fio_rc" = 0 ] || fail "the fio write pass failed across the fence (exit $fio_rc)"
-grep -q 'err= 0' out/fio-write.txt || fail "fio reports I/O errors"
+write_pass_ended "$fio_pid" out/fio-write.txt "the fence"
 [ -e fence-done ] || fail "fio finished before the gateway had rejoined (make the write pass longer)"
 ok "fio wrote 160 MiB at QD32 across the gateway's fence and rejoin without an I/O error"
 dmesg >out/dmesg.txt
@@ -40,10 +36,5 @@ if grep -Ei 'I/O error|critical (target|medium|nexus|space)|Sense Key' out/dmesg
     fail "the kernel logged errors across the fence"
 fi
 ok "the kernel logged no I/O error across the fence"
-if fio "${job[@]}" --verify_only --verify_state_load=1 --output=out/fio-verify.txt >/dev/null 2>&1; then
-    ok "verify-only pass: every acknowledged write reads back with the right CRC32C"
-else
-    tail -30 out/fio-verify.txt
-    fail "verify-only pass after the fence"
-fi
+verify_only_pass out/fio-verify.txt "the fence" "${job[@]}"
 echo "FENCE OK"

@@ -52,18 +52,9 @@ ok "LUN 1 is gone: $size1 bytes after the rescan, no data read"
 echo 1 >"/sys/block/${dev1#/dev/}/device/delete"
 check "LUN 1's disk deleted" test ! -e "$dev1"
 
-fio_rc=0
-wait "$fio_pid" || fio_rc=$?
-cat out/fio-write.txt
-[ "$fio_rc" = 0 ] || fail "fio failed across the reloads (exit $fio_rc)"
-grep -q 'err= 0' out/fio-write.txt || fail "fio reports I/O errors"
+write_pass_ended "$fio_pid" out/fio-write.txt "the reloads"
 ok "fio wrote 192 MiB at QD32 across the reloads without an I/O error"
-if fio "${job[@]}" --verify_only --verify_state_load=1 --output=out/fio-verify.txt >/dev/null 2>&1; then
-    ok "verify-only pass: every acknowledged write reads back"
-else
-    tail -30 out/fio-verify.txt
-    fail "verify-only pass after the reloads"
-fi
+verify_only_pass out/fio-verify.txt "the reloads" "${job[@]}"
 dmesg >out/dmesg.txt
 grep -q 'LUN assignments on this target have changed\|reported luns data has changed' out/dmesg.txt \
     && ok "the kernel saw REPORTED LUNS DATA HAS CHANGED" || note "no 3F/0E line in the kernel log"

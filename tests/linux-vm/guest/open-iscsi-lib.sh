@@ -78,6 +78,31 @@ writes_under_way() {
     touch out/fio-started
 }
 
+# write_pass_ended PID OUTPUT ACROSS: waits for the fio write pass running in the background as PID
+# (its --output OUTPUT) and fails unless it ended without an error; ACROSS names what the jobs that
+# disturb a running fio did to it (a restart, a failover, a fence...).
+write_pass_ended() {
+    local rc=0
+    wait "$1" || rc=$?
+    cat "$2"
+    [ "$rc" = 0 ] || fail "the fio write pass failed across $3 (exit $rc)"
+    grep -q 'err= 0' "$2" || fail "fio reports I/O errors across $3"
+}
+
+# verify_only_pass OUTPUT ACROSS FIO-OPTIONS...: fio's verify-only pass of the write pass that ran
+# with FIO-OPTIONS (--verify_state_save): every write it acknowledged must read back with its
+# CRC32C. Its output in OUTPUT.
+verify_only_pass() {
+    local output=$1 across=$2
+    shift 2
+    if fio "$@" --verify_only --verify_state_load=1 --output="$output" >/dev/null 2>&1; then
+        ok "verify-only pass after $across: every acknowledged write reads back with the right CRC32C"
+    else
+        tail -30 "$output"
+        fail "verify-only pass after $across"
+    fi
+}
+
 # sg_of DISK: the /dev/sgN of /dev/sdX.
 sg_of() { local d; for d in /sys/block/"${1#/dev/}"/device/scsi_generic/*; do echo "/dev/${d##*/}"; return 0; done; return 1; }
 

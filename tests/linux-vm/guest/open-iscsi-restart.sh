@@ -31,12 +31,8 @@ fio_pid=$!
 # Tell the host once writes are really in flight.
 writes_under_way "$dev"
 note "writes under way; the host restarts the target now"
-fio_rc=0
-wait "$fio_pid" || fio_rc=$?
+write_pass_ended "$fio_pid" out/fio-write.txt "the target restarts"
 [ -e restarts-done ] || fail "fio finished before the host's restarts were over (make the write pass larger)"
-cat out/fio-write.txt
-[ "$fio_rc" = 0 ] || fail "the fio write pass failed across the target restarts (exit $fio_rc)"
-grep -q 'err= 0' out/fio-write.txt || fail "fio reports I/O errors"
 ok "fio wrote 160 MiB at QD32 across two target restarts without an I/O error"
 dmesg >out/dmesg.txt
 # SIGINT: the target asks for a logout (AsyncEvent 1), iscsid logs out and logs in again by itself
@@ -49,12 +45,7 @@ state=$(cat "$(session_dir "$IQN")/state")
 ok "session state $state"
 
 # Every acknowledged write is on the disk (and in the host's file, which outlived the restarts).
-if fio "${job[@]}" --verify_only --verify_state_load=1 --output=out/fio-verify.txt >/dev/null 2>&1; then
-    ok "verify-only pass: every acknowledged write reads back with the right CRC32C"
-else
-    tail -30 out/fio-verify.txt
-    fail "verify-only pass after the restarts"
-fi
+verify_only_pass out/fio-verify.txt "the restarts" "${job[@]}"
 check "logout" logout "$IQN" "$P"
 
 # A cut connection (RFC 7143 7.1.4.1, ERL 0): the kernel initiator reaches the target through
@@ -84,12 +75,7 @@ cuts=$(grep -c '"fault":"cut' out/cut-faults.jsonl || true)
 errors=$(( $(dmesg | grep -c 'detected conn error' || true) - errors_before ))
 [ "$errors" -ge 2 ] || fail "the kernel saw $errors connection errors for 2 cuts"
 ok "fio wrote 160 MiB at QD32 through 2 cut connections without an I/O error ($errors connection errors recovered)"
-if fio "${cut[@]}" --verify_only --verify_state_load=1 --output=out/fio-cut-verify.txt >/dev/null 2>&1; then
-    ok "verify-only pass after the cuts: every acknowledged write reads back"
-else
-    tail -30 out/fio-cut-verify.txt
-    fail "verify-only pass after the cut connections"
-fi
+verify_only_pass out/fio-cut-verify.txt "the cut connections" "${cut[@]}"
 check "logout through the fault proxy" logout "$IQN" "$PP"
 kill "$proxy" 2>/dev/null
 echo "RESTART OK"
