@@ -24,7 +24,12 @@
 //! blocklist, fails with EAGAIN ([`std::io::ErrorKind::WouldBlock`]) for
 //! [`REJOIN_GRACE`] after the trip, which the SCSI layer answers with BUSY
 //! status (Linux's SCSI midlayer and QEMU send the command again; a NOT
-//! READY would fail the I/O up to the application). Sent again, it is
+//! READY would fail the I/O up to the application). A READ or WRITE
+//! waits before that answer until the rejoin is done, [`HOLD_AT_MOST`] at
+//! most, so that the first retry succeeds: QEMU gives up after five
+//! retries spread at random over about 2.7 s. It waits outside the store
+//! and holding nothing of the LU (`AsyncIo::ready`): the rejoin itself
+//! waits for the LU's writes in flight. Sent again, it is
 //! checked again (reservations, ALUA) against what the rejoin brought,
 //! and runs through the new client. A rejoin that takes longer (the
 //! cluster unreachable) gets the lasting answer: NOT READY, LOGICAL UNIT
@@ -43,6 +48,10 @@ use iscsi_scsi::alua::{AccessState, AluaGroup, AluaView, PortGroup};
 /// a rejoin takes about a second; one that is not done by then is waiting
 /// for a cluster it cannot reach.
 pub(super) const REJOIN_GRACE: Duration = Duration::from_secs(10);
+
+/// How long a command the fence refused waits for the rejoin before its
+/// BUSY goes out ([`Fence::rejoined_within`]).
+pub(super) const HOLD_AT_MOST: Duration = Duration::from_secs(5);
 
 /// What an I/O refused while a rejoin is expected fails with (EAGAIN).
 const EAGAIN: i32 = 11;
@@ -115,6 +124,18 @@ impl Fence {
             return self.refusal(generation, Instant::now());
         }
         e
+    }
+
+    /// Returns once the fence is open again (the rejoin done), at most
+    /// `at_most` from now: what a command refused with "again soon" waits
+    /// for before its BUSY goes out, so that the initiator's first retry
+    /// finds the new client (QEMU retries BUSY five times over about 2.7 s
+    /// in all, at random; Linux's midlayer every few milliseconds).
+    pub async fn rejoined_within(&self, at_most: Duration) {
+        let until = tokio::time::Instant::now() + at_most;
+        while self.tripped() && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// The error of an I/O of the client of `generation` that the fence
@@ -233,6 +254,32 @@ mod tests {
         let record = f.check(1, io::Error::from_raw_os_error(EBLOCKLISTED));
         assert_eq!(record.raw_os_error(), Some(EBLOCKLISTED));
         assert!(f.tripped());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refused_command_waits_for_the_rejoin_at_most_the_bound() {
+        let f = Arc::new(Fence::new(1, "rbd:p/i".into(), None));
+        // Open: no wait.
+        let start = tokio::time::Instant::now();
+        f.rejoined_within(HOLD_AT_MOST).await;
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        // Tripped and not rejoined: the whole bound.
+        f.trip(0);
+        f.rejoined_within(HOLD_AT_MOST).await;
+        assert!(start.elapsed() >= HOLD_AT_MOST);
+        // Rejoined 300 ms in: until then.
+        let rejoin = Arc::clone(&f);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            rejoin.rejoined(1);
+        });
+        let start = tokio::time::Instant::now();
+        f.rejoined_within(HOLD_AT_MOST).await;
+        let took = start.elapsed();
+        assert!(
+            took >= Duration::from_millis(300) && took < Duration::from_millis(400),
+            "{took:?}"
+        );
     }
 
     #[test]

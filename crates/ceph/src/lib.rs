@@ -146,10 +146,15 @@ impl Medium {
     /// writes wait there for good.
     fn failed(&self, e: io::Error) -> io::Error {
         if e.kind() == io::ErrorKind::NotFound && !self.removed.load(Ordering::Acquire) {
-            // Full: a wake is pending already.
-            let _ = self.wake.try_send(());
+            self.wake();
         }
         e
+    }
+
+    /// Wakes the poll now (the image may be gone, or the fence tripped).
+    fn wake(&self) {
+        // Full: a wake is pending already.
+        let _ = self.wake.try_send(());
     }
 }
 
@@ -611,13 +616,27 @@ impl AsyncIo for RbdAsync {
                 .map_err(|e| failed(&fence, generation, &medium, e))
         })
     }
+
+    /// Once the fence has opened again (the rejoin done), at most
+    /// [`fence::HOLD_AT_MOST`] from now.
+    fn ready(&self) -> IoFuture<()> {
+        let fence = Arc::clone(&self.fence);
+        Box::pin(async move { fence.rejoined_within(fence::HOLD_AT_MOST).await })
+    }
 }
 
 /// What every failed I/O of a client goes through: the fence looks for
 /// EBLOCKLISTED ([`fence::Fence::check_io`]), the medium for ENOENT
-/// ([`Medium::failed`]).
+/// ([`Medium::failed`]). An I/O that trips the fence wakes the poll, which
+/// rejoins at once rather than at its next second: the commands waiting
+/// for it ([`AsyncIo::ready`]) wait that much less.
 fn failed(fence: &fence::Fence, generation: u64, medium: &Medium, e: io::Error) -> io::Error {
-    medium.failed(fence.check_io(generation, e))
+    let tripped = fence.tripped();
+    let e = fence.check_io(generation, e);
+    if !tripped && fence.tripped() {
+        medium.wake();
+    }
+    medium.failed(e)
 }
 
 /// librados op flags for a write that must be durable when it completes.

@@ -73,7 +73,7 @@ impl PlannedIo {
             Ok(()) => (buf, CommandOutcome::GOOD),
             Err(e) => {
                 buf.clear();
-                (buf, self.failed(e, Sense::read_failed))
+                (buf, self.failed(e, Sense::read_failed).await)
             }
         }
     }
@@ -89,16 +89,21 @@ impl PlannedIo {
         let result: io::Result<()> = self.io.write(offset, data, len, through).await;
         match result {
             Ok(()) => CommandOutcome::GOOD,
-            Err(e) => self.failed(e, Sense::write_failed),
+            Err(e) => self.failed(e, Sense::write_failed).await,
         }
     }
 
     /// The outcome of a failed transfer: BUSY when the store asks for the
     /// command again soon ([`io::ErrorKind::WouldBlock`]: a READ or WRITE
     /// sent again leaves the medium as one run of it would, whatever of it
-    /// got there), else CHECK CONDITION with `sense` of the error.
-    fn failed(&self, e: io::Error, sense: fn(io::Error) -> Sense) -> CommandOutcome {
+    /// got there), once the store says the retry is worth it
+    /// ([`AsyncIo::ready`]) and with the LU's write access given back
+    /// first; else CHECK CONDITION with `sense` of the error.
+    async fn failed(self, e: io::Error, sense: fn(io::Error) -> Sense) -> CommandOutcome {
         if e.kind() == io::ErrorKind::WouldBlock {
+            let PlannedIo { io, _permit, .. } = self;
+            drop(_permit);
+            io.ready().await;
             return CommandOutcome::BUSY;
         }
         CommandOutcome {

@@ -36,6 +36,8 @@ struct Io {
     ram: Arc<RamBackstore>,
     gate: Mutex<Option<oneshot::Receiver<()>>>,
     fail: Mutex<Option<i32>>,
+    /// When set, `ready` (after an "again soon") waits for it.
+    ready_gate: Mutex<Option<oneshot::Receiver<()>>>,
 }
 
 impl AsyncIo for Io {
@@ -69,6 +71,15 @@ impl AsyncIo for Io {
             }
             let bytes: Vec<u8> = data.slices().concat();
             ram.write_at(offset, &bytes[..len])
+        })
+    }
+
+    fn ready(&self) -> IoFuture<()> {
+        let gate = self.ready_gate.lock().unwrap().take();
+        Box::pin(async move {
+            if let Some(gate) = gate {
+                let _ = gate.await;
+            }
         })
     }
 }
@@ -116,6 +127,7 @@ fn setup_with_store() -> (Arc<ScsiTarget>, Arc<Io>, Arc<Store>) {
         ram: Arc::clone(&ram),
         gate: Mutex::new(None),
         fail: Mutex::new(None),
+        ready_gate: Mutex::new(None),
     });
     let store = Arc::new(Store {
         ram,
@@ -237,6 +249,46 @@ async fn a_store_that_says_again_soon_gets_busy() {
         .await;
     assert!(o.is_good());
     assert_eq!(data, vec![5u8; 512]);
+}
+
+/// A write the store asks for again waits for the store's word
+/// (`AsyncIo::ready`: a fenced gateway's rejoin) before its BUSY goes out,
+/// holding nothing of the LU: what the store waits for may itself wait for
+/// the LU's writes in flight (a rejoin drains them), so a COMPARE AND WRITE,
+/// which does, runs meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_write_waits_for_the_store_holding_nothing_of_the_lu() {
+    let (t, io) = setup();
+    let n = nexus(1);
+    let old = pattern(1, 512);
+    good(&t, &n, &write16(0, 1), &old);
+    let (open, gate) = oneshot::channel();
+    *io.ready_gate.lock().unwrap() = Some(gate);
+    *io.fail.lock().unwrap() = Some(11); // EAGAIN
+    let write = planned(plan(&t, &n, &write16(0, 1), &pattern(2, 512)));
+    let writing = tokio::spawn(write.write(Box::new(pattern(2, 512))));
+    let caw = {
+        let t = Arc::clone(&t);
+        let n = n.clone();
+        let mut out = old.clone();
+        out.extend_from_slice(&pattern(3, 512));
+        tokio::task::spawn_blocking(move || run(&t, &n, &caw(0, 1), &out).0)
+    };
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), caw)
+            .await
+            .expect("COMPARE AND WRITE waited for a write that only waits for the store")
+            .unwrap(),
+        CommandOutcome::GOOD
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        !writing.is_finished(),
+        "BUSY went out before the store said so"
+    );
+    open.send(()).unwrap();
+    assert_eq!(writing.await.unwrap(), CommandOutcome::BUSY);
+    assert_eq!(good(&t, &n, &read16(0, 1), &[]), pattern(3, 512));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

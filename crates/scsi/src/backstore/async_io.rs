@@ -53,4 +53,14 @@ pub trait AsyncIo: Send + Sync {
         len: usize,
         through: bool,
     ) -> IoFuture<io::Result<()>>;
+
+    /// After a read or write failed with [`io::ErrorKind::WouldBlock`]
+    /// ("again soon"): resolves when sending the command again is worth it
+    /// (a fenced RBD client has rejoined), or when the store stops waiting
+    /// for that. The command holds nothing of the LU meanwhile (what the
+    /// store waits for may itself wait for the LU's writes). At once unless
+    /// the store says otherwise.
+    fn ready(&self) -> IoFuture<()> {
+        Box::pin(std::future::ready(()))
+    }
 }
