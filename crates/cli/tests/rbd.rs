@@ -3,7 +3,8 @@
 //! `ISCSI_CEPH_CONF`): data written through our initiator lands in the
 //! image (read back by `rbd export`), UNMAP reads zeros, and a missing image
 //! or an unreachable cluster stops the target with a message naming what
-//! failed. Built only with the cargo feature `ceph-tests`.
+//! failed; QEMU's driver writes across the gateway's fence and rejoin
+//! without an error. Built only with the cargo feature `ceph-tests`.
 #![cfg(feature = "ceph-tests")]
 
 mod common;
@@ -214,6 +215,117 @@ fn a_resized_image_raises_capacity_data_has_changed() {
             assert_eq!(session.read_capacity(0).await.unwrap().blocks, blocks);
         }
     });
+    assert!(
+        target
+            .terminate(std::time::Duration::from_secs(10))
+            .is_some_and(|status| status.success())
+    );
+}
+
+/// A fence nobody sees, as QEMU sees it (issue 48 item 1): qemu-io (QEMU's
+/// own iSCSI driver, over libiscsi) writes 200 MiB in 64 KiB writes
+/// through a gateway whose RADOS client is blocklisted by hand part way
+/// (`ceph osd blocklist add`, the image header's watcher). The gateway
+/// rejoins with a new client; commands that met the fence end in BUSY once
+/// it has, which QEMU sends again (it gives up after five tries within
+/// about 2.7 s, where NOT READY fails at once). Every write must succeed
+/// and read back, and the gateway must have been fenced and rejoined.
+#[test]
+fn a_fence_is_no_error_to_qemu() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::Stdio;
+
+    let image = Image::new("fence-qemu", "256M");
+    let (mut target, url) = gateway(&image);
+    let url = url.to_string();
+    // Two halves with a pause between: the blocklist lands during the
+    // first or the pause, so the second meets the fence (or the rejoin).
+    let write = |from: u32, to: u32| -> String {
+        (from..to)
+            .map(|i| format!("write -P 0xab {} 64k\n", u64::from(i) * 65536))
+            .collect()
+    };
+    let script = format!("{}sleep 2000\n{}", write(0, 1600), write(1600, 3200));
+    let mut qemu = Command::new("qemu-io")
+        .args(["-f", "raw", &url])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("qemu-io runs (qemu-utils + qemu-block-extra: scripts/test installs them)");
+    // From a thread of its own: qemu-io reads its commands as it runs
+    // them and writes a line for each, which is read below meanwhile.
+    let mut stdin = qemu.stdin.take().unwrap();
+    let feeding = std::thread::spawn(move || stdin.write_all(script.as_bytes()));
+    // Its writes under way, the gateway's client goes.
+    let mut lines = BufReader::new(qemu.stdout.take().unwrap()).lines();
+    let mut wrote = 0;
+    for line in lines.by_ref() {
+        if line.unwrap().contains("wrote 65536") {
+            wrote += 1;
+            if wrote == 100 {
+                break;
+            }
+        }
+    }
+    assert_eq!(wrote, 100, "qemu-io did not write");
+    let status = rbd(&["status", &image]);
+    let watchers: Vec<String> = String::from_utf8_lossy(&status.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("watcher=").map(str::to_owned))
+        .collect();
+    assert!(!watchers.is_empty(), "no watcher of {}", &*image);
+    for watcher in &watchers {
+        let out = Command::new("ceph")
+            .args([
+                "-c",
+                &common::ceph::conf(),
+                "osd",
+                "blocklist",
+                "add",
+                watcher,
+            ])
+            .output()
+            .expect("the ceph CLI runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    for line in lines {
+        if line.unwrap().contains("wrote 65536") {
+            wrote += 1;
+        }
+    }
+    feeding.join().unwrap().unwrap();
+    let mut errors = String::new();
+    std::io::Read::read_to_string(&mut qemu.stderr.take().unwrap(), &mut errors).unwrap();
+    assert!(qemu.wait().unwrap().success(), "{errors}");
+    assert_eq!(wrote, 3200, "qemu-io: {errors}");
+    let retries = errors.matches("BUSY").count();
+    assert!(
+        errors
+            .lines()
+            .all(|l| l.contains("BUSY") || l.trim().is_empty()),
+        "qemu-io: {errors}"
+    );
+    let back = Command::new("qemu-io")
+        .args(["-f", "raw", &url, "-c", "read -P 0xab 0 200M"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&back.stdout);
+    assert!(
+        back.status.success()
+            && said.contains("read 209715200/209715200")
+            && !said.contains("fail"),
+        "{said}{}",
+        String::from_utf8_lossy(&back.stderr)
+    );
+    let log = target.log_so_far();
+    assert!(log.contains("was blocklisted"), "{log}");
+    assert!(log.contains("serving again"), "{log}");
+    eprintln!("qemu-io across the fence: {retries} BUSY answers sent again, none failed");
     assert!(
         target
             .terminate(std::time::Duration::from_secs(10))
