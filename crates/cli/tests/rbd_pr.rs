@@ -183,8 +183,10 @@ fn reservations_hold_across_two_gateways_and_preempt_fences_a_stopped_one() {
             statuses.push(write(&a, lba, 0x44).await);
         }
         // Gateway 1 finds itself fenced: its cached reservations are stale
-        // and it says so (NOT READY, LOGICAL UNIT COMMUNICATION FAILURE)
-        // instead of answering from them.
+        // and it never answers from them: NOT READY, LOGICAL UNIT
+        // COMMUNICATION FAILURE while it rejoins, then the state it reloaded
+        // (B's key alone). The rejoin starts when the fence trips and takes
+        // milliseconds, so either may come first.
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             let cdb = [0x5E, 0, 0, 0, 0, 0, 0, 0x10, 0, 0];
@@ -196,9 +198,18 @@ fn reservations_hold_across_two_gateways_and_preempt_fences_a_stopped_one() {
             if r.status == 2 && sense == Some((2, 0x08, 0)) {
                 break;
             }
+            // READ KEYS: the list's length at 4..8, the keys from 8 on.
+            let keys: Vec<u64> = r.data
+                [8..8 + u32::from_be_bytes(r.data[4..8].try_into().unwrap()) as usize]
+                .chunks(8)
+                .map(|k| u64::from_be_bytes(k.try_into().unwrap()))
+                .collect();
+            if r.status == GOOD && keys == [0xBB] {
+                break;
+            }
             assert!(
                 Instant::now() < deadline,
-                "gateway 1 still answers PR IN from its stale state: {} {sense:?}",
+                "gateway 1 still answers PR IN from its stale state: {} {sense:?} keys {keys:x?}",
                 r.status
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
