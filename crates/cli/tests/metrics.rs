@@ -308,11 +308,15 @@ fn a_scrape_counts_exactly_what_the_client_did() {
         assert_eq!(lun["counters"]["written_bytes"], did.written_bytes);
 
         session.logout().await.unwrap();
-        // The session's gauges and series go; its counts stay.
+        // The session's gauges and series go; its counts stay. The series
+        // go with the session itself, which may outlive its place in the
+        // gauge by a task still finishing: both are waited for.
         let deadline = Instant::now() + Duration::from_secs(5);
         let s = loop {
             let s = samples(&scrape(metrics_port));
-            if value(&s, "iscsi_target_sessions", &sessions) == 0 || Instant::now() > deadline {
+            let gone = value(&s, "iscsi_target_sessions", &sessions) == 0
+                && !s.keys().any(|k| k.starts_with("iscsi_target_session_"));
+            if gone || Instant::now() > deadline {
                 break s;
             }
             std::thread::sleep(Duration::from_millis(20));

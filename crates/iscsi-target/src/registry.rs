@@ -54,13 +54,25 @@ pub(crate) struct Registry {
 }
 
 impl Registry {
-    /// Keeps an ended `session` while any of its tasks is still running.
-    pub fn drain(&self, session: &Arc<Session>) {
+    /// Keeps an ended `session` while any of its tasks is still running;
+    /// whether it did. The caller forgets it once they are over
+    /// ([`Registry::prune`]).
+    pub fn drain(&self, session: &Arc<Session>) -> bool {
         let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
         draining.retain(|s| s.has_live_tasks());
-        if session.has_live_tasks() && !draining.iter().any(|s| Arc::ptr_eq(s, session)) {
+        let kept = session.has_live_tasks();
+        if kept && !draining.iter().any(|s| Arc::ptr_eq(s, session)) {
             draining.push(Arc::clone(session));
         }
+        kept
+    }
+
+    /// Forgets the ended sessions whose tasks are all over: nothing else
+    /// would until the next login, and a session kept holds its buffers
+    /// and its metrics series.
+    pub fn prune(&self) {
+        let mut draining = self.draining.lock().unwrap_or_else(PoisonError::into_inner);
+        draining.retain(|s| s.has_live_tasks());
     }
 
     /// The sessions of the I_T nexus of `initiator`, `isid` and `target`:

@@ -331,7 +331,18 @@ fn end_session(shared: &Shared, session: &Arc<Session>) {
         .get(session.tsih)
         .is_some_and(|s| Arc::ptr_eq(&s, session));
     shared.sessions.remove(session);
-    shared.sessions.drain(session);
+    if shared.sessions.drain(session) {
+        // Forgotten once its tasks are over, not at the next login.
+        let (sessions, session) = (Arc::clone(&shared.sessions), Arc::clone(session));
+        tokio::spawn(async move {
+            while session.has_live_tasks() {
+                for task in session.tasks(None) {
+                    task.wait().await;
+                }
+            }
+            sessions.prune();
+        });
+    }
     if let (true, Some(scsi)) = (registered, &session.scsi) {
         scsi.nexus_lost(&session.nexus);
     }
