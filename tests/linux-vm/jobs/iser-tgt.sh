@@ -77,7 +77,7 @@ finish() {
 }
 trap 'rc=$?; finish $rc; _vm_exit $rc' EXIT
 guest=$LINUX_VM_DIR/guest
-vm_run_bg --from-host "$host_port:3260" --timeout 1200 "$guest/iser-tgt.sh" "$guest/siw-up.sh" "$siw" params.sh "${tgtd_files[@]}"
+vm_run_bg --tcg-multi --from-host "$host_port:3260" --timeout 1200 "$guest/iser-tgt.sh" "$guest/siw-up.sh" "$siw" params.sh "${tgtd_files[@]}"
 vm_log "VM booting (PID $VM_RUN_PID); waiting for tgtd's iSER target"
 vm_wait_file "$VM_SHARE/ready" 400 "$VM_RUN_PID" || {
     [ -f "$VM_SHARE/failed" ] && vm_fail "guest: $(cat "$VM_SHARE/failed")"
