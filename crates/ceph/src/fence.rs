@@ -119,8 +119,8 @@ impl Fence {
     /// (The reservation record's errors stay EBLOCKLISTED: the SCSI layer
     /// marks its reservation state stale on that.)
     pub fn check_io(&self, generation: u64, e: io::Error) -> io::Error {
+        let e = self.check(generation, e);
         if e.raw_os_error() == Some(EBLOCKLISTED) {
-            self.trip(generation);
             return self.refusal(generation, Instant::now());
         }
         e
