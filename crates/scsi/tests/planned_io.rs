@@ -251,6 +251,20 @@ async fn a_store_that_says_again_soon_gets_busy() {
     assert_eq!(data, vec![5u8; 512]);
 }
 
+/// COMPARE AND WRITE of LBA 0 (`compare` then `write`, one block each),
+/// run on the blocking pool: it may wait for the asynchronous writes in
+/// flight.
+fn compare_and_write_on_the_pool(
+    t: &Arc<ScsiTarget>,
+    n: &iscsi_scsi::Nexus,
+    compare: &[u8],
+    write: &[u8],
+) -> tokio::task::JoinHandle<CommandOutcome> {
+    let (t, n) = (Arc::clone(t), n.clone());
+    let out = [compare, write].concat();
+    tokio::task::spawn_blocking(move || run(&t, &n, &caw(0, 1), &out).0)
+}
+
 /// A write the store asks for again waits for the store's word
 /// (`AsyncIo::ready`: a fenced gateway's rejoin) before its BUSY goes out,
 /// holding nothing of the LU: what the store waits for may itself wait for
@@ -267,13 +281,7 @@ async fn a_busy_write_waits_for_the_store_holding_nothing_of_the_lu() {
     *io.fail.lock().unwrap() = Some(11); // EAGAIN
     let write = planned(plan(&t, &n, &write16(0, 1), &pattern(2, 512)));
     let writing = tokio::spawn(write.write(Box::new(pattern(2, 512))));
-    let caw = {
-        let t = Arc::clone(&t);
-        let n = n.clone();
-        let mut out = old.clone();
-        out.extend_from_slice(&pattern(3, 512));
-        tokio::task::spawn_blocking(move || run(&t, &n, &caw(0, 1), &out).0)
-    };
+    let caw = compare_and_write_on_the_pool(&t, &n, &old, &pattern(3, 512));
     assert_eq!(
         tokio::time::timeout(Duration::from_secs(10), caw)
             .await
@@ -305,13 +313,7 @@ async fn compare_and_write_waits_for_an_asynchronous_write_in_flight() {
     let writing = tokio::spawn(write.write(Box::new(new.clone())));
     // COMPARE AND WRITE of the old contents: atomic with respect to every
     // other write, so it must wait for the one in flight to end.
-    let caw = {
-        let t = Arc::clone(&t);
-        let n = n.clone();
-        let mut out = old.clone();
-        out.extend_from_slice(&pattern(3, 512));
-        tokio::task::spawn_blocking(move || run(&t, &n, &caw(0, 1), &out).0)
-    };
+    let caw = compare_and_write_on_the_pool(&t, &n, &old, &pattern(3, 512));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
         !caw.is_finished(),
