@@ -312,8 +312,24 @@ fn detach(dir: &Path) -> std::io::Result<()> {
 }
 
 /// The end of fuser's session thread, as this command's outcome.
+///
+/// ECONNABORTED is the end of an unmount, not a failure: when the last
+/// user of a (lazily) unmounted mount goes, the kernel tears the
+/// connection down, and a read of /dev/fuse that had already taken a
+/// request off the queue (a RELEASE, a FORGET) gets ECONNABORTED rather
+/// than the usual ENODEV (fs/fuse/dev.c, "must not put request on fpq->io
+/// queue after having been shut down"). The other way to it, an abort
+/// through /sys/fs/fuse/connections, reads ENODEV too, since fuser does
+/// not ask for FUSE_ABORT_ERROR; either way every request this process
+/// answered stands, and `finish` still flushes and logs out.
 fn finished(result: std::io::Result<()>) -> anyhow::Result<()> {
-    result.context("the FUSE session")
+    match result {
+        Err(error) if error.raw_os_error() == Some(libc::ECONNABORTED) => {
+            tracing::debug!("the kernel ended the FUSE connection during a read: {error}");
+            Ok(())
+        }
+        result => result.context("the FUSE session"),
+    }
 }
 
 /// Makes every acknowledged write durable and logs out.
@@ -324,4 +340,22 @@ async fn finish(session: &Session, disks: &[Arc<Disk>]) -> anyhow::Result<()> {
             .with_context(|| format!("SYNCHRONIZE CACHE of LUN {}", disk.lun()))?;
     }
     session.logout().await.context("logout")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_connection_torn_down_under_a_read_ends_the_session_cleanly() {
+        let aborted = std::io::Error::from_raw_os_error(libc::ECONNABORTED);
+        assert!(finished(Err(aborted)).is_ok());
+        assert!(finished(Ok(())).is_ok());
+        let other = std::io::Error::from_raw_os_error(libc::EIO);
+        let error = finished(Err(other)).unwrap_err();
+        assert!(
+            format!("{error:#}").contains("the FUSE session"),
+            "{error:#}"
+        );
+    }
 }
