@@ -68,6 +68,11 @@ pub struct StreamReceiver<R> {
 }
 
 impl<R: AsyncRead + Unpin + Send> StreamReceiver<R> {
+    /// The stream it receives from.
+    pub fn get_ref(&self) -> &R {
+        &self.reader
+    }
+
     /// Receives from `reader` with login-phase settings (no digests,
     /// MaxRecvDataSegmentLength 8192).
     pub fn new(reader: R) -> Self {

@@ -34,6 +34,21 @@ pub enum Sender {
 }
 
 impl Receiver {
+    /// Ends the connection both ways at once, whatever is under way on it:
+    /// over TCP, a shutdown of the socket. A send waiting for a peer that
+    /// stopped reading (its window shut) then fails rather than wait for
+    /// good, and the peer is told even while the send direction's half is
+    /// still held elsewhere (dropping one half of a socket closes
+    /// nothing). Over iSER nothing: its stream ends when it is dropped.
+    pub fn sever(&self) {
+        if let Receiver::Tcp(r) = self {
+            let stream: &TcpStream = r.get_ref().as_ref();
+            if let Err(error) = socket2::SockRef::from(stream).shutdown(std::net::Shutdown::Both) {
+                tracing::debug!(%error, "severing a connection: it was gone already");
+            }
+        }
+    }
+
     /// Whether the next PDU has arrived whole, so that taking it in waits
     /// for nothing (over TCP: [`StreamReceiver::has_whole_pdu`]; over iSER
     /// never said, as nothing is held back there to wait for).

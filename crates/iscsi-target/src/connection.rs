@@ -406,6 +406,12 @@ impl Connection {
         // removing it for recovery) leaves them for TASK REASSIGN.
         let recovers =
             self.session.recovers_connections() && !stopped_by_logout && !*closing.borrow();
+        if !stopped_by_logout {
+            // An answer stuck sending to a peer that stopped reading holds
+            // the writer's lock (and its task) until the socket goes:
+            // the send fails now, so the writer ends and the tasks with it.
+            receiver.sever();
+        }
         if recovers {
             self.leave_tasks().await;
         } else {

@@ -303,6 +303,11 @@ async fn quiesce_nexus(shared: &Shared, request: &SessionRequest) -> bool {
     );
     let deadline = tokio::time::Instant::now() + QUIESCE_BOUND;
     for old in &earlier {
+        // Its connections close first (6.3.5, T8), as they would once this
+        // session replaced it: one of its tasks may be waiting to send to
+        // an initiator that no longer reads that connection, and ends only
+        // when it closes.
+        old.close();
         if !old.abort_all_and_wait(deadline).await {
             warn!(
                 tsih = old.tsih,

@@ -45,6 +45,13 @@ pub(super) async fn run_reader(connection: Arc<Connection>, mut receiver: Receiv
     {
         tracing::warn!(cid = connection.cid, %error, "connection lost");
     }
+    if !connection.finished.load(Ordering::SeqCst) {
+        // Given up (or lost), not logged out: the socket goes both ways
+        // now. Dropping this half alone would leave it open while the send
+        // half lives, and a target sending to it would wait for a reader
+        // that never comes, holding its tasks (and a reinstatement) up.
+        receiver.sever();
+    }
     // Not ended by a logout, the connection failed (T15, T16, T17). ERL 0
     // keeps nothing of it for a cleanup: its tasks go back to the session,
     // which reinstates itself (M1).

@@ -74,3 +74,34 @@ async fn a_write_left_at_the_store_by_a_lost_session_never_lands_over_the_next_s
     );
     target.stop().await;
 }
+
+/// An initiator that stops reading but keeps its socket open (hung, or a
+/// socket that lingers after its connection was given up) while the
+/// target sends it Data-In: once the socket buffers are full, the target's
+/// send waits for a reader that never comes. A new login of the same I_T
+/// nexus (reinstatement) must still go through at once, not after
+/// `QUIESCE_BOUND`: the old session closes before its tasks are waited
+/// for, and a connection that closes severs its socket, which fails the
+/// send that was waiting, so the read's task ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reinstatement_is_not_held_by_a_send_to_an_initiator_that_stopped_reading() {
+    let target = Target::start(|_| {}).await;
+    let mut old = Client::login(target.address, offers(), 0).await;
+    // 30 MiB of Data-In asked for, far more than two sockets buffer.
+    for i in 0..30u32 {
+        let itt = old.itt();
+        old.read10(itt, (i % 16) * 2048, 2048).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let again = tokio::time::timeout(
+        Duration::from_secs(5),
+        Client::login(target.address, offers(), 0),
+    )
+    .await;
+    assert!(
+        again.is_ok(),
+        "the reinstating login waited for the old session"
+    );
+    drop(old);
+    target.stop().await;
+}
