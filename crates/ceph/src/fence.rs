@@ -29,7 +29,13 @@
 //! most, so that the first retry succeeds: QEMU gives up after five
 //! retries spread at random over about 2.7 s. It waits outside the store
 //! and holding nothing of the LU (`AsyncIo::ready`): the rejoin itself
-//! waits for the LU's writes in flight. Sent again, it is
+//! waits for the LU's writes in flight. Those are store writes only, each
+//! ended at once by the blocklist or by the RADOS op timeout (`timeout=`,
+//! [`super::DEFAULT_TIMEOUT_S`]): that is the bound on a rejoin's wait. A
+//! write still waiting for its Data-Out holds nothing of the LU (it takes
+//! write access once all its data is in), so no initiator can hold a
+//! rejoin (`tests/rbd.rs`,
+//! `a_write_waiting_for_its_data_does_not_hold_a_rejoin`). Sent again, it is
 //! checked again (reservations, ALUA) against what the rejoin brought,
 //! and runs through the new client. A rejoin that takes longer (the
 //! cluster unreachable) gets the lasting answer: NOT READY, LOGICAL UNIT

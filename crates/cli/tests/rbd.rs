@@ -269,30 +269,7 @@ fn a_fence_is_no_error_to_qemu() {
         }
     }
     assert_eq!(wrote, 100, "qemu-io did not write");
-    let status = rbd(&["status", &image]);
-    let watchers: Vec<String> = String::from_utf8_lossy(&status.stdout)
-        .split_whitespace()
-        .filter_map(|w| w.strip_prefix("watcher=").map(str::to_owned))
-        .collect();
-    assert!(!watchers.is_empty(), "no watcher of {}", &*image);
-    for watcher in &watchers {
-        let out = Command::new("ceph")
-            .args([
-                "-c",
-                &common::ceph::conf(),
-                "osd",
-                "blocklist",
-                "add",
-                watcher,
-            ])
-            .output()
-            .expect("the ceph CLI runs");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
+    blocklist_watchers(&image);
     for line in lines {
         if line.unwrap().contains("wrote 65536") {
             wrote += 1;
@@ -326,6 +303,111 @@ fn a_fence_is_no_error_to_qemu() {
     assert!(log.contains("was blocklisted"), "{log}");
     assert!(log.contains("serving again"), "{log}");
     eprintln!("qemu-io across the fence: {retries} BUSY answers sent again, none failed");
+    assert!(
+        target
+            .terminate(std::time::Duration::from_secs(10))
+            .is_some_and(|status| status.success())
+    );
+}
+
+/// Blocklists every RADOS client watching `image`'s header (`rbd status`
+/// names them), as another gateway or an operator fencing this one would
+/// (`ceph osd blocklist add`).
+fn blocklist_watchers(image: &Image) {
+    let status = rbd(&["status", image]);
+    let watchers: Vec<String> = String::from_utf8_lossy(&status.stdout)
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("watcher=").map(str::to_owned))
+        .collect();
+    assert!(!watchers.is_empty(), "no watcher of {}", &**image);
+    for watcher in &watchers {
+        let out = Command::new("ceph")
+            .args(["-c", &conf(), "osd", "blocklist", "add", watcher])
+            .output()
+            .expect("the ceph CLI runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A bounded rejoin (issue 48 item 2): a WRITE whose Data-Out has not
+/// come holds nothing of the LU, since a write takes the LU's write
+/// access only once all its data is in (`PlannedIo`, `ScsiTarget::execute`),
+/// so a rejoin never waits for an initiator. What a rejoin waits for is
+/// the store writes in flight, each bounded by the RADOS op timeout
+/// (`timeout=`, 30 s by default) and failed at once by the blocklist.
+///
+/// A proxy holds the first Data-Out of session A's 1 MiB write for
+/// [`HELD`]; meanwhile the gateway is blocklisted and session B writes
+/// through the fence. B's write must complete (after BUSY, retried)
+/// before A's data has even arrived: were the rejoin waiting for A, B
+/// would complete only after it. A's write then completes too, checked
+/// against the state the rejoin brought, and both read back.
+#[test]
+fn a_write_waiting_for_its_data_does_not_hold_a_rejoin() {
+    // Twice the fence's own grace (`REJOIN_GRACE`, 10 s): a rejoin that
+    // took longer than that would fail B's write with NOT READY anyway.
+    const HELD: std::time::Duration = std::time::Duration::from_secs(20);
+    let image = Image::new("fence-data-out", "64M");
+    let (mut target, url) = gateway(&image);
+    let fault: iscsi_fault::Fault = format!("delay={}s@data-out#1", HELD.as_secs())
+        .parse()
+        .unwrap();
+    let proxy =
+        iscsi_fault::FaultProxy::start("127.0.0.1:0", url.portal(), vec![fault], None).unwrap();
+    let proxied: IscsiUrl = format!("iscsi://{}/{NAME}/0", proxy.local_addr())
+        .parse()
+        .unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let a_data = vec![0xa5u8; 1 << 20];
+    let b_data = vec![0x5bu8; 1 << 20];
+    runtime.block_on(async {
+        let open = |url: IscsiUrl| async move {
+            let mut config = SessionConfig::default();
+            // A's write waits HELD for its data.
+            config.timeouts.command = 3 * HELD;
+            let session = Session::connect(&url, config).await.unwrap();
+            Disk::open(Arc::new(session), 0).await.unwrap()
+        };
+        let a = Arc::new(open(proxied).await);
+        let b = open(url.clone()).await;
+        let writing = {
+            let (a, data) = (Arc::clone(&a), a_data.clone());
+            tokio::spawn(async move {
+                let result = a.write(0, &data, false).await;
+                (result, std::time::Instant::now())
+            })
+        };
+        // A's write is in: its first Data-Out is held.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while proxy.fired() != [1] {
+            assert!(std::time::Instant::now() < deadline, "A sent no Data-Out");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        let fenced_at = std::time::Instant::now();
+        blocklist_watchers(&image);
+        b.write(8 << 20, &b_data, false).await.unwrap();
+        let b_done = std::time::Instant::now();
+        eprintln!(
+            "through the fence while A's data was held: B's write took {:?}",
+            b_done - fenced_at
+        );
+        let (a_result, a_done) = writing.await.unwrap();
+        a_result.unwrap();
+        assert!(b_done < a_done, "B's write waited for A's data");
+        assert!(b.read(0, 1 << 20).await.unwrap() == a_data);
+        assert!(b.read(8 << 20, 1 << 20).await.unwrap() == b_data);
+    });
+    let log = target.log_so_far();
+    assert!(log.contains("was blocklisted"), "{log}");
+    assert!(log.contains("serving again"), "{log}");
+    drop(proxy);
     assert!(
         target
             .terminate(std::time::Duration::from_secs(10))
