@@ -737,8 +737,9 @@ impl Backstore for RbdBackstore {
     /// In the OSD when the range lies in one 512-byte sector (librbd
     /// refuses more: see [`ffi::offload::CAW_SECTOR`]), which is what VMware's ATS
     /// sends on a 512-byte LU; anything larger is left to the SCSI layer's
-    /// compare and write under the LU's lock, atomic within this gateway
-    /// only.
+    /// compare and write under the LU's lock, which it runs only while no
+    /// other gateway serves the LU (a gateway group, or this one alone in
+    /// the reservation record) and refuses otherwise.
     fn compare_and_write(
         &self,
         offset: u64,
@@ -747,7 +748,7 @@ impl Backstore for RbdBackstore {
         through: bool,
     ) -> Option<io::Result<Option<u64>>> {
         let len = data.len() as u64;
-        if len == 0 || offset % ffi::offload::CAW_SECTOR + len > ffi::offload::CAW_SECTOR {
+        if !self.compares_in_one_step(offset, len) {
             return None;
         }
         if let Err(e) = check_range(offset, len, self.size()) {
@@ -758,6 +759,11 @@ impl Backstore for RbdBackstore {
                 .compare_and_write(offset, expect, data, fua(through))
                 .map_err(|e| c.failed(e))
         }))
+    }
+
+    /// Within one 512-byte sector (see `compare_and_write`).
+    fn compares_in_one_step(&self, offset: u64, len: u64) -> bool {
+        len != 0 && offset % ffi::offload::CAW_SECTOR + len <= ffi::offload::CAW_SECTOR
     }
 
     fn write_same(

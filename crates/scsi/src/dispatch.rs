@@ -28,7 +28,7 @@ use crate::planned::{PlanSlot, Planned, PlannedIo};
 use crate::pr::Fail;
 use crate::target::{LunTable, ScsiTarget, lun_numbers};
 use crate::{alua, atomic, cdb, medium, mode, opcodes, pr, pr_shared, sanitize, sbc, spc};
-use iscsi_sense::{Asc, Sense};
+use iscsi_sense::{Asc, FieldPointer, Sense};
 
 /// A command addressed to an LU that exists, with what every step needs.
 pub(crate) struct OnLu<'a> {
@@ -337,7 +337,11 @@ impl ScsiTarget {
             }
             INQUIRY => Ok(spc::inquiry(
                 &self.identity,
-                Some((bs, checked.alua_port)),
+                Some(spc::InquiredLu {
+                    store: bs,
+                    alua_port: checked.alua_port,
+                    max_compare_blocks: pr_shared::max_compare_blocks(lu),
+                }),
                 cdb,
                 data_in,
             )?),
@@ -371,7 +375,10 @@ impl ScsiTarget {
             }
             MAINTENANCE_IN => Ok(opcodes::maintenance_in(
                 cdb,
-                opcodes::Offered::of(bs),
+                opcodes::Offered {
+                    exclusive: pr_shared::serves_alone(lu),
+                    ..opcodes::Offered::of(bs)
+                },
                 data_in,
             )?),
             EXTENDED_COPY => self.extended_copy(number, table, key, cdb, &data_out.flat()),
@@ -557,12 +564,26 @@ impl ScsiTarget {
                 Ok(sbc::write_same(bs, mode, cdb, &data_out.flat())?)
             }
             COMPARE_AND_WRITE => {
-                let _w = lu.write_exclusive_at(epoch)?;
+                // Atomic against every other write: in the store when it
+                // compares in one step, else under the LU's lock, which
+                // holds across gateways only when no other serves the LU.
+                let _w = match sbc::compares_in_one_step(bs, cdb) {
+                    true => lu.write_exclusive_at(epoch)?,
+                    // Beyond Block Limits' MAXIMUM COMPARE AND WRITE LENGTH.
+                    false => pr_shared::exclusive_alone(
+                        lu,
+                        epoch,
+                        "COMPARE AND WRITE",
+                        Sense::INVALID_FIELD_IN_CDB.with_field_pointer(FieldPointer::cdb(13, None)),
+                    )?,
+                };
                 Ok(sbc::compare_and_write(bs, mode, cdb, &data_out.flat())?)
             }
             ORWRITE_16 => {
                 // Read-modify-write: atomic against every other write.
-                let _w = lu.write_exclusive_at(epoch)?;
+                // Not offered while other gateways serve the LU (see
+                // `opcodes::Offered::exclusive`).
+                let _w = pr_shared::exclusive_alone(lu, epoch, "ORWRITE", Sense::INVALID_OPCODE)?;
                 Ok(sbc::orwrite(bs, mode, cdb, &data_out.flat())?)
             }
             PRE_FETCH_10 | PRE_FETCH_16 => Ok(sbc::pre_fetch(bs, cdb)?),

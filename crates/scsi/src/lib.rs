@@ -65,6 +65,8 @@ pub use iscsi_sense as sense;
 pub mod spc;
 mod target;
 #[cfg(test)]
+mod test_cluster;
+#[cfg(test)]
 mod test_store;
 pub mod xcopy;
 mod xcopy_state;

@@ -489,6 +489,10 @@ pub struct Offered {
     pub crypto_erase: bool,
     /// REPORT TARGET PORT GROUPS: the LU has an ALUA group.
     pub alua: bool,
+    /// ORWRITE: a read, modify and write under the LU's lock is atomic,
+    /// which it is not while other gateways serve the LU outside a group
+    /// (`pr_shared::serves_alone`; the store alone cannot tell).
+    pub exclusive: bool,
 }
 
 impl Offered {
@@ -500,6 +504,7 @@ impl Offered {
             block_erase: lu.can_block_erase(),
             crypto_erase: lu.can_crypto_erase(),
             alua: lu.alua().is_some(),
+            exclusive: true,
         }
     }
 
@@ -511,6 +516,7 @@ impl Offered {
             (SANITIZE, Some(SA_SANITIZE_BLOCK_ERASE)) => self.block_erase,
             (SANITIZE, Some(SA_SANITIZE_CRYPTO_ERASE)) => self.crypto_erase,
             (MAINTENANCE_IN, Some(SA_REPORT_TARGET_PORT_GROUPS)) => self.alua,
+            (ORWRITE_16, _) => self.exclusive,
             _ => true,
         }
     }

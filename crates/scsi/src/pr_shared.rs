@@ -70,6 +70,8 @@ use crate::lu::{ClusterView, KnownNexuses, LogicalUnit, LuState, ModeParams};
 use crate::nexus::{Nexus, NexusKey};
 use crate::pr::{self, Fail, PrState};
 use crate::pr_record::{Gateway, MAX_GATEWAYS, PrRecord};
+use crate::spc::MAX_COMPARE_AND_WRITE_BLOCKS;
+use crossbeam_utils::sync::ShardedLockWriteGuard;
 use iscsi_sense::{Asc, Sense};
 
 /// Most compare-and-set attempts of one command: each failed one means
@@ -136,7 +138,7 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
             return false;
         };
         match event {
-            PrEvent::Changed => reload(&lu),
+            PrEvent::Changed => changed(&lu),
             PrEvent::Broken => {
                 lu.pr_stale.store(true, Ordering::Release);
                 eprintln!(
@@ -160,7 +162,11 @@ pub(crate) fn attach(lu: &Arc<LogicalUnit>) {
             return;
         }
     };
-    join(lu, store.as_ref(), alone);
+    // The gateways up hear of this one before it serves (`serves_alone`);
+    // alone, the others listed were fenced while joining.
+    if join(lu, store.as_ref(), alone) && !alone {
+        announce(lu, store.as_ref());
+    }
 }
 
 /// Adds this gateway's client to the record's list of gateways (the ones a
@@ -254,7 +260,140 @@ fn rejoin(lu: &LogicalUnit) -> bool {
         return false;
     }
     lu.next_io_epoch();
-    true
+    drop(_writes);
+    // After the lock: the gateways up drain their own exclusive writes
+    // before they acknowledge, and this one's watch thread is one of them.
+    announce(lu, store.as_ref())
+}
+
+/// Tells every gateway up that this one joined the record (a notify):
+/// each reloads it, finds this gateway listed, and drains its exclusive
+/// writes before it acknowledges ([`changed`]); a listed gateway that
+/// does not acknowledge is fenced and forgotten, as for a reservation
+/// change. Whether that went through; if not, a gateway up may not know
+/// of this one (see [`serves_alone`]).
+fn announce(lu: &LogicalUnit, store: &dyn SharedPrStore) -> bool {
+    let gateways = lu.state().cluster.gateways.clone();
+    match tell_and_fence(lu, store, &gateways) {
+        Ok(()) => true,
+        Err(_) => {
+            eprintln!(
+                "persistent reservations: telling the other gateways that this one joined failed"
+            );
+            false
+        }
+    }
+}
+
+/// Whether this gateway is the only one serving the LU's data, so that
+/// the LU's exclusive write lock, which is this gateway's alone, makes a
+/// read, compare and write atomic for the whole LU (COMPARE AND WRITE
+/// beyond what the store does in one step, ORWRITE). It is without a
+/// shared record, and in a gateway group, where only the LU's owner
+/// serves data (ALUA); otherwise when the record lists no other gateway.
+///
+/// Why the cached list is enough: a gateway that joins tells every
+/// gateway up before it serves ([`announce`]), and each of them installs
+/// the list with the newcomer, then waits for its own exclusive writes
+/// before it acknowledges ([`changed`]). The caller checks again once it
+/// holds the exclusive lock: either it took the lock first, and the
+/// newcomer waits for its write, or the list it reads names the newcomer.
+pub(crate) fn serves_alone(lu: &LogicalUnit) -> bool {
+    let Some(store) = &lu.shared else {
+        return true;
+    };
+    if lu.alua.is_some() {
+        return true;
+    }
+    let (me, _) = store.me();
+    lu.state().cluster.gateways.iter().all(|g| g.gid == me)
+}
+
+/// The LU's exclusive write lock for a read, compare and write the store
+/// does not do in one step (`what`: the command, for the log), when this
+/// gateway serves the LU alone ([`serves_alone`], asked again of the
+/// cluster first if not: [`alone_after_asking`]). Otherwise the command
+/// is refused with `refusal`, and the log says why: this gateway's lock
+/// keeps out no other gateway's writes, and silently non-atomic is what
+/// it must never be.
+pub(crate) fn exclusive_alone<'a>(
+    lu: &'a LogicalUnit,
+    epoch: u64,
+    what: &str,
+    refusal: Sense,
+) -> Result<ShardedLockWriteGuard<'a, ()>, Fail> {
+    if !serves_alone(lu) {
+        alone_after_asking(lu);
+    }
+    let guard = lu.write_exclusive_at(epoch)?;
+    if serves_alone(lu) {
+        return Ok(guard);
+    }
+    let others: Vec<String> = lu
+        .state()
+        .cluster
+        .gateways
+        .iter()
+        .map(|g| g.addr.clone())
+        .collect();
+    eprintln!(
+        "{what} refused: gateways {others:?} serve this LU outside a gateway group, and a \
+         compare and write that the store does not do in one step (RBD: within one 512-byte \
+         sector) would not be atomic across them; a gateway group (--group) makes it atomic"
+    );
+    Err(refusal.into())
+}
+
+/// MAXIMUM COMPARE AND WRITE LENGTH: every length the SCSI layer takes
+/// while this gateway serves the LU alone; otherwise the blocks the store
+/// compares in one step (RBD: one 512-byte block, none of 4 KiB), the
+/// longer ones being refused ([`exclusive_alone`]).
+pub(crate) fn max_compare_blocks(lu: &LogicalUnit) -> u8 {
+    if serves_alone(lu) {
+        return MAX_COMPARE_AND_WRITE_BLOCKS;
+    }
+    let bs = u64::from(lu.backstore.block_size());
+    (1..=MAX_COMPARE_AND_WRITE_BLOCKS)
+        .take_while(|&n| lu.backstore.compares_in_one_step(0, u64::from(n) * bs))
+        .last()
+        .unwrap_or(0)
+}
+
+/// For an exclusive write that [`serves_alone`] would refuse: asks which
+/// gateways are up (a notify). When none of the other listed gateways
+/// answers, each is down, stopped, or an old client of this one; they are
+/// fenced and forgotten as a reservation change would, and this gateway
+/// is then alone. Called without the LU's exclusive lock, which the
+/// gateways that answer may need first ([`changed`]). Whether it is alone.
+pub(crate) fn alone_after_asking(lu: &LogicalUnit) -> bool {
+    let Some(store) = &lu.shared else {
+        return true;
+    };
+    let (me, _) = store.me();
+    let others: Vec<Gateway> = lu
+        .state()
+        .cluster
+        .gateways
+        .iter()
+        .filter(|g| g.gid != me)
+        .cloned()
+        .collect();
+    if others.is_empty() {
+        return true;
+    }
+    let Ok(acked) = store.notify() else {
+        return false;
+    };
+    if others.iter().any(|g| acked.contains(&g.gid)) {
+        return false;
+    }
+    let gone: Vec<String> = others.into_iter().map(|g| g.addr).collect();
+    if let Err(e) = store.fence(&gone) {
+        eprintln!("persistent reservations: fencing {gone:?}, which answer nothing: {e}");
+        return false;
+    }
+    forget_gateways(lu, store.as_ref(), &gone);
+    serves_alone(lu)
 }
 
 /// The record, parsed; `None` when none is stored yet.
@@ -299,13 +438,38 @@ fn cached(st: &LuState) -> PrRecord {
 /// state stale. Whether the cache is the stored state now (what a notify's
 /// acknowledgement promises).
 pub(crate) fn reload(lu: &LogicalUnit) -> bool {
+    reload_seeing(lu).is_some()
+}
+
+/// A change another gateway notified: [`reload`], and when the record
+/// lists a gateway it did not, the exclusive writes in flight here end
+/// before the acknowledgement lets the newcomer serve ([`serves_alone`]).
+fn changed(lu: &LogicalUnit) -> bool {
+    match reload_seeing(lu) {
+        Some(true) => {
+            drop(lu.write_exclusive());
+            true
+        }
+        Some(false) => true,
+        None => false,
+    }
+}
+
+/// [`reload`]; `Some(true)` when the record lists a gateway the cache did
+/// not.
+fn reload_seeing(lu: &LogicalUnit) -> Option<bool> {
     let Some(store) = &lu.shared else {
-        return false;
+        return None;
     };
     match load(store.as_ref()) {
         Ok(Some(record)) => {
             let mut st = lu.state();
+            let mut newcomer = false;
             if record.epoch > st.cluster.epoch {
+                newcomer = record
+                    .gateways
+                    .iter()
+                    .any(|g| !st.cluster.gateways.iter().any(|o| o.gid == g.gid));
                 let old = std::mem::take(&mut st.pr);
                 let uas = remote_change_uas(&old, &record.pr);
                 // A reset through another gateway (a state installed
@@ -328,19 +492,19 @@ pub(crate) fn reload(lu: &LogicalUnit) -> bool {
             }
             drop(st);
             lu.pr_stale.store(false, Ordering::Release);
-            true
+            Some(newcomer)
         }
         // Not joined yet (the first gateway's own notify at start).
-        Ok(None) if lu.state().cluster.epoch == 0 => true,
+        Ok(None) if lu.state().cluster.epoch == 0 => Some(false),
         Ok(None) => {
             lu.pr_stale.store(true, Ordering::Release);
             eprintln!("persistent reservations: the shared state is gone; stale");
-            false
+            None
         }
         Err(e) => {
             lu.pr_stale.store(true, Ordering::Release);
             eprintln!("persistent reservations: {e}; stale");
-            false
+            None
         }
     }
 }
@@ -599,3 +763,7 @@ fn stale_on_fence(lu: &LogicalUnit, e: &std::io::Error) {
         lu.pr_stale.store(true, Ordering::Release);
     }
 }
+
+#[cfg(test)]
+#[path = "pr_shared_tests.rs"]
+mod tests;

@@ -465,6 +465,18 @@ pub(crate) fn write_same(
     Ok(())
 }
 
+/// Whether the store does COMPARE AND WRITE `cdb` in one step
+/// ([`Backstore::compares_in_one_step`]), atomic whoever else writes the
+/// medium; a CDB that does not parse, or moves nothing, says yes: it
+/// fails (or succeeds) before any compare.
+pub(crate) fn compares_in_one_step(lu: &dyn Backstore, cdb: &[u8]) -> bool {
+    let (Ok(lba), Ok(n)) = (cdb::be64(cdb, 2), cdb::byte(cdb, 13)) else {
+        return true;
+    };
+    let bs = lu.block_size();
+    n == 0 || lu.compares_in_one_step(Lba(lba).byte_offset(bs), Blocks(u64::from(n)).bytes(bs))
+}
+
 /// COMPARE AND WRITE (SBC-3 §5.2): the Data-Out holds NUMBER OF LOGICAL
 /// BLOCKS blocks to compare, then as many to write. A store that does it
 /// in one step ([`Backstore::compare_and_write`]: RBD, in the OSD, atomic

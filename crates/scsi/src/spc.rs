@@ -126,18 +126,31 @@ pub fn unit_serial(unique_id: u64) -> String {
     format!("{unique_id:016X}")
 }
 
-/// INQUIRY. `lu` is `None` for a LUN that does not exist; otherwise its
-/// store and, for an LU with implicit ALUA ([`crate::alua`]), the relative
-/// target port the command came through (TPGS 01b, and that port and its
-/// group in VPD 83h).
+/// The LU an INQUIRY asks about, as the answer needs it.
+#[derive(Clone, Copy)]
+pub struct InquiredLu<'a> {
+    /// Its store.
+    pub store: &'a dyn Backstore,
+    /// For an LU with implicit ALUA ([`crate::alua`]), the relative target
+    /// port the command came through (TPGS 01b, and that port and its
+    /// group in VPD 83h).
+    pub alua_port: Option<u16>,
+    /// MAXIMUM COMPARE AND WRITE LENGTH (Block Limits): the most blocks
+    /// the LU compares and writes atomically now, which for an LU several
+    /// gateways serve is what its store does in one step.
+    pub max_compare_blocks: u8,
+}
+
+/// INQUIRY. `lu` is `None` for a LUN that does not exist.
 pub fn inquiry(
     id: &TargetIdentity,
-    lu: Option<(&dyn Backstore, Option<u16>)>,
+    lu: Option<InquiredLu<'_>>,
     cdb: &[u8],
     data_in: &mut Vec<u8>,
 ) -> Result<(), Sense> {
-    let alua_port = lu.and_then(|(_, port)| port);
-    let lu = lu.map(|(store, _)| store);
+    let alua_port = lu.and_then(|lu| lu.alua_port);
+    let max_compare = lu.map_or(MAX_COMPARE_AND_WRITE_BLOCKS, |lu| lu.max_compare_blocks);
+    let lu = lu.map(|lu| lu.store);
     let flags = cdb::byte(cdb, 1)?;
     let page = cdb::byte(cdb, 2)?;
     let alloc = usize::from(cdb::be16(cdb, 3)?);
@@ -165,7 +178,7 @@ pub fn inquiry(
             (0x83, Some(lu)) => vpd_page(data_in, pdt, 0x83, |v| {
                 device_identification(id, lu, alua_port, v)
             }),
-            (0xB0, Some(lu)) => vpd_page(data_in, pdt, 0xB0, |v| block_limits(lu, v)),
+            (0xB0, Some(lu)) => vpd_page(data_in, pdt, 0xB0, |v| block_limits(lu, max_compare, v)),
             (0xB1, Some(lu)) => vpd_page(data_in, pdt, 0xB1, |v| {
                 // MEDIUM ROTATION RATE 1: non-rotating medium.
                 put_be16(v, 0x0001);
@@ -274,7 +287,7 @@ fn scsi_name_string(v: &mut Vec<u8>, assoc_type: u8, name: &str) {
 }
 
 /// Block Limits (0xB0, SBC-3 §6.5.3), page length 0x3C.
-fn block_limits(lu: &dyn Backstore, v: &mut Vec<u8>) {
+fn block_limits(lu: &dyn Backstore, max_compare: u8, v: &mut Vec<u8>) {
     let bs = u64::from(lu.block_size().max(1));
     let max_blocks = u32::try_from(MAX_TRANSFER_BYTES / bs).unwrap_or(u32::MAX);
     // OPTIMAL TRANSFER LENGTH GRANULARITY: a physical block (512e: 8), and
@@ -284,7 +297,7 @@ fn block_limits(lu: &dyn Backstore, v: &mut Vec<u8>) {
     let unmap_granularity = u32::try_from((lu.unmap_granularity() / bs).max(1)).unwrap_or(1);
     let thin = lu.is_thin();
     v.push(0); // WSNZ 0: WRITE SAME with 0 blocks means "to the end"
-    v.push(MAX_COMPARE_AND_WRITE_BLOCKS);
+    v.push(max_compare);
     put_be16(v, granularity); // OPTIMAL TRANSFER LENGTH GRANULARITY
     put_be32(v, max_blocks); // MAXIMUM TRANSFER LENGTH
     put_be32(v, max_blocks); // OPTIMAL TRANSFER LENGTH

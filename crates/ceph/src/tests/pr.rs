@@ -526,3 +526,52 @@ fn a_fenced_gateway_rejoins_with_the_reservation_state_it_missed() {
     assert_eq!(prout(&g2, &b, 0x02, 1, 0xB, 0, 0), CommandOutcome::GOOD);
     assert_eq!(write10(&g1, &a), CommandOutcome::GOOD);
 }
+
+/// COMPARE AND WRITE across two gateways outside a group (issue 48 item
+/// 6). Within one 512-byte sector librbd does it in the OSD, atomic for
+/// every writer, so both gateways run it. Beyond that (one 4 KiB block)
+/// only the LU's lock could, which holds on one gateway: both refuse it
+/// while both are up (ILLEGAL REQUEST, INVALID FIELD IN CDB, at NUMBER OF
+/// LOGICAL BLOCKS), and the survivor runs it once the other is gone: it
+/// answers no notify, so it is fenced and forgotten.
+#[test]
+fn compare_and_write_beyond_a_sector_runs_only_on_a_gateway_alone() {
+    let a = Nexus::iscsi("iqn.2026-11.rs.iscsi:a", 1, 1);
+    for (block, refused) in [(512usize, false), (4096, true)] {
+        let image = TestImage::new(&format!("caw-{block}"), "8M");
+        let gateway = || {
+            let s: Arc<dyn Backstore> =
+                Arc::new(RbdBackstore::open(&image.spec(), block as u32).unwrap());
+            ScsiTarget::new(TargetIdentity::new("iqn.2026-11.rs.iscsi:caw"), vec![s])
+        };
+        let (g1, g2) = (gateway(), gateway());
+        // One block at LBA 1: compare with what is there, write `to`.
+        let caw = |t: &ScsiTarget, from: u8, to: u8| {
+            let cdb = [0x89, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0];
+            let mut data = vec![from; block];
+            data.extend(vec![to; block]);
+            run(t, &a, &cdb, &data).0
+        };
+        let refusal = iscsi_scsi::Sense::INVALID_FIELD_IN_CDB
+            .with_field_pointer(iscsi_scsi::FieldPointer::cdb(13, None));
+        let mut on_medium = 0u8;
+        for (t, to) in [(&g1, 1u8), (&g2, 2)] {
+            let o = caw(t, on_medium, to);
+            if refused {
+                assert_eq!(o.sense, Some(refusal), "{block}-byte blocks");
+            } else {
+                assert_eq!(o, CommandOutcome::GOOD, "{block}-byte blocks");
+                on_medium = to;
+            }
+        }
+        drop(g2);
+        assert_eq!(
+            caw(&g1, on_medium, 3),
+            CommandOutcome::GOOD,
+            "{block}-byte blocks"
+        );
+        let (o, back) = run(&g1, &a, &[0x28, 0, 0, 0, 0, 1, 0, 0, 1, 0], &[]);
+        assert_eq!(o, CommandOutcome::GOOD);
+        assert!(back.iter().all(|&b| b == 3));
+    }
+}

@@ -48,6 +48,21 @@ pub const RBD_SKIPS: &[(&str, &str)] = &[
     ),
 ];
 
+/// What an RBD LU served by two gateways outside a gateway group does not
+/// offer, on top of [`RBD_SKIPS`]: ORWRITE, a read, modify and write that
+/// the LU's lock, one gateway's, cannot make atomic across both
+/// (`pr_shared::serves_alone`). COMPARE AND WRITE stays, up to the one
+/// 512-byte block the OSD compares (Block Limits says so, and the suite
+/// checks the refusal beyond it).
+pub const TWO_GATEWAYS_SKIPS: &[(&str, &str)] = &[
+    ("OrWrite.BeyondEol", "not atomic across two gateways"),
+    ("OrWrite.DpoFua", "not atomic across two gateways"),
+    ("OrWrite.Protect", "not atomic across two gateways"),
+    ("OrWrite.Simple", "not atomic across two gateways"),
+    ("OrWrite.Verify", "not atomic across two gateways"),
+    ("OrWrite.ZeroBlocks", "not atomic across two gateways"),
+];
+
 /// Every test of the suite but Sanitize.Reset, by name.
 pub fn tests() -> Vec<String> {
     let list = Command::new("iscsi-test-cu")

@@ -288,6 +288,15 @@ pub trait Backstore: Send + Sync + fmt::Debug {
         None
     }
 
+    /// Whether [`Backstore::compare_and_write`] does the `len` bytes at
+    /// `offset` in one step (it answers `Some` for them). Asked before the
+    /// command takes the LU's lock: a compare the store cannot do is atomic
+    /// only while no other gateway serves the LU.
+    fn compares_in_one_step(&self, offset: u64, len: u64) -> bool {
+        let _ = (offset, len);
+        false
+    }
+
     /// WRITE SAME done by the store: `pattern` (one logical block) written
     /// to every block of the `len` bytes from `offset` in one request that
     /// carries the pattern once, durable before it returns when `through`.
