@@ -339,7 +339,7 @@ pub(crate) fn exclusive_alone<'a>(
     eprintln!(
         "{what} refused: gateways {others:?} serve this LU outside a gateway group, and a \
          compare and write that the store does not do in one step (RBD: within one 512-byte \
-         sector) would not be atomic across them; a gateway group (--group) makes it atomic"
+         sector) would not be atomic across them; a gateway group (--gateway-group) makes it atomic"
     );
     Err(refusal.into())
 }
