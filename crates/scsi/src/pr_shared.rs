@@ -329,7 +329,7 @@ pub(crate) fn exclusive_alone<'a>(
     if serves_alone(lu) {
         return Ok(guard);
     }
-    let others: Vec<String> = lu
+    let listed: Vec<String> = lu
         .state()
         .cluster
         .gateways
@@ -337,7 +337,7 @@ pub(crate) fn exclusive_alone<'a>(
         .map(|g| g.addr.clone())
         .collect();
     eprintln!(
-        "{what} refused: gateways {others:?} serve this LU outside a gateway group, and a \
+        "{what} refused: gateways {listed:?} serve this LU outside a gateway group, and a \
          compare and write that the store does not do in one step (RBD: within one 512-byte \
          sector) would not be atomic across them; a gateway group (--gateway-group) makes it atomic"
     );
@@ -363,11 +363,12 @@ pub(crate) fn max_compare_blocks(lu: &LogicalUnit) -> u8 {
 /// gateways are up (a notify). When none of the other listed gateways
 /// answers, each is down, stopped, or an old client of this one; they are
 /// fenced and forgotten as a reservation change would, and this gateway
-/// is then alone. Called without the LU's exclusive lock, which the
-/// gateways that answer may need first ([`changed`]). Whether it is alone.
-pub(crate) fn alone_after_asking(lu: &LogicalUnit) -> bool {
+/// is then alone (the caller asks [`serves_alone`] again, under the
+/// lock). Called without the LU's exclusive lock, which the gateways that
+/// answer may need first ([`changed`]).
+fn alone_after_asking(lu: &LogicalUnit) {
     let Some(store) = &lu.shared else {
-        return true;
+        return;
     };
     let (me, _) = store.me();
     let others: Vec<Gateway> = lu
@@ -379,21 +380,20 @@ pub(crate) fn alone_after_asking(lu: &LogicalUnit) -> bool {
         .cloned()
         .collect();
     if others.is_empty() {
-        return true;
+        return;
     }
     let Ok(acked) = store.notify() else {
-        return false;
+        return;
     };
     if others.iter().any(|g| acked.contains(&g.gid)) {
-        return false;
+        return;
     }
     let gone: Vec<String> = others.into_iter().map(|g| g.addr).collect();
     if let Err(e) = store.fence(&gone) {
         eprintln!("persistent reservations: fencing {gone:?}, which answer nothing: {e}");
-        return false;
+        return;
     }
     forget_gateways(lu, store.as_ref(), &gone);
-    serves_alone(lu)
 }
 
 /// The record, parsed; `None` when none is stored yet.
