@@ -86,4 +86,4 @@ pub use pr::PrType;
 pub use sbc::Transfer;
 pub use sense::{Asc, FieldPointer, Sense, SenseKey};
 pub use spc::TargetIdentity;
-pub use target::{AbortHandler, LunChangeError, ScsiTarget, TargetReset};
+pub use target::{AbortHandler, LunChangeError, Resized, ScsiTarget, TargetReset};

@@ -8,7 +8,7 @@ use arc_swap::ArcSwap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::backstore::Backstore;
+use crate::backstore::{Backstore, ResizeError};
 use crate::lu::{self, LogicalUnit};
 use crate::lun::MAX_LUNS;
 use crate::nexus::{Nexus, NexusKey};
@@ -16,6 +16,15 @@ use crate::pr_shared;
 use crate::spc::TargetIdentity;
 use crate::xcopy_state::Held;
 use iscsi_sense::{Asc, Sense};
+
+/// What [`ScsiTarget::resize_lun`] did: the sizes in bytes before and after.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resized {
+    /// Before.
+    pub old: u64,
+    /// After (the same when the medium already had that size).
+    pub new: u64,
+}
 
 /// A SCSI target's set of logical units.
 pub struct ScsiTarget {
@@ -289,6 +298,35 @@ impl ScsiTarget {
         if let Some(lu) = self.lu(lun) {
             lu.state().raise_for_all(&nexuses, None, sense);
         }
+    }
+
+    /// Resizes the medium of LUN number `lun` while it serves
+    /// ([`Backstore::resize`]: `None` takes what the medium holds now) and,
+    /// when its size changed, raises CAPACITY DATA HAS CHANGED for every
+    /// nexus (SBC-4 §4.14: READ CAPACITY answers the new size from now on,
+    /// and each initiator hears of it on its next command). Refused while a
+    /// SANITIZE runs or failed on the LU: the LU's state is held across
+    /// the check and the resize, so none starts between them.
+    pub fn resize_lun(
+        &self,
+        lun: u16,
+        size: Option<u64>,
+        discard: bool,
+    ) -> Result<Resized, ResizeError> {
+        let lu = self.lu(lun).ok_or(ResizeError::NoLun(lun))?;
+        let block = u64::from(lu.backstore.block_size());
+        let (old, new) = {
+            let state = lu.state();
+            if !state.sanitize.is_idle() {
+                return Err(ResizeError::Sanitizing);
+            }
+            let old = lu.backstore.block_count().saturating_mul(block);
+            (old, lu.backstore.resize(size, discard)?)
+        };
+        if new != old {
+            self.raise_unit_attention(lun, Sense::unit_attention(Asc::CAPACITY_DATA_HAS_CHANGED));
+        }
+        Ok(Resized { old, new })
     }
 
     /// The transport lost `nexus` (its session ended, SAM-5 §6.3.4): an

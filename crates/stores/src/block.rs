@@ -15,7 +15,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, PoisonError};
 
 use rustix::fs::OFlags;
@@ -23,7 +23,8 @@ use rustix::fs::OFlags;
 use crate::file::{read_full, try_punch_hole};
 use crate::pieces::write_zeros;
 use iscsi_scsi::backstore::{
-    Backstore, BackstoreOpenError, check_block_size, check_range, out_of_range,
+    Backstore, BackstoreOpenError, ResizeError, check_block_size, check_range, check_size,
+    out_of_range,
 };
 
 /// Memory alignment of `O_DIRECT` bounce buffers (a page; at least any
@@ -38,7 +39,8 @@ const BOUNCE_MAX: u64 = 1024 * 1024;
 pub struct BlockBackstore {
     file: File,
     path: PathBuf,
-    size: u64,
+    /// Bytes: the device's length when opened or last resized.
+    size: AtomicU64,
     block_size: u32,
     unique_id: u64,
     direct: bool,
@@ -111,7 +113,7 @@ impl BlockBackstore {
         Ok(Self {
             file,
             path: path.to_path_buf(),
-            size,
+            size: AtomicU64::new(size),
             block_size,
             unique_id,
             direct,
@@ -123,6 +125,10 @@ impl BlockBackstore {
     /// The path the store was opened from.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
     }
 
     /// Whether the store was opened `O_DIRECT`.
@@ -142,7 +148,7 @@ impl BlockBackstore {
         let a = self.alignment();
         let start = offset / a * a;
         let end = offset.saturating_add(len).div_ceil(a).saturating_mul(a);
-        (start, end.min(self.size))
+        (start, end.min(self.size()))
     }
 
     /// `O_DIRECT` read of `[offset, offset + buf.len())` in aligned steps.
@@ -219,11 +225,32 @@ impl Backstore for BlockBackstore {
     }
 
     fn block_count(&self) -> u64 {
-        self.size / u64::from(self.block_size)
+        self.size() / u64::from(self.block_size)
+    }
+
+    /// The LU is the whole device: its size is read again (grown by its
+    /// owner: `lvextend`, a new partition table, a larger loop file). A
+    /// size given must be the device's; data beyond a device that shrank
+    /// is gone already, so `discard` changes nothing here.
+    fn resize(&self, size: Option<u64>, discard: bool) -> Result<u64, ResizeError> {
+        let _ = discard;
+        let device = (&self.file).seek(SeekFrom::End(0))?;
+        check_size(device, self.block_size)?;
+        if let Some(size) = size
+            && size != device
+        {
+            return Err(ResizeError::Unsupported(format!(
+                "a block LUN is its whole device, {device} bytes now: resize the device \
+                 ({}), then resize the LUN without a size",
+                self.path.display()
+            )));
+        }
+        self.size.store(device, Ordering::Release);
+        Ok(device)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        check_range(offset, buf.len() as u64, self.size)?;
+        check_range(offset, buf.len() as u64, self.size())?;
         if self.direct {
             self.direct_read(offset, buf)
         } else {
@@ -232,7 +259,7 @@ impl Backstore for BlockBackstore {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        check_range(offset, buf.len() as u64, self.size)?;
+        check_range(offset, buf.len() as u64, self.size())?;
         if self.direct {
             self.direct_write(offset, buf)
         } else {
@@ -243,7 +270,7 @@ impl Backstore for BlockBackstore {
     /// Buffered: one vectored write; `O_DIRECT`: the pieces gathered into
     /// the aligned bounce buffers a flat write uses (no more copies).
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
-        check_range(offset, len as u64, self.size)?;
+        check_range(offset, len as u64, self.size())?;
         if !self.direct {
             return crate::pieces::write_pieces_at(&self.file, offset, pieces, len);
         }
@@ -259,7 +286,7 @@ impl Backstore for BlockBackstore {
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.size())?;
         if len == 0 {
             return Ok(());
         }

@@ -185,7 +185,7 @@ impl Backstore for EncryptedBackstore {
     delegate!(inner =>
         block_size, block_count, flush, unmap, unique_id, is_thin, may_block, unmap_granularity,
         allocation_status, atomic_write_max, can_block_erase, lu_options, take_capacity_change,
-        shared_pr,
+        resize, shared_pr,
         alua,
     );
 

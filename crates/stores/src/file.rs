@@ -11,14 +11,16 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Mutex, PoisonError};
 
 use rustix::fs::{FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 
 use crate::pieces::write_zeros;
 use iscsi_scsi::backstore::{
-    Allocation, Backstore, BackstoreOpenError, check_block_size, check_range, out_of_range,
+    Allocation, Backstore, BackstoreOpenError, ResizeError, check_block_size, check_range,
+    check_size, out_of_range,
 };
 
 /// A logical unit backed by a regular file.
@@ -26,11 +28,43 @@ use iscsi_scsi::backstore::{
 pub struct FileBackstore {
     file: File,
     path: PathBuf,
-    size: u64,
+    /// Bytes; changed only by [`Backstore::resize`].
+    size: AtomicU64,
     block_size: u32,
     unique_id: u64,
     /// Cleared once the filesystem refuses to punch holes.
     punch: AtomicBool,
+    /// One resize at a time.
+    resizing: Mutex<()>,
+}
+
+/// The first non-zero byte of `file` in `[from, end)`, if any: only the
+/// extents the filesystem says hold data are read (`SEEK_DATA`), in
+/// steps of 1 MiB.
+fn first_data(file: &File, from: u64, end: u64) -> io::Result<Option<u64>> {
+    let mut pos = from;
+    let mut buf = vec![0u8; 1 << 20];
+    while pos < end {
+        // The fd's position is never used for I/O (see allocation_status).
+        let data = match rustix::fs::seek(file, SeekFrom::Data(pos)) {
+            Ok(d) => d,
+            Err(Errno::NXIO) => return Ok(None),
+            Err(_) => pos,
+        };
+        let hole = rustix::fs::seek(file, SeekFrom::Hole(data)).unwrap_or(end);
+        let mut at = data;
+        while at < hole.min(end) {
+            let n = usize::try_from((hole.min(end) - at).min(buf.len() as u64)).unwrap_or(0);
+            let chunk = &mut buf[..n];
+            read_full(file, at, chunk)?;
+            if let Some(i) = chunk.iter().position(|&b| b != 0) {
+                return Ok(Some(at + i as u64));
+            }
+            at += n as u64;
+        }
+        pos = hole.max(data + 1);
+    }
+    Ok(None)
 }
 
 /// Reads into `buf` from `offset` until it is full; whatever lies past the
@@ -157,11 +191,16 @@ impl FileBackstore {
         Ok(Self {
             file,
             path: path.to_path_buf(),
-            size,
+            size: AtomicU64::new(size),
             block_size,
             unique_id,
             punch: AtomicBool::new(true),
+            resizing: Mutex::new(()),
         })
+    }
+
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
     }
 
     /// The path the store was opened from.
@@ -182,22 +221,55 @@ impl Backstore for FileBackstore {
     }
 
     fn block_count(&self) -> u64 {
-        self.size / u64::from(self.block_size)
+        self.size() / u64::from(self.block_size)
+    }
+
+    /// Growing extends the file (sparsely, zeros) where it is shorter;
+    /// `None` takes the file's length now (extended by hand). Shrinking
+    /// truncates the file to the new end, so a restart opens it at that
+    /// size too; it is refused where a non-zero byte lies beyond the new
+    /// end, in the LU or past it in the file (unless `discard`). A write
+    /// that checked its range just before the shrink can still extend the
+    /// file after the truncation (no lock per write): its bytes lie beyond
+    /// the LU's end and a later growth would show them; a shrink of a LUN
+    /// initiators still write near its end is the user's to avoid.
+    fn resize(&self, size: Option<u64>, discard: bool) -> Result<u64, ResizeError> {
+        let _one = self.resizing.lock().unwrap_or_else(PoisonError::into_inner);
+        let len = self.file.metadata()?.len();
+        let size = size.unwrap_or(len);
+        check_size(size, self.block_size)?;
+        let old = self.size();
+        if size >= old {
+            if len < size {
+                self.file.set_len(size)?;
+            }
+            self.size.store(size, Ordering::Release);
+            return Ok(size);
+        }
+        if !discard && let Some(at) = first_data(&self.file, size, len)? {
+            return Err(ResizeError::DataBeyond { at, size });
+        }
+        self.size.store(size, Ordering::Release);
+        if let Err(e) = self.file.set_len(size) {
+            self.size.store(old, Ordering::Release);
+            return Err(e.into());
+        }
+        Ok(size)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        check_range(offset, buf.len() as u64, self.size)?;
+        check_range(offset, buf.len() as u64, self.size())?;
         read_full(&self.file, offset, buf)
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        check_range(offset, buf.len() as u64, self.size)?;
+        check_range(offset, buf.len() as u64, self.size())?;
         self.file.write_all_at(buf, offset)
     }
 
     /// One vectored write of all the pieces.
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
-        check_range(offset, len as u64, self.size)?;
+        check_range(offset, len as u64, self.size())?;
         crate::pieces::write_pieces_at(&self.file, offset, pieces, len)
     }
 
@@ -218,7 +290,7 @@ impl Backstore for FileBackstore {
         dst_offset: u64,
         len: u64,
     ) -> io::Result<()> {
-        check_range(dst_offset, len, self.size)?;
+        check_range(dst_offset, len, self.size())?;
         let src_size = src.block_count() * u64::from(src.block_size());
         check_range(src_offset, len, src_size)?;
         let done = match src.file() {
@@ -235,7 +307,7 @@ impl Backstore for FileBackstore {
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(offset, len, self.size)?;
+        check_range(offset, len, self.size())?;
         if len == 0 {
             return Ok(());
         }
@@ -269,7 +341,7 @@ impl Backstore for FileBackstore {
     /// `SEEK_DATA`/`SEEK_HOLE` from `offset`; a filesystem that does not
     /// support them reports everything mapped.
     fn allocation_status(&self, offset: u64, max_len: u64) -> io::Result<Allocation> {
-        check_range(offset, max_len, self.size)?;
+        check_range(offset, max_len, self.size())?;
         if max_len == 0 {
             return Err(out_of_range());
         }

@@ -35,6 +35,15 @@ macro_rules! delegate {
     (@ $i:ident block_count) => {
         fn block_count(&self) -> u64 { self.$i.block_count() }
     };
+    (@ $i:ident resize) => {
+        fn resize(
+            &self,
+            size: Option<u64>,
+            discard: bool,
+        ) -> Result<u64, iscsi_scsi::backstore::ResizeError> {
+            self.$i.resize(size, discard)
+        }
+    };
     (@ $i:ident read_at) => {
         fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
             self.$i.read_at(offset, buf)

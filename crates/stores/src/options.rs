@@ -34,7 +34,7 @@ impl Backstore for WithOptions {
         block_size, block_count, read_at, write_at, lend, write_pieces, write_pieces_through,
         flush, unmap, unique_id, write_through, is_thin, may_block, async_io, unmap_granularity,
         allocation_status, atomic_write_max, can_block_erase, can_crypto_erase, crypto_erase,
-        file, copy_from, compare_and_write, write_same, take_capacity_change,
+        file, copy_from, compare_and_write, write_same, take_capacity_change, resize,
         shared_pr,
         alua,
     );

@@ -12,12 +12,14 @@
 //! with an I/O error rather than panicking.
 
 mod async_io;
+mod resize;
 
 use std::fmt;
 use std::io;
 use std::sync::Arc;
 
 pub use async_io::{AsyncIo, IoFuture, WriteData};
+pub use resize::{ResizeError, check_size};
 
 /// A piece of a store's own memory lent to a READ ([`Backstore::lend`]),
 /// with the CRC32C of the whole piece when the store can tell it without
@@ -321,6 +323,22 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// a store whose size never changes.
     fn take_capacity_change(&self) -> bool {
         false
+    }
+
+    /// Changes the medium's size to `size` bytes while it serves, or, with
+    /// `None`, to what the medium holds now (a block device its owner grew,
+    /// a file extended by hand): the new size in bytes. Growing exposes
+    /// zeros, or what a device holds there; shrinking drops what lies
+    /// beyond the new end, so a store that can tell data lies there
+    /// answers [`ResizeError::DataBeyond`] unless `discard`. Commands
+    /// beyond the new end fail from the moment it returns. The caller (the
+    /// SCSI target) raises CAPACITY DATA HAS CHANGED. The default: a store
+    /// whose size is not ours to change.
+    fn resize(&self, size: Option<u64>, discard: bool) -> Result<u64, ResizeError> {
+        let _ = (size, discard);
+        Err(ResizeError::Unsupported(
+            "this kind of store cannot be resized while it serves".into(),
+        ))
     }
 
     /// The ALUA group of the LU this store is the medium of: a store that

@@ -1,18 +1,21 @@
 //! The sparse in-memory [`RamBackstore`].
 
 mod chunk;
+#[cfg(test)]
+mod resize_tests;
 mod table;
 
 use std::fmt;
 use std::io;
-use std::sync::{Arc, LazyLock, PoisonError, RwLockWriteGuard};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLockWriteGuard};
 
 use bytes::Bytes;
 use iscsi_crc32c::KnownCrc32c;
 
 pub use chunk::RAM_CHUNK_SIZE;
 use chunk::{Chunk, ChunkData};
-use iscsi_scsi::backstore::{Allocation, Backstore, Lent};
+use iscsi_scsi::backstore::{Allocation, Backstore, Lent, ResizeError, check_size};
 use table::{ChunkTable, Locked};
 
 /// Why a [`RamBackstore`] could not be created.
@@ -56,10 +59,14 @@ const CHUNK: u64 = RAM_CHUNK_SIZE as u64;
 /// change: a read sent from them shows the data as of the moment it ran.
 #[derive(Debug)]
 pub struct RamBackstore {
-    size: u64,
+    /// Bytes; changed only by [`Backstore::resize`] (a load per command,
+    /// no write).
+    size: AtomicU64,
     block_size: u32,
     unique_id: u64,
     chunks: ChunkTable,
+    /// One resize at a time.
+    resizing: Mutex<()>,
 }
 
 /// A lent chunk as the owner of `Bytes` (no copy).
@@ -203,11 +210,67 @@ impl RamBackstore {
             });
         }
         Ok(Self {
-            size: size_bytes,
+            size: AtomicU64::new(size_bytes),
             block_size,
             unique_id,
             chunks: ChunkTable::new(size_bytes.div_ceil(CHUNK)),
+            resizing: Mutex::new(()),
         })
+    }
+
+    fn size(&self) -> u64 {
+        self.size.load(Ordering::Acquire)
+    }
+
+    /// The first byte at or after `end` that is not zero, if any: data a
+    /// shrink to `end` would drop.
+    fn data_beyond(&self, end: u64) -> Option<u64> {
+        let mut chunk = end / CHUNK;
+        let mut skip = (end % CHUNK) as usize;
+        loop {
+            chunk = self.chunks.next_allocated(chunk)?;
+            if chunk * CHUNK > end {
+                skip = 0;
+            }
+            let slot = self.chunks.find(chunk)?;
+            let held = slot.read().unwrap_or_else(PoisonError::into_inner);
+            let first = held
+                .as_ref()
+                .and_then(|c| c.bytes.get(skip..)?.iter().position(|&b| b != 0));
+            if let Some(at) = first {
+                return Some(chunk * CHUNK + (skip + at) as u64);
+            }
+            chunk = chunk.checked_add(1)?;
+        }
+    }
+
+    /// Drops every byte at or after `end`: the rest of its chunk zeroed,
+    /// the chunks after it freed, so that a later growth reads zeros there.
+    fn drop_beyond(&self, end: u64) {
+        let tail = (end % CHUNK) as usize;
+        if tail != 0
+            && let Some(slot) = self.chunks.find(end / CHUNK)
+            && let Some(c) = slot
+                .write()
+                .unwrap_or_else(PoisonError::into_inner)
+                .as_mut()
+            && let Some(rest) = Arc::make_mut(c).bytes_mut().get_mut(tail..)
+        {
+            rest.fill(0);
+        }
+        let mut from = end.div_ceil(CHUNK);
+        while let Some(chunk) = self.chunks.next_allocated(from) {
+            if let Some(slot) = self.chunks.find(chunk) {
+                let mut slot = slot.write().unwrap_or_else(PoisonError::into_inner);
+                if slot.take().is_some() {
+                    self.chunks.count(false);
+                }
+            }
+            let Some(next) = chunk.checked_add(1) else {
+                break;
+            };
+            from = next;
+        }
     }
 
     /// Bytes of memory currently allocated for data.
@@ -217,7 +280,7 @@ impl RamBackstore {
 
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.size => Ok(()),
+            Some(end) if end <= self.size() => Ok(()),
             _ => Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "byte range beyond the end of the RAM backstore",
@@ -232,7 +295,49 @@ impl Backstore for RamBackstore {
     }
 
     fn block_count(&self) -> u64 {
-        self.size / u64::from(self.block_size)
+        self.size() / u64::from(self.block_size)
+    }
+
+    /// Growing publishes the new size (every chunk beyond the old end is
+    /// unallocated: zeros); shrinking refuses where non-zero bytes lie
+    /// beyond the new end (unless `discard`), then publishes the smaller
+    /// size and drops those bytes. A write that checked its range before
+    /// the size shrank checks it again under its chunks' locks, so none
+    /// lands beyond the end after the drop (a later growth would show it).
+    fn resize(&self, size: Option<u64>, discard: bool) -> Result<u64, ResizeError> {
+        let Some(size) = size else {
+            return Err(ResizeError::Unsupported(
+                "a RAM LUN has no medium to take its size from: give the new size".into(),
+            ));
+        };
+        check_size(size, self.block_size)?;
+        let max = self.chunks.reach().saturating_mul(CHUNK);
+        if size > max {
+            return Err(ResizeError::TooLarge {
+                size,
+                max,
+                why: ", what its chunk table reaches (a larger one needs a new store)".into(),
+            });
+        }
+        let _one = self.resizing.lock().unwrap_or_else(PoisonError::into_inner);
+        let old = self.size();
+        if size >= old {
+            self.size.store(size, Ordering::Release);
+            return Ok(size);
+        }
+        let refuse = |at| Err(ResizeError::DataBeyond { at, size });
+        if !discard && let Some(at) = self.data_beyond(size) {
+            return refuse(at);
+        }
+        self.size.store(size, Ordering::Release);
+        // A write that passed its check before the store may have landed
+        // since the look above: look again now that no other can.
+        if !discard && let Some(at) = self.data_beyond(size) {
+            self.size.store(old, Ordering::Release);
+            return refuse(at);
+        }
+        self.drop_beyond(size);
+        Ok(size)
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
@@ -264,6 +369,8 @@ impl Backstore for RamBackstore {
         }
         let (first, last) = chunk_range(offset, buf.len());
         let mut locked = self.chunks.write(first, last);
+        // Again under the locks: a shrink may have come between (`resize`).
+        self.check_range(offset, buf.len() as u64)?;
         copy_range(&self.chunks, &mut locked, offset, buf);
         Ok(())
     }
@@ -283,6 +390,7 @@ impl Backstore for RamBackstore {
         }
         let (first, last) = chunk_range(offset, len);
         let mut locked = self.chunks.write(first, last);
+        self.check_range(offset, len as u64)?;
         let mut at = offset;
         let mut left = len;
         for piece in pieces.iter_mut() {

@@ -19,6 +19,9 @@ use super::chunk::Chunk;
 const FAN_BITS: u32 = 10;
 const FAN: usize = 1 << FAN_BITS;
 
+/// The fewest levels a table has: 2^30 chunks of 64 KiB, 64 TiB.
+const MIN_LEVELS: u32 = 3;
+
 /// One chunk's slot: empty until the chunk is first written with non-zero
 /// bytes.
 pub(super) type Slot = RwLock<Option<Chunk>>;
@@ -58,20 +61,33 @@ impl std::fmt::Debug for ChunkTable {
 }
 
 impl ChunkTable {
-    /// A table for `chunks` chunks (at least 1); only the root is
-    /// allocated, at most [`FAN`] entries.
+    /// A table for `chunks` chunks (at least 1), which a resize can grow
+    /// to [`ChunkTable::reach`]: at least [`MIN_LEVELS`] levels, so that a
+    /// store made small can grow to 64 TiB. Only the root is allocated
+    /// ([`FAN`] entries: 32 KiB); one level more than the size needs costs
+    /// a lookup two loads.
     pub fn new(chunks: u64) -> Self {
-        let mut levels = 1;
+        let mut levels = MIN_LEVELS;
         while levels * FAN_BITS < 64 && chunks > 1u64 << (levels * FAN_BITS) {
             levels += 1;
         }
-        let below = (levels - 1) * FAN_BITS;
-        let width = usize::try_from(chunks.div_ceil(1u64 << below).max(1)).unwrap_or(FAN);
         Self {
             levels,
-            root: Node::new(levels, width.min(FAN)),
+            root: Node::new(levels, FAN),
             allocated: AtomicU64::new(0),
         }
+    }
+
+    /// How many chunks the table can address: what the store may grow to.
+    pub fn reach(&self) -> u64 {
+        1u64.checked_shl(self.levels * FAN_BITS).unwrap_or(u64::MAX)
+    }
+
+    /// The first allocated chunk at or after `from`, skipping the parts of
+    /// the tree never made (a shrink's scan of a 64 TiB store that holds
+    /// little costs what it holds).
+    pub fn next_allocated(&self, from: u64) -> Option<u64> {
+        next_in(&self.root, self.levels, 0, from)
     }
 
     fn index_at(index: u64, level: u32) -> usize {
@@ -165,6 +181,31 @@ impl ChunkTable {
     }
 }
 
+/// The first allocated chunk at or after `from` under `node`, which is
+/// `level` levels above the slots and whose first chunk is `base`.
+fn next_in(node: &Node, level: u32, base: u64, from: u64) -> Option<u64> {
+    match node {
+        Node::Slots(slots) => slots.iter().zip(base..).find_map(|(slot, i)| {
+            let held = i >= from
+                && slot
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .is_some();
+            held.then_some(i)
+        }),
+        Node::Inner(children) => {
+            let span = 1u64 << ((level - 1) * FAN_BITS);
+            children.iter().enumerate().find_map(|(i, child)| {
+                let start = base.checked_add((i as u64).checked_mul(span)?)?;
+                if start.saturating_add(span) <= from {
+                    return None;
+                }
+                next_in(child.get()?, level - 1, start, from)
+            })
+        }
+    }
+}
+
 /// The locks one command holds: the guards of its chunks `first..`, by
 /// chunk number. One chunk (a small command) needs no allocation.
 pub(super) struct Locked<G> {
@@ -225,13 +266,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn levels_cover_the_size_and_the_root_stays_small() {
+    fn levels_cover_the_size_and_a_growth_to_64_tib() {
         for (chunks, levels) in [
-            (1, 1),
-            (1024, 1),
-            (1025, 2),
-            (1 << 20, 2),
-            ((1 << 20) + 1, 3),
+            (1, 3),
+            (1024, 3),
+            (1 << 30, 3),
+            ((1 << 30) + 1, 4),
             (u64::MAX, 7),
         ] {
             let t = ChunkTable::new(chunks);
@@ -240,11 +280,32 @@ mod tests {
             // before it was asked for.
             assert!(t.slot(chunks - 1).is_some());
         }
+        assert_eq!(ChunkTable::new(1).reach(), 1 << 30, "64 TiB");
+        assert_eq!(ChunkTable::new(u64::MAX).reach(), u64::MAX);
         let t = ChunkTable::new(3 << 20);
         assert!(t.find((2 << 20) + 5).is_none(), "never written");
         assert!(t.slot((2 << 20) + 5).is_some());
         assert!(t.find((2 << 20) + 5).is_some());
         assert!(t.find((2 << 20) + 1024).is_none(), "a sibling node");
+    }
+
+    #[test]
+    fn the_next_allocated_chunk_is_found_across_nodes() {
+        let t = ChunkTable::new(1 << 20);
+        assert_eq!(t.next_allocated(0), None);
+        for i in [5u64, 1023, 1024, 700_000] {
+            *t.slot(i).unwrap().write().unwrap() =
+                Some(std::sync::Arc::new(super::super::chunk::ChunkData::zeroed()));
+        }
+        // A slot made but empty is skipped.
+        t.slot(2000).unwrap();
+        assert_eq!(t.next_allocated(0), Some(5));
+        assert_eq!(t.next_allocated(5), Some(5));
+        assert_eq!(t.next_allocated(6), Some(1023));
+        assert_eq!(t.next_allocated(1024), Some(1024));
+        assert_eq!(t.next_allocated(1025), Some(700_000));
+        assert_eq!(t.next_allocated(700_001), None);
+        assert_eq!(t.next_allocated(u64::MAX), None);
     }
 
     /// The interleaving a timing test can hardly hit: a read passes chunk
