@@ -9,6 +9,8 @@
 //! {"command":"reload","force":false}        -> {"ok":true,"changes":[...],"forced":false}
 //! {"command":"plan","config":"<toml>"}      -> {"ok":true,"changes":[...]}
 //! {"command":"logout","tsih":3}             -> {"ok":true,"initiator":"iqn..."}
+//! {"command":"resize","target":"iqn...","lun":0,"size":2147483648,"force":false,"discard":false}
+//!                                           -> {"ok":true,"resized":{"old":...,"new":...,"note":null}}
 //! anything else                             -> {"ok":false,"error":"..."}
 //! ```
 
@@ -49,6 +51,22 @@ pub enum Request {
     Logout {
         /// Its TSIH.
         tsih: u16,
+    },
+    /// Resize one LUN in place.
+    Resize {
+        /// The target's name.
+        target: String,
+        /// The LUN.
+        lun: u16,
+        /// The new size in bytes; absent: what the medium holds now.
+        #[serde(default)]
+        size: Option<u64>,
+        /// A shrink is meant.
+        #[serde(default)]
+        force: bool,
+        /// Data beyond a shrink's new end may be dropped.
+        #[serde(default)]
+        discard: bool,
     },
 }
 
@@ -190,6 +208,19 @@ pub async fn answer(handle: &ServerHandle, line: &str) -> Value {
             Some(initiator) => json!({"ok": true, "initiator": initiator}),
             None => json!({"ok": false, "error": format!("no session with TSIH {tsih}")}),
         },
+        Request::Resize {
+            target,
+            lun,
+            size,
+            force,
+            discard,
+        } => {
+            info!(%target, lun, ?size, force, discard, "resize asked on the control socket");
+            match handle.resize(&target, lun, size, force, discard).await {
+                Ok(report) => json!({"ok": true, "resized": report}),
+                Err(error) => json!({"ok": false, "error": error}),
+            }
+        }
     }
 }
 
@@ -211,6 +242,16 @@ mod tests {
             Request::parse(r#"{"command":"logout","tsih":7}"#),
             Ok(Request::Logout { tsih: 7 })
         );
+        assert_eq!(
+            Request::parse(r#"{"command":"resize","target":"t","lun":1,"size":4096}"#),
+            Ok(Request::Resize {
+                target: "t".into(),
+                lun: 1,
+                size: Some(4096),
+                force: false,
+                discard: false
+            })
+        );
         for bad in [
             "",
             "status",
@@ -218,6 +259,9 @@ mod tests {
             r#"{"command":"logout"}"#,
             r#"{"command":"logout","tsih":70000}"#,
             r#"{"command":"status","colour":1}"#,
+            r#"{"command":"resize","target":"t"}"#,
+            r#"{"command":"resize","target":"t","lun":0,"size":-1}"#,
+            r#"{"command":"resize","target":"t","lun":0,"size":"2G"}"#,
         ] {
             assert!(Request::parse(bad).is_err(), "accepted {bad:?}");
         }

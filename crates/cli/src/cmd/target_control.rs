@@ -1,4 +1,4 @@
-//! `iscsi target status|reload|check|logout`: a running target's control
+//! `iscsi target status|reload|check|resize|logout`: a running target's control
 //! socket from the command line (`iscsi_target::control` is the server).
 
 use std::io::{BufRead, BufReader, Write};
@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use iscsi_target::ParsedConfig;
 use iscsi_target::reload::plan::Change;
+use iscsi_target::reload::resize::ResizeReport;
 use iscsi_target::status::Status;
 use serde_json::{Value, json};
 
@@ -38,6 +39,28 @@ pub enum Action {
     Check {
         /// The file.
         file: PathBuf,
+        /// The control socket.
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+    },
+    /// Resize a LUN while it serves: every initiator hears CAPACITY DATA
+    /// HAS CHANGED and reads the new size (a RAM or file LUN to SIZE; a
+    /// block or file LUN without SIZE to what its device or file holds
+    /// now). Shrinking needs --force, and refuses where data lies beyond
+    /// the new end unless --discard.
+    Resize {
+        /// The target's name.
+        target: String,
+        /// The LUN.
+        lun: u16,
+        /// The new size (512, 64M, 2G, 1T...).
+        size: Option<String>,
+        /// Allow a shrink.
+        #[arg(long)]
+        force: bool,
+        /// Drop data written beyond a shrink's new end.
+        #[arg(long, requires = "force")]
+        discard: bool,
         /// The control socket.
         #[arg(long, value_name = "PATH")]
         control: Option<PathBuf>,
@@ -98,6 +121,37 @@ pub fn run(action: &Action) -> anyhow::Result<()> {
             print_changes(&answer);
             if answer["changes"].as_array().is_none_or(Vec::is_empty) {
                 println!("  no changes");
+            }
+            Ok(())
+        }
+        Action::Resize {
+            target,
+            lun,
+            size,
+            force,
+            discard,
+            control,
+        } => {
+            let size = size
+                .as_deref()
+                .map(iscsi_target::config::lun::parse_size)
+                .transpose()
+                .map_err(anyhow::Error::msg)?;
+            let request = json!({"command": "resize", "target": target, "lun": lun,
+                "size": size, "force": force, "discard": discard});
+            let answer = ask(control, &request)?;
+            let report: ResizeReport = serde_json::from_value(ok(&answer)?["resized"].clone())
+                .context("the target's answer")?;
+            if report.old == report.new {
+                println!("target {target} LUN {lun}: {} bytes already", report.new);
+            } else {
+                println!(
+                    "target {target} LUN {lun}: {} -> {} bytes; every initiator hears CAPACITY DATA HAS CHANGED",
+                    report.old, report.new
+                );
+            }
+            if let Some(note) = report.note {
+                println!("note: {note}");
             }
             Ok(())
         }

@@ -88,6 +88,31 @@ pub enum StoreKind {
 }
 
 impl LunSpec {
+    /// The size the specification names, if it names one (`ram:SIZE`,
+    /// `file:PATH,size=SIZE`): what a reload resizes a running LUN to.
+    pub fn size(&self) -> Option<u64> {
+        match &self.kind {
+            StoreKind::Ram { size } => Some(*size),
+            StoreKind::File { size, .. } => *size,
+            _ => None,
+        }
+    }
+
+    /// The same store whatever its size: two specifications that differ
+    /// only in the size name one store, which a reload resizes in place.
+    pub fn same_store(&self, other: &LunSpec) -> bool {
+        let sizeless = |spec: &LunSpec| {
+            let mut spec = spec.clone();
+            match &mut spec.kind {
+                StoreKind::Ram { size } => *size = 0,
+                StoreKind::File { size, .. } => *size = None,
+                _ => {}
+            }
+            spec
+        };
+        sizeless(self) == sizeless(other)
+    }
+
     /// Parses a specification. The error names the specification and
     /// what is wrong with it.
     pub fn parse(spec: &str) -> Result<LunSpec, String> {

@@ -18,6 +18,7 @@
 //! So the running state is the old one or the new one, never a mix.
 
 pub mod plan;
+pub mod resize;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError};
@@ -29,7 +30,7 @@ use tracing::{info, warn};
 use crate::config::file::{ConfigError, ParsedConfig};
 use crate::server::{Portal, ServerHandle, bind_all};
 use crate::shared::scsi_target;
-use plan::{Change, Plan, keeps};
+use plan::{Change, Plan, keeps, new_size, size_now};
 
 /// What a reload did.
 #[derive(Debug, Serialize)]
@@ -146,8 +147,12 @@ impl ServerHandle {
                 .luns
                 .get(&n)
                 .filter(|running| keeps(running, lun))
-                .cloned()
+                .map(|running| crate::config::LunEntry {
+                    store: Arc::clone(&running.store),
+                    spec: lun.spec.clone(),
+                })
         };
+        let resizes = resizes(&old, &parsed);
         // A `file:PATH,size=…` LUN creates its file when opened: the
         // files this reload would create, removed again if it fails.
         let created = files_to_create(&parsed, &reuse);
@@ -189,6 +194,13 @@ impl ServerHandle {
                 });
             }
         };
+        // Prepare: resizes, the last step that can fail (a file that cannot
+        // grow, data beyond a shrink's end), undone if one does.
+        if let Err(error) = resize_all(shared, &resizes) {
+            drop((new, tcp, iser));
+            remove_created(&created);
+            return Err(ReloadError::Apply { error, plan });
+        }
         // Commit: nothing below fails.
         let mut targets = crate::shared::Targets::clone(&shared.targets.load());
         for target in &old.targets {
@@ -296,6 +308,65 @@ fn files_to_create(
         }
     }
     created
+}
+
+/// A LUN a reload resizes in place: its target, number, and sizes in
+/// bytes before and after.
+struct Resize {
+    target: String,
+    lun: u16,
+    old: u64,
+    new: u64,
+}
+
+/// The LUNs `parsed` keeps with another size.
+fn resizes(old: &crate::config::TargetConfig, parsed: &ParsedConfig) -> Vec<Resize> {
+    let mut list = Vec::new();
+    for (target, planned) in parsed.config.targets.iter().zip(&parsed.luns) {
+        let Some(running) = old.targets.iter().find(|t| t.name == target.name) else {
+            continue;
+        };
+        for (&lun, p) in planned {
+            if let Some(entry) = running.luns.get(&lun)
+                && let Some(new) = new_size(entry, p)
+            {
+                list.push(Resize {
+                    target: target.name.clone(),
+                    lun,
+                    old: size_now(entry),
+                    new,
+                });
+            }
+        }
+    }
+    list
+}
+
+/// Resizes every LUN of `list` through its target's SCSI core (which tells
+/// the initiators); on a failure the ones done are put back, as far as
+/// they can be (a growth an initiator has written into stays), and the
+/// error names the LUN.
+fn resize_all(shared: &crate::shared::Shared, list: &[Resize]) -> Result<(), String> {
+    let targets = shared.targets.load();
+    for (i, resize) in list.iter().enumerate() {
+        let Some(core) = targets.get(&resize.target) else {
+            continue;
+        };
+        if let Err(error) = core.resize_lun(resize.lun, Some(resize.new), false) {
+            for done in &list[..i] {
+                if let Some(core) = targets.get(&done.target)
+                    && let Err(undo) = core.resize_lun(done.lun, Some(done.old), false)
+                {
+                    warn!(target = %done.target, lun = done.lun, %undo, "reload failed: a LUN it resized stays resized");
+                }
+            }
+            return Err(format!(
+                "target {} LUN {}: resizing from {} to {} bytes: {error}",
+                resize.target, resize.lun, resize.old, resize.new
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Removes what a failed reload created (its stores are closed by then).

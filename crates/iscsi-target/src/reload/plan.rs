@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::TargetConfig;
 use crate::config::file::{ParsedConfig, PlannedLun};
+use crate::config::lun::LunSpec;
 pub use crate::registry::{SessionRef, SessionUse};
 
 /// What a change does to what is running.
@@ -30,6 +31,9 @@ pub enum Effect {
     LunInUse,
     /// Sessions are ended: needs force.
     EndsSessions,
+    /// A LUN shrinks in place (refused where data lies beyond its new
+    /// end): needs force, whoever uses it.
+    Shrinks,
 }
 
 /// One change of a reload: serialised on the control socket and read back
@@ -54,7 +58,10 @@ pub struct Change {
 impl Change {
     /// Whether applying it needs force.
     pub fn disruptive(&self) -> bool {
-        matches!(self.effect, Effect::LunInUse | Effect::EndsSessions)
+        matches!(
+            self.effect,
+            Effect::LunInUse | Effect::EndsSessions | Effect::Shrinks
+        )
     }
 }
 
@@ -70,6 +77,8 @@ impl fmt::Display for Change {
             Effect::Restart => write!(f, " (at the next start of the target)")?,
             Effect::LunInUse => write!(f, " [LUN in use by")?,
             Effect::EndsSessions => write!(f, " [ends")?,
+            Effect::Shrinks if self.sessions.is_empty() => return write!(f, " [shrinks]"),
+            Effect::Shrinks => write!(f, " [shrinks a LUN in use by")?,
         }
         if self.disruptive() {
             let names: Vec<String> = self.sessions.iter().map(ToString::to_string).collect();
@@ -120,10 +129,32 @@ impl fmt::Display for Plan {
     }
 }
 
-/// Whether a running LUN is kept by a reload: same specification, same
-/// block size (anything else is a new store).
+/// Whether a running LUN is kept by a reload: the same store (the same
+/// specification, or one that differs only in its size), the same block
+/// size; anything else is a new store.
 pub(crate) fn keeps(running: &crate::config::LunEntry, planned: &PlannedLun) -> bool {
-    running.spec == planned.spec && running.store.block_size() == planned.block_size
+    let same = running.spec == planned.spec
+        || LunSpec::parse(&running.spec).is_ok_and(|spec| spec.same_store(&planned.parsed));
+    same && running.store.block_size() == planned.block_size
+}
+
+/// The size in bytes a reload gives a LUN it keeps, where the file names
+/// one that is not the store's size now (grown or shrunk in the file, or
+/// resized by `iscsi target resize` since the file was written).
+pub(crate) fn new_size(running: &crate::config::LunEntry, planned: &PlannedLun) -> Option<u64> {
+    let now = size_now(running);
+    planned
+        .parsed
+        .size()
+        .filter(|&size| keeps(running, planned) && size != now)
+}
+
+/// A running LUN's size in bytes.
+pub(crate) fn size_now(running: &crate::config::LunEntry) -> u64 {
+    running
+        .store
+        .block_count()
+        .saturating_mul(u64::from(running.store.block_size()))
 }
 
 /// The changes `new` makes to `old`, with the sessions in `sessions`.
@@ -211,7 +242,11 @@ pub fn plan(old: &TargetConfig, new: &ParsedConfig, sessions: &[SessionUse]) -> 
                     effect,
                     sessions: refs(&using),
                 }),
-                Some(_) => {}
+                Some(p) => {
+                    if let Some(size) = new_size(lun, p) {
+                        changes.push(resize_change(object, size_now(lun), size, &using));
+                    }
+                }
             }
         }
         for (&n, p) in planned {
@@ -298,6 +333,31 @@ pub fn plan(old: &TargetConfig, new: &ParsedConfig, sessions: &[SessionUse]) -> 
     removals.extend(changes);
     removals.extend(additions);
     Plan { changes: removals }
+}
+
+/// A LUN resized in place: a growth is free (every nexus hears CAPACITY
+/// DATA HAS CHANGED), a shrink needs force.
+fn resize_change(object: String, old: u64, new: u64, using: &[&SessionUse]) -> Change {
+    let grows = new > old;
+    Change {
+        action: '~',
+        object,
+        detail: format!(
+            "{} from {old} to {new} bytes in place{}",
+            if grows { "grows" } else { "shrinks" },
+            if using.is_empty() {
+                ""
+            } else {
+                ": CAPACITY DATA HAS CHANGED to its initiators"
+            }
+        ),
+        effect: if grows { Effect::Free } else { Effect::Shrinks },
+        sessions: if grows {
+            Vec::new()
+        } else {
+            using.iter().map(|s| s.session.clone()).collect()
+        },
+    }
 }
 
 fn portals(

@@ -1,0 +1,155 @@
+//! A LUN resized while an initiator writes to it (issue 49): grown by a
+//! reload and by the control socket's `resize`, with a verified write/read
+//! loop that must see no error; a shrink refused without force, and over
+//! data without discard, changing nothing.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use common::start_from_toml as start;
+use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
+use iscsi_target::ParsedConfig;
+use iscsi_target::reload::ReloadError;
+use iscsi_target::reload::plan::Effect;
+use iscsi_test_peers::free_port;
+
+const TARGET: &str = "iqn.2026-11.rs.iscsi:resize";
+const BLOCK: u32 = 512;
+const MIB: u64 = 1 << 20;
+
+fn file(port: u16, lun0: &str) -> String {
+    format!(
+        "listen = [\"127.0.0.1:{port}\"]\nnop_in_interval_seconds = 0\n\
+         [[target]]\nname = \"{TARGET}\"\n[target.lun]\n0 = \"{lun0}\"\n"
+    )
+}
+
+fn pattern(seed: u8) -> Vec<u8> {
+    (0..65536u32)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+async fn capacity(session: &Session) -> u64 {
+    let c = session.read_capacity(0).await.expect("READ CAPACITY");
+    c.blocks * u64::from(c.block_size)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lun_grows_under_io_and_shrinks_only_when_told() {
+    let port = free_port();
+    let (handle, _stop) = start(&file(port, "ram:8M")).await;
+    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
+        .parse()
+        .unwrap();
+    let session = Arc::new(
+        Session::connect(&url, SessionConfig::default())
+            .await
+            .expect("login"),
+    );
+    assert_eq!(capacity(&session).await, 8 * MIB);
+    let stop = Arc::new(AtomicBool::new(false));
+    let verified = Arc::new(AtomicU64::new(0));
+    let io = {
+        let (s, stop, verified) = (
+            Arc::clone(&session),
+            Arc::clone(&stop),
+            Arc::clone(&verified),
+        );
+        tokio::spawn(async move {
+            let mut round = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let lba = (round % 64) * 128;
+                let data = pattern((round % 251) as u8);
+                s.write(0, lba, BLOCK, &data).await?;
+                let back = s.read(0, lba, BLOCK, vec![0; data.len()]).await?;
+                assert_eq!(back, data, "LBA {lba}");
+                verified.fetch_add(1, Ordering::Relaxed);
+                round += 1;
+            }
+            Ok::<(), Error>(())
+        })
+    };
+
+    // Grown by a reload: free, the session stays, the new end is usable.
+    let parse = |t: &str| ParsedConfig::parse(t).expect("a valid file");
+    let report = handle
+        .apply(parse(&file(port, "ram:16M")), false)
+        .await
+        .expect("a growth needs no force");
+    assert_eq!(report.changes.len(), 1, "{report:?}");
+    let change = &report.changes[0];
+    assert_eq!(change.effect, Effect::Free, "{change}");
+    assert!(
+        change.detail.contains("grows from 8388608 to 16777216"),
+        "{change}"
+    );
+    assert_eq!(capacity(&session).await, 16 * MIB);
+    let end = 16 * MIB / u64::from(BLOCK) - 128;
+    session.write(0, end, BLOCK, &pattern(0xE0)).await.unwrap();
+
+    // Grown by the control socket.
+    let report = handle
+        .resize(TARGET, 0, Some(32 * MIB), false, false)
+        .await
+        .expect("resize");
+    assert_eq!((report.old, report.new), (16 * MIB, 32 * MIB));
+    assert!(
+        report
+            .note
+            .as_deref()
+            .is_some_and(|n| n.contains("ram:16M")),
+        "{report:?}"
+    );
+    assert_eq!(capacity(&session).await, 32 * MIB);
+
+    // The file still says 16M: reloading it is a shrink, refused without
+    // force, naming the session.
+    match handle.apply(parse(&file(port, "ram:16M")), false).await {
+        Err(ReloadError::Refused(plan)) => {
+            let change = plan.disruptive().next().expect("the shrink");
+            assert_eq!(change.effect, Effect::Shrinks);
+            assert_eq!(change.sessions.len(), 1, "{change}");
+        }
+        other => panic!("not refused: {other:?}"),
+    }
+    // The block written near 16M lies beyond 8M: a shrink to 8M, forced,
+    // is refused over it and changes nothing, by reload and by resize.
+    match handle.apply(parse(&file(port, "ram:8M")), true).await {
+        Err(ReloadError::Apply { error, .. }) => {
+            assert!(error.contains("beyond the new end"), "{error}")
+        }
+        other => panic!("shrunk over data: {other:?}"),
+    }
+    assert_eq!(capacity(&session).await, 32 * MIB);
+    let refused = handle.resize(TARGET, 0, Some(8 * MIB), false, false).await;
+    assert!(refused.unwrap_err().contains("--force"));
+    let refused = handle.resize(TARGET, 0, Some(8 * MIB), true, false).await;
+    assert!(refused.unwrap_err().contains("beyond the new end"));
+    assert_eq!(capacity(&session).await, 32 * MIB);
+    // Forced to 16M, beyond which nothing was written: done, and the
+    // block near the end kept.
+    handle
+        .apply(parse(&file(port, "ram:16M")), true)
+        .await
+        .expect("a forced shrink over nothing");
+    assert_eq!(capacity(&session).await, 16 * MIB);
+    assert_eq!(
+        session.read(0, end, BLOCK, vec![0; 65536]).await.unwrap(),
+        pattern(0xE0)
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    io.await.unwrap().expect("no I/O error through the resizes");
+    assert!(verified.load(Ordering::Relaxed) > 0);
+    assert!(
+        handle
+            .resize("iqn.none", 0, None, false, false)
+            .await
+            .is_err()
+    );
+    assert!(handle.resize(TARGET, 9, None, false, false).await.is_err());
+    session.logout().await.expect("logout");
+}
