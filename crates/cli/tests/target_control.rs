@@ -249,3 +249,82 @@ fn rustix_is_root() -> bool {
         .output()
         .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
 }
+
+/// READ CAPACITY (16) of LUN `lun` as libiscsi's `iscsi-readcapacity16`
+/// prints it.
+fn libiscsi_capacity(port: u16, lun: u32) -> String {
+    let out = Command::new("iscsi-readcapacity16")
+        .arg(format!("iscsi://127.0.0.1:{port}/{NAME}/{lun}"))
+        .output()
+        .expect("iscsi-readcapacity16 (libiscsi-bin, which scripts/test installs)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Issue 49: a LUN grown from the command line and a file LUN grown by
+/// editing the file and reloading, as another initiator (libiscsi) reads
+/// them; a shrink refused without force, a check that shows what the file
+/// would do to a LUN resized by hand.
+#[test]
+fn luns_grow_by_command_and_by_reload_as_libiscsi_sees() {
+    let t = start("resize");
+    assert!(libiscsi_capacity(t.port, 0).contains("8388608"));
+    let out = control(&["resize", NAME, "0", "64M"], &t.socket);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{said}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(said.contains("8388608 -> 67108864 bytes"), "{said}");
+    assert!(
+        said.contains("note: the configuration names this LUN"),
+        "{said}"
+    );
+    assert!(libiscsi_capacity(t.port, 0).contains("67108864"));
+    assert_eq!(
+        status(&t.socket)["targets"][0]["luns"][0]["size_bytes"],
+        67108864
+    );
+
+    // Shrinking needs force; the file (8M) would shrink it, and check says
+    // so before anything is applied.
+    let out = control(&["resize", NAME, "0", "32M"], &t.socket);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    let out = control(&["check", t.file.to_str().unwrap()], &t.socket);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("shrinks from 67108864 to 8388608 bytes in place [shrinks]"),
+        "{said}"
+    );
+
+    // A file LUN added, then grown in the file and reloaded.
+    let image = t.dir.join("lun1.img");
+    let with_file = |size: &str| {
+        config(
+            t.port,
+            &format!(
+                "0 = \"ram:64M\"\n1 = \"file:{},size={size}\"",
+                image.display()
+            ),
+        )
+    };
+    std::fs::write(&t.file, with_file("4M")).unwrap();
+    assert!(control(&["reload"], &t.socket).status.success());
+    assert!(libiscsi_capacity(t.port, 1).contains("4194304"));
+    std::fs::write(&t.file, with_file("12M")).unwrap();
+    let out = control(&["reload"], &t.socket);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("grows from 4194304 to 12582912 bytes in place"),
+        "{said}"
+    );
+    assert!(libiscsi_capacity(t.port, 1).contains("12582912"));
+    assert_eq!(std::fs::metadata(&image).unwrap().len(), 12582912);
+}

@@ -36,8 +36,8 @@ pub enum ResizeError {
     /// Written data lies beyond the new end, and discarding it was not
     /// asked for.
     #[error(
-        "data is written beyond the new end (at byte {at}, the new end is {size}): \
-         shrinking would drop it; say --discard to drop it"
+        "data is written beyond the new end (at byte {at}; the new end is {size}): a shrink \
+         would drop it, which only `iscsi target resize --force --discard` does"
     )]
     DataBeyond {
         /// The first byte of data found beyond the new end.
