@@ -28,6 +28,7 @@ async fn start(tune: impl FnOnce(&mut TargetEntry)) -> (String, oneshot::Sender<
         luns: iscsi_target::numbered(luns),
         chap: None,
         allowed_initiators: Vec::new(),
+        limits: Vec::new(),
     };
     tune(&mut entry);
     let config = TargetConfig {

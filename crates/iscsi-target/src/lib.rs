@@ -29,6 +29,7 @@ mod login_log;
 pub mod metrics;
 mod pending;
 mod policy;
+pub mod qos;
 mod recovery;
 mod registry;
 pub mod reload;

@@ -142,6 +142,7 @@ impl Server {
             .collect();
         let shards = Shards::start(config.cores.unwrap_or_else(crate::shards::default_count))?;
         info!(shards = shards.len(), cpus = ?shards.cpus(), "connections spread over runtime shards");
+        let qos = crate::shared::qos_table(&config, &crate::qos::QosTable::default());
         let config = Arc::new(ArcSwap::from_pointee(config));
         let (shutdown, shutdown_seen) = watch::channel(false);
         let shared = Arc::new(Shared {
@@ -155,6 +156,7 @@ impl Server {
             config_file: std::sync::OnceLock::new(),
             metrics: Arc::default(),
             shards,
+            qos: ArcSwap::from_pointee(qos),
         });
         let mut running = Portals::default();
         for (listener, kind, configured) in portals {

@@ -40,12 +40,21 @@ pub(crate) struct Shared {
     pub metrics: Arc<crate::metrics::Metrics>,
     /// The runtimes, one per core, that connections live on.
     pub shards: crate::shards::Shards,
+    /// The QoS limits of every target, which each command looks its own
+    /// up in (`crate::qos`); a reload replaces the table, keeping the
+    /// limits that stay.
+    pub qos: ArcSwap<crate::qos::QosTable>,
 }
 
 impl Shared {
     /// The configuration served now.
     pub fn config(&self) -> Arc<TargetConfig> {
         self.config.load_full()
+    }
+
+    /// The QoS table for `config`, keeping the running limits that stay.
+    pub fn qos_for(&self, config: &TargetConfig) -> crate::qos::QosTable {
+        qos_table(config, &self.qos.load())
     }
 
     /// The SCSI core of target `name`.
@@ -88,4 +97,16 @@ pub(crate) fn scsi_target(
         }
     });
     core
+}
+
+/// The QoS table of `config`'s targets, keeping `old`'s limits whose key
+/// stays.
+pub(crate) fn qos_table(config: &TargetConfig, old: &crate::qos::QosTable) -> crate::qos::QosTable {
+    crate::qos::QosTable::build(
+        config
+            .targets
+            .iter()
+            .map(|t| (t.name.as_str(), t.limits.as_slice())),
+        old,
+    )
 }

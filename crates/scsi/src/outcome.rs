@@ -13,6 +13,10 @@ pub mod status {
     pub const BUSY: u8 = 0x08;
     /// RESERVATION CONFLICT.
     pub const RESERVATION_CONFLICT: u8 = 0x18;
+    /// TASK SET FULL: the LU's queue for this initiator is full; the
+    /// initiator lowers its queue depth and sends the command again
+    /// (SAM-5 5.3.1).
+    pub const TASK_SET_FULL: u8 = 0x28;
 }
 
 /// The outcome of one command. Data-In has been written to the caller's
@@ -20,7 +24,8 @@ pub mod status {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommandOutcome {
     /// SAM status: [`status::GOOD`], [`status::CHECK_CONDITION`],
-    /// [`status::BUSY`] or [`status::RESERVATION_CONFLICT`].
+    /// [`status::BUSY`], [`status::RESERVATION_CONFLICT`] or
+    /// [`status::TASK_SET_FULL`].
     pub status: u8,
     /// Sense data, present exactly when the status is CHECK CONDITION.
     pub sense: Option<Sense>,
@@ -55,6 +60,16 @@ impl CommandOutcome {
     /// COMMUNICATION FAILURE fails the I/O up in both.
     pub const BUSY: Self = Self {
         status: status::BUSY,
+        sense: None,
+        descriptor_sense: false,
+    };
+
+    /// TASK SET FULL status, no sense: a command over a QoS limit whose
+    /// queue is full. Nothing of it ran; Linux's SCSI midlayer lowers the
+    /// device's queue depth and requeues it, libiscsi and QEMU retry it
+    /// as they do BUSY.
+    pub const TASK_SET_FULL: Self = Self {
+        status: status::TASK_SET_FULL,
         sense: None,
         descriptor_sense: false,
     };

@@ -155,6 +155,7 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         luns,
         chap: None,
         allowed_initiators: Vec::new(),
+        limits: Vec::new(),
     };
     if let Some(chap) = &args.chap {
         let (user, secret) = chap.split_once(':').context("--chap wants USER:SECRET")?;

@@ -88,6 +88,7 @@ pub async fn our_target(
             luns: iscsi_target::numbered(luns),
             chap: None,
             allowed_initiators: Vec::new(),
+            limits: Vec::new(),
         }],
         portal_group_tag: 1,
         gateway_group: Vec::new(),

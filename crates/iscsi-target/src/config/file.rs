@@ -44,6 +44,9 @@
 //! allowed_initiators = ["iqn.1993-08.org.debian:01:abc"]   # optional
 //! chap = { user = "alice", secret = "s3cret-s3cret",      # optional;
 //!          target_user = "disk1", target_secret = "other-s3cret" }  # mutual
+//! [[target.limit]]                # optional, any number: QoS (`limits.rs`)
+//! lun = 0                         # or initiator = "iqn..."
+//! iops = 2000                     # and/or bytes_per_second = "200M"
 //! ```
 
 use std::collections::BTreeMap;
@@ -166,6 +169,9 @@ struct TargetFile {
     allowed_initiators: Vec<String>,
     #[serde(default)]
     chap: Option<Spanned<ChapFile>>,
+    /// QoS limits (`limits.rs`).
+    #[serde(default)]
+    limit: Vec<Spanned<super::limits::LimitFile>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -388,6 +394,9 @@ impl ParsedConfig {
                         .map_err(|e| at(c.span(), format!("target {name}: {e}")))?,
                 ),
             };
+            let limits =
+                super::limits::limits(&name, &target.limit, &luns, &target.allowed_initiators)
+                    .map_err(|(span, message)| at(span, message))?;
             all_luns.push(luns);
             targets.push(TargetEntry {
                 name,
@@ -395,6 +404,7 @@ impl ParsedConfig {
                 luns: BTreeMap::new(),
                 chap,
                 allowed_initiators: target.allowed_initiators,
+                limits,
             });
         }
         if targets.is_empty() {

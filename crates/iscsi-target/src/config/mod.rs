@@ -2,6 +2,7 @@
 //! negotiation values it offers.
 
 pub mod file;
+mod limits;
 pub mod lun;
 
 use std::collections::BTreeMap;
@@ -28,6 +29,8 @@ pub struct TargetEntry {
     pub chap: Option<ChapRequirement>,
     /// Initiator names allowed to log in; empty allows all.
     pub allowed_initiators: Vec<String>,
+    /// QoS limits on its LUNs and initiators (`crate::qos`).
+    pub limits: Vec<crate::qos::LimitEntry>,
 }
 
 /// One logical unit of a target: its store, and the specification it was
@@ -53,6 +56,7 @@ impl TargetEntry {
             luns: numbered(stores),
             chap: None,
             allowed_initiators: Vec::new(),
+            limits: Vec::new(),
         }
     }
 

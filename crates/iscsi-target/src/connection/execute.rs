@@ -3,6 +3,7 @@
 //! on the blocking pool when the store may block).
 
 use super::*;
+use crate::qos::Admission;
 
 /// The most data a READ or WRITE may move and still be run to its answer
 /// by the connection's reader itself (on a store that never blocks): a
@@ -63,6 +64,8 @@ impl Connection {
     ) {
         task.start();
         let guard = self.in_flight.enter();
+        let admission = self.admit(&command, &cdb);
+        let throttled = !matches!(admission, Admission::Go);
         let (may_block, here, asynchronous) = iscsi_scsi::decode_lun(command.lun.0)
             .and_then(|lun| {
                 self.session.scsi.as_ref()?.with_backstore(lun, |store| {
@@ -91,14 +94,15 @@ impl Connection {
                 buffers: Arc::clone(&self.buffers),
                 pieces: Arc::clone(&self.pieces),
                 tap: self.tap.clone(),
+                admission,
             },
             Run {
                 may_block,
                 asynchronous,
             },
-            here,
+            here && !throttled,
         );
-        if here {
+        if here && !throttled {
             self.answers_held = true;
             answer.await;
             drop(guard);
@@ -108,6 +112,45 @@ impl Connection {
                 answer.await;
             });
         }
+    }
+}
+
+impl Connection {
+    /// What the command's QoS limits say (`crate::qos`): one load of the
+    /// table, and nothing more when no target has a limit.
+    fn admit(&self, command: &ScsiCommand, cdb: &[u8]) -> Admission {
+        let table = self.shared.qos.load();
+        if table.is_empty() {
+            return Admission::Go;
+        }
+        let (Some(target), Some(lun)) = (
+            self.session.target_name.as_deref(),
+            iscsi_scsi::decode_lun(command.lun.0),
+        ) else {
+            return Admission::Go;
+        };
+        table.admit(
+            target,
+            &self.session.initiator_name,
+            lun,
+            cdb,
+            u64::from(command.expected_data_transfer_length),
+        )
+    }
+}
+
+/// Waits for a throttled command's turn, looking every [`ABANDON_POLL`]
+/// whether it was aborted meanwhile (then it runs no further, and
+/// `respond` sees the abort), so that an ABORT TASK or a reset never waits
+/// for a slow limit. Whether it was aborted.
+async fn wait_turn(task: &Task, until: std::time::Instant) -> bool {
+    loop {
+        let now = std::time::Instant::now();
+        let aborted = task.aborted.load(Ordering::Acquire);
+        if now >= until || aborted {
+            return aborted;
+        }
+        tokio::time::sleep((until - now).min(ABANDON_POLL)).await;
     }
 }
 
@@ -124,6 +167,8 @@ struct Execution {
     buffers: Arc<BufferPool>,
     pieces: Arc<BufferPool>,
     tap: Option<Tap>,
+    /// What its QoS limits said: run now, wait, or TASK SET FULL.
+    admission: Admission,
 }
 
 /// How often an aborted SANITIZE's command looks whether it was aborted
@@ -141,136 +186,53 @@ struct Run {
 
 /// Runs the command (see [`Run`]) and sends its Data-In and status; `hold`
 /// when the connection's reader answers it (`Response::hold`).
-async fn answer(execution: Execution, how: Run, hold: bool) {
-    let Run {
-        may_block,
-        asynchronous,
-    } = how;
+async fn answer(mut execution: Execution, how: Run, hold: bool) {
+    // Over its limits' queue, nothing runs (SAM-5 5.3.1): TASK SET FULL;
+    // aborted while it waited its turn, nothing runs either.
+    let skip = match std::mem::replace(&mut execution.admission, Admission::Go) {
+        Admission::Go => None,
+        Admission::Full => Some(CommandOutcome::TASK_SET_FULL),
+        Admission::Wait { until, guard } => {
+            let aborted = wait_turn(&execution.task, until).await;
+            drop(guard);
+            aborted.then_some(CommandOutcome::GOOD)
+        }
+    };
+    let command = &execution.command;
+    // Scratch for a READ's data (a lent READ gives it back as it was);
+    // other commands build short answers from empty.
+    let data_in = match skip {
+        None if command.read => execution
+            .buffers
+            .take_filled(command.expected_data_transfer_length as usize),
+        _ => Vec::new(),
+    };
+    let data_out = std::mem::take(&mut execution.data_out);
+    let written = data_out.len() as u64;
+    let ran = match skip {
+        Some(outcome) => Some((outcome, Residual::NONE, data_out, data_in, Vec::new())),
+        None => {
+            let cdb = std::mem::take(&mut execution.cdb);
+            run(&execution, how, cdb, data_out, data_in).await
+        }
+    };
     let Execution {
         session,
         task,
         command,
-        cdb,
-        data_out,
         r2ts,
         buffers,
         pieces,
         tap,
+        ..
     } = execution;
-    let itt = command.initiator_task_tag;
-    // Scratch for a READ's data (a lent READ gives it back as it was);
-    // other commands build short answers from empty.
-    let data_in = if command.read {
-        buffers.take_filled(command.expected_data_transfer_length as usize)
-    } else {
-        Vec::new()
+    let Some((outcome, residual, data_out, data_in, lent)) = ran else {
+        // The blocking task panicked: a bug, reported; the command ends
+        // without status (the initiator times out).
+        warn!("command execution failed");
+        session.finish(&task);
+        return;
     };
-    let written = data_out.len() as u64;
-    let ran = 'ran: {
-        let (data_out, data_in) = if asynchronous {
-            let started = tap.as_ref().map(|_| std::time::Instant::now());
-            let ran = planned::run(
-                &session, &task, &command, &cdb, data_out, data_in, &buffers, &pieces,
-            )
-            .await;
-            match ran {
-                Ok(ran) => {
-                    if let (Some(tap), Some(started)) = (&tap, started) {
-                        tap.step("execute", itt, started, std::time::Instant::now());
-                    }
-                    let empty = WriteBuffer::default();
-                    break 'ran (ran.outcome, ran.residual, empty, ran.data_in, Vec::new());
-                }
-                Err(back) => back,
-            }
-        } else {
-            (data_out, data_in)
-        };
-        let sanitize = cdb.first() == Some(&iscsi_scsi::cdb::opcode::SANITIZE);
-        let watched = Arc::clone(&task);
-        let run = {
-            let command = command.clone();
-            let session = Arc::clone(&session);
-            let task = Arc::clone(&task);
-            let tap = tap.clone();
-            // The steps a trace shows between the command's PDUs: the hand-off
-            // to the blocking pool, then the SCSI execution (CDB, backstore)
-            // itself.
-            let queued = tap.as_ref().map(|_| std::time::Instant::now());
-            let work = move || {
-                let started = tap.as_ref().map(|tap| {
-                    let now = std::time::Instant::now();
-                    if let (true, Some(queued)) = (may_block, queued) {
-                        tap.step("wait for blocking pool", itt, queued, now);
-                    }
-                    now
-                });
-                let mut data_in = data_in;
-                let mut data_out = data_out;
-                let mut lent = Vec::new();
-                // Aborted while it waited for a thread: it never reaches the
-                // SCSI layer, so the abort is not held up by a slow store (no
-                // status goes out: `respond` sees the abort).
-                let (outcome, residual) = match session.scsi.as_deref() {
-                    Some(_) if task.aborted.load(Ordering::Acquire) => {
-                        (CommandOutcome::GOOD, Residual::NONE)
-                    }
-                    // A discovery session's commands are refused before here.
-                    None => (
-                        CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_OPCODE),
-                        Residual::NONE,
-                    ),
-                    Some(scsi) => run_command(
-                        scsi,
-                        &session.nexus,
-                        &command,
-                        &cdb,
-                        &mut data_out,
-                        &mut data_in,
-                        &mut lent,
-                    ),
-                };
-                if let (Some(tap), Some(started)) = (&tap, started) {
-                    tap.step("execute", itt, started, std::time::Instant::now());
-                }
-                (outcome, residual, data_out, data_in, lent)
-            };
-            if may_block && sanitize {
-                // A SANITIZE goes on after its task is aborted or reset
-                // (SBC-4 4.11.2; LUN and target resets, a lost nexus): the
-                // command ends at the abort while the operation finishes on
-                // its thread, gating the LU meanwhile. Without this, an ABORT
-                // TASK, a reset or a logout would wait for the whole overwrite.
-                let mut running = tokio::task::spawn_blocking(work);
-                loop {
-                    tokio::select! {
-                        done = &mut running => break done,
-                        () = tokio::time::sleep(ABANDON_POLL) => {
-                            if watched.aborted.load(Ordering::Acquire) {
-                                let empty = WriteBuffer::flat(&buffers, 0);
-                                break Ok((CommandOutcome::GOOD, Residual::NONE, empty, Vec::new(), Vec::new()));
-                            }
-                        }
-                    }
-                }
-            } else if may_block {
-                tokio::task::spawn_blocking(work).await
-            } else {
-                // Memory only: no thread hand-off (a 4 KiB command costs less
-                // than moving it to the blocking pool and back).
-                Ok(work())
-            }
-        };
-        let Ok(ran) = run else {
-            // The blocking task panicked: a bug, reported; the command ends
-            // without status (the initiator times out).
-            warn!("command execution failed");
-            session.finish(&task);
-            return;
-        };
-        ran
-    };
-    let (outcome, residual, data_out, data_in, lent) = ran;
     SessionStats::add(&session.stats.commands, 1);
     if outcome.status != GOOD {
         SessionStats::add(&session.stats.errors, 1);
@@ -301,6 +263,136 @@ async fn answer(execution: Execution, how: Run, hold: bool) {
         debug!(%error, "response not sent");
     }
     data_out.give(&buffers, &pieces);
+}
+
+/// What running a command gave: its outcome and residual, the write's
+/// buffer back, the READ's data (or its scratch), and what the store lent.
+type Ran = (
+    CommandOutcome,
+    Residual,
+    WriteBuffer,
+    Vec<u8>,
+    Vec<iscsi_scsi::Lent>,
+);
+
+/// Runs the command (see [`Run`]); `None` when the blocking task running it
+/// panicked.
+async fn run(
+    e: &Execution,
+    how: Run,
+    cdb: Vec<u8>,
+    data_out: WriteBuffer,
+    data_in: Vec<u8>,
+) -> Option<Ran> {
+    let Run {
+        may_block,
+        asynchronous,
+    } = how;
+    let Execution {
+        session,
+        task,
+        command,
+        buffers,
+        pieces,
+        tap,
+        ..
+    } = e;
+    let itt = command.initiator_task_tag;
+    let (data_out, data_in) = if asynchronous {
+        let started = tap.as_ref().map(|_| std::time::Instant::now());
+        let ran = planned::run(
+            session, task, command, &cdb, data_out, data_in, buffers, pieces,
+        )
+        .await;
+        match ran {
+            Ok(ran) => {
+                if let (Some(tap), Some(started)) = (&tap, started) {
+                    tap.step("execute", itt, started, std::time::Instant::now());
+                }
+                let empty = WriteBuffer::default();
+                return Some((ran.outcome, ran.residual, empty, ran.data_in, Vec::new()));
+            }
+            Err(back) => back,
+        }
+    } else {
+        (data_out, data_in)
+    };
+    let sanitize = cdb.first() == Some(&iscsi_scsi::cdb::opcode::SANITIZE);
+    let watched = Arc::clone(task);
+    let run = {
+        let command = command.clone();
+        let session = Arc::clone(session);
+        let task = Arc::clone(task);
+        let tap = tap.clone();
+        // The steps a trace shows between the command's PDUs: the hand-off
+        // to the blocking pool, then the SCSI execution (CDB, backstore)
+        // itself.
+        let queued = tap.as_ref().map(|_| std::time::Instant::now());
+        let work = move || {
+            let started = tap.as_ref().map(|tap| {
+                let now = std::time::Instant::now();
+                if let (true, Some(queued)) = (may_block, queued) {
+                    tap.step("wait for blocking pool", itt, queued, now);
+                }
+                now
+            });
+            let mut data_in = data_in;
+            let mut data_out = data_out;
+            let mut lent = Vec::new();
+            // Aborted while it waited for a thread: it never reaches the
+            // SCSI layer, so the abort is not held up by a slow store (no
+            // status goes out: `respond` sees the abort).
+            let (outcome, residual) = match session.scsi.as_deref() {
+                Some(_) if task.aborted.load(Ordering::Acquire) => {
+                    (CommandOutcome::GOOD, Residual::NONE)
+                }
+                // A discovery session's commands are refused before here.
+                None => (
+                    CommandOutcome::check_condition(iscsi_scsi::Sense::INVALID_OPCODE),
+                    Residual::NONE,
+                ),
+                Some(scsi) => run_command(
+                    scsi,
+                    &session.nexus,
+                    &command,
+                    &cdb,
+                    &mut data_out,
+                    &mut data_in,
+                    &mut lent,
+                ),
+            };
+            if let (Some(tap), Some(started)) = (&tap, started) {
+                tap.step("execute", itt, started, std::time::Instant::now());
+            }
+            (outcome, residual, data_out, data_in, lent)
+        };
+        if may_block && sanitize {
+            // A SANITIZE goes on after its task is aborted or reset
+            // (SBC-4 4.11.2; LUN and target resets, a lost nexus): the
+            // command ends at the abort while the operation finishes on
+            // its thread, gating the LU meanwhile. Without this, an ABORT
+            // TASK, a reset or a logout would wait for the whole overwrite.
+            let mut running = tokio::task::spawn_blocking(work);
+            loop {
+                tokio::select! {
+                    done = &mut running => break done,
+                    () = tokio::time::sleep(ABANDON_POLL) => {
+                        if watched.aborted.load(Ordering::Acquire) {
+                            let empty = WriteBuffer::flat(buffers, 0);
+                            break Ok((CommandOutcome::GOOD, Residual::NONE, empty, Vec::new(), Vec::new()));
+                        }
+                    }
+                }
+            }
+        } else if may_block {
+            tokio::task::spawn_blocking(work).await
+        } else {
+            // Memory only: no thread hand-off (a 4 KiB command costs less
+            // than moving it to the blocking pool and back).
+            Ok(work())
+        }
+    };
+    run.ok()
 }
 
 /// Executes one command against the SCSI target. For a write, the data the

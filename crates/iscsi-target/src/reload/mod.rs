@@ -248,6 +248,7 @@ impl ServerHandle {
             )
             .collect();
         shared.targets.store(Arc::new(targets));
+        shared.qos.store(Arc::new(shared.qos_for(&new)));
         shared.config.store(Arc::new(new));
         {
             let mut portals = self.portals.lock().unwrap_or_else(PoisonError::into_inner);

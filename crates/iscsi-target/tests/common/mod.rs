@@ -61,6 +61,7 @@ impl Target {
                 luns: iscsi_target::numbered(vec![Arc::clone(&lun) as Arc<dyn Backstore>]),
                 chap: None,
                 allowed_initiators: Vec::new(),
+                limits: Vec::new(),
             }],
             portal_group_tag: 1,
             gateway_group: Vec::new(),
