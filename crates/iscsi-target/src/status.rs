@@ -53,6 +53,20 @@ pub struct TargetStatus {
     pub luns: Vec<LunStatus>,
     /// Sessions logged in to it.
     pub sessions: usize,
+    /// Its QoS limits, with their rates now.
+    #[serde(default)]
+    pub limits: Vec<LimitStatus>,
+}
+
+/// A QoS limit and how it stands.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct LimitStatus {
+    /// What it applies to.
+    pub applies_to: crate::qos::LimitKey,
+    /// What it allows.
+    pub limit: crate::qos::LimitSpec,
+    /// Its rates now and what it held.
+    pub now: crate::qos::LimitFigures,
 }
 
 /// A LUN.
@@ -182,6 +196,7 @@ impl ServerHandle {
                 address: p.local,
             })
             .collect();
+        let qos = self.shared.qos.load();
         let targets = config
             .targets
             .iter()
@@ -230,6 +245,20 @@ impl ServerHandle {
                         })
                         .collect(),
                     sessions: of_target.len(),
+                    limits: qos
+                        .target(&target.name)
+                        .map(|limits| {
+                            limits
+                                .all()
+                                .into_iter()
+                                .map(|(key, limit)| LimitStatus {
+                                    applies_to: key,
+                                    limit: limit.spec(),
+                                    now: limit.figures(),
+                                })
+                                .collect()
+                        })
+                        .unwrap_or_default(),
                 }
             })
             .collect();

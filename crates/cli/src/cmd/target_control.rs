@@ -278,6 +278,20 @@ fn show(status: &Status) -> String {
                 c.check_conditions
             ));
         }
+        for limit in &target.limits {
+            let n = &limit.now;
+            out.push_str(&format!(
+                "  limit on {}: {}\n          now {} IOPS, {} B/s; waiting {}, delayed {}, TASK SET FULL {}, held {:.1} s in all\n",
+                limit.applies_to,
+                limit.limit,
+                n.iops_now,
+                n.bytes_per_second_now,
+                n.waiting,
+                n.delayed,
+                n.refused,
+                n.held_seconds
+            ));
+        }
     }
     for s in &status.sessions {
         out.push_str(&format!(

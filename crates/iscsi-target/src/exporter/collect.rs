@@ -177,6 +177,7 @@ impl Collector for TargetCollector {
         )?;
         self.encode_target_errors(&mut e, &names, &sums)?;
         self.encode_luns(&mut e, &config, &sums)?;
+        encode_limits(&mut e, &config, &shared.qos.load())?;
         if shared
             .metrics
             .per_session
@@ -412,6 +413,57 @@ impl TargetCollector {
         }
         Ok(())
     }
+}
+
+/// Per QoS limit (`crate::qos`): commands waiting, delayed, refused, and
+/// the time they were held; `limit` is `lun:N` or `initiator:NAME`.
+fn encode_limits(
+    e: &mut DescriptorEncoder,
+    config: &crate::config::TargetConfig,
+    qos: &crate::qos::QosTable,
+) -> fmt::Result {
+    let mut limits = Vec::new();
+    for target in &config.targets {
+        let Some(of_target) = qos.target(&target.name) else {
+            continue;
+        };
+        for (key, limit) in of_target.all() {
+            let which = match &key {
+                crate::qos::LimitKey::Lun(n) => format!("lun:{n}"),
+                crate::qos::LimitKey::Initiator(name) => format!("initiator:{name}"),
+            };
+            limits.push((
+                labels([("target", &target.name), ("limit", &which)]),
+                limit.figures(),
+            ));
+        }
+    }
+    gauges(
+        e,
+        "iscsi_target_qos_waiting_commands",
+        "Commands waiting for their turn under the limit now.",
+        limits.iter().map(|(l, f)| (l.clone(), f.waiting as i64)),
+    )?;
+    counters(
+        e,
+        "iscsi_target_qos_delayed_commands",
+        "Commands the limit made wait.",
+        limits.iter().map(|(l, f)| (l.clone(), f.delayed)),
+    )?;
+    counters(
+        e,
+        "iscsi_target_qos_task_set_full",
+        "Commands answered TASK SET FULL: the limit's queue was full, or the wait too long.",
+        limits.iter().map(|(l, f)| (l.clone(), f.refused)),
+    )?;
+    family(
+        e,
+        "iscsi_target_qos_held_seconds",
+        "Time commands waited under the limit, in all.",
+        MetricType::Counter,
+        limits.iter().map(|(l, f)| (l.clone(), f.held_seconds)),
+        |m, v| m.encode_counter::<NoLabelSet, _, u64>(&v, None),
+    )
 }
 
 /// Per-session series (`--metrics-sessions`): opt-in, because initiator

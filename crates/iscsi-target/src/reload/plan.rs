@@ -304,6 +304,7 @@ pub fn plan(old: &TargetConfig, new: &ParsedConfig, sessions: &[SessionUse]) -> 
                 sessions: Vec::new(),
             });
         }
+        limit_changes(&mut changes, &target.name, &target.limits, &wanted.limits);
         if target.alias != wanted.alias {
             changes.push(Change {
                 action: '~',
@@ -333,6 +334,37 @@ pub fn plan(old: &TargetConfig, new: &ParsedConfig, sessions: &[SessionUse]) -> 
     removals.extend(changes);
     removals.extend(additions);
     Plan { changes: removals }
+}
+
+/// The QoS limits of target `name` added, removed or changed: free, each
+/// changed in place for the commands from then on (`crate::qos`).
+fn limit_changes(
+    changes: &mut Vec<Change>,
+    name: &str,
+    old: &[crate::qos::LimitEntry],
+    new: &[crate::qos::LimitEntry],
+) {
+    let mut change = |action, key: &crate::qos::LimitKey, detail: String| {
+        changes.push(Change {
+            action,
+            object: format!("target {name} limit on {key}"),
+            detail,
+            effect: Effect::Free,
+            sessions: Vec::new(),
+        });
+    };
+    for was in old {
+        match new.iter().find(|n| n.key == was.key) {
+            None => change('-', &was.key, was.spec.to_string()),
+            Some(now) if now.spec != was.spec => {
+                change('~', &was.key, format!("{} -> {}", was.spec, now.spec));
+            }
+            Some(_) => {}
+        }
+    }
+    for now in new.iter().filter(|n| !old.iter().any(|o| o.key == n.key)) {
+        change('+', &now.key, now.spec.to_string());
+    }
 }
 
 /// A LUN resized in place: a growth is free (every nexus hears CAPACITY

@@ -1,0 +1,146 @@
+//! QoS limits (issue 49) through our initiator: a LUN limited to 500
+//! commands a second holds an initiator at QD 32 to it while another LUN
+//! runs free; a reload raising the limit takes effect at once; a queue too
+//! short for the initiator's depth answers TASK SET FULL, which the
+//! initiator sends again, so nothing fails; the status shows it all.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::start_from_toml as start;
+use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+use iscsi_target::ParsedConfig;
+use iscsi_target::qos::LimitKey;
+use iscsi_test_peers::free_port;
+
+const TARGET: &str = "iqn.2026-11.rs.iscsi:qos";
+
+fn file(port: u16, limit: &str) -> String {
+    format!(
+        "listen = [\"127.0.0.1:{port}\"]\nnop_in_interval_seconds = 0\n\
+         [[target]]\nname = \"{TARGET}\"\nluns = [\"ram:64M\", \"ram:64M\"]\n\
+         [[target.limit]]\nlun = 0\n{limit}\n"
+    )
+}
+
+/// `depth` tasks reading 4 KiB from `lun` until `stop`; each completion
+/// counted in `done`, any error returned.
+fn load(
+    session: &Arc<Session>,
+    lun: u64,
+    depth: u64,
+    stop: &Arc<AtomicBool>,
+    done: &Arc<AtomicU64>,
+) -> Vec<tokio::task::JoinHandle<Result<(), iscsi_initiator::Error>>> {
+    (0..depth)
+        .map(|i| {
+            let (session, stop, done) = (Arc::clone(session), Arc::clone(stop), Arc::clone(done));
+            tokio::spawn(async move {
+                let mut lba = i * 8;
+                while !stop.load(Ordering::Relaxed) {
+                    session.read(lun, lba % 100_000, 512, vec![0; 4096]).await?;
+                    done.fetch_add(1, Ordering::Relaxed);
+                    lba += 8 * depth;
+                }
+                Ok(())
+            })
+        })
+        .collect()
+}
+
+/// Completions of `done` over `window`.
+async fn rate(done: &AtomicU64, window: Duration) -> (u64, Duration) {
+    let before = done.load(Ordering::Relaxed);
+    let started = Instant::now();
+    tokio::time::sleep(window).await;
+    (done.load(Ordering::Relaxed) - before, started.elapsed())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limited_lun_holds_its_rate_beside_a_free_one() {
+    let port = free_port();
+    let (handle, _stop) = start(&file(port, "iops = 500")).await;
+    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
+        .parse()
+        .unwrap();
+    let connect = || Session::connect(&url, SessionConfig::default());
+    let a = Arc::new(connect().await.expect("login A"));
+    let b = Arc::new(connect().await.expect("login B"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let (done_a, done_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = load(&a, 0, 32, &stop, &done_a);
+    tasks.extend(load(&b, 1, 4, &stop, &done_b));
+    // The burst (50) spent, then two seconds at the limit: the bucket lets
+    // through at most 500 a second (plus its burst once, which the first
+    // half second spent), and a target on a busy machine still keeps up
+    // with that.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (held, took) = rate(&done_a, Duration::from_secs(2)).await;
+    let free = done_b.load(Ordering::Relaxed);
+    let allowed = 500.0 * took.as_secs_f64();
+    assert!(
+        (held as f64) <= allowed + 50.0 && (held as f64) >= allowed * 0.8,
+        "LUN 0 at {held} commands in {took:?} against 500 a second"
+    );
+    assert!(free > 3 * 500 * 2, "LUN 1, unlimited, did {free} beside it");
+    let status = handle.status();
+    let limit = &status.targets[0].limits[0];
+    assert_eq!(limit.applies_to, LimitKey::Lun(0));
+    assert!(limit.now.waiting > 0 && limit.now.delayed > 0, "{limit:?}");
+    assert!(
+        (400..=600).contains(&limit.now.iops_now),
+        "the status says {} IOPS now",
+        limit.now.iops_now
+    );
+
+    // Raised by a reload: free, and in force at once.
+    let parse = |t: &str| ParsedConfig::parse(t).expect("a valid file");
+    let report = handle
+        .apply(parse(&file(port, "iops = 2000")), false)
+        .await
+        .expect("a limit changed without force");
+    assert_eq!(report.changes.len(), 1, "{report:?}");
+    assert!(
+        report.changes[0]
+            .to_string()
+            .contains("500 IOPS (burst 50), queue 256 -> 2000 IOPS")
+    );
+    let (raised, took) = rate(&done_a, Duration::from_secs(1)).await;
+    assert!(
+        raised as f64 >= 1000.0 * took.as_secs_f64(),
+        "{raised} commands in {took:?} after raising the limit to 2000 a second"
+    );
+
+    // A queue of 4 for a depth of 32: TASK SET FULL, sent again by the
+    // initiator; still no error.
+    handle
+        .apply(parse(&file(port, "iops = 500\nqueue = 4")), false)
+        .await
+        .expect("a queue changed without force");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let refused = handle.status().targets[0].limits[0].now.refused;
+    assert!(refused > 0, "no TASK SET FULL with a queue of 4 at QD 32");
+
+    // Removed: the LUN runs free again.
+    handle
+        .apply(
+            parse(&file(port, "iops = 500").replace("[[target.limit]]\nlun = 0\niops = 500\n", "")),
+            false,
+        )
+        .await
+        .expect("a limit removed without force");
+    assert!(handle.status().targets[0].limits.is_empty());
+    let (unlimited, took) = rate(&done_a, Duration::from_secs(1)).await;
+    assert!(
+        unlimited as f64 > 1500.0 * took.as_secs_f64(),
+        "{unlimited} in {took:?} without a limit"
+    );
+
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap().expect("no command failed");
+    }
+}
