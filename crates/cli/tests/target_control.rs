@@ -328,3 +328,53 @@ fn luns_grow_by_command_and_by_reload_as_libiscsi_sees() {
     assert!(libiscsi_capacity(t.port, 1).contains("12582912"));
     assert_eq!(std::fs::metadata(&image).unwrap().len(), 12582912);
 }
+
+/// Issue 49: a LUN limit set by reload holds libiscsi's `iscsi-perf` at
+/// QD 64 to it (the whole run's average: the bucket lets at most its
+/// burst through beyond the rate, so the average cannot pass 2000 + 200 /
+/// 4 s), with nothing refused; `status` shows the limit at work.
+#[test]
+fn a_lun_limit_holds_libiscsi_to_it() {
+    let t = start("qos");
+    std::fs::write(
+        &t.file,
+        config(
+            t.port,
+            "0 = \"ram:64M\"\n[[target.limit]]\nlun = 0\niops = 2000",
+        ),
+    )
+    .unwrap();
+    let out = control(&["reload"], &t.socket);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{said}");
+    assert!(
+        said.contains("+ target") && said.contains("limit on LUN 0: 2000 IOPS"),
+        "{said}"
+    );
+    let out = Command::new("iscsi-perf")
+        .args(["-b", "8", "-m", "64", "-t", "4"])
+        .arg(format!("iscsi://127.0.0.1:{}/{NAME}/0", t.port))
+        .output()
+        .expect("iscsi-perf (libiscsi-bin, which scripts/test installs)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{text}");
+    let average: u64 = text
+        .rsplit("iops average ")
+        .next()
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no average in {text}"));
+    assert!(
+        (1600..=2060).contains(&average),
+        "iscsi-perf averaged {average} IOPS: {text}"
+    );
+    let limit = &status(&t.socket)["targets"][0]["limits"][0];
+    assert_eq!(limit["applies_to"]["lun"], 0);
+    assert!(limit["now"]["delayed"].as_u64().unwrap() > 0, "{limit}");
+    assert_eq!(limit["now"]["refused"], 0, "{limit}");
+    let text = String::from_utf8(control(&["status"], &t.socket).stdout).unwrap();
+    assert!(
+        text.contains("limit on LUN 0: 2000 IOPS (burst 200), queue 256"),
+        "{text}"
+    );
+}

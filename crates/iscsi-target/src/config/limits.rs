@@ -167,3 +167,91 @@ fn in_range(what: &str, value: u64, min: u64, max: u64) -> Result<u64, String> {
         Err(format!("{what} = {value}: {min} to {max}"))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::config::file::ParsedConfig;
+    use crate::qos::{LimitKey, LimitSpec};
+
+    fn with(limits: &str) -> Result<ParsedConfig, String> {
+        ParsedConfig::parse(&format!(
+            "listen = [\"127.0.0.1:3260\"]\n[[target]]\nname = \"iqn.2026-11.rs.iscsi:t\"\nluns = [\"ram:1M\", \"ram:1M\"]\n\
+             allowed_initiators = [\"iqn.a\"]\n{limits}"
+        ))
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn limits_are_read_with_their_defaults() {
+        let parsed = with(
+            "[[target.limit]]\nlun = 1\niops = 2000\n\
+             [[target.limit]]\ninitiator = \"iqn.a\"\nbytes_per_second = \"100M\"\nburst_bytes = 8388608\nqueue = 16\n",
+        )
+        .unwrap();
+        let limits = &parsed.config.targets[0].limits;
+        assert_eq!(limits[0].key, LimitKey::Lun(1));
+        assert_eq!(
+            limits[0].spec,
+            LimitSpec {
+                iops: Some(2000),
+                bytes_per_second: None,
+                burst_iops: None,
+                burst_bytes: None,
+                queue: 256
+            }
+        );
+        assert_eq!(limits[1].key, LimitKey::Initiator("iqn.a".into()));
+        assert_eq!(limits[1].spec.bytes_per_second, Some(100 << 20));
+        assert_eq!(limits[1].spec.burst_bytes, Some(8 << 20));
+        assert_eq!(limits[1].spec.queue, 16);
+    }
+
+    /// Every mistake is refused with its line and what is wrong.
+    #[test]
+    fn bad_limits_are_refused_in_words() {
+        for (limit, says) in [
+            ("lun = 0\niops = 0", "iops = 0: 1 to"),
+            ("lun = 0\niops = 1000000000000", "iops = 1000000000000"),
+            ("lun = 0\niops = -5", "invalid value"),
+            ("lun = 0\niops = \"fast\"", "invalid type"),
+            ("lun = 0\nbytes_per_second = \"10Q\"", "unknown size unit"),
+            (
+                "lun = 0\nbytes_per_second = 100",
+                "bytes_per_second = 100: 4096 to",
+            ),
+            ("lun = 0", "give iops, bytes_per_second or both"),
+            ("iops = 10", "give lun = N or initiator"),
+            (
+                "lun = 0\ninitiator = \"iqn.a\"\niops = 10",
+                "give lun = N or initiator",
+            ),
+            ("lun = 7\niops = 10", "the target has no LUN 7"),
+            (
+                "initiator = \"iqn.b\"\niops = 10",
+                "not in allowed_initiators",
+            ),
+            ("initiator = \"\"\niops = 10", "an empty initiator name"),
+            ("lun = 0\niops = 10\nqueue = 0", "queue = 0: 1 to"),
+            (
+                "lun = 0\nburst_iops = 5\nbytes_per_second = \"1M\"",
+                "burst_iops without iops",
+            ),
+            (
+                "lun = 0\niops = 10\nburst_iops = 100000",
+                "burst_iops = 100000",
+            ),
+            ("lun = 0\niops = 10\ncolour = 1", "unknown field"),
+        ] {
+            let error = with(&format!("[[target.limit]]\n{limit}\n")).unwrap_err();
+            assert!(error.contains(says), "{limit:?}: {error}");
+            assert!(
+                error.contains("line") || error.contains("TOML"),
+                "{limit:?}: {error}"
+            );
+        }
+        let twice =
+            with("[[target.limit]]\nlun = 0\niops = 10\n[[target.limit]]\nlun = 0\niops = 20\n")
+                .unwrap_err();
+        assert!(twice.contains("LUN 0 has a limit already"), "{twice}");
+    }
+}
