@@ -144,3 +144,66 @@ async fn a_limited_lun_holds_its_rate_beside_a_free_one() {
         task.await.unwrap().expect("no command failed");
     }
 }
+
+/// A command waiting its turn under a slow limit is aborted at once: an
+/// ABORT TASK and a LUN reset do not wait for the limit. At 1 command a
+/// second with a burst of 1, the last of four reads would start 3 s on;
+/// the abort and the reset each end well before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_command_is_aborted_without_waiting_for_its_turn() {
+    let port = free_port();
+    let (_handle, _stop) = start(&file(port, "iops = 1\nburst_iops = 1")).await;
+    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
+        .parse()
+        .unwrap();
+    let session = Arc::new(
+        Session::connect(&url, SessionConfig::default())
+            .await
+            .expect("login"),
+    );
+    let reads: Vec<_> = (0..4u64)
+        .map(|i| {
+            let s = Arc::clone(&session);
+            tokio::spawn(async move { s.read(0, i * 8, 512, vec![0; 4096]).await })
+        })
+        .collect();
+    // Wait until all four are at the target (the first answered).
+    let mut waiting = Vec::new();
+    for _ in 0..200 {
+        waiting = session.commands_in_flight();
+        if waiting.len() == 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(waiting.len(), 3, "three reads wait their turn");
+    let started = Instant::now();
+    session
+        .abort_task(waiting[2].itt)
+        .await
+        .expect("ABORT TASK");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "the abort of the last waited {:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    session.lun_reset(0).await.expect("LUN RESET");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "the reset waited {:?}",
+        started.elapsed()
+    );
+    let mut aborted = 0;
+    for read in reads {
+        if matches!(read.await.unwrap(), Err(iscsi_initiator::Error::Aborted(_))) {
+            aborted += 1;
+        }
+    }
+    assert!(aborted >= 2, "{aborted} reads ended aborted");
+    // The LUN still serves (its next turn comes within a second).
+    session
+        .read(0, 0, 512, vec![0; 4096])
+        .await
+        .expect("a read after the reset");
+}
