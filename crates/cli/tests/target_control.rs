@@ -38,6 +38,11 @@ fn config(port: u16, luns: &str) -> String {
 }
 
 fn start(test: &str) -> Running {
+    start_with(test, &[])
+}
+
+/// [`start`] with more arguments for `iscsi target`.
+fn start_with(test: &str, extra: &[&str]) -> Running {
     let dir = std::env::temp_dir().join(format!("iscsi-rs-control-{test}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let port = free_port();
@@ -50,6 +55,7 @@ fn start(test: &str) -> Running {
         .arg(&file)
         .arg("--control")
         .arg(&socket)
+        .args(extra)
         .env("RUST_LOG", "info");
     let peer = Peer::spawn(command, port);
     Running {
@@ -335,7 +341,8 @@ fn luns_grow_by_command_and_by_reload_as_libiscsi_sees() {
 /// 4 s), with nothing refused; `status` shows the limit at work.
 #[test]
 fn a_lun_limit_holds_libiscsi_to_it() {
-    let t = start("qos");
+    let metrics = free_port();
+    let t = start_with("qos", &["--metrics", &format!("127.0.0.1:{metrics}")]);
     std::fs::write(
         &t.file,
         config(
@@ -377,4 +384,30 @@ fn a_lun_limit_holds_libiscsi_to_it() {
         text.contains("limit on LUN 0: 2000 IOPS (burst 200), queue 256"),
         "{text}"
     );
+    let scrape = scrape(metrics);
+    let series = format!("{{target=\"{NAME}\",limit=\"lun:0\"}}");
+    for family in [
+        "iscsi_target_qos_waiting_commands",
+        "iscsi_target_qos_delayed_commands_total",
+        "iscsi_target_qos_task_set_full_total",
+        "iscsi_target_qos_held_seconds_total",
+    ] {
+        assert!(
+            scrape.contains(&format!("{family}{series} ")),
+            "{family}: {scrape}"
+        );
+    }
+    assert!(scrape.contains(&format!("iscsi_target_qos_task_set_full_total{series} 0\n")));
+}
+
+/// `GET /metrics` from the target's endpoint on `port`: the body.
+fn scrape(port: u16) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the metrics port");
+    stream
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
 }
