@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -519,40 +518,6 @@ fn immediate_sanitize_reports_progress_until_done() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert_eq!(good(&t, &a, &read16(16383, 1), &[]), vec![0x5A; 512]);
-}
-
-/// A store whose writes and unmaps fail (a dying disk).
-#[derive(Debug)]
-struct Failing(RamBackstore);
-
-impl Backstore for Failing {
-    fn block_size(&self) -> u32 {
-        self.0.block_size()
-    }
-    fn block_count(&self) -> u64 {
-        self.0.block_count()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.0.read_at(offset, buf)
-    }
-    fn write_at(&self, _: u64, _: &[u8]) -> io::Result<()> {
-        Err(io::Error::other("medium gone"))
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-    fn unmap(&self, _: u64, _: u64) -> io::Result<()> {
-        Err(io::Error::other("medium gone"))
-    }
-    fn unique_id(&self) -> u64 {
-        1
-    }
-    fn is_thin(&self) -> bool {
-        true
-    }
-    fn can_block_erase(&self) -> bool {
-        true
-    }
 }
 
 #[test]

@@ -4,12 +4,11 @@
 
 mod common;
 
-use std::io;
 use std::sync::Arc;
 
 use common::*;
 use iscsi_scsi::backstore::ResizeError;
-use iscsi_scsi::{Asc, Backstore, Resized, Sense, SenseKey};
+use iscsi_scsi::{Asc, Resized, Sense, SenseKey};
 use iscsi_stores::RamBackstore;
 
 const MIB: u64 = 1 << 20;
@@ -78,41 +77,6 @@ fn a_refused_shrink_changes_nothing_and_raises_nothing() {
         Sense::unit_attention(Asc::CAPACITY_DATA_HAS_CHANGED),
     );
     check(&t, &a, &read16(2048, 1), &[], Sense::LBA_OUT_OF_RANGE);
-}
-
-/// A store whose writes fail, so that a SANITIZE fails and leaves its
-/// failure state.
-#[derive(Debug)]
-struct Failing(RamBackstore);
-
-impl Backstore for Failing {
-    fn block_size(&self) -> u32 {
-        self.0.block_size()
-    }
-    fn block_count(&self) -> u64 {
-        self.0.block_count()
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
-        self.0.read_at(offset, buf)
-    }
-    fn write_at(&self, _: u64, _: &[u8]) -> io::Result<()> {
-        Err(io::Error::other("medium gone"))
-    }
-    fn flush(&self) -> io::Result<()> {
-        Ok(())
-    }
-    fn unmap(&self, _: u64, _: u64) -> io::Result<()> {
-        Err(io::Error::other("medium gone"))
-    }
-    fn unique_id(&self) -> u64 {
-        1
-    }
-    fn can_block_erase(&self) -> bool {
-        true
-    }
-    fn resize(&self, size: Option<u64>, discard: bool) -> Result<u64, ResizeError> {
-        self.0.resize(size, discard)
-    }
 }
 
 #[test]

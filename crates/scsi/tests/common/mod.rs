@@ -127,3 +127,44 @@ pub fn pattern(seed: u8, n: usize) -> Vec<u8> {
         .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
         .collect()
 }
+
+/// A store whose writes and unmaps fail (a dying disk).
+#[derive(Debug)]
+pub struct Failing(pub RamBackstore);
+
+impl Backstore for Failing {
+    fn block_size(&self) -> u32 {
+        self.0.block_size()
+    }
+    fn block_count(&self) -> u64 {
+        self.0.block_count()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_at(offset, buf)
+    }
+    fn write_at(&self, _: u64, _: &[u8]) -> std::io::Result<()> {
+        Err(std::io::Error::other("medium gone"))
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn unmap(&self, _: u64, _: u64) -> std::io::Result<()> {
+        Err(std::io::Error::other("medium gone"))
+    }
+    fn unique_id(&self) -> u64 {
+        1
+    }
+    fn is_thin(&self) -> bool {
+        true
+    }
+    fn can_block_erase(&self) -> bool {
+        true
+    }
+    fn resize(
+        &self,
+        size: Option<u64>,
+        discard: bool,
+    ) -> Result<u64, iscsi_scsi::backstore::ResizeError> {
+        self.0.resize(size, discard)
+    }
+}
