@@ -207,3 +207,59 @@ async fn a_waiting_command_is_aborted_without_waiting_for_its_turn() {
         .await
         .expect("a read after the reset");
 }
+
+/// An initiator's limit holds all its sessions together, on whatever LUN,
+/// and leaves other initiators alone: two sessions of one initiator on
+/// two LUNs share 400 commands a second while a third initiator runs free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_initiator_limit_holds_all_its_sessions_together() {
+    let port = free_port();
+    let text = format!(
+        "listen = [\"127.0.0.1:{port}\"]\nnop_in_interval_seconds = 0\n\
+         [[target]]\nname = \"{TARGET}\"\nluns = [\"ram:64M\", \"ram:64M\"]\n\
+         [[target.limit]]\ninitiator = \"iqn.2026-11.rs.iscsi:noisy\"\niops = 400\n"
+    );
+    let (handle, _stop) = start(&text).await;
+    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
+        .parse()
+        .unwrap();
+    let login = |name: &str, isid: u8| {
+        let config = SessionConfig {
+            initiator_name: name.to_owned(),
+            isid: Some([0x80, 0, 0, 0, 0, isid]),
+            ..SessionConfig::default()
+        };
+        let url = url.clone();
+        async move { Arc::new(Session::connect(&url, config).await.expect("login")) }
+    };
+    let noisy_a = login("iqn.2026-11.rs.iscsi:noisy", 1).await;
+    let noisy_b = login("iqn.2026-11.rs.iscsi:noisy", 2).await;
+    let quiet = login("iqn.2026-11.rs.iscsi:quiet", 3).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let (noisy, free) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut tasks = load(&noisy_a, 0, 16, &stop, &noisy);
+    tasks.extend(load(&noisy_b, 1, 16, &stop, &noisy));
+    tasks.extend(load(&quiet, 1, 4, &stop, &free));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let free_before = free.load(Ordering::Relaxed);
+    let (held, took) = rate(&noisy, Duration::from_secs(2)).await;
+    let free_during = free.load(Ordering::Relaxed) - free_before;
+    let allowed = 400.0 * took.as_secs_f64();
+    assert!(
+        (held as f64) <= allowed + 40.0 && (held as f64) >= allowed * 0.8,
+        "the noisy initiator's two sessions did {held} in {took:?} against 400 a second"
+    );
+    assert!(
+        free_during > 3 * 800,
+        "the quiet initiator did {free_during} beside it"
+    );
+    let limits = &handle.status().targets[0].limits;
+    assert_eq!(
+        limits[0].applies_to,
+        LimitKey::Initiator("iqn.2026-11.rs.iscsi:noisy".into())
+    );
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap().expect("no command failed");
+    }
+}
