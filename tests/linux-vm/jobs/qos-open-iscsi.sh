@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# QoS limits under the Linux kernel initiator (issue 49). LUN 0 is limited to 1000 IOPS with a
+# QoS limits under the Linux kernel initiator (issue 49). LUN 0 is limited to 200 IOPS with a
 # queue of 8 (shorter than open-iscsi's queue depth of 32, so TASK SET FULL is answered); LUN 1 is
 # free. The guest runs fio 4 KiB random reads at QD 64 on LUN 0 beside fio at QD 16 on LUN 1: LUN
 # 0's rate holds to the limit, LUN 1 runs faster, no I/O error; then fio random writes with verify
@@ -21,7 +21,7 @@ name = "$iqn"
 luns = ["ram:256M", "ram:256M"]
 [[target.limit]]
 lun = 0
-iops = 1000
+iops = 200
 queue = 8
 TOML
 target_start t0 "$port" --config "$file" --control "$control"
