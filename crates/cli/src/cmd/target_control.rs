@@ -43,11 +43,12 @@ pub enum Action {
         #[arg(long, value_name = "PATH")]
         control: Option<PathBuf>,
     },
-    /// Resize a LUN while it serves: every initiator hears CAPACITY DATA
-    /// HAS CHANGED and reads the new size (a RAM or file LUN to SIZE; a
-    /// block or file LUN without SIZE to what its device or file holds
-    /// now). Shrinking needs --force, and refuses where data lies beyond
-    /// the new end unless --discard.
+    /// Resize a LUN while it serves (growing needs no force).
+    ///
+    /// Every initiator hears CAPACITY DATA HAS CHANGED and reads the new
+    /// size: a RAM or file LUN to SIZE; a block or file LUN without SIZE
+    /// to what its device or file holds now. Shrinking needs --force, and
+    /// refuses where data lies beyond the new end unless --discard.
     Resize {
         /// The target's name.
         target: String,
