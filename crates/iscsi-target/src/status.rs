@@ -223,7 +223,7 @@ impl ServerHandle {
                         .map(|(&n, lun)| LunStatus {
                             lun: n,
                             backstore: lun.spec.clone(),
-                            size_bytes: lun.store.block_count() * u64::from(lun.store.block_size()),
+                            size_bytes: lun.store.size_bytes(),
                             block_size: lun.store.block_size(),
                             used_by: of_target
                                 .iter()

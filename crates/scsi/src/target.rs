@@ -314,13 +314,12 @@ impl ScsiTarget {
         discard: bool,
     ) -> Result<Resized, ResizeError> {
         let lu = self.lu(lun).ok_or(ResizeError::NoLun(lun))?;
-        let block = u64::from(lu.backstore.block_size());
         let (old, new) = {
             let state = lu.state();
             if !state.sanitize.is_idle() {
                 return Err(ResizeError::Sanitizing);
             }
-            let old = lu.backstore.block_count().saturating_mul(block);
+            let old = lu.backstore.size_bytes();
             (old, lu.backstore.resize(size, discard)?)
         };
         if new != old {

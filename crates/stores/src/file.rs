@@ -291,8 +291,7 @@ impl Backstore for FileBackstore {
         len: u64,
     ) -> io::Result<()> {
         check_range(dst_offset, len, self.size())?;
-        let src_size = src.block_count() * u64::from(src.block_size());
-        check_range(src_offset, len, src_size)?;
+        check_range(src_offset, len, src.size_bytes())?;
         let done = match src.file() {
             Some(f) => copy_file_range_all(f, src_offset, &self.file, dst_offset, len)?,
             None => 0,

@@ -333,7 +333,7 @@ impl TargetCollector {
         for target in &config.targets {
             for (&n, lun) in &target.luns {
                 let key = (target.name.clone(), n);
-                let size = lun.store.block_count() * u64::from(lun.store.block_size());
+                let size = lun.store.size_bytes();
                 luns.push((
                     labels([("target", &target.name), ("lun", &n.to_string())]),
                     sums.luns.get(&key).unwrap_or(&zero),

@@ -184,20 +184,8 @@ impl Limit {
     pub fn set(&self, spec: LimitSpec) {
         let now = self.now();
         let mut state = self.state();
-        state.iops = match (state.iops.take(), spec.iops_rate()) {
-            (Some(mut s), Some(rate)) => {
-                s.set_rate(now, rate);
-                Some(s)
-            }
-            (_, rate) => rate.map(Schedule::new),
-        };
-        state.bytes = match (state.bytes.take(), spec.bytes_rate()) {
-            (Some(mut s), Some(rate)) => {
-                s.set_rate(now, rate);
-                Some(s)
-            }
-            (_, rate) => rate.map(Schedule::new),
-        };
+        state.iops = retimed(state.iops.take(), spec.iops_rate(), now);
+        state.bytes = retimed(state.bytes.take(), spec.bytes_rate(), now);
         state.spec = spec;
     }
 
@@ -221,6 +209,18 @@ impl Limit {
             refused: c.refused.load(Ordering::Relaxed),
             held_seconds: c.held_nanos.load(Ordering::Relaxed) as f64 / 1e9,
         }
+    }
+}
+
+/// One dimension of a limit given `rate` at `now`: a running schedule keeps
+/// its debt at the new rate; a new one starts full; none without a rate.
+fn retimed(schedule: Option<Schedule>, rate: Option<Rate>, now: u64) -> Option<Schedule> {
+    match (schedule, rate) {
+        (Some(mut s), Some(rate)) => {
+            s.set_rate(now, rate);
+            Some(s)
+        }
+        (_, rate) => rate.map(Schedule::new),
     }
 }
 

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 use crate::config::file::{ConfigError, ParsedConfig};
 use crate::server::{Portal, ServerHandle, bind_all};
 use crate::shared::scsi_target;
-use plan::{Change, Plan, keeps, new_size, size_now};
+use plan::{Change, Plan, keeps, new_size};
 
 /// What a reload did.
 #[derive(Debug, Serialize)]
@@ -334,7 +334,7 @@ fn resizes(old: &crate::config::TargetConfig, parsed: &ParsedConfig) -> Vec<Resi
                 list.push(Resize {
                     target: target.name.clone(),
                     lun,
-                    old: size_now(entry),
+                    old: entry.store.size_bytes(),
                     new,
                 });
             }

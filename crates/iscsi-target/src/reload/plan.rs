@@ -142,19 +142,11 @@ pub(crate) fn keeps(running: &crate::config::LunEntry, planned: &PlannedLun) -> 
 /// one that is not the store's size now (grown or shrunk in the file, or
 /// resized by `iscsi target resize` since the file was written).
 pub(crate) fn new_size(running: &crate::config::LunEntry, planned: &PlannedLun) -> Option<u64> {
-    let now = size_now(running);
+    let now = running.store.size_bytes();
     planned
         .parsed
         .size()
         .filter(|&size| keeps(running, planned) && size != now)
-}
-
-/// A running LUN's size in bytes.
-pub(crate) fn size_now(running: &crate::config::LunEntry) -> u64 {
-    running
-        .store
-        .block_count()
-        .saturating_mul(u64::from(running.store.block_size()))
 }
 
 /// The changes `new` makes to `old`, with the sessions in `sessions`.
@@ -244,7 +236,7 @@ pub fn plan(old: &TargetConfig, new: &ParsedConfig, sessions: &[SessionUse]) -> 
                 }),
                 Some(p) => {
                     if let Some(size) = new_size(lun, p) {
-                        changes.push(resize_change(object, size_now(lun), size, &using));
+                        changes.push(resize_change(object, lun.store.size_bytes(), size, &using));
                     }
                 }
             }

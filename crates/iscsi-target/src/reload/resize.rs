@@ -41,9 +41,7 @@ impl ServerHandle {
         let store = core
             .backstore(lun)
             .ok_or_else(|| format!("{what}: no such LUN"))?;
-        let old = store
-            .block_count()
-            .saturating_mul(u64::from(store.block_size()));
+        let old = store.size_bytes();
         if let Some(size) = size
             && size < old
             && !force

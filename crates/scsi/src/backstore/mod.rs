@@ -105,6 +105,12 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     fn block_size(&self) -> u32;
     /// Number of logical blocks.
     fn block_count(&self) -> u64;
+    /// The medium's size in bytes: [`Backstore::block_count`] blocks of
+    /// [`Backstore::block_size`].
+    fn size_bytes(&self) -> u64 {
+        self.block_count()
+            .saturating_mul(u64::from(self.block_size()))
+    }
     /// Fills `buf` from byte `offset`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()>;
     /// Writes `buf` at byte `offset`.
