@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::start_from_toml as start;
-use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{Session, SessionConfig};
 use iscsi_target::ParsedConfig;
 use iscsi_target::qos::LimitKey;
 use iscsi_test_peers::free_port;
@@ -63,12 +63,8 @@ async fn rate(done: &AtomicU64, window: Duration) -> (u64, Duration) {
 async fn a_limited_lun_holds_its_rate_beside_a_free_one() {
     let port = free_port();
     let (handle, _stop) = start(&file(port, "iops = 500")).await;
-    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
-        .parse()
-        .unwrap();
-    let connect = || Session::connect(&url, SessionConfig::default());
-    let a = Arc::new(connect().await.expect("login A"));
-    let b = Arc::new(connect().await.expect("login B"));
+    let a = common::login(port, TARGET, SessionConfig::default()).await;
+    let b = common::login(port, TARGET, SessionConfig::default()).await;
     let stop = Arc::new(AtomicBool::new(false));
     let (done_a, done_b) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut tasks = load(&a, 0, 32, &stop, &done_a);
@@ -153,14 +149,7 @@ async fn a_limited_lun_holds_its_rate_beside_a_free_one() {
 async fn a_waiting_command_is_aborted_without_waiting_for_its_turn() {
     let port = free_port();
     let (_handle, _stop) = start(&file(port, "iops = 1\nburst_iops = 1")).await;
-    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
-        .parse()
-        .unwrap();
-    let session = Arc::new(
-        Session::connect(&url, SessionConfig::default())
-            .await
-            .expect("login"),
-    );
+    let session = common::login(port, TARGET, SessionConfig::default()).await;
     let reads: Vec<_> = (0..4u64)
         .map(|i| {
             let s = Arc::clone(&session);
@@ -220,21 +209,9 @@ async fn an_initiator_limit_holds_all_its_sessions_together() {
          [[target.limit]]\ninitiator = \"iqn.2026-11.rs.iscsi:noisy\"\niops = 400\n"
     );
     let (handle, _stop) = start(&text).await;
-    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
-        .parse()
-        .unwrap();
-    let login = |name: &str, isid: u8| {
-        let config = SessionConfig {
-            initiator_name: name.to_owned(),
-            isid: Some([0x80, 0, 0, 0, 0, isid]),
-            ..SessionConfig::default()
-        };
-        let url = url.clone();
-        async move { Arc::new(Session::connect(&url, config).await.expect("login")) }
-    };
-    let noisy_a = login("iqn.2026-11.rs.iscsi:noisy", 1).await;
-    let noisy_b = login("iqn.2026-11.rs.iscsi:noisy", 2).await;
-    let quiet = login("iqn.2026-11.rs.iscsi:quiet", 3).await;
+    let noisy_a = common::login_as(port, TARGET, "iqn.2026-11.rs.iscsi:noisy", 1).await;
+    let noisy_b = common::login_as(port, TARGET, "iqn.2026-11.rs.iscsi:noisy", 2).await;
+    let quiet = common::login_as(port, TARGET, "iqn.2026-11.rs.iscsi:quiet", 3).await;
     let stop = Arc::new(AtomicBool::new(false));
     let (noisy, free) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let mut tasks = load(&noisy_a, 0, 16, &stop, &noisy);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::start_from_toml as start;
-use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{Error, Session};
 use iscsi_target::reload::ReloadError;
 use iscsi_target::reload::plan::Effect;
 use iscsi_target::{ParsedConfig, ServerHandle};
@@ -29,15 +29,7 @@ fn file(port: u16, extra_listen: &str, luns: &str, acl: &str) -> String {
 }
 
 async fn connect(port: u16, initiator: &str, isid: u8) -> Arc<Session> {
-    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
-        .parse()
-        .unwrap();
-    let config = SessionConfig {
-        initiator_name: initiator.to_owned(),
-        isid: Some([0x80, 0, 0, 0, 0, isid]),
-        ..SessionConfig::default()
-    };
-    Arc::new(Session::connect(&url, config).await.expect("login"))
+    common::login_as(port, TARGET, initiator, isid).await
 }
 
 async fn luns(session: &Session) -> Vec<u64> {

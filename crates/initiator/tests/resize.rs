@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::start_from_toml as start;
-use iscsi_initiator::{Error, IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{Error, Session, SessionConfig};
 use iscsi_target::ParsedConfig;
 use iscsi_target::reload::ReloadError;
 use iscsi_target::reload::plan::Effect;
@@ -41,14 +41,7 @@ async fn capacity(session: &Session) -> u64 {
 async fn a_lun_grows_under_io_and_shrinks_only_when_told() {
     let port = free_port();
     let (handle, _stop) = start(&file(port, "ram:8M")).await;
-    let url: IscsiUrl = format!("iscsi://127.0.0.1:{port}/{TARGET}/0")
-        .parse()
-        .unwrap();
-    let session = Arc::new(
-        Session::connect(&url, SessionConfig::default())
-            .await
-            .expect("login"),
-    );
+    let session = common::login(port, TARGET, SessionConfig::default()).await;
     assert_eq!(capacity(&session).await, 8 * MIB);
     let stop = Arc::new(AtomicBool::new(false));
     let verified = Arc::new(AtomicU64::new(0));

@@ -123,3 +123,36 @@ pub async fn start_from_toml(text: &str) -> (iscsi_target::ServerHandle, oneshot
     }));
     (handle, stop)
 }
+
+/// A session of our initiator to LUN 0's target `target` on
+/// 127.0.0.1:`port`, with `config` (its name and ISID; the default for one
+/// anonymous session).
+pub async fn login(
+    port: u16,
+    target: &str,
+    config: iscsi_initiator::SessionConfig,
+) -> Arc<iscsi_initiator::Session> {
+    let url: iscsi_initiator::IscsiUrl = format!("iscsi://127.0.0.1:{port}/{target}/0")
+        .parse()
+        .expect("a URL");
+    Arc::new(
+        iscsi_initiator::Session::connect(&url, config)
+            .await
+            .expect("login"),
+    )
+}
+
+/// [`login`] as initiator `name` with ISID 80 00 00 00 00 `isid`.
+pub async fn login_as(
+    port: u16,
+    target: &str,
+    name: &str,
+    isid: u8,
+) -> Arc<iscsi_initiator::Session> {
+    let config = iscsi_initiator::SessionConfig {
+        initiator_name: name.to_owned(),
+        isid: Some([0x80, 0, 0, 0, 0, isid]),
+        ..iscsi_initiator::SessionConfig::default()
+    };
+    login(port, target, config).await
+}
