@@ -173,6 +173,11 @@ macro_rules! delegate {
     (@ $i:ident alua) => {
         fn alua(&self) -> Option<std::sync::Arc<iscsi_scsi::alua::AluaGroup>> { self.$i.alua() }
     };
+    (@ $i:ident snapshots) => {
+        fn snapshots(&self) -> Option<&dyn iscsi_scsi::backstore::Snapshots> {
+            self.$i.snapshots()
+        }
+    };
     (@ $i:ident allocation_status) => {
         fn allocation_status(
             &self,

@@ -36,7 +36,7 @@ impl Backstore for WithOptions {
         allocation_status, atomic_write_max, can_block_erase, can_crypto_erase, crypto_erase,
         file, copy_from, compare_and_write, write_same, take_capacity_change, resize,
         shared_pr,
-        alua,
+        alua, snapshots,
     );
 
     fn lu_options(&self) -> LuOptions {

@@ -37,7 +37,7 @@ impl Backstore for SlowBackstore {
     delegate!(inner =>
         block_size, block_count, unique_id, atomic_write_max, can_block_erase, can_crypto_erase,
         crypto_erase, is_thin, unmap_granularity, allocation_status, lu_options,
-        take_capacity_change, resize, shared_pr, alua,
+        take_capacity_change, resize, shared_pr, alua, snapshots,
     );
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {

@@ -13,6 +13,7 @@
 
 mod async_io;
 mod resize;
+mod snapshot;
 
 use std::fmt;
 use std::io;
@@ -20,6 +21,10 @@ use std::sync::Arc;
 
 pub use async_io::{AsyncIo, IoFuture, WriteData};
 pub use resize::{ResizeError, check_size};
+pub use snapshot::{
+    MAX_NAME_LEN as MAX_SNAPSHOT_NAME_LEN, SnapshotError, SnapshotInfo, Snapshots,
+    check_name as check_snapshot_name,
+};
 
 /// A piece of a store's own memory lent to a READ ([`Backstore::lend`]),
 /// with the CRC32C of the whole piece when the store can tell it without
@@ -354,6 +359,12 @@ pub trait Backstore: Send + Sync + fmt::Debug {
     /// has none, and its LU reports no target port groups, exactly as
     /// before ALUA existed.
     fn alua(&self) -> Option<std::sync::Arc<crate::alua::AluaGroup>> {
+        None
+    }
+
+    /// The store's point-in-time copies ([`Snapshots`]), if it can take
+    /// them while it serves. The default: it cannot.
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
         None
     }
 
