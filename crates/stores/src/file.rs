@@ -17,6 +17,8 @@ use std::sync::{Mutex, PoisonError};
 use rustix::fs::{FallocateFlags, SeekFrom};
 use rustix::io::Errno;
 
+mod snapshots;
+
 use crate::pieces::write_zeros;
 use iscsi_scsi::backstore::{
     Allocation, Backstore, BackstoreOpenError, ResizeError, check_block_size, check_range,
@@ -34,8 +36,10 @@ pub struct FileBackstore {
     unique_id: u64,
     /// Cleared once the filesystem refuses to punch holes.
     punch: AtomicBool,
-    /// One resize at a time.
+    /// One resize or snapshot at a time.
     resizing: Mutex<()>,
+    /// A snapshot served read-only (opened `O_RDONLY`): every change fails.
+    read_only: bool,
 }
 
 /// The first non-zero byte of `file` in `[from, end)`, if any: only the
@@ -196,7 +200,45 @@ impl FileBackstore {
             unique_id,
             punch: AtomicBool::new(true),
             resizing: Mutex::new(()),
+            read_only: false,
         })
+    }
+
+    /// Opens the file at `path` read-only, at its length: every write,
+    /// UNMAP or resize fails (a snapshot served as a LUN).
+    pub fn open_read_only(
+        path: impl AsRef<Path>,
+        block_size: u32,
+        unique_id: u64,
+    ) -> Result<Self, BackstoreOpenError> {
+        check_block_size(block_size)?;
+        let path = path.as_ref();
+        let file = File::open(path)?;
+        let size = file.metadata()?.len();
+        if size == 0 || !size.is_multiple_of(u64::from(block_size)) {
+            return Err(BackstoreOpenError::InvalidSize { size, block_size });
+        }
+        Ok(Self {
+            file,
+            path: path.to_path_buf(),
+            size: AtomicU64::new(size),
+            block_size,
+            unique_id,
+            punch: AtomicBool::new(false),
+            resizing: Mutex::new(()),
+            read_only: true,
+        })
+    }
+
+    /// The range check of a change: a read-only store takes none.
+    fn check_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.read_only {
+            return Err(io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                format!("{} is a snapshot, served read-only", self.path.display()),
+            ));
+        }
+        check_range(offset, len, self.size())
     }
 
     fn size(&self) -> u64 {
@@ -234,6 +276,11 @@ impl Backstore for FileBackstore {
     /// the LU's end and a later growth would show them; a shrink of a LUN
     /// initiators still write near its end is the user's to avoid.
     fn resize(&self, size: Option<u64>, discard: bool) -> Result<u64, ResizeError> {
+        if self.read_only {
+            return Err(ResizeError::Unsupported(
+                "a snapshot keeps the size it was taken at".into(),
+            ));
+        }
         let _one = self.resizing.lock().unwrap_or_else(PoisonError::into_inner);
         let len = self.file.metadata()?.len();
         let size = size.unwrap_or(len);
@@ -263,13 +310,13 @@ impl Backstore for FileBackstore {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        check_range(offset, buf.len() as u64, self.size())?;
+        self.check_write(offset, buf.len() as u64)?;
         self.file.write_all_at(buf, offset)
     }
 
     /// One vectored write of all the pieces.
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
-        check_range(offset, len as u64, self.size())?;
+        self.check_write(offset, len as u64)?;
         crate::pieces::write_pieces_at(&self.file, offset, pieces, len)
     }
 
@@ -290,7 +337,7 @@ impl Backstore for FileBackstore {
         dst_offset: u64,
         len: u64,
     ) -> io::Result<()> {
-        check_range(dst_offset, len, self.size())?;
+        self.check_write(dst_offset, len)?;
         check_range(src_offset, len, src.size_bytes())?;
         let done = match src.file() {
             Some(f) => copy_file_range_all(f, src_offset, &self.file, dst_offset, len)?,
@@ -306,7 +353,7 @@ impl Backstore for FileBackstore {
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        check_range(offset, len, self.size())?;
+        self.check_write(offset, len)?;
         if len == 0 {
             return Ok(());
         }
@@ -318,6 +365,11 @@ impl Backstore for FileBackstore {
 
     fn unique_id(&self) -> u64 {
         self.unique_id
+    }
+
+    /// Reflinked copies beside the file ([`snapshots`]).
+    fn snapshots(&self) -> Option<&dyn iscsi_scsi::backstore::Snapshots> {
+        Some(self)
     }
 
     fn is_thin(&self) -> bool {

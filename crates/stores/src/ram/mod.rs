@@ -3,6 +3,7 @@
 mod chunk;
 #[cfg(test)]
 mod resize_tests;
+mod snapshots;
 mod table;
 
 use std::fmt;
@@ -65,8 +66,12 @@ pub struct RamBackstore {
     block_size: u32,
     unique_id: u64,
     chunks: ChunkTable,
-    /// One resize at a time.
+    /// One resize or snapshot at a time.
     resizing: Mutex<()>,
+    /// A snapshot served read-only: every write fails.
+    frozen: bool,
+    /// The store's snapshots, by name ([`snapshots`]).
+    snapshots: Mutex<std::collections::BTreeMap<String, snapshots::RamSnapshot>>,
 }
 
 /// A lent chunk as the owner of `Bytes` (no copy).
@@ -215,7 +220,29 @@ impl RamBackstore {
             unique_id,
             chunks: ChunkTable::new(size_bytes.div_ceil(CHUNK)),
             resizing: Mutex::new(()),
+            frozen: false,
+            snapshots: Mutex::default(),
         })
+    }
+
+    /// A store of `size` bytes holding `chunks` ([`ChunkTable::with_chunks`]):
+    /// a snapshot (`frozen`) or a clone of one.
+    fn with_table(
+        chunks: ChunkTable,
+        size: u64,
+        block_size: u32,
+        unique_id: u64,
+        frozen: bool,
+    ) -> Self {
+        Self {
+            size: AtomicU64::new(size),
+            block_size,
+            unique_id,
+            chunks,
+            resizing: Mutex::new(()),
+            frozen,
+            snapshots: Mutex::default(),
+        }
     }
 
     fn size(&self) -> u64 {
@@ -278,6 +305,17 @@ impl RamBackstore {
         self.chunks.allocated() * CHUNK
     }
 
+    /// [`RamBackstore::check_range`] for a change: a snapshot takes none.
+    fn check_write(&self, offset: u64, len: u64) -> io::Result<()> {
+        if self.frozen {
+            return Err(io::Error::new(
+                io::ErrorKind::ReadOnlyFilesystem,
+                "a snapshot of a RAM LUN is read-only",
+            ));
+        }
+        self.check_range(offset, len)
+    }
+
     fn check_range(&self, offset: u64, len: u64) -> io::Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.size() => Ok(()),
@@ -311,6 +349,11 @@ impl Backstore for RamBackstore {
             ));
         };
         check_size(size, self.block_size)?;
+        if self.frozen {
+            return Err(ResizeError::Unsupported(
+                "a snapshot keeps the size it was taken at".into(),
+            ));
+        }
         let max = self.chunks.reach().saturating_mul(CHUNK);
         if size > max {
             return Err(ResizeError::TooLarge {
@@ -363,7 +406,7 @@ impl Backstore for RamBackstore {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> io::Result<()> {
-        self.check_range(offset, buf.len() as u64)?;
+        self.check_write(offset, buf.len() as u64)?;
         if buf.is_empty() {
             return Ok(());
         }
@@ -383,7 +426,7 @@ impl Backstore for RamBackstore {
     /// step against every other read and write, as [`Backstore::write_at`] is
     /// (it holds all its chunks' locks at once).
     fn write_pieces(&self, offset: u64, pieces: &mut [Vec<u8>], len: usize) -> io::Result<()> {
-        self.check_range(offset, len as u64)?;
+        self.check_write(offset, len as u64)?;
         iscsi_scsi::backstore::check_pieces(pieces, len)?;
         if len == 0 {
             return Ok(());
@@ -455,7 +498,7 @@ impl Backstore for RamBackstore {
     }
 
     fn unmap(&self, offset: u64, len: u64) -> io::Result<()> {
-        self.check_range(offset, len)?;
+        self.check_write(offset, len)?;
         // Chunk by chunk: an UNMAP may cover the whole store, too many
         // chunks to hold at once, and SBC-3 promises no atomicity for it.
         let end = offset + len;
@@ -516,6 +559,11 @@ impl Backstore for RamBackstore {
     /// and every block reads as zeros.
     fn can_block_erase(&self) -> bool {
         true
+    }
+
+    /// Copies sharing the chunks, in memory ([`snapshots`]).
+    fn snapshots(&self) -> Option<&dyn iscsi_scsi::backstore::Snapshots> {
+        Some(self)
     }
 
     /// A chunk is mapped exactly when it is allocated.

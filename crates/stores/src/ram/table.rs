@@ -11,7 +11,7 @@
 //! read or write spanning chunks is still one step against every other.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use super::chunk::Chunk;
 
@@ -172,12 +172,90 @@ impl ChunkTable {
         locked.missing().all(|i| self.find(i).is_none())
     }
 
+    /// Every allocated chunk as it is at one moment, by chunk number
+    /// (each shared, not copied: a write after this copies the chunk
+    /// first, as it does for a READ that lent it).
+    ///
+    /// The moment: a read lock on every slot of the tree, taken in
+    /// ascending order as every command takes its own, and all held at
+    /// once, so each write is wholly before it or wholly after, and a
+    /// write issued after another was answered is after it whenever that
+    /// other one is (the locks are a cut no write crosses). Parts of the
+    /// tree never made have no lock: as in [`ChunkTable::read`], they are
+    /// looked up again once every lock is held, and if one appeared the
+    /// walk lets go and starts again (a part appears once, so this ends).
+    /// Reads go on meanwhile; writes wait for the walk, a few loads per
+    /// 64 KiB chunk of the tree.
+    pub fn cut(&self) -> Vec<(u64, Chunk)> {
+        loop {
+            let mut held = Vec::new();
+            let mut missing = Vec::new();
+            lock_all(&self.root, self.levels, 0, &mut held, &mut missing);
+            if missing.iter().all(|node| node.get().is_none()) {
+                return held
+                    .iter()
+                    .filter_map(|(i, guard)| Some((*i, Arc::clone(guard.as_ref()?))))
+                    .collect();
+            }
+        }
+    }
+
+    /// A table of the same reach holding `chunks` (from [`ChunkTable::cut`]).
+    pub fn with_chunks(levels_of: &ChunkTable, chunks: Vec<(u64, Chunk)>) -> ChunkTable {
+        let table = ChunkTable {
+            levels: levels_of.levels,
+            root: Node::new(levels_of.levels, FAN),
+            allocated: AtomicU64::new(0),
+        };
+        for (i, chunk) in chunks {
+            if let Some(slot) = table.slot(i) {
+                *slot.write().unwrap_or_else(PoisonError::into_inner) = Some(chunk);
+                table.count(true);
+            }
+        }
+        table
+    }
+
     /// Write locks on chunks `first..=last`, in ascending order.
     pub fn write(&self, first: u64, last: u64) -> Locked<RwLockWriteGuard<'_, Option<Chunk>>> {
         Locked::range(first, last, |i| {
             self.slot(i)
                 .map(|s| s.write().unwrap_or_else(PoisonError::into_inner))
         })
+    }
+}
+
+/// Read locks on every slot under `node` (`level` levels above the slots,
+/// first chunk `base`) in ascending order, into `held`; the parts of the
+/// tree not made yet into `missing` (see [`ChunkTable::cut`]).
+fn lock_all<'a>(
+    node: &'a Node,
+    level: u32,
+    base: u64,
+    held: &mut Vec<(u64, RwLockReadGuard<'a, Option<Chunk>>)>,
+    missing: &mut Vec<&'a OnceLock<Node>>,
+) {
+    match node {
+        Node::Slots(slots) => held.extend(
+            (base..)
+                .zip(slots.iter())
+                .map(|(i, slot)| (i, slot.read().unwrap_or_else(PoisonError::into_inner))),
+        ),
+        Node::Inner(children) => {
+            let span = 1u64.checked_shl((level - 1) * FAN_BITS).unwrap_or(0);
+            for (i, child) in (0u64..).zip(children.iter()) {
+                match child.get() {
+                    Some(child) => lock_all(
+                        child,
+                        level - 1,
+                        base.wrapping_add(i.wrapping_mul(span)),
+                        held,
+                        missing,
+                    ),
+                    None => missing.push(child),
+                }
+            }
+        }
     }
 }
 
