@@ -12,6 +12,8 @@
 //! as one `writesame` op per object, GET LBA STATUS from the image's
 //! allocated extents. A thread per store polls the image's size once a
 //! second, so that an `rbd resize` becomes CAPACITY DATA HAS CHANGED.
+//! Snapshots are rbd snapshots of the image, served read-only or cloned
+//! into images of their own (`snapshots.rs`).
 //!
 //! All `unsafe` is in [`ffi`].
 
@@ -19,6 +21,7 @@ mod fence;
 mod ffi;
 mod gateway;
 mod pr;
+mod snapshots;
 
 use std::fmt;
 use std::io;
@@ -31,8 +34,8 @@ use arc_swap::ArcSwap;
 use iscsi_scsi::alua::{AluaGroup, AluaView, GatewayGroup};
 
 use iscsi_scsi::backstore::{
-    Allocation, AsyncIo, Backstore, BackstoreOpenError, IoFuture, SharedPrStore, WriteData,
-    check_block_size, check_range,
+    Allocation, AsyncIo, Backstore, BackstoreOpenError, IoFuture, SharedPrStore, Snapshots,
+    WriteData, check_block_size, check_range,
 };
 
 /// What `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]` names.
@@ -107,6 +110,8 @@ pub struct RbdBackstore {
     spec: RbdSpec,
     block_size: u32,
     unique_id: u64,
+    /// The snapshots this gateway serves as LUNs now (`snapshots.rs`).
+    served: snapshots::Served,
 }
 
 /// What every I/O reads of the image, whichever client it goes through.
@@ -202,6 +207,12 @@ struct Reconnect {
 
 impl Reconnect {
     fn open(&self) -> Result<ffi::Image, ffi::OpenError> {
+        self.open_at(None)
+    }
+
+    /// A new client of the image's cluster with the store's options, and
+    /// the image opened on it: its head, or snapshot `snap` read-only.
+    fn open_at(&self, snap: Option<&str>) -> Result<ffi::Image, ffi::OpenError> {
         let options: Vec<(&str, &str)> = self
             .options
             .iter()
@@ -212,6 +223,7 @@ impl Reconnect {
             id: self.spec.id.as_deref(),
             pool: &self.spec.pool,
             image: &self.spec.image,
+            snap,
             options: &options,
         })
     }
@@ -524,6 +536,7 @@ impl RbdBackstore {
             spec: spec.clone(),
             block_size,
             unique_id: fnv1a(identity.as_bytes()),
+            served: snapshots::Served::default(),
         })
     }
 
@@ -812,6 +825,11 @@ impl Backstore for RbdBackstore {
     /// The LU's ALUA view, which the keeper sets; `None` outside a group.
     fn alua(&self) -> Option<Arc<AluaGroup>> {
         self.shared.group.as_ref().map(|(_, alua)| Arc::clone(alua))
+    }
+
+    /// rbd snapshots of the image (`snapshots.rs`).
+    fn snapshots(&self) -> Option<&dyn Snapshots> {
+        Some(self)
     }
 }
 

@@ -6,12 +6,14 @@
 //! failure), size, id, fsid, read, write (with and without FUA), the
 //! vectored write and its completion, discard, flush, compare-and-write,
 //! writesame, diff-iterate and its callback, and the close on drop; the
-//! asynchronous requests in `tests/aio.rs`.
+//! asynchronous requests in `tests/aio.rs`; snapshots and clones
+//! (`ffi/snap.rs`) in `tests/snapshots.rs`.
 
 use std::process::Command;
 
 mod aio;
 mod pr;
+mod snapshots;
 
 use super::*;
 

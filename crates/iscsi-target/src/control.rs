@@ -11,6 +11,12 @@
 //! {"command":"logout","tsih":3}             -> {"ok":true,"initiator":"iqn..."}
 //! {"command":"resize","target":"iqn...","lun":0,"size":2147483648,"force":false,"discard":false}
 //!                                           -> {"ok":true,"resized":{"old":...,"new":...,"note":null}}
+//! {"command":"snapshot","target":"iqn...","lun":0,"name":"nightly"}
+//!                                           -> {"ok":true,"snapshot":{"name":"nightly",...}}
+//! {"command":"snapshots","target":"iqn...","lun":0}
+//!                                           -> {"ok":true,"snapshots":[...]}
+//! {"command":"delete_snapshot","target":"iqn...","lun":0,"name":"nightly"}
+//!                                           -> {"ok":true}
 //! anything else                             -> {"ok":false,"error":"..."}
 //! ```
 
@@ -67,6 +73,31 @@ pub enum Request {
         /// Data beyond a shrink's new end may be dropped.
         #[serde(default)]
         discard: bool,
+    },
+    /// Take a snapshot of one LUN.
+    Snapshot {
+        /// The target's name.
+        target: String,
+        /// The LUN.
+        lun: u16,
+        /// The snapshot's name.
+        name: String,
+    },
+    /// List one LUN's snapshots.
+    Snapshots {
+        /// The target's name.
+        target: String,
+        /// The LUN.
+        lun: u16,
+    },
+    /// Delete one snapshot of one LUN.
+    DeleteSnapshot {
+        /// The target's name.
+        target: String,
+        /// The LUN.
+        lun: u16,
+        /// The snapshot's name.
+        name: String,
     },
 }
 
@@ -221,6 +252,24 @@ pub async fn answer(handle: &ServerHandle, line: &str) -> Value {
                 Err(error) => json!({"ok": false, "error": error}),
             }
         }
+        Request::Snapshot { target, lun, name } => {
+            info!(%target, lun, %name, "snapshot asked on the control socket");
+            match handle.snapshot(&target, lun, &name).await {
+                Ok(report) => json!({"ok": true, "snapshot": report}),
+                Err(error) => json!({"ok": false, "error": error}),
+            }
+        }
+        Request::Snapshots { target, lun } => match handle.snapshots(&target, lun).await {
+            Ok(list) => json!({"ok": true, "snapshots": list}),
+            Err(error) => json!({"ok": false, "error": error}),
+        },
+        Request::DeleteSnapshot { target, lun, name } => {
+            info!(%target, lun, %name, "snapshot deletion asked on the control socket");
+            match handle.delete_snapshot(&target, lun, &name).await {
+                Ok(()) => json!({"ok": true}),
+                Err(error) => json!({"ok": false, "error": error}),
+            }
+        }
     }
 }
 
@@ -252,9 +301,20 @@ mod tests {
                 discard: false
             })
         );
+        assert_eq!(
+            Request::parse(r#"{"command":"delete_snapshot","target":"t","lun":2,"name":"n"}"#),
+            Ok(Request::DeleteSnapshot {
+                target: "t".into(),
+                lun: 2,
+                name: "n".into()
+            })
+        );
         for bad in [
             "",
             "status",
+            r#"{"command":"snapshot","target":"t","lun":0}"#,
+            r#"{"command":"snapshots","target":"t"}"#,
+            r#"{"command":"snapshot","target":"t","lun":0,"name":"n","force":true}"#,
             r#"{"command":"format"}"#,
             r#"{"command":"logout"}"#,
             r#"{"command":"logout","tsih":70000}"#,

@@ -86,6 +86,10 @@ pub struct LunStatus {
     /// endpoint (sessions that ended included).
     #[serde(default)]
     pub counters: LunCounters,
+    /// Its snapshots (`iscsi target snapshot`), for a store that takes
+    /// them.
+    #[serde(default)]
+    pub snapshots: Vec<crate::reload::snapshot::SnapshotReport>,
 }
 
 /// A LUN's counters (`iscsi_target_lun_*` in the metrics).
@@ -240,6 +244,15 @@ impl ServerHandle {
                                     read_bytes: s.read_bytes,
                                     written_bytes: s.written_bytes,
                                     check_conditions: s.check_conditions.iter().sum(),
+                                })
+                                .unwrap_or_default(),
+                            snapshots: lun
+                                .store
+                                .snapshots()
+                                .and_then(|store| {
+                                    let specs =
+                                        target.luns.iter().map(|(&m, l)| (m, l.spec.as_str()));
+                                    crate::reload::snapshot::reports(store, n, specs).ok()
                                 })
                                 .unwrap_or_default(),
                         })

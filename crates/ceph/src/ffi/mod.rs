@@ -34,7 +34,8 @@
 //!    requests in flight in `aio_table.rs`); nothing else is registered.
 //!
 //! `lock.rs` holds the calls of a gateway group (the exclusive lock, image
-//! metadata, extended attributes), with one invariant of its own.
+//! metadata, extended attributes), with one invariant of its own; `snap.rs`
+//! those of snapshots and clones, with invariants S1 to S3 of its own.
 //!
 //! Errors are negative errno values, turned into [`io::Error`]s with
 //! [`io::Error::from_raw_os_error`] so that the caller can match on the kind
@@ -46,6 +47,7 @@ mod aio_table;
 mod lock;
 pub(super) mod offload;
 pub(super) mod rados;
+pub(super) mod snap;
 mod sys;
 
 pub(super) use sys::api as load;
@@ -72,6 +74,9 @@ pub(super) struct Target<'a> {
     pub pool: &'a str,
     /// The image.
     pub image: &'a str,
+    /// A snapshot of the image to open instead of its head, read-only
+    /// (`rbd_open_read_only`); `None`: the head, writable.
+    pub snap: Option<&'a str>,
     /// Options set on this client after the conf file, before connecting.
     pub options: &'a [(&'a str, &'a str)],
 }
@@ -234,13 +239,35 @@ impl Image {
         .map_err(fail(format!("opening pool {:?}", target.pool)))?;
         let name = cstring("image", target.image).map_err(fail("naming the image".into()))?;
         let mut image: RbdImageT = ptr::null_mut();
-        // SAFETY: invariants 1 and 3 — a valid ioctx; `name` lives across the
-        // call; a null snapshot name opens the image's head.
-        check(unsafe { api.rbd_open(partial.ioctx, name.as_ptr(), &mut image, ptr::null()) })
+        match target.snap {
+            // SAFETY: invariants 1 and 3 — a valid ioctx; `name` lives across
+            // the call; a null snapshot name opens the image's head.
+            None => check(unsafe {
+                api.rbd_open(partial.ioctx, name.as_ptr(), &mut image, ptr::null())
+            })
             .map_err(fail(format!(
                 "opening image {:?} in pool {:?}",
                 target.image, target.pool
-            )))?;
+            )))?,
+            Some(snap) => {
+                let snap_c =
+                    cstring("snapshot", snap).map_err(fail("naming the snapshot".into()))?;
+                // SAFETY: invariants 1 and 3 — a valid ioctx; `name` and
+                // `snap_c` live across the call.
+                check(unsafe {
+                    api.rbd_open_read_only(
+                        partial.ioctx,
+                        name.as_ptr(),
+                        &mut image,
+                        snap_c.as_ptr(),
+                    )
+                })
+                .map_err(fail(format!(
+                    "opening snapshot {snap:?} of image {:?} in pool {:?}",
+                    target.image, target.pool
+                )))?
+            }
+        };
         let aio = match aio_table::Aio::register(api, image) {
             Ok(aio) => aio,
             Err(error) => {

@@ -37,10 +37,14 @@
 //!   `/usr/include/rados/librados.h`, Ceph v16.2.15's
 //!   `src/include/rbd/librbd.h` and `src/include/rados/librados.h`; the line
 //!   of each prototype beside it below). Handles (`rados_t`,
-//!   `rados_ioctx_t`, `rbd_image_t`, `rbd_completion_t`, `rados_write_op_t`)
-//!   are `void *`; `size_t`/`ssize_t` are `usize`/`isize`; `time_t` is `i64`
-//!   (64-bit Linux); the enums `rbd_lock_mode_t` and `rbd_image_event_t`
-//!   are `int`; `uint8_t` is `u8`. These symbols are in librbd.so.1 and
+//!   `rados_ioctx_t`, `rbd_image_t`, `rbd_completion_t`, `rados_write_op_t`,
+//!   `rbd_image_options_t`) are `void *`; `size_t`/`ssize_t` are
+//!   `usize`/`isize`; `time_t` and `long` are `i64` (64-bit Linux); the
+//!   enums `rbd_lock_mode_t` and `rbd_image_event_t` are `int`; `uint8_t`
+//!   is `u8`; C99 `bool` is Rust's `bool` (one byte, 0 or 1); the structs
+//!   (`struct iovec`, `rbd_snap_info_t`, `rbd_linked_image_spec_t`,
+//!   `struct timespec`) are `#[repr(C)]` with the C fields in their order
+//!   and types. These symbols are in librbd.so.1 and
 //!   librados.so.2 since Ceph 14 at the latest and keep their prototypes
 //!   under the libraries' sonames.
 //! - L3. Running the libraries' initialisers (C++ static constructors) at
@@ -80,6 +84,40 @@ pub(crate) type WatchErrCb = extern "C" fn(arg: *mut c_void, cookie: u64, err: c
 pub(crate) struct IoVec {
     pub base: *const c_void,
     pub len: usize,
+}
+
+/// `rbd_image_options_t` (librbd.h:69).
+pub(crate) type RbdImageOptionsT = *mut c_void;
+
+/// `rbd_snap_info_t` (librbd.h:106), an entry of `rbd_snap_list`'s array;
+/// `name` is librbd's (`rbd_snap_list_end` frees it), null in the entry
+/// after the last.
+#[repr(C)]
+pub(crate) struct RbdSnapInfo {
+    pub id: u64,
+    pub size: u64,
+    pub name: *const c_char,
+}
+
+/// `rbd_linked_image_spec_t` (librbd.h:91), an entry of
+/// `rbd_list_children3`'s array; the strings are librbd's
+/// (`rbd_linked_image_spec_list_cleanup` frees them).
+#[repr(C)]
+pub(crate) struct RbdLinkedImageSpec {
+    pub pool_id: i64,
+    pub pool_name: *mut c_char,
+    pub pool_namespace: *mut c_char,
+    pub image_id: *mut c_char,
+    pub image_name: *mut c_char,
+    pub trash: bool,
+}
+
+/// `struct timespec` (time.h, 64-bit Linux), for `rbd_snap_get_timestamp`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Timespec {
+    pub tv_sec: i64,
+    pub tv_nsec: i64,
 }
 
 /// The soname loaded by default, and the Debian package that ships it.
@@ -384,6 +422,65 @@ api! {
         value: *mut c_char,
         val_len: *mut usize,
     ) -> c_int; // librbd.h:1228
+
+    // librbd: snapshots and clones (`ffi/snap.rs`).
+    fn rbd_open_read_only(
+        io: RadosIoctxT,
+        name: *const c_char,
+        image: *mut RbdImageT,
+        snap_name: *const c_char,
+    ) -> c_int; // librbd.h:693
+    fn rbd_snap_list(
+        image: RbdImageT,
+        snaps: *mut RbdSnapInfo,
+        max_snaps: *mut c_int,
+    ) -> c_int; // librbd.h:830
+    fn rbd_snap_list_end(snaps: *mut RbdSnapInfo); // librbd.h:832
+    fn rbd_snap_exists(image: RbdImageT, snapname: *const c_char, exists: *mut bool) -> c_int; // librbd.h:833
+    fn rbd_snap_create(image: RbdImageT, snapname: *const c_char) -> c_int; // librbd.h:834
+    fn rbd_snap_remove(image: RbdImageT, snapname: *const c_char) -> c_int; // librbd.h:838
+    fn rbd_snap_protect(image: RbdImageT, snap_name: *const c_char) -> c_int; // librbd.h:857
+    fn rbd_snap_unprotect(image: RbdImageT, snap_name: *const c_char) -> c_int; // librbd.h:865
+    fn rbd_snap_is_protected(
+        image: RbdImageT,
+        snap_name: *const c_char,
+        is_protected: *mut c_int,
+    ) -> c_int; // librbd.h:873
+    fn rbd_snap_get_timestamp(
+        image: RbdImageT,
+        snap_id: u64,
+        timestamp: *mut Timespec,
+    ) -> c_int; // librbd.h:899
+    fn rbd_list_children3(
+        image: RbdImageT,
+        images: *mut RbdLinkedImageSpec,
+        max_images: *mut usize,
+    ) -> c_int; // librbd.h:973
+    fn rbd_linked_image_spec_list_cleanup(
+        images: *mut RbdLinkedImageSpec,
+        num_images: usize,
+    ); // librbd.h:422
+    fn rbd_image_options_create(opts: *mut RbdImageOptionsT); // librbd.h:400
+    fn rbd_image_options_destroy(opts: RbdImageOptionsT); // librbd.h:401
+    fn rbd_image_options_set_uint64(
+        opts: RbdImageOptionsT,
+        optname: c_int,
+        optval: u64,
+    ) -> c_int; // librbd.h:404
+    fn rbd_clone3(
+        p_ioctx: RadosIoctxT,
+        p_name: *const c_char,
+        p_snapname: *const c_char,
+        c_ioctx: RadosIoctxT,
+        c_name: *const c_char,
+        c_opts: RbdImageOptionsT,
+    ) -> c_int; // librbd.h:465
+    fn rbd_metadata_set(
+        image: RbdImageT,
+        key: *const c_char,
+        value: *const c_char,
+    ) -> c_int; // librbd.h:1229
+    fn rbd_metadata_remove(image: RbdImageT, key: *const c_char) -> c_int; // librbd.h:1230
 }
 
 impl std::fmt::Debug for Api {

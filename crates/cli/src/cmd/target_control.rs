@@ -1,4 +1,4 @@
-//! `iscsi target status|reload|check|resize|logout`: a running target's control
+//! `iscsi target status|reload|check|resize|snapshot|logout`: a running target's control
 //! socket from the command line (`iscsi_target::control` is the server).
 
 use std::io::{BufRead, BufReader, Write};
@@ -9,6 +9,7 @@ use anyhow::{Context, bail};
 use iscsi_target::ParsedConfig;
 use iscsi_target::reload::plan::Change;
 use iscsi_target::reload::resize::ResizeReport;
+use iscsi_target::reload::snapshot::SnapshotReport;
 use iscsi_target::status::Status;
 use serde_json::{Value, json};
 
@@ -62,6 +63,28 @@ pub enum Action {
         /// Drop data written beyond a shrink's new end.
         #[arg(long, requires = "force")]
         discard: bool,
+        /// The control socket.
+        #[arg(long, value_name = "PATH")]
+        control: Option<PathBuf>,
+    },
+    /// Take, list or delete a LUN's snapshots while it serves.
+    ///
+    /// With NAME, takes snapshot NAME: a crash-consistent point-in-time
+    /// copy (every write answered before is in it, none issued after). RAM
+    /// LUNs keep theirs in memory, file LUNs beside the file (reflink: XFS
+    /// or btrfs), rbd LUNs as rbd snapshots. Without NAME, lists them. To
+    /// serve one, add a LUN `snapshot:LUN/NAME` (read-only) or
+    /// `clone:LUN/NAME[,to=DEST]` (writable) to the file and reload.
+    Snapshot {
+        /// The target's name.
+        target: String,
+        /// The LUN.
+        lun: u16,
+        /// The snapshot's name (letters, digits, '.', '_', '-').
+        name: Option<String>,
+        /// Delete snapshot NAME instead.
+        #[arg(long, requires = "name")]
+        delete: bool,
         /// The control socket.
         #[arg(long, value_name = "PATH")]
         control: Option<PathBuf>,
@@ -156,6 +179,13 @@ pub fn run(action: &Action) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        Action::Snapshot {
+            target,
+            lun,
+            name,
+            delete,
+            control,
+        } => snapshot(target, *lun, name.as_deref(), *delete, control),
         Action::Logout { tsih, control } => {
             let answer = ask(control, &json!({"command": "logout", "tsih": tsih}))?;
             ok(&answer)?;
@@ -166,6 +196,74 @@ pub fn run(action: &Action) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `iscsi target snapshot`: take, delete or list.
+fn snapshot(
+    target: &str,
+    lun: u16,
+    name: Option<&str>,
+    delete: bool,
+    control: &Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let what = format!("target {target} LUN {lun}");
+    match name {
+        Some(name) if delete => {
+            let request =
+                json!({"command": "delete_snapshot", "target": target, "lun": lun, "name": name});
+            ok(&ask(control, &request)?)?;
+            println!("{what}: snapshot {name} deleted");
+        }
+        Some(name) => {
+            let request =
+                json!({"command": "snapshot", "target": target, "lun": lun, "name": name});
+            let answer = ask(control, &request)?;
+            let report: SnapshotReport = serde_json::from_value(ok(&answer)?["snapshot"].clone())
+                .context("the target's answer")?;
+            println!(
+                "{what}: snapshot {} taken ({} bytes)",
+                report.name, report.size_bytes
+            );
+        }
+        None => {
+            let request = json!({"command": "snapshots", "target": target, "lun": lun});
+            let answer = ask(control, &request)?;
+            let list: Vec<SnapshotReport> =
+                serde_json::from_value(ok(&answer)?["snapshots"].clone())
+                    .context("the target's answer")?;
+            if list.is_empty() {
+                println!("{what}: no snapshots");
+            }
+            for report in &list {
+                println!("{}", show_snapshot(report));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One snapshot on one line.
+fn show_snapshot(report: &SnapshotReport) -> String {
+    let taken = report
+        .taken_unix
+        .and_then(|t| {
+            let at = std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_secs(t))?;
+            Some(humantime::format_rfc3339_seconds(at).to_string())
+        })
+        .unwrap_or_else(|| "?".into());
+    let held = report
+        .held_bytes
+        .map(|b| format!(", {b} bytes only it holds"))
+        .unwrap_or_default();
+    let served = if report.served_as.is_empty() {
+        String::new()
+    } else {
+        format!(", served as LUN {:?}", report.served_as)
+    };
+    format!(
+        "{:<24} {} bytes, taken {taken}{held}{served}",
+        report.name, report.size_bytes
+    )
 }
 
 fn socket(control: &Option<PathBuf>) -> PathBuf {
@@ -278,6 +376,9 @@ fn show(status: &Status) -> String {
                 c.written_bytes,
                 c.check_conditions
             ));
+            for snapshot in &lun.snapshots {
+                out.push_str(&format!("          snapshot {}\n", show_snapshot(snapshot)));
+            }
         }
         for limit in &target.limits {
             let n = &limit.now;

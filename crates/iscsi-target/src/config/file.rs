@@ -387,6 +387,13 @@ impl ParsedConfig {
                     },
                 );
             }
+            check_origins(&luns).map_err(|(n, message)| {
+                let line = luns.get(&n).map_or(0, |lun| lun.line);
+                ConfigError::At {
+                    line,
+                    message: format!("target {name} LUN {n}: {message}"),
+                }
+            })?;
             let chap = match &target.chap {
                 None => None,
                 Some(c) => Some(
@@ -489,15 +496,25 @@ impl ParsedConfig {
         } = self;
         let gateway = config.gateway();
         for (target, planned) in config.targets.iter_mut().zip(luns) {
-            for (n, lun) in planned {
+            // The LUNs a `snapshot:` or `clone:` one opens from first
+            // (check_origins saw that every chain ends).
+            let depths = origin_depths(&planned);
+            let mut order: Vec<(u16, PlannedLun)> = planned.into_iter().collect();
+            order.sort_by_key(|(n, _)| (depths.get(n).copied().unwrap_or(0), *n));
+            for (n, lun) in order {
                 let entry = match reuse(&target.name, n, &lun) {
                     Some(entry) => entry,
                     None => {
                         let id = lun.parsed.unique_id(&target.name, n);
-                        let store: std::sync::Arc<dyn Backstore> = lun
-                            .parsed
-                            .open_in(lun.block_size, id, gateway.as_ref())
-                            .map_err(|e| ConfigError::At {
+                        let opened = match lun.parsed.origin() {
+                            None => lun.parsed.open_in(lun.block_size, id, gateway.as_ref()),
+                            Some(of) => match target.luns.get(&of) {
+                                Some(origin) => lun.parsed.open_from(&*origin.store, id),
+                                None => Err(format!("LUN {of} is not opened")),
+                            },
+                        };
+                        let store: std::sync::Arc<dyn Backstore> =
+                            opened.map_err(|e| ConfigError::At {
                                 line: lun.line,
                                 message: format!(
                                     "target {} LUN {n} {:?}: {e}",
@@ -526,6 +543,58 @@ impl TargetConfig {
     /// Parses a TOML configuration and opens every backstore it names.
     pub fn from_toml(text: &str) -> Result<TargetConfig, ConfigError> {
         ParsedConfig::parse(text)?.open(&|_, _, _| None)
+    }
+}
+
+/// How many `snapshot:`/`clone:` steps separate each LUN from a LUN with
+/// a store of its own (0 for those): the order they open in. A chain that
+/// does not end (refused by [`check_origins`]) counts as long as the map.
+fn origin_depths(luns: &BTreeMap<u16, PlannedLun>) -> BTreeMap<u16, usize> {
+    luns.iter()
+        .map(|(&n, lun)| {
+            let mut depth = 0;
+            let mut origin = lun.parsed.origin();
+            while let Some(of) = origin
+                && depth < luns.len()
+            {
+                depth += 1;
+                origin = luns.get(&of).and_then(|l| l.parsed.origin());
+            }
+            (n, depth)
+        })
+        .collect()
+}
+
+/// Every `snapshot:` and `clone:` LUN names another LUN of its target, and
+/// following them ends at a LUN with a store of its own; else the LUN and
+/// what is wrong.
+fn check_origins(luns: &BTreeMap<u16, PlannedLun>) -> Result<(), (u16, String)> {
+    for (&n, lun) in luns {
+        let Some(of) = lun.parsed.origin() else {
+            continue;
+        };
+        if !luns.contains_key(&of) {
+            return Err((
+                n,
+                format!(
+                    "{:?} names LUN {of}, which this target does not have: a snapshot or \
+                     clone opens from a LUN of its own target",
+                    lun.spec
+                ),
+            ));
+        }
+    }
+    let depths = origin_depths(luns);
+    match depths.iter().find(|&(_, &d)| d >= luns.len()) {
+        Some((&n, _)) => Err((
+            n,
+            format!(
+                "{:?}: its snapshots and clones name each other in a circle: one of them must \
+                 be a LUN with a store of its own",
+                luns[&n].spec
+            ),
+        )),
+        None => Ok(()),
     }
 }
 
@@ -702,6 +771,36 @@ mod tests {
         .to_string();
         assert!(
             error.contains("line 6") && error.contains("power-of-two multiple"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn snapshot_and_clone_luns_name_a_lun_of_their_target() {
+        let file = |luns: &str| {
+            format!("listen = [\"127.0.0.1:1\"]\n[[target]]\nname = \"a\"\n[target.lun]\n{luns}")
+        };
+        for (luns, words) in [
+            ("0 = \"ram:1M\"\n1 = \"snapshot:2/s\"\n", "names LUN 2"),
+            ("0 = \"ram:1M\"\n1 = \"clone:1/s\"\n", "in a circle"),
+            (
+                "0 = \"ram:1M\"\n1 = \"clone:2/s\"\n2 = \"clone:1/s\"\n",
+                "in a circle",
+            ),
+        ] {
+            let error = ParsedConfig::parse(&file(luns)).unwrap_err().to_string();
+            assert!(
+                error.contains("line 6") && error.contains(words),
+                "{luns}: {error}"
+            );
+        }
+        // Opened after their origins, whatever their numbers: a clone at
+        // LUN 0 of the RAM LUN 5's snapshot (none taken: refused, naming it).
+        let error = TargetConfig::from_toml(&file("0 = \"clone:5/s\"\n5 = \"ram:1M\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.contains("LUN 0") && error.contains("no snapshot named \"s\""),
             "{error}"
         );
     }

@@ -1,7 +1,9 @@
 //! LUN specifications, shared by the command line and the file:
 //! `ram:SIZE`, `file:PATH[,size=SIZE]`, `block:PATH[,direct]`,
 //! `rbd:POOL/IMAGE[,conf=PATH][,id=USER][,timeout=SECONDS]` (a Ceph RBD image, through
-//! librbd, which the first one to open loads: [`LunSpec::check_libraries`]), each
+//! librbd, which the first one to open loads: [`LunSpec::check_libraries`]),
+//! `snapshot:LUN/NAME` (snapshot NAME of another LUN of the target, read-only)
+//! and `clone:LUN/NAME[,to=DEST]` (a writable copy of one: [`StoreKind::Clone`]), each
 //! optionally with the options of any store: `,latency=DURATION`,
 //! `,readonly`, `,removable`, `,physical-block=SIZE`, `,encrypt[=KEYFILE]`. Parsing
 //! ([`LunSpec::parse`]) opens nothing, so `iscsi target check` and a reload
@@ -85,6 +87,27 @@ pub enum StoreKind {
         /// the command fails NOT READY; the store's default when absent.
         timeout: Option<u32>,
     },
+    /// `snapshot:LUN/NAME`: snapshot NAME of the target's LUN number LUN
+    /// (taken by `iscsi target snapshot`), served read-only.
+    Snapshot {
+        /// The LUN it was taken of, in the same target.
+        of: u16,
+        /// Its name.
+        name: String,
+    },
+    /// `clone:LUN/NAME[,to=DEST]`: a writable LUN that starts as snapshot
+    /// NAME of LUN number LUN and shares what it does not change with it:
+    /// in memory for a RAM LUN; the file DEST (made by reflink when
+    /// missing, opened as it is when there) for a file LUN; the image DEST
+    /// (`IMAGE` or `POOL/IMAGE`, made by `rbd clone` when missing) for RBD.
+    Clone {
+        /// The LUN whose snapshot it starts from, in the same target.
+        of: u16,
+        /// The snapshot.
+        name: String,
+        /// Where the clone lives (file and RBD).
+        to: Option<String>,
+    },
 }
 
 impl LunSpec {
@@ -111,6 +134,15 @@ impl LunSpec {
             spec
         };
         sizeless(self) == sizeless(other)
+    }
+
+    /// The LUN of the same target that a `snapshot:` or `clone:` LUN opens
+    /// from ([`LunSpec::open_from`]).
+    pub fn origin(&self) -> Option<u16> {
+        match &self.kind {
+            StoreKind::Snapshot { of, .. } | StoreKind::Clone { of, .. } => Some(*of),
+            _ => None,
+        }
     }
 
     /// Parses a specification. The error names the specification and
@@ -157,7 +189,8 @@ impl LunSpec {
             .and_then(|first| first.split_once(':'))
             .ok_or_else(|| {
                 format!(
-                    "LUN {spec:?}: ram:SIZE, file:PATH[,size=SIZE], block:PATH or rbd:POOL/IMAGE"
+                    "LUN {spec:?}: ram:SIZE, file:PATH[,size=SIZE], block:PATH, rbd:POOL/IMAGE, \
+                     snapshot:LUN/NAME or clone:LUN/NAME"
                 )
             })?;
         let own = &plain[1..];
@@ -237,12 +270,39 @@ impl LunSpec {
                     timeout,
                 }
             }
+            "snapshot" | "clone" => {
+                let (of, name) = snapshot_of(rest).map_err(|e| format!("LUN {spec:?}: {e}"))?;
+                let mut to = None;
+                for option in own {
+                    match option.split_once('=') {
+                        Some(("to", dest)) if kind == "clone" && !dest.is_empty() => {
+                            to = Some(dest.to_owned());
+                        }
+                        _ => return Err(unknown(option)),
+                    }
+                }
+                if kind == "snapshot" {
+                    // A snapshot never changes: the LU says so.
+                    lu_options.read_only = true;
+                    StoreKind::Snapshot { of, name }
+                } else {
+                    StoreKind::Clone { of, name, to }
+                }
+            }
             other => {
                 return Err(format!(
-                    "LUN {spec:?}: unknown backstore {other:?} (ram, file, block or rbd)"
+                    "LUN {spec:?}: unknown backstore {other:?} (ram, file, block, rbd, snapshot \
+                     or clone)"
                 ));
             }
         };
+        if encrypt.is_some() && matches!(kind, StoreKind::Snapshot { .. } | StoreKind::Clone { .. })
+        {
+            return Err(format!(
+                "LUN {spec:?}: a snapshot or clone keeps what its origin holds: encrypt the origin \
+                 instead"
+            ));
+        }
         if encrypt == Some(Encryption::MemoryKey) && !matches!(kind, StoreKind::Ram { .. }) {
             return Err(format!(
                 "LUN {spec:?}: a file, block or rbd LUN needs encrypt=KEYFILE: with a key kept in \
@@ -284,7 +344,37 @@ impl LunSpec {
                 Arc::new(BlockBackstore::open(path, *direct, id).map_err(|e| e.to_string())?)
             }
             StoreKind::Rbd { .. } => open_rbd(&self.kind, block_size, group)?,
+            StoreKind::Snapshot { of, .. } | StoreKind::Clone { of, .. } => {
+                return Err(format!(
+                    "opens from LUN {of} of its target, which only a configuration file's \
+                     target gives"
+                ));
+            }
         };
+        self.wrap(store)
+    }
+
+    /// A `snapshot:` or `clone:` LUN opened from `origin`, the store of the
+    /// LUN it names ([`LunSpec::origin`]), with LU identifier `id`.
+    pub fn open_from(&self, origin: &dyn Backstore, id: u64) -> Result<Arc<dyn Backstore>, String> {
+        let (of, name) = match &self.kind {
+            StoreKind::Snapshot { of, name } | StoreKind::Clone { of, name, .. } => (of, name),
+            _ => return Err("not a snapshot: or clone: LUN".into()),
+        };
+        let snapshots = origin
+            .snapshots()
+            .ok_or_else(|| format!("LUN {of} takes no snapshots"))?;
+        let store = match &self.kind {
+            StoreKind::Clone { to, .. } => snapshots.clone_into(name, to.as_deref(), id),
+            _ => snapshots.open(name, id),
+        }
+        .map_err(|e| format!("LUN {of}: {e}"))?;
+        self.wrap(store)
+    }
+
+    /// `store` with what the specification asks of any store: encryption,
+    /// latency, LU options.
+    fn wrap(&self, store: Arc<dyn Backstore>) -> Result<Arc<dyn Backstore>, String> {
         let store: Arc<dyn Backstore> = match &self.encrypt {
             None => store,
             Some(Encryption::MemoryKey) => {
@@ -315,7 +405,11 @@ impl LunSpec {
             StoreKind::Rbd { .. } => {
                 iscsi_ceph::RbdBackstore::load_library().map_err(|e| e.to_string())
             }
-            StoreKind::Ram { .. } | StoreKind::File { .. } | StoreKind::Block { .. } => Ok(()),
+            StoreKind::Ram { .. }
+            | StoreKind::File { .. }
+            | StoreKind::Block { .. }
+            | StoreKind::Snapshot { .. }
+            | StoreKind::Clone { .. } => Ok(()),
         }
     }
 
@@ -328,6 +422,11 @@ impl LunSpec {
             StoreKind::File { path, .. } => format!("file:{path}"),
             StoreKind::Block { path, .. } => format!("block:{path}"),
             StoreKind::Rbd { pool, image, .. } => format!("rbd:{pool}/{image}"),
+            StoreKind::Snapshot { of, name } => format!("snapshot:{of}/{name}"),
+            StoreKind::Clone { of, name, to } => match to {
+                Some(to) => format!("clone:{to}"),
+                None => format!("clone:{of}/{name}"),
+            },
         }
     }
 
@@ -336,6 +435,20 @@ impl LunSpec {
     pub fn unique_id(&self, target: &str, lun: u16) -> u64 {
         unique_id(target, lun, &self.medium())
     }
+}
+
+/// `LUN/NAME` of `snapshot:LUN/NAME` and `clone:LUN/NAME`.
+fn snapshot_of(text: &str) -> Result<(u16, String), String> {
+    let (of, name) = text.split_once('/').ok_or_else(|| {
+        format!("{text:?}: LUN/NAME (the LUN a snapshot was taken of, and its name)")
+    })?;
+    let of = of
+        .parse::<u16>()
+        .ok()
+        .filter(|&n| usize::from(n) < iscsi_scsi::MAX_LUNS)
+        .ok_or_else(|| format!("{of:?}: a LUN number, 0..={}", iscsi_scsi::MAX_LUNS - 1))?;
+    iscsi_scsi::backstore::check_snapshot_name(name).map_err(|e| e.to_string())?;
+    Ok((of, name.to_owned()))
 }
 
 /// Opens an [`StoreKind::Rbd`] (its LU identifier comes from the cluster
@@ -557,10 +670,62 @@ mod tests {
             "file:/x.img,encrypt",
             "block:/dev/x,encrypt",
             "ram:1M,encrypt=",
+            "snapshot:0",
+            "snapshot:x/name",
+            "snapshot:16384/name",
+            "snapshot:0/",
+            "snapshot:0/../up",
+            "snapshot:0/a b",
+            "snapshot:0/n,to=/x",
+            "clone:0/n,to=",
+            "clone:0/n,size=1G",
+            "clone:0/n,encrypt=/k",
+            "snapshot:0/n,encrypt",
         ] {
             let error = LunSpec::parse(bad).unwrap_err();
             assert!(error.contains(&format!("{bad:?}")), "{error}");
         }
+    }
+
+    #[test]
+    fn snapshots_and_clones_name_their_origin() {
+        let snapshot = LunSpec::parse("snapshot:3/nightly,latency=1ms").unwrap();
+        assert_eq!(
+            snapshot.kind,
+            StoreKind::Snapshot {
+                of: 3,
+                name: "nightly".into()
+            }
+        );
+        assert!(snapshot.options.read_only, "a snapshot is served read-only");
+        assert_eq!(snapshot.origin(), Some(3));
+        let clone = LunSpec::parse("clone:0/nightly,to=/srv/vm.img").unwrap();
+        assert_eq!(
+            clone.kind,
+            StoreKind::Clone {
+                of: 0,
+                name: "nightly".into(),
+                to: Some("/srv/vm.img".into())
+            }
+        );
+        assert!(!clone.options.read_only);
+        assert_eq!(LunSpec::parse("ram:1M").unwrap().origin(), None);
+        assert_ne!(snapshot.unique_id("t", 1), clone.unique_id("t", 1));
+        // Alone (the command line's --lun), there is no origin to open from.
+        let alone = open_lun("snapshot:0/nightly", 512, "t", 1).unwrap_err();
+        assert!(alone.contains("configuration file"), "{alone}");
+        // From a store that takes none, and a snapshot not there.
+        let plain = open_lun("block:/dev/null", 512, "t", 0);
+        if let Ok(plain) = plain {
+            let none = snapshot.open_from(&*plain, 1).unwrap_err();
+            assert!(none.contains("takes no snapshots"), "{none}");
+        }
+        let ram = open_lun("ram:1M", 512, "t", 0).unwrap();
+        let missing = snapshot.open_from(&*ram, 1).unwrap_err();
+        assert!(
+            missing.contains("no snapshot named \"nightly\""),
+            "{missing}"
+        );
     }
 
     #[test]

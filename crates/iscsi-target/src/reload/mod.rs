@@ -19,6 +19,7 @@
 
 pub mod plan;
 pub mod resize;
+pub mod snapshot;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError};
