@@ -10,6 +10,8 @@
 //! U 17 42      acknowledged, and durable at once (FUA, or WCE off)
 //! F 3          SYNCHRONIZE CACHE number 3 sent
 //! D 3          ... and GOOD: every write acknowledged before F 3 is durable
+//! S nightly    snapshot `nightly` of the LUN asked for (appended by whoever
+//! T nightly    takes it: the file is opened O_APPEND), and answered
 //! ```
 //!
 //! Each line goes out in one `write(2)` on an append-only file, so a
@@ -48,12 +50,19 @@ pub struct Journal {
 impl Journal {
     /// Creates (or empties) `path` and writes the layout line.
     pub fn create(path: &Path, layout: Layout) -> anyhow::Result<Journal> {
-        let file = OpenOptions::new()
+        OpenOptions::new()
             .create(true)
             .write(true)
             .truncate(true)
             .open(path)
             .with_context(|| format!("creating the journal {}", path.display()))?;
+        // Appending: another process may add lines too (`S`/`T`, a
+        // snapshot taken while this load runs), each landing whole between
+        // ours, in the order they happened.
+        let file = OpenOptions::new()
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening the journal {}", path.display()))?;
         let journal = Journal {
             file: Mutex::new(file),
         };
@@ -135,6 +144,9 @@ pub fn replay(text: &str) -> anyhow::Result<(Layout, Vec<Expected>)> {
         let what = || format!("journal line {}: {line:?}", number + 2);
         let mut words = line.split(' ');
         let kind = words.next().unwrap_or_default();
+        if snapshot_line(line).is_some() {
+            continue; // a snapshot says nothing of what a crash keeps
+        }
         let numbers: Vec<u64> = words
             .map(str::parse)
             .collect::<Result<_, _>>()
@@ -176,7 +188,14 @@ pub fn replay(text: &str) -> anyhow::Result<(Layout, Vec<Expected>)> {
     Ok((layout, slots))
 }
 
-fn parse_layout(line: &str) -> Option<Layout> {
+/// An `S NAME` or `T NAME` line: the kind and the name.
+pub fn snapshot_line(line: &str) -> Option<(&str, &str)> {
+    let (kind, name) = line.split_once(' ')?;
+    (matches!(kind, "S" | "T") && !name.is_empty() && !name.contains(' ')).then_some((kind, name))
+}
+
+/// Parses the first line of a journal.
+pub fn parse_layout(line: &str) -> Option<Layout> {
     let rest = line.strip_prefix(MAGIC)?;
     let mut layout = Layout {
         bs: 0,

@@ -20,11 +20,14 @@
 //!
 //! With `--journal` every write is also logged as issued, acknowledged and
 //! made durable (`--durability fua` or `sync`); `--check` reads a LUN back
-//! against such a journal after a crash ([`journal`], [`check`]).
+//! against such a journal after a crash ([`journal`], [`check`]), and
+//! `--check --snapshot NAME` a snapshot taken during the load against the
+//! moment it was taken ([`moment`]).
 
 mod check;
 mod disrupt;
 mod journal;
+mod moment;
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -92,6 +95,12 @@ pub struct Args {
     /// write is missing or a block holds what no write put there.
     #[arg(long, value_name = "JOURNAL")]
     check: Option<PathBuf>,
+    /// With --check: the LUN serves snapshot NAME, taken while the
+    /// journal's load ran (its `S NAME` and `T NAME` lines), and must hold
+    /// one moment of it: every write answered before, none issued after,
+    /// no write without those answered before it was issued.
+    #[arg(long, value_name = "NAME", requires = "check")]
+    snapshot: Option<String>,
     /// Issue this during the load, every --disrupt-interval, and report
     /// how long each took to finish everything it reached (commands it
     /// ends are not failures; the data is still checked).
@@ -458,7 +467,10 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     let url = target_url(&args.url)?;
     if let Some(journal) = &args.check {
-        return check::run(&url, journal, args);
+        return match &args.snapshot {
+            Some(name) => moment::run(&url, journal, name, args),
+            None => check::run(&url, journal, args),
+        };
     }
     let report = runtime(args.threads)?.block_on(async {
         let session = connect(&url, &args.session).await?;
