@@ -353,6 +353,33 @@ mod tests {
         assert_eq!((report.torn_slots, report.failures()), (1, 0), "{report:?}");
     }
 
+    proptest::proptest! {
+        /// A journal is a file a user names: any text gets a verdict or an
+        /// error, never a panic.
+        #[test]
+        fn any_journal_is_judged_or_refused(
+            entries in proptest::collection::vec((0u8..7, 0u64..5, 0u32..20), 0..60),
+            held in proptest::collection::vec(proptest::option::of(0u32..20), 3),
+            noise in ".{0,40}",
+        ) {
+            let mut text = HEAD.to_owned();
+            for (kind, slot, n) in entries {
+                match ["W", "A", "U", "F", "S", "T", "X"][kind as usize] {
+                    "F" => text += &format!("F {n}\n"),
+                    k @ ("S" | "T") => text += &format!("{k} s\n"),
+                    k => text += &format!("{k} {slot} {n}\n"),
+                }
+            }
+            if let Ok((_, m)) = replay(&text, "s") {
+                let held: Vec<_> = held.iter().map(|g| Some(vec![*g; 2])).collect();
+                let report = judge(&m, &held);
+                proptest::prop_assert_eq!(report.slots, 3);
+            }
+            let _ = replay(&format!("{text}{noise}"), "s");
+            let _ = replay(&noise, "s");
+        }
+    }
+
     #[test]
     fn a_journal_without_the_snapshot_is_refused() {
         for body in ["W 0 1\n", "S s\n", "T s\nS s\n", "S t\nT t\n"] {
