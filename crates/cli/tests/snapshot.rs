@@ -12,68 +12,32 @@
 mod common;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::control::Running;
 use common::iscsi;
-use iscsi_test_peers::{Peer, free_port};
 use serde_json::Value;
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:snapshots";
 
-struct Running {
-    peer: Peer,
-    dir: PathBuf,
-    file: PathBuf,
-    socket: PathBuf,
-    port: u16,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.peer.terminate(Duration::from_secs(15));
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn config(port: u16, luns: &str) -> String {
-    format!(
-        "listen = [\"127.0.0.1:{port}\"]\n[[target]]\nname = \"{NAME}\"\n[target.lun]\n{luns}\n"
-    )
+    common::control::config(NAME, port, luns)
 }
 
 /// `iscsi target --config` serving `lun0` as LUN 0, with a control socket.
 fn start(test: &str, lun0: &str) -> Running {
-    let dir = std::env::temp_dir().join(format!("iscsi-rs-snap-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    let port = free_port();
-    let file = dir.join("target.toml");
-    std::fs::write(&file, config(port, &format!("0 = \"{lun0}\""))).unwrap();
-    let socket = dir.join("control.sock");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-    command
-        .args(["target", "--config"])
-        .arg(&file)
-        .arg("--control")
-        .arg(&socket)
-        .env("RUST_LOG", "warn");
-    let peer = Peer::spawn(command, port);
-    Running {
-        peer,
-        dir,
-        file,
-        socket,
-        port,
-    }
+    common::control::start(
+        &format!("snap-{test}"),
+        NAME,
+        &format!("0 = \"{lun0}\""),
+        &[],
+    )
 }
 
 fn control(running: &Running, args: &[&str]) -> std::process::Output {
-    let mut all = vec!["target"];
-    all.extend_from_slice(args);
-    all.extend(["--control", running.socket.to_str().unwrap()]);
-    iscsi(&all)
+    common::control::control(args, &running.socket)
 }
 
 fn url(running: &Running, lun: u16) -> String {
@@ -259,7 +223,7 @@ fn ram_snapshots_under_load_each_hold_one_moment() {
 fn file_snapshots_on_xfs_under_load_each_hold_one_moment() {
     let base = std::env::var("ISCSI_REFLINK_DIR")
         .expect("ISCSI_REFLINK_DIR: a folder on XFS or btrfs (scripts/reflink-dir)");
-    let dir = PathBuf::from(base).join(format!("cli-snap-{}", std::process::id()));
+    let dir = std::path::PathBuf::from(base).join(format!("cli-snap-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let lun0 = format!("file:{}/lun.img,size=64M", dir.display());

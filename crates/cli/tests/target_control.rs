@@ -6,35 +6,18 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use common::iscsi;
-use iscsi_test_peers::{Peer, free_port};
+use common::control::{Running, control};
+use iscsi_test_peers::free_port;
 use serde_json::Value;
 
 const NAME: &str = "iqn.2026-11.rs.iscsi:control";
 
-struct Running {
-    peer: Peer,
-    dir: PathBuf,
-    file: PathBuf,
-    socket: PathBuf,
-    port: u16,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.peer.terminate(Duration::from_secs(15));
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn config(port: u16, luns: &str) -> String {
-    format!(
-        "listen = [\"127.0.0.1:{port}\"]\n[[target]]\nname = \"{NAME}\"\n[target.lun]\n{luns}\n"
-    )
+    common::control::config(NAME, port, luns)
 }
 
 fn start(test: &str) -> Running {
@@ -43,36 +26,7 @@ fn start(test: &str) -> Running {
 
 /// [`start`] with more arguments for `iscsi target`.
 fn start_with(test: &str, extra: &[&str]) -> Running {
-    let dir = std::env::temp_dir().join(format!("iscsi-rs-control-{test}-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let port = free_port();
-    let file = dir.join("target.toml");
-    std::fs::write(&file, config(port, "0 = \"ram:8M\"")).unwrap();
-    let socket = dir.join("control.sock");
-    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
-    command
-        .args(["target", "--config"])
-        .arg(&file)
-        .arg("--control")
-        .arg(&socket)
-        .args(extra)
-        .env("RUST_LOG", "info");
-    let peer = Peer::spawn(command, port);
-    Running {
-        peer,
-        dir,
-        file,
-        socket,
-        port,
-    }
-}
-
-fn control(args: &[&str], socket: &Path) -> std::process::Output {
-    let mut all = vec!["target"];
-    all.extend_from_slice(args);
-    all.push("--control");
-    all.push(socket.to_str().unwrap());
-    iscsi(&all)
+    common::control::start(test, NAME, "0 = \"ram:8M\"", extra)
 }
 
 fn status(socket: &Path) -> Value {

@@ -189,19 +189,7 @@ impl FileBackstore {
             }
             None => len,
         };
-        if size == 0 || !size.is_multiple_of(u64::from(block_size)) {
-            return Err(BackstoreOpenError::InvalidSize { size, block_size });
-        }
-        Ok(Self {
-            file,
-            path: path.to_path_buf(),
-            size: AtomicU64::new(size),
-            block_size,
-            unique_id,
-            punch: AtomicBool::new(true),
-            resizing: Mutex::new(()),
-            read_only: false,
-        })
+        Self::serving(file, path, size, block_size, unique_id, false)
     }
 
     /// Opens the file at `path` read-only, at its length: every write,
@@ -215,6 +203,19 @@ impl FileBackstore {
         let path = path.as_ref();
         let file = File::open(path)?;
         let size = file.metadata()?.len();
+        Self::serving(file, path, size, block_size, unique_id, true)
+    }
+
+    /// The store of `file` opened at `path`, `size` bytes of it served
+    /// (a non-zero multiple of the block size, else refused).
+    fn serving(
+        file: File,
+        path: &Path,
+        size: u64,
+        block_size: u32,
+        unique_id: u64,
+        read_only: bool,
+    ) -> Result<Self, BackstoreOpenError> {
         if size == 0 || !size.is_multiple_of(u64::from(block_size)) {
             return Err(BackstoreOpenError::InvalidSize { size, block_size });
         }
@@ -224,9 +225,9 @@ impl FileBackstore {
             size: AtomicU64::new(size),
             block_size,
             unique_id,
-            punch: AtomicBool::new(false),
+            punch: AtomicBool::new(!read_only),
             resizing: Mutex::new(()),
-            read_only: true,
+            read_only,
         })
     }
 

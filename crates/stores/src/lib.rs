@@ -196,6 +196,8 @@ mod options;
 mod pieces;
 mod ram;
 mod slow;
+#[cfg(test)]
+mod snapshot_moments;
 
 pub use block::{BlockBackstore, MEM_ALIGN};
 pub use encrypted::{EncryptedBackstore, KEY_LEN};

@@ -5,6 +5,7 @@
 
 #[cfg(feature = "ceph-tests")]
 pub mod ceph;
+pub mod control;
 #[cfg(feature = "ceph-tests")]
 pub mod libiscsi;
 

@@ -42,8 +42,7 @@ fn a_file_system_without_reflink_is_refused_in_words() {
 #[cfg(feature = "reflink-tests")]
 mod on_reflink {
     use std::path::PathBuf;
-    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-    use std::sync::{Arc, Barrier};
+    use std::sync::Arc;
 
     use super::*;
 
@@ -149,78 +148,14 @@ mod on_reflink {
         assert_eq!(store.list().unwrap().len(), 1);
     }
 
-    /// Writers in flight while snapshots are taken, as for the RAM store
-    /// (`ram/snapshot_tests.rs`): each snapshot holds of each writer a prefix
-    /// of its writes, every one answered before `take`, none issued after.
+    /// Writers in flight while snapshots are taken, 16 KiB writes
+    /// ([`crate::snapshot_moments::snapshots_hold_one_moment`]).
     #[test]
     fn snapshots_under_writes_hold_one_moment() {
-        const WRITERS: u64 = 3;
-        const SLOTS: u64 = 8;
-        const LEN: usize = 16384;
         let dir = Folder::on_reflink("moment");
         let store =
             Arc::new(FileBackstore::open(dir.path("lun.img"), Some(4 * MIB), 512, 1).unwrap());
-        let offset = |w: u64, s: u64| (w * SLOTS + s) * LEN as u64 * 2 + 512;
-        let answered: Arc<Vec<AtomicU64>> =
-            Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
-        let issued: Arc<Vec<AtomicU64>> =
-            Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
-        let stop = Arc::new(AtomicBool::new(false));
-        let start = Arc::new(Barrier::new(WRITERS as usize + 1));
-        let writers: Vec<_> = (0..WRITERS)
-            .map(|w| {
-                let (store, answered, issued) = (store.clone(), answered.clone(), issued.clone());
-                let (stop, start) = (stop.clone(), start.clone());
-                std::thread::spawn(move || {
-                    start.wait();
-                    let mut generation = 0u64;
-                    while !stop.load(Ordering::Relaxed) {
-                        generation += 1;
-                        issued[w as usize].store(generation, Ordering::SeqCst);
-                        let bytes: Vec<u8> = generation.to_le_bytes().repeat(LEN / 8);
-                        store
-                            .write_at(offset(w, generation % SLOTS), &bytes)
-                            .unwrap();
-                        answered[w as usize].store(generation, Ordering::SeqCst);
-                    }
-                })
-            })
-            .collect();
-        start.wait();
-        for n in 0..10 {
-            let before: Vec<u64> = answered.iter().map(|a| a.load(Ordering::SeqCst)).collect();
-            let name = format!("s{n}");
-            store.take(&name).unwrap();
-            let after: Vec<u64> = issued.iter().map(|a| a.load(Ordering::SeqCst)).collect();
-            let snap = store.open(&name, 9).unwrap();
-            for w in 0..WRITERS {
-                let held: Vec<u64> = (0..SLOTS)
-                    .map(|s| {
-                        let bytes = bytes_at(&*snap, offset(w, s), LEN);
-                        let first = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-                        assert!(
-                            bytes.chunks(8).all(|g| g == first.to_le_bytes()),
-                            "{name}: writer {w} slot {s} holds a write in part"
-                        );
-                        first
-                    })
-                    .collect();
-                let last = held.iter().copied().max().unwrap();
-                for (s, &g) in (0..SLOTS).zip(&held) {
-                    let expected = (1..=last).rev().find(|g| g % SLOTS == s).unwrap_or(0);
-                    assert_eq!(g, expected, "{name}: writer {w} slot {s}: not a prefix");
-                }
-                let w = w as usize;
-                assert!(last >= before[w], "{name}: an answered write is missing");
-                assert!(last <= after[w], "{name}: holds a write issued after");
-            }
-            drop(snap);
-            store.delete(&name).unwrap();
-        }
-        stop.store(true, Ordering::Relaxed);
-        for writer in writers {
-            writer.join().unwrap();
-        }
-        assert!(answered.iter().all(|a| a.load(Ordering::SeqCst) > 0));
+        let offset = |w: u64, s: u64| (w * crate::snapshot_moments::SLOTS + s) * 32768 + 512;
+        crate::snapshot_moments::snapshots_hold_one_moment(store, offset, 16384, 10);
     }
 }

@@ -1,11 +1,11 @@
 //! Snapshots of the RAM store: what they hold, and the moment they hold it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier};
+use std::sync::Arc;
 
 use iscsi_scsi::backstore::{Backstore, SnapshotError, Snapshots};
 
 use super::super::{CHUNK, RamBackstore};
+use crate::snapshot_moments::{SLOTS, snapshots_hold_one_moment};
 
 const MIB: u64 = 1 << 20;
 
@@ -106,86 +106,11 @@ fn bad_requests_are_refused_and_change_nothing() {
     assert_eq!(store.list().unwrap().len(), 1);
 }
 
-/// Writes in flight while snapshots are taken. Each writer rewrites its
-/// own slots in turn, one write at a time, each write a generation
-/// number filling 8 KiB across a chunk boundary. Every snapshot must hold,
-/// of each writer, exactly a prefix of its writes (the writes up to some
-/// generation and none after: a later write is never in without the ones
-/// it followed), at least those answered before `take` was called, none
-/// issued after it returned, and no write in part.
+/// Writers in flight while snapshots are taken, each write 8 KiB across a
+/// chunk boundary ([`snapshots_hold_one_moment`]).
 #[test]
 fn snapshots_under_writes_hold_one_moment() {
-    const WRITERS: u64 = 3;
-    const SLOTS: u64 = 8;
-    const LEN: usize = 8192;
     let store = Arc::new(RamBackstore::new(64 * MIB, 512, 1).unwrap());
     // Writer w's slot s: 4 KiB before the end of chunk w * SLOTS + s.
-    let offset = |w: u64, s: u64| (w * SLOTS + s + 1) * CHUNK - 4096;
-    let answered: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
-    let issued: Arc<Vec<AtomicU64>> = Arc::new((0..WRITERS).map(|_| AtomicU64::new(0)).collect());
-    let stop = Arc::new(AtomicBool::new(false));
-    let start = Arc::new(Barrier::new(WRITERS as usize + 1));
-    let writers: Vec<_> = (0..WRITERS)
-        .map(|w| {
-            let (store, answered, issued) = (store.clone(), answered.clone(), issued.clone());
-            let (stop, start) = (stop.clone(), start.clone());
-            std::thread::spawn(move || {
-                start.wait();
-                let mut generation = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    generation += 1;
-                    issued[w as usize].store(generation, Ordering::SeqCst);
-                    let bytes: Vec<u8> = generation.to_le_bytes().repeat(LEN / 8);
-                    store
-                        .write_at(offset(w, generation % SLOTS), &bytes)
-                        .unwrap();
-                    answered[w as usize].store(generation, Ordering::SeqCst);
-                }
-            })
-        })
-        .collect();
-    start.wait();
-    let mut checked = 0;
-    for n in 0..40 {
-        let before: Vec<u64> = answered.iter().map(|a| a.load(Ordering::SeqCst)).collect();
-        let name = format!("s{n}");
-        store.take(&name).unwrap();
-        let after: Vec<u64> = issued.iter().map(|a| a.load(Ordering::SeqCst)).collect();
-        let snap = store.open(&name, 9).unwrap();
-        for w in 0..WRITERS {
-            // The generation each slot holds, whole.
-            let held: Vec<u64> = (0..SLOTS)
-                .map(|s| {
-                    let bytes = bytes_at(&*snap, offset(w, s), LEN);
-                    let first = u64::from_le_bytes(bytes[..8].try_into().unwrap());
-                    assert!(
-                        bytes.chunks(8).all(|g| g == first.to_le_bytes()),
-                        "{name}: writer {w} slot {s} holds a write in part"
-                    );
-                    first
-                })
-                .collect();
-            // The prefix: its last write is the newest generation held,
-            // and every slot holds the last write to it up to that one.
-            let last = held.iter().copied().max().unwrap();
-            for (s, &g) in (0..SLOTS).zip(&held) {
-                let expected = (1..=last).rev().find(|g| g % SLOTS == s).unwrap_or(0);
-                assert_eq!(g, expected, "{name}: writer {w} slot {s}: not a prefix");
-            }
-            let w = w as usize;
-            assert!(last >= before[w], "{name}: an answered write is missing");
-            assert!(last <= after[w], "{name}: holds a write issued after");
-        }
-        store.delete(&name).unwrap();
-        checked += 1;
-    }
-    stop.store(true, Ordering::Relaxed);
-    for writer in writers {
-        writer.join().unwrap();
-    }
-    assert_eq!(checked, 40);
-    assert!(
-        answered.iter().all(|a| a.load(Ordering::SeqCst) > 0),
-        "every writer wrote"
-    );
+    snapshots_hold_one_moment(store, |w, s| (w * SLOTS + s + 1) * CHUNK - 4096, 8192, 40);
 }

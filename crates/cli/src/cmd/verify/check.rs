@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::{Context, bail};
 use iscsi_initiator::{IscsiUrl, Session};
 
-use super::journal::{Expected, replay};
+use super::journal::{Expected, Layout, replay};
 use super::{Args, block_generation, each_slot};
 use crate::cmd::bench::{geometry, runtime};
 use crate::cmd::initiator_args::connect;
@@ -101,24 +101,35 @@ async fn check_slot(
         u64::from(expected.acknowledged.is_some() && seen == [expected.acknowledged]);
 }
 
+/// A session to the LUN at `url`, checked against the journal's `layout`:
+/// its block size, and room for every slot.
+pub(super) async fn connect_for(
+    url: &IscsiUrl,
+    layout: Layout,
+    args: &Args,
+) -> anyhow::Result<Session> {
+    let session = connect(url, &args.session).await?;
+    let geometry = geometry(&session, url.lun).await?;
+    if geometry.block_size != layout.block {
+        bail!(
+            "the journal was written with {}-byte blocks, the LUN has {}",
+            layout.block,
+            geometry.block_size
+        );
+    }
+    if layout.slots * layout.bs > geometry.blocks * geometry.block_size {
+        bail!("the journal's slots reach past the LUN's end");
+    }
+    Ok(session)
+}
+
 /// Checks the LUN at `url` against the journal at `path`.
 pub fn run(url: &IscsiUrl, path: &Path, args: &Args) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("reading the journal {}", path.display()))?;
     let (layout, expected) = replay(&text)?;
     let report = runtime(args.threads)?.block_on(async {
-        let session = connect(url, &args.session).await?;
-        let geometry = geometry(&session, url.lun).await?;
-        if geometry.block_size != layout.block {
-            bail!(
-                "the journal was written with {}-byte blocks, the LUN has {}",
-                layout.block,
-                geometry.block_size
-            );
-        }
-        if layout.slots * layout.bs > geometry.blocks * geometry.block_size {
-            bail!("the journal's slots reach past the LUN's end");
-        }
+        let session = connect_for(url, layout, args).await?;
         let shared = Arc::new((session, expected, Mutex::new(CheckReport::default())));
         let sizes = (layout.bs as usize, layout.block as usize);
         let lun = url.lun;

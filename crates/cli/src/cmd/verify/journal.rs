@@ -126,43 +126,95 @@ impl Expected {
     }
 }
 
-/// Reads a journal back: its layout and what each slot may hold.
-pub fn replay(text: &str) -> anyhow::Result<(Layout, Vec<Expected>)> {
+/// One line of a journal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Entry {
+    /// `W`, `A` or `U`: a write of `generation` to `slot` issued,
+    /// acknowledged, or acknowledged durable.
+    Write {
+        kind: char,
+        slot: u64,
+        generation: u32,
+    },
+    /// `F` (`done` false) or `D`: SYNCHRONIZE CACHE number `flush` sent or
+    /// completed.
+    Flush { done: bool, flush: u64 },
+    /// `S` (`taken` false) or `T`: snapshot `name` asked for or answered.
+    Snapshot { taken: bool, name: String },
+}
+
+/// A journal's layout and its entries with their line numbers (from 2),
+/// every slot in range; a last line cut short by a kill left out.
+pub fn entries(text: &str) -> anyhow::Result<(Layout, Vec<(usize, Entry)>)> {
     let mut lines = text.split_inclusive('\n');
     let first = lines.next().unwrap_or_default();
     let layout = parse_layout(first.trim_end())
         .with_context(|| format!("not an iscsi verify journal: {:?}", first.trim_end()))?;
+    let mut entries = Vec::new();
+    for (number, line) in (2..).zip(lines) {
+        let Some(line) = line.strip_suffix('\n') else {
+            break; // cut short by a kill
+        };
+        let what = || format!("journal line {number}: {line:?}");
+        if let Some((kind, name)) = snapshot_line(line) {
+            let taken = kind == "T";
+            let name = name.to_owned();
+            entries.push((number, Entry::Snapshot { taken, name }));
+            continue;
+        }
+        let mut words = line.split(' ');
+        let kind = words.next().unwrap_or_default();
+        let numbers: Vec<u64> = words
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .with_context(what)?;
+        let entry = match (kind, numbers.as_slice()) {
+            ("W" | "A" | "U", &[slot, generation]) => {
+                if slot >= layout.slots {
+                    bail!("{}: no such slot", what());
+                }
+                let generation = u32::try_from(generation).with_context(what)?;
+                let kind = kind.chars().next().unwrap_or('W');
+                Entry::Write {
+                    kind,
+                    slot,
+                    generation,
+                }
+            }
+            ("F" | "D", &[flush]) => Entry::Flush {
+                done: kind == "D",
+                flush,
+            },
+            _ => bail!("{}: not a journal entry", what()),
+        };
+        entries.push((number, entry));
+    }
+    Ok((layout, entries))
+}
+
+/// Reads a journal back: its layout and what each slot may hold.
+pub fn replay(text: &str) -> anyhow::Result<(Layout, Vec<Expected>)> {
+    let (layout, entries) = entries(text)?;
     let mut slots = vec![Expected::default(); layout.slots as usize];
     // Acknowledged, not yet durable, in order; a flush covers a prefix.
     let mut acknowledged: Vec<(u64, u32)> = Vec::new();
     let mut durable_upto = 0;
     let mut flushes: Vec<(u64, usize)> = Vec::new();
-    for (number, line) in lines.enumerate() {
-        let Some(line) = line.strip_suffix('\n') else {
-            break; // cut short by a kill
-        };
-        let what = || format!("journal line {}: {line:?}", number + 2);
-        let mut words = line.split(' ');
-        let kind = words.next().unwrap_or_default();
-        if snapshot_line(line).is_some() {
-            continue; // a snapshot says nothing of what a crash keeps
-        }
-        let numbers: Vec<u64> = words
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .with_context(what)?;
-        match (kind, numbers.as_slice()) {
-            ("W" | "A" | "U", &[slot, generation]) => {
-                let generation = u32::try_from(generation).with_context(what)?;
-                let Some(expected) = slots.get_mut(slot as usize) else {
-                    bail!("{}: no such slot", what());
-                };
+    for (number, entry) in entries {
+        let what = || format!("journal line {number}: {entry:?}");
+        match &entry {
+            &Entry::Write {
+                kind,
+                slot,
+                generation,
+            } => {
+                let expected = &mut slots[slot as usize];
                 match kind {
-                    "W" => expected.possible.push(generation),
+                    'W' => expected.possible.push(generation),
                     _ if !expected.possible.contains(&generation) => {
                         bail!("{}: acknowledged but never issued", what())
                     }
-                    "A" => {
+                    'A' => {
                         expected.acknowledged = Some(generation);
                         acknowledged.push((slot, generation));
                     }
@@ -172,8 +224,8 @@ pub fn replay(text: &str) -> anyhow::Result<(Layout, Vec<Expected>)> {
                     }
                 }
             }
-            ("F", &[flush]) => flushes.push((flush, acknowledged.len())),
-            ("D", &[flush]) => {
+            &Entry::Flush { done: false, flush } => flushes.push((flush, acknowledged.len())),
+            &Entry::Flush { done: true, flush } => {
                 let Some(&(_, covered)) = flushes.iter().find(|(f, _)| *f == flush) else {
                     bail!("{}: a flush never started", what());
                 };
@@ -182,7 +234,8 @@ pub fn replay(text: &str) -> anyhow::Result<(Layout, Vec<Expected>)> {
                 }
                 durable_upto = durable_upto.max(covered);
             }
-            _ => bail!("{}: not a journal entry", what()),
+            // A snapshot says nothing of what a crash keeps.
+            Entry::Snapshot { .. } => {}
         }
     }
     Ok((layout, slots))

@@ -24,10 +24,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use anyhow::{Context, bail};
 use iscsi_initiator::IscsiUrl;
 
-use super::journal::{Layout, parse_layout, snapshot_line};
+use super::journal::{Entry, Layout, entries};
 use super::{Args, block_generation, each_slot};
-use crate::cmd::bench::{geometry, runtime};
-use crate::cmd::initiator_args::connect;
+use crate::cmd::bench::runtime;
 
 /// One write of a slot, by journal line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -66,39 +65,25 @@ impl Moment {
 
 /// Reads a journal back for snapshot `name`.
 fn replay(text: &str, name: &str) -> anyhow::Result<(Layout, Moment)> {
-    let mut lines = text.split_inclusive('\n');
-    let first = lines.next().unwrap_or_default();
-    let layout = parse_layout(first.trim_end())
-        .with_context(|| format!("not an iscsi verify journal: {:?}", first.trim_end()))?;
+    let (layout, entries) = entries(text)?;
     let mut writes: Vec<Vec<Write>> = vec![Vec::new(); layout.slots as usize];
     let (mut asked, mut taken) = (None, None);
-    for (number, line) in lines.enumerate() {
-        let Some(line) = line.strip_suffix('\n') else {
-            break;
-        };
-        let what = || format!("journal line {}: {line:?}", number + 2);
-        if let Some((kind, snapshot)) = snapshot_line(line) {
-            if snapshot == name {
-                match kind {
-                    "S" => asked = asked.or(Some(number)),
-                    _ => taken = taken.or(Some(number)),
-                }
-            }
-            continue;
-        }
-        let mut words = line.split(' ');
-        let kind = words.next().unwrap_or_default();
-        let numbers: Vec<u64> = words
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .with_context(what)?;
-        match (kind, numbers.as_slice()) {
-            ("W" | "A" | "U", &[slot, generation]) => {
-                let generation = u32::try_from(generation).with_context(what)?;
-                let Some(slot) = writes.get_mut(slot as usize) else {
-                    bail!("{}: no such slot", what());
-                };
-                if kind == "W" {
+    for (number, entry) in entries {
+        match entry {
+            Entry::Snapshot {
+                taken: done,
+                name: n,
+            } if n == name => match done {
+                false => asked = asked.or(Some(number)),
+                true => taken = taken.or(Some(number)),
+            },
+            Entry::Write {
+                kind,
+                slot,
+                generation,
+            } => {
+                let slot = &mut writes[slot as usize];
+                if kind == 'W' {
                     slot.push(Write {
                         generation,
                         issued: number,
@@ -106,13 +91,12 @@ fn replay(text: &str, name: &str) -> anyhow::Result<(Layout, Moment)> {
                     });
                 } else {
                     let Some(write) = slot.iter_mut().find(|w| w.generation == generation) else {
-                        bail!("{}: acknowledged but never issued", what());
+                        bail!("journal line {number}: acknowledged but never issued");
                     };
                     write.answered.get_or_insert(number);
                 }
             }
-            ("F" | "D", &[_]) => {}
-            _ => bail!("{}: not a journal entry", what()),
+            Entry::Snapshot { .. } | Entry::Flush { .. } => {}
         }
     }
     match (asked, taken) {
@@ -227,18 +211,7 @@ pub fn run(url: &IscsiUrl, path: &Path, name: &str, args: &Args) -> anyhow::Resu
         .with_context(|| format!("reading the journal {}", path.display()))?;
     let (layout, moment) = replay(&text, name)?;
     let held = runtime(args.threads)?.block_on(async {
-        let session = connect(url, &args.session).await?;
-        let geometry = geometry(&session, url.lun).await?;
-        if geometry.block_size != layout.block {
-            bail!(
-                "the journal was written with {}-byte blocks, the LUN has {}",
-                layout.block,
-                geometry.block_size
-            );
-        }
-        if layout.slots * layout.bs > geometry.blocks * geometry.block_size {
-            bail!("the journal's slots reach past the LUN's end");
-        }
+        let session = super::check::connect_for(url, layout, args).await?;
         let held: Arc<Mutex<Held>> = Arc::new(Mutex::new(vec![None; layout.slots as usize]));
         let session = Arc::new(session);
         let (bs, block, lun) = (layout.bs as usize, layout.block as usize, url.lun);
