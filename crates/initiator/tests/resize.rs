@@ -8,6 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use common::pattern;
 use common::start_from_toml as start;
 use iscsi_initiator::{Error, Session, SessionConfig};
 use iscsi_target::ParsedConfig;
@@ -20,16 +21,7 @@ const BLOCK: u32 = 512;
 const MIB: u64 = 1 << 20;
 
 fn file(port: u16, lun0: &str) -> String {
-    format!(
-        "listen = [\"127.0.0.1:{port}\"]\nnop_in_interval_seconds = 0\n\
-         [[target]]\nname = \"{TARGET}\"\n[target.lun]\n0 = \"{lun0}\"\n"
-    )
-}
-
-fn pattern(seed: u8) -> Vec<u8> {
-    (0..65536u32)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
+    common::one_target(port, TARGET, &format!("0 = \"{lun0}\"\n"))
 }
 
 async fn capacity(session: &Session) -> u64 {

@@ -9,6 +9,7 @@ mod common;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use common::pattern;
 use common::start_from_toml as start;
 use iscsi_initiator::{Error, Session, SessionConfig};
 use iscsi_target::ParsedConfig;
@@ -19,16 +20,7 @@ const TARGET: &str = "iqn.2026-11.rs.iscsi:snapshot";
 const BLOCK: u32 = 512;
 
 fn file(port: u16, more: &str) -> String {
-    format!(
-        "listen = [\"127.0.0.1:{port}\"]\nnop_in_interval_seconds = 0\n\
-         [[target]]\nname = \"{TARGET}\"\n[target.lun]\n0 = \"ram:8M\"\n{more}"
-    )
-}
-
-fn pattern(seed: u8) -> Vec<u8> {
-    (0..65536u32)
-        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
-        .collect()
+    common::one_target(port, TARGET, &format!("0 = \"ram:8M\"\n{more}"))
 }
 
 /// A read, past the unit attentions a reload raises (REPORTED LUNS DATA

@@ -156,3 +156,19 @@ pub async fn login_as(
     };
     login(port, target, config).await
 }
+
+/// 64 KiB that differ with `seed`, for writes whose reads are compared.
+pub fn pattern(seed: u8) -> Vec<u8> {
+    (0..65536u32)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// A configuration file with one portal on `port` (no NOP-Ins) and one
+/// target `name` whose `[target.lun]` table is `luns`.
+pub fn one_target(port: u16, name: &str, luns: &str) -> String {
+    format!(
+        "listen = [\"127.0.0.1:{port}\"]\nnop_in_interval_seconds = 0\n\
+         [[target]]\nname = \"{name}\"\n[target.lun]\n{luns}"
+    )
+}
