@@ -244,10 +244,70 @@ fn rbd_snapshots_under_load_each_hold_one_moment() {
     let reports = snapshots_under_load(&running, &lun0);
     assert_moments(&reports);
     drop(running);
+
+    // A clone served by a gateway of a group joins the group as any rbd:
+    // LUN does: REPORT TARGET PORT GROUPS names this gateway's group.
+    let clone = format!("{}-clone", &*image);
+    let in_group = common::control::start_file(
+        "snap-gw",
+        |port| {
+            format!(
+                "listen = [\"127.0.0.1:{port}\"]\nportal_group_tag = 1\ngateway_group = [1, 2]\n\
+                 [[target]]\nname = \"{NAME}\"\n[target.lun]\n0 = \"{lun0}\"\n\
+                 1 = \"clone:0/s0,to={clone}\"\n"
+            )
+        },
+        &[],
+    );
+    let groups = report_target_port_groups(&url(&in_group, 1));
+    assert!(groups.contains(&(1, 0)), "the clone's groups: {groups:?}");
+    drop(in_group);
+    let removed = rbd(&["rm", &clone]);
+    assert!(
+        removed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&removed.stderr)
+    );
     let purge = rbd(&["snap", "purge", &image]);
     assert!(
         purge.status.success(),
         "{}",
         String::from_utf8_lossy(&purge.stderr)
     );
+}
+
+/// The (group, state) pairs REPORT TARGET PORT GROUPS answers for the LUN
+/// at `url` (asked until the gateway has taken its place in the group).
+#[cfg(feature = "ceph-tests")]
+fn report_target_port_groups(url: &str) -> Vec<(u16, u8)> {
+    use iscsi_initiator::{Command as Scsi, Session, SessionConfig};
+    let url: iscsi_initiator::IscsiUrl = url.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let session = Session::connect(&url, SessionConfig::default())
+            .await
+            .unwrap();
+        let rtpg = [0xA3, 0x0A, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            let r = session
+                .execute(Scsi::read(url.lun, &rtpg, vec![0; 1024]))
+                .await
+                .unwrap();
+            let data = &r.data[..r.received as usize];
+            let groups: Vec<(u16, u8)> = data
+                .get(4..)
+                .unwrap_or_default()
+                .chunks_exact(12)
+                .map(|d| (u16::from_be_bytes([d[2], d[3]]), d[0] & 0x0F))
+                .collect();
+            if r.status == 0 && groups.contains(&(1, 0)) || Instant::now() > until {
+                return groups;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
 }

@@ -36,12 +36,17 @@ pub fn config(name: &str, port: u16, luns: &str) -> String {
 /// Starts target `name` serving `luns` (see [`config`]) in a folder named
 /// after `test`, with `extra` arguments for `iscsi target`.
 pub fn start(test: &str, name: &str, luns: &str, extra: &[&str]) -> Running {
+    start_file(test, |port| config(name, port, luns), extra)
+}
+
+/// [`start`] with the whole file `file_for(port)`.
+pub fn start_file(test: &str, file_for: impl Fn(u16) -> String, extra: &[&str]) -> Running {
     let dir = std::env::temp_dir().join(format!("iscsi-rs-control-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let port = free_port();
     let file = dir.join("target.toml");
-    std::fs::write(&file, config(name, port, luns)).unwrap();
+    std::fs::write(&file, file_for(port)).unwrap();
     let socket = dir.join("control.sock");
     let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
     command

@@ -499,6 +499,10 @@ impl ParsedConfig {
             // The LUNs a `snapshot:` or `clone:` one opens from first
             // (check_origins saw that every chain ends).
             let depths = origin_depths(&planned);
+            let specs: BTreeMap<u16, crate::config::lun::LunSpec> = planned
+                .iter()
+                .map(|(&n, lun)| (n, lun.parsed.clone()))
+                .collect();
             let mut order: Vec<(u16, PlannedLun)> = planned.into_iter().collect();
             order.sort_by_key(|(n, _)| (depths.get(n).copied().unwrap_or(0), *n));
             for (n, lun) in order {
@@ -508,9 +512,13 @@ impl ParsedConfig {
                         let id = lun.parsed.unique_id(&target.name, n);
                         let opened = match lun.parsed.origin() {
                             None => lun.parsed.open_in(lun.block_size, id, gateway.as_ref()),
-                            Some(of) => match target.luns.get(&of) {
-                                Some(origin) => lun.parsed.open_from(&*origin.store, id),
-                                None => Err(format!("LUN {of} is not opened")),
+                            Some(of) => match (target.luns.get(&of), specs.get(&of)) {
+                                (Some(origin), Some(spec)) => lun.parsed.open_from_in(
+                                    &*origin.store,
+                                    gateway.as_ref().map(|group| (spec, group)),
+                                    id,
+                                ),
+                                _ => Err(format!("LUN {of} is not opened")),
                             },
                         };
                         let store: std::sync::Arc<dyn Backstore> =

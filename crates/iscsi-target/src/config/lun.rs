@@ -357,6 +357,55 @@ impl LunSpec {
     /// A `snapshot:` or `clone:` LUN opened from `origin`, the store of the
     /// LUN it names ([`LunSpec::origin`]), with LU identifier `id`.
     pub fn open_from(&self, origin: &dyn Backstore, id: u64) -> Result<Arc<dyn Backstore>, String> {
+        self.open_from_in(origin, None, id)
+    }
+
+    /// [`LunSpec::open_from`] in a gateway of `group`, `origin` given with
+    /// its specification: an rbd clone joins the group (one owner at a
+    /// time, implicit ALUA) as every `rbd:` LUN of a gateway does, rather
+    /// than be written by every gateway at once.
+    pub fn open_from_in(
+        &self,
+        origin: &dyn Backstore,
+        in_group: Option<(&LunSpec, &GatewayGroup)>,
+        id: u64,
+    ) -> Result<Arc<dyn Backstore>, String> {
+        let store = self.open_from_alone(origin, id)?;
+        let Some((origin_spec, group)) = in_group else {
+            return Ok(store);
+        };
+        let (
+            StoreKind::Clone { to: Some(to), .. },
+            StoreKind::Rbd {
+                pool,
+                conf,
+                id: user,
+                timeout,
+                ..
+            },
+        ) = (&self.kind, &origin_spec.kind)
+        else {
+            return Ok(store);
+        };
+        // Made (or found) above; opened again, in the group.
+        drop(store);
+        let (pool, image) = to.split_once('/').unwrap_or((pool, to));
+        let clone = StoreKind::Rbd {
+            pool: pool.to_owned(),
+            image: image.to_owned(),
+            conf: conf.clone(),
+            id: user.clone(),
+            timeout: *timeout,
+        };
+        self.wrap(open_rbd(&clone, origin.block_size(), Some(group))?)
+    }
+
+    /// [`LunSpec::open_from`] outside any gateway group.
+    fn open_from_alone(
+        &self,
+        origin: &dyn Backstore,
+        id: u64,
+    ) -> Result<Arc<dyn Backstore>, String> {
         let (of, name) = match &self.kind {
             StoreKind::Snapshot { of, name } | StoreKind::Clone { of, name, .. } => (of, name),
             _ => return Err("not a snapshot: or clone: LUN".into()),
