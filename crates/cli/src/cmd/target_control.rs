@@ -253,7 +253,7 @@ fn show_snapshot(report: &SnapshotReport) -> String {
         .unwrap_or_else(|| "?".into());
     let held = report
         .held_bytes
-        .map(|b| format!(", {b} bytes only it holds"))
+        .map(|b| format!(", {b} bytes only it holds (freed by deleting it)"))
         .unwrap_or_default();
     let served = if report.served_as.is_empty() {
         String::new()

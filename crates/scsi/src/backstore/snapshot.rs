@@ -31,9 +31,9 @@ pub struct SnapshotInfo {
     /// When it was taken, in seconds since the Unix epoch, where the store
     /// records it.
     pub taken_unix: Option<u64>,
-    /// Bytes of data only the snapshot still holds (the LUN has written
-    /// over them since), where the store can tell cheaply: what deleting
-    /// it would free.
+    /// Bytes only the snapshot holds now (the LUN has written over them
+    /// since, and no other snapshot, clone or LUN serving it shares them):
+    /// what deleting it frees, where the store can tell cheaply.
     pub held_bytes: Option<u64>,
 }
 

@@ -52,11 +52,30 @@ fn a_snapshot_keeps_what_the_store_held_when_it_was_taken() {
     assert!(snap.snapshots().unwrap().take("again").is_err());
     assert_eq!(bytes_at(&*snap, 0, 512), vec![1; 512]);
 
-    // What it holds that the store no longer shares: the two chunks
-    // written over or unmapped since.
+    // What deleting it frees: nothing while the LUN serving it holds the
+    // same chunks; once that goes, the two chunks the store wrote over or
+    // unmapped since (the third it still shares).
     let list = store.list().unwrap();
     assert_eq!(list.len(), 1);
-    assert_eq!(list[0].held_bytes, Some(2 * CHUNK));
+    assert_eq!(list[0].held_bytes, Some(0));
+    drop(snap);
+    assert_eq!(store.list().unwrap()[0].held_bytes, Some(2 * CHUNK));
+    // Two snapshots of one moment share its chunks: deleting either
+    // frees nothing the other holds.
+    store.take("x1").unwrap();
+    store.take("x2").unwrap();
+    store.write_at(3 * MIB, &[5; 512]).unwrap();
+    let held = |name: &str| {
+        let list = store.list().unwrap();
+        list.into_iter()
+            .find(|i| i.name == name)
+            .unwrap()
+            .held_bytes
+    };
+    assert_eq!((held("x1"), held("x2")), (Some(0), Some(0)));
+    store.delete("x2").unwrap();
+    assert_eq!(held("x1"), Some(CHUNK), "now x1 alone holds the old chunk");
+    assert_eq!(held("before"), Some(2 * CHUNK));
 }
 
 #[test]

@@ -55,22 +55,20 @@ impl RamBackstore {
         )))
     }
 
-    /// Bytes of `snapshot` the store no longer shares (it wrote over them).
-    fn held_by(&self, snapshot: &RamSnapshot) -> u64 {
+    /// Bytes of `snapshot` nothing else holds (not the store, which wrote
+    /// over them since, nor another snapshot, nor a LUN serving or cloning
+    /// it): what deleting it frees now.
+    fn held_by(snapshot: &RamSnapshot) -> u64 {
         let mut held = 0;
         let mut from = 0;
         while let Some(i) = snapshot.chunks.next_allocated(from) {
-            let theirs = snapshot.chunks.find(i).and_then(|slot| {
+            let alone = snapshot.chunks.find(i).is_some_and(|slot| {
                 slot.read()
                     .unwrap_or_else(PoisonError::into_inner)
                     .as_ref()
-                    .map(Arc::clone)
+                    .is_some_and(|chunk| Arc::strong_count(chunk) == 1)
             });
-            let shared = self.chunks.find(i).is_some_and(|slot| {
-                let ours = slot.read().unwrap_or_else(PoisonError::into_inner);
-                matches!((ours.as_ref(), &theirs), (Some(a), Some(b)) if Arc::ptr_eq(a, b))
-            });
-            if !shared {
+            if alone {
                 held += CHUNK;
             }
             let Some(next) = i.checked_add(1) else { break };
@@ -132,7 +130,7 @@ impl Snapshots for RamBackstore {
                 name: name.clone(),
                 size_bytes: snapshot.size,
                 taken_unix: snapshot.taken_unix,
-                held_bytes: Some(self.held_by(snapshot)),
+                held_bytes: Some(Self::held_by(snapshot)),
             })
             .collect())
     }
