@@ -7,7 +7,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::start_from_toml as start;
 use iscsi_initiator::{Error, Session};
@@ -80,24 +79,7 @@ async fn a_reload_under_io_loses_nothing_and_refuses_what_disturbs() {
     let pattern = |seed: u8| vec![seed; 64 * 1024];
     a.write(0, 0, BLOCK, &pattern(0xA0)).await.unwrap();
     a.write(1, 0, BLOCK, &pattern(0xA1)).await.unwrap();
-    let stop = Arc::new(AtomicBool::new(false));
-    let verified = Arc::new(AtomicU64::new(0));
-    let io = {
-        let (b, stop, verified) = (Arc::clone(&b), Arc::clone(&stop), Arc::clone(&verified));
-        tokio::spawn(async move {
-            let mut round = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let lba = (round % 64) * 128;
-                let data = pattern((round % 251) as u8);
-                b.write(2, lba, BLOCK, &data).await?;
-                let back = b.read(2, lba, BLOCK, vec![0; data.len()]).await?;
-                assert_eq!(back, data, "LUN 2 at LBA {lba}");
-                verified.fetch_add(1, Ordering::Relaxed);
-                round += 1;
-            }
-            Ok::<(), Error>(())
-        })
-    };
+    let io = common::VerifiedIo::start(Arc::clone(&b), 2, 0);
 
     // Removing LUN 1, which A used: refused, naming A, and nothing moved.
     let without_1 = file(port, "", "0 = \"ram:8M\"\n2 = \"ram:8M\"", "");
@@ -229,11 +211,9 @@ async fn a_reload_under_io_loses_nothing_and_refuses_what_disturbs() {
         other => panic!("not refused: {other:?}"),
     }
 
-    stop.store(true, Ordering::Relaxed);
-    io.await
-        .unwrap()
-        .expect("B's I/O saw no error through every reload");
-    assert!(verified.load(Ordering::Relaxed) > 0);
+    let (result, verified) = io.stop().await;
+    result.expect("B's I/O saw no error through every reload");
+    assert!(verified > 0);
     let still = b.read(2, 0, BLOCK, vec![0; 65536]).await.unwrap();
     assert_eq!(still.len(), 65536);
 

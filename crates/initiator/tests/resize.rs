@@ -6,11 +6,10 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::pattern;
 use common::start_from_toml as start;
-use iscsi_initiator::{Error, Session, SessionConfig};
+use iscsi_initiator::{Session, SessionConfig};
 use iscsi_target::ParsedConfig;
 use iscsi_target::reload::ReloadError;
 use iscsi_target::reload::plan::Effect;
@@ -35,28 +34,7 @@ async fn a_lun_grows_under_io_and_shrinks_only_when_told() {
     let (handle, _stop) = start(&file(port, "ram:8M")).await;
     let session = common::login(port, TARGET, SessionConfig::default()).await;
     assert_eq!(capacity(&session).await, 8 * MIB);
-    let stop = Arc::new(AtomicBool::new(false));
-    let verified = Arc::new(AtomicU64::new(0));
-    let io = {
-        let (s, stop, verified) = (
-            Arc::clone(&session),
-            Arc::clone(&stop),
-            Arc::clone(&verified),
-        );
-        tokio::spawn(async move {
-            let mut round = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let lba = (round % 64) * 128;
-                let data = pattern((round % 251) as u8);
-                s.write(0, lba, BLOCK, &data).await?;
-                let back = s.read(0, lba, BLOCK, vec![0; data.len()]).await?;
-                assert_eq!(back, data, "LBA {lba}");
-                verified.fetch_add(1, Ordering::Relaxed);
-                round += 1;
-            }
-            Ok::<(), Error>(())
-        })
-    };
+    let io = common::VerifiedIo::start(Arc::clone(&session), 0, 0);
 
     // Grown by a reload: free, the session stays, the new end is usable.
     let parse = |t: &str| ParsedConfig::parse(t).expect("a valid file");
@@ -126,9 +104,9 @@ async fn a_lun_grows_under_io_and_shrinks_only_when_told() {
         pattern(0xE0)
     );
 
-    stop.store(true, Ordering::Relaxed);
-    io.await.unwrap().expect("no I/O error through the resizes");
-    assert!(verified.load(Ordering::Relaxed) > 0);
+    let (result, verified) = io.stop().await;
+    result.expect("no I/O error through the resizes");
+    assert!(verified > 0);
     assert!(
         handle
             .resize("iqn.none", 0, None, false, false)

@@ -7,7 +7,6 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use common::pattern;
 use common::start_from_toml as start;
@@ -46,28 +45,8 @@ async fn snapshots_are_taken_under_io_served_cloned_and_deleted() {
     session.write(0, 0, BLOCK, &pattern(1)).await.unwrap();
 
     // Writes go on, verified, while the snapshot is taken.
-    let stop = Arc::new(AtomicBool::new(false));
-    let verified = Arc::new(AtomicU64::new(0));
-    let io = {
-        let (s, stop, verified) = (
-            Arc::clone(&session),
-            Arc::clone(&stop),
-            Arc::clone(&verified),
-        );
-        tokio::spawn(async move {
-            let mut round = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                let lba = 1024 + (round % 64) * 128;
-                let data = pattern((round % 251) as u8);
-                s.write(0, lba, BLOCK, &data).await?;
-                assert_eq!(s.read(0, lba, BLOCK, vec![0; 65536]).await?, data);
-                verified.fetch_add(1, Ordering::Relaxed);
-                round += 1;
-            }
-            Ok::<(), Error>(())
-        })
-    };
-    while verified.load(Ordering::Relaxed) < 20 {
+    let io = common::VerifiedIo::start(Arc::clone(&session), 0, 1024);
+    while io.verified() < 20 {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let taken = handle.snapshot(TARGET, 0, "first").await.expect("taken");
@@ -143,8 +122,6 @@ async fn snapshots_are_taken_under_io_served_cloned_and_deleted() {
     let error = handle.apply(parse(&missing), false).await.unwrap_err();
     assert!(error.to_string().contains("no snapshot named"), "{error}");
 
-    stop.store(true, Ordering::Relaxed);
-    io.await
-        .unwrap()
-        .expect("no I/O error across snapshots and reloads");
+    let (result, _) = io.stop().await;
+    result.expect("no I/O error across snapshots and reloads");
 }

@@ -172,3 +172,56 @@ pub fn one_target(port: u16, name: &str, luns: &str) -> String {
          [[target]]\nname = \"{name}\"\n[target.lun]\n{luns}"
     )
 }
+
+/// A write-then-read-back loop on one LUN, run in the background while a
+/// test changes the target under it: 64 KiB at a time over 64 places
+/// from `first_lba`, each read compared with what was written.
+pub struct VerifiedIo {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    verified: Arc<std::sync::atomic::AtomicU64>,
+    task: tokio::task::JoinHandle<Result<(), iscsi_initiator::Error>>,
+}
+
+impl VerifiedIo {
+    /// Starts the loop on LUN `lun` of `session` (512-byte blocks).
+    pub fn start(session: Arc<iscsi_initiator::Session>, lun: u64, first_lba: u64) -> VerifiedIo {
+        use std::sync::atomic::Ordering;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let verified = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (flag, count) = (Arc::clone(&stop), Arc::clone(&verified));
+        let task = tokio::spawn(async move {
+            let mut round = 0u64;
+            while !flag.load(Ordering::Relaxed) {
+                let lba = first_lba + (round % 64) * 128;
+                let data = pattern((round % 251) as u8);
+                session.write(lun, lba, 512, &data).await?;
+                let back = session.read(lun, lba, 512, vec![0; data.len()]).await?;
+                assert_eq!(back, data, "LUN {lun} at LBA {lba}");
+                count.fetch_add(1, Ordering::Relaxed);
+                round += 1;
+            }
+            Ok(())
+        });
+        VerifiedIo {
+            stop,
+            verified,
+            task,
+        }
+    }
+
+    /// Round trips verified so far.
+    pub fn verified(&self) -> u64 {
+        self.verified.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops the loop: its first error, and how many round trips it
+    /// verified.
+    pub async fn stop(self) -> (Result<(), iscsi_initiator::Error>, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let result = self.task.await.expect("the I/O task");
+        (
+            result,
+            self.verified.load(std::sync::atomic::Ordering::Relaxed),
+        )
+    }
+}
