@@ -82,16 +82,21 @@ fn no_snapshots(spec: &str) -> String {
     format!("{spec:?}: {why}")
 }
 
-/// Runs `job` on a blocking thread (a snapshot may wait for a file
-/// system's write-back or a cluster), its error prefixed with `what`.
-async fn off_the_runtime<T: Send + 'static>(
+/// Runs `job` on the snapshots of `origin`'s store, on a blocking thread
+/// (a snapshot may wait for a file system's write-back or a cluster); a
+/// store that takes none is refused in words. Errors start with `what`.
+async fn on_snapshots<T: Send + 'static>(
     what: &str,
-    job: impl FnOnce() -> Result<T, String> + Send + 'static,
+    origin: Origin,
+    job: impl FnOnce(&dyn Snapshots, &Origin) -> Result<T, SnapshotError> + Send + 'static,
 ) -> Result<T, String> {
-    tokio::task::spawn_blocking(job)
-        .await
-        .map_err(|e| format!("{what}: {e}"))?
-        .map_err(|e| format!("{what}: {e}"))
+    tokio::task::spawn_blocking(move || match origin.store.snapshots() {
+        Some(snapshots) => job(snapshots, &origin).map_err(|e| e.to_string()),
+        None => Err(no_snapshots(&origin.spec)),
+    })
+    .await
+    .map_err(|e| format!("{what}: {e}"))?
+    .map_err(|e| format!("{what}: {e}"))
 }
 
 /// A LUN whose snapshots are asked for: its store and specification, and
@@ -136,15 +141,11 @@ impl ServerHandle {
         name: &str,
     ) -> Result<SnapshotReport, String> {
         let _one_at_a_time = self.shared.reloading.lock().await;
-        let Origin { store, spec, .. } = self.snapshot_store(target, lun)?;
+        let origin = self.snapshot_store(target, lun)?;
         let what = format!("target {target} LUN {lun}");
         let started = std::time::Instant::now();
         let owned = name.to_owned();
-        let info = off_the_runtime(&what, move || match store.snapshots() {
-            Some(snapshots) => snapshots.take(&owned).map_err(|e| e.to_string()),
-            None => Err(no_snapshots(&spec)),
-        })
-        .await?;
+        let info = on_snapshots(&what, origin, move |snapshots, _| snapshots.take(&owned)).await?;
         info!(
             target,
             lun,
@@ -157,14 +158,11 @@ impl ServerHandle {
 
     /// The snapshots of LUN `lun` of `target`.
     pub async fn snapshots(&self, target: &str, lun: u16) -> Result<Vec<SnapshotReport>, String> {
-        let Origin { store, spec, specs } = self.snapshot_store(target, lun)?;
+        let origin = self.snapshot_store(target, lun)?;
         let what = format!("target {target} LUN {lun}");
-        off_the_runtime(&what, move || match store.snapshots() {
-            Some(snapshots) => {
-                let specs = specs.iter().map(|(n, s)| (*n, s.as_str()));
-                reports(snapshots, lun, specs).map_err(|e| e.to_string())
-            }
-            None => Err(no_snapshots(&spec)),
+        on_snapshots(&what, origin, move |snapshots, origin| {
+            let specs = origin.specs.iter().map(|(n, s)| (*n, s.as_str()));
+            reports(snapshots, lun, specs)
         })
         .await
     }
@@ -173,9 +171,10 @@ impl ServerHandle {
     /// LUN serves it (the file names it: a restart could not open it).
     pub async fn delete_snapshot(&self, target: &str, lun: u16, name: &str) -> Result<(), String> {
         let _one_at_a_time = self.shared.reloading.lock().await;
-        let Origin { store, spec, specs } = self.snapshot_store(target, lun)?;
+        let origin = self.snapshot_store(target, lun)?;
         let what = format!("target {target} LUN {lun}");
-        let served = serving(lun, name, specs.iter().map(|(n, s)| (*n, s.as_str())));
+        let specs = origin.specs.iter().map(|(n, s)| (*n, s.as_str()));
+        let served = serving(lun, name, specs);
         if let Some(n) = served.first() {
             return Err(format!(
                 "{what}: snapshot {name:?} is served as LUN {n}: take that LUN out of the \
@@ -183,11 +182,7 @@ impl ServerHandle {
             ));
         }
         let owned = name.to_owned();
-        off_the_runtime(&what, move || match store.snapshots() {
-            Some(snapshots) => snapshots.delete(&owned).map_err(|e| e.to_string()),
-            None => Err(no_snapshots(&spec)),
-        })
-        .await?;
+        on_snapshots(&what, origin, move |snapshots, _| snapshots.delete(&owned)).await?;
         info!(target, lun, name, "snapshot deleted");
         Ok(())
     }
