@@ -23,6 +23,8 @@ use tokio::sync::RwLock;
 
 use crate::command::{Command, Sense};
 use crate::error::Error;
+use crate::multipath::Multipath;
+use crate::multipath::alua::Resend;
 use crate::scsi::Capacity;
 use crate::session::Session;
 
@@ -167,10 +169,10 @@ fn parse_caching_mode(data: &[u8]) -> (bool, bool) {
     (write_cache, read_only)
 }
 
-/// A LUN of a logged-in session, addressed in bytes.
+/// A LUN of a logged-in session, or of a multipath set, addressed in
+/// bytes.
 pub struct Disk {
-    session: Arc<Session>,
-    lun: u64,
+    paths: Arc<Multipath>,
     limits: DiskLimits,
     /// Partial-block writes hold it exclusively, whole-block writes shared
     /// (see the module doc).
@@ -185,16 +187,40 @@ impl Disk {
     /// mode. A target without a page gets the defaults the page would
     /// have meant.
     pub async fn open(session: Arc<Session>, lun: u64) -> Result<Disk, Error> {
-        let capacity = session.read_capacity(lun).await?;
+        Disk::over(Arc::new(Multipath::single(session, lun))).await
+    }
+
+    /// Opens the LU a multipath set reaches, as [`Disk::open`] does: every
+    /// command goes through [`Multipath::run`], so it moves to another
+    /// path when its own fails or refuses it by its access state.
+    pub async fn over(paths: Arc<Multipath>) -> Result<Disk, Error> {
+        let capacity = paths
+            .run(Resend::Idempotent, |s, lun| async move {
+                s.read_capacity(lun).await
+            })
+            .await?;
         if capacity.block_size == 0 || capacity.block_size > 1 << 20 {
             return Err(Error::Protocol(format!(
                 "READ CAPACITY gave a block size of {} bytes",
                 capacity.block_size
             )));
         }
-        let block_limits = session.inquiry_vpd(lun, 0xB0).await.ok();
-        let provisioning = session.inquiry_vpd(lun, 0xB2).await.ok();
-        let caching = caching_mode_page(&session, lun).await.ok();
+        let vpd = async |page| {
+            paths
+                .run(Resend::Idempotent, move |s, lun| async move {
+                    s.inquiry_vpd(lun, page).await
+                })
+                .await
+                .ok()
+        };
+        let block_limits = vpd(0xB0).await;
+        let provisioning = vpd(0xB2).await;
+        let caching = paths
+            .run(Resend::Idempotent, |s, lun| async move {
+                caching_mode_page(&s, lun).await
+            })
+            .await
+            .ok();
         let limits = DiskLimits::from_pages(
             &capacity,
             block_limits.as_deref(),
@@ -202,8 +228,7 @@ impl Disk {
             caching.as_deref(),
         );
         Ok(Disk {
-            session,
-            lun,
+            paths,
             limits,
             writes: RwLock::new(()),
             no_write_same: AtomicBool::new(false),
@@ -215,14 +240,14 @@ impl Disk {
         &self.limits
     }
 
-    /// The session the LUN is reached through.
-    pub fn session(&self) -> &Arc<Session> {
-        &self.session
+    /// The LUN number (through the first path).
+    pub fn lun(&self) -> u64 {
+        self.paths.lun()
     }
 
-    /// The LUN number.
-    pub fn lun(&self) -> u64 {
-        self.lun
+    /// The paths the LU is reached through (one for [`Disk::open`]).
+    pub fn paths(&self) -> &Arc<Multipath> {
+        &self.paths
     }
 
     fn check_range(&self, offset: u64, length: u64) -> Result<(), Error> {
@@ -274,7 +299,21 @@ impl Disk {
             // One command: its buffer is the answer, with no copy into a
             // second one (every 4 KiB read of `iscsi attach` comes here).
             buffer.resize((blocks * u64::from(bs)) as usize, 0);
-            return self.session.read(self.lun, lba, bs, buffer).await;
+            // The caller's buffer goes with the first try; a try on
+            // another path gets a new one (a failed read keeps none).
+            let first = std::sync::Mutex::new(Some(buffer));
+            let length = buffer_length(bs, blocks);
+            return self
+                .paths
+                .run(Resend::Idempotent, |s, lun| {
+                    let buffer = first
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .take()
+                        .unwrap_or_else(|| vec![0; length]);
+                    async move { s.read(lun, lba, bs, buffer).await }
+                })
+                .await;
         }
         Box::pin(self.read_pieces(lba, blocks)).await
     }
@@ -286,8 +325,13 @@ impl Disk {
         let bs = self.limits.block_size;
         let mut out = Vec::with_capacity((blocks * u64::from(bs)) as usize);
         for (at, count) in pieces(lba, blocks, self.per_command()) {
-            let buffer = vec![0u8; (count * u64::from(bs)) as usize];
-            let data = self.session.read(self.lun, at, bs, buffer).await?;
+            let length = buffer_length(bs, count);
+            let data = self
+                .paths
+                .run(Resend::Idempotent, |s, lun| async move {
+                    s.read(lun, at, bs, vec![0; length]).await
+                })
+                .await?;
             out.extend_from_slice(&data);
         }
         Ok(out)
@@ -340,11 +384,14 @@ impl Disk {
         for (at, count) in pieces(lba, data.len() as u64 / u64::from(bs), self.per_command()) {
             let to = from + (count * u64::from(bs)) as usize;
             let piece = &data[from..to];
-            if fua {
-                self.session.write_fua(self.lun, at, bs, piece).await?;
-            } else {
-                self.session.write(self.lun, at, bs, piece).await?;
-            }
+            self.paths
+                .run(Resend::Idempotent, |s, lun| async move {
+                    match fua {
+                        true => s.write_fua(lun, at, bs, piece).await,
+                        false => s.write(lun, at, bs, piece).await,
+                    }
+                })
+                .await?;
             from = to;
         }
         Ok(())
@@ -353,7 +400,11 @@ impl Disk {
     /// SYNCHRONIZE CACHE of the whole LUN: every write acknowledged before
     /// is on stable storage once this returns.
     pub async fn flush(&self) -> Result<(), Error> {
-        self.session.synchronize_cache(self.lun).await
+        self.paths
+            .run(Resend::Idempotent, |s, lun| async move {
+                s.synchronize_cache(lun).await
+            })
+            .await
     }
 
     /// UNMAPs the whole blocks inside `offset..offset + length`: the
@@ -400,7 +451,12 @@ impl Disk {
                 total += u64::from(ranges[end].1);
                 end += 1;
             }
-            self.session.unmap(self.lun, &ranges[start..end]).await?;
+            let batch = &ranges[start..end];
+            self.paths
+                .run(Resend::Idempotent, |s, lun| async move {
+                    s.unmap(lun, batch).await
+                })
+                .await?;
             start = end;
         }
         Ok(())
@@ -474,15 +530,18 @@ impl Disk {
     /// WRITE SAME (16) of a zero block (SBC-4 5.50), in commands of at
     /// most MAXIMUM WRITE SAME LENGTH blocks.
     async fn write_same_zeros(&self, lba: u64, blocks: u64) -> Result<(), Error> {
-        let zero = vec![0u8; self.limits.block_size as usize];
+        let zero = &vec![0u8; self.limits.block_size as usize][..];
         let per_command = self.limits.write_same_blocks.min(u64::from(u32::MAX));
         for (at, count) in pieces(lba, blocks, per_command) {
             let mut cdb = [0u8; 16];
             cdb[0] = 0x93;
             cdb[2..10].copy_from_slice(&at.to_be_bytes());
             cdb[10..14].copy_from_slice(&(count as u32).to_be_bytes());
-            self.session
-                .run_checked(|_| Command::write(self.lun, &cdb, &zero), Vec::new())
+            self.paths
+                .run(Resend::Idempotent, |s, lun| async move {
+                    s.run_checked(|_| Command::write(lun, &cdb, zero), Vec::new())
+                        .await
+                })
                 .await?;
         }
         Ok(())
@@ -501,6 +560,11 @@ async fn caching_mode_page(session: &Session, lun: u64) -> Result<Vec<u8>, Error
     let mut data = response.data;
     data.truncate(response.received as usize);
     Ok(data)
+}
+
+/// Bytes of `blocks` blocks of `block_size` (a command's, so it fits).
+fn buffer_length(block_size: u32, blocks: u64) -> usize {
+    (blocks * u64::from(block_size)) as usize
 }
 
 /// `(lba, blocks)` pieces of at most `per_piece` blocks covering `blocks`

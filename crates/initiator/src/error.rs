@@ -107,6 +107,16 @@ pub enum Error {
     /// 4 GiB, a buffer that does not match the expected length).
     #[error("invalid command: {0}")]
     InvalidCommand(&'static str),
+    /// No path of a multipath set took the command within its no-path
+    /// timeout: every path failed, or none was active (a takeover that
+    /// did not finish).
+    #[error("no path to the LU took the command within {waited:?}: {paths}")]
+    NoPath {
+        /// The no-path timeout.
+        waited: Duration,
+        /// Each path and its state.
+        paths: String,
+    },
     /// The session was logged out or closed.
     #[error("session closed")]
     SessionClosed,

@@ -25,6 +25,7 @@
 //! | [`session`] | [`Session`]: the CmdSN window, ITT allocation, command execution with immediate/unsolicited/solicited data, task management, logout, ERL 0 reinstatement and retry, MC/S scheduling |
 //! | [`command`] | [`Command`] and [`Response`]: a SCSI command and what came back (status, sense, residual) |
 //! | `buffers` | the session's pool of read buffers, attached to pooled reads when their data arrives |
+//! | [`multipath`] | [`Multipath`]: one LU through several sessions (a portal or gateway each), matched by VPD 83h, I/O to the active/optimized path by REPORT TARGET PORT GROUPS, commands moved off a failed path by the resend rule of `multipath::alua` |
 //! | [`scsi`] | CDB builders and parsers for the helpers (INQUIRY, READ CAPACITY, READ/WRITE, SYNCHRONIZE CACHE, UNMAP, REPORT LUNS, TEST UNIT READY) |
 
 mod buffers;
@@ -35,6 +36,7 @@ pub mod discovery;
 pub mod disk;
 pub mod error;
 mod login;
+pub mod multipath;
 pub mod scsi;
 mod sense;
 pub mod session;
@@ -45,6 +47,7 @@ pub use config::{ChapConfig, Coalescing, Scheduling, SessionConfig, Timeouts};
 pub use discovery::{DiscoveredTarget, discover, discover_url};
 pub use disk::{Disk, DiskLimits};
 pub use error::Error;
+pub use multipath::{Multipath, MultipathConfig, PathStatus};
 pub use scsi::{Capacity, InquiryData};
 pub use session::{InFlight, SendStatistics, Session, with_connection_affinity};
 pub use url::IscsiUrl;

@@ -41,6 +41,9 @@ pub struct InquiryData {
     pub product: String,
     /// PRODUCT REVISION LEVEL, trimmed.
     pub revision: String,
+    /// TPGS: 0 when the LU reports no asymmetric access; 1 implicit, 2
+    /// explicit, 3 both (SPC-5 6.7.2).
+    pub tpgs: u8,
 }
 
 impl InquiryData {
@@ -62,6 +65,7 @@ impl InquiryData {
             vendor: text(8..16),
             product: text(16..32),
             revision: text(32..36),
+            tpgs: (data[5] >> 4) & 0x03,
         })
     }
 
@@ -185,6 +189,18 @@ impl Session {
         let cdb = inquiry_cdb(Some(page), 255);
         let response = self
             .run_checked(|b| Command::read(lun, &cdb, b), vec![0; 255])
+            .await?;
+        let mut data = response.data;
+        data.truncate(response.received as usize);
+        Ok(data)
+    }
+
+    /// REPORT TARGET PORT GROUPS (SPC-5 6.36), extended header: the
+    /// answer as returned (see `multipath::alua::parse_port_groups`).
+    pub async fn report_target_port_groups(&self, lun: u64) -> Result<Vec<u8>, Error> {
+        use crate::multipath::alua::{RTPG_CDB, RTPG_LENGTH};
+        let response = self
+            .run_checked(|b| Command::read(lun, &RTPG_CDB, b), vec![0; RTPG_LENGTH])
             .await?;
         let mut data = response.data;
         data.truncate(response.received as usize);

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use iscsi_initiator::{IscsiUrl, Session, SessionConfig};
+use iscsi_initiator::{Disk, IscsiUrl, Multipath, MultipathConfig, Session, SessionConfig};
 use iscsi_trace::TraceWriter;
 
 /// Session options common to the initiator subcommands.
@@ -145,6 +145,33 @@ pub async fn connect(url: &IscsiUrl, args: &SessionArgs) -> anyhow::Result<Sessi
     Session::connect(url, args.config()?)
         .await
         .with_context(|| format!("logging in to {url}"))
+}
+
+/// Opens the LU that `urls` name as a [`Disk`]: through one session for
+/// one URL; for several (one per portal or gateway, `iscsi attach URL1
+/// URL2`), through a [`Multipath`] set that checks they reach one LU and
+/// follows ALUA across them, waiting out a path-less moment as long as a
+/// session would wait out its replacement timeout.
+pub async fn open_disk(urls: &[String], args: &SessionArgs) -> anyhow::Result<Disk> {
+    let parsed = urls
+        .iter()
+        .map(|url| target_url(url))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let [url] = parsed.as_slice() else {
+        let mut multipath = MultipathConfig::default();
+        if let Some(seconds) = args.replacement_timeout {
+            multipath.no_path_timeout = Duration::from_secs_f64(seconds.max(0.0));
+        }
+        let paths = Multipath::connect(&parsed, args.config()?, multipath)
+            .await
+            .with_context(|| format!("logging in to {}", urls.join(" and ")))?;
+        return Disk::over(Arc::new(paths))
+            .await
+            .context("opening the LU through its paths");
+    };
+    let session = Arc::new(connect(url, args).await?);
+    let disk = Disk::open(Arc::clone(&session), url.lun).await;
+    super::missing_lun::checked(&session, url.lun, "READ CAPACITY", disk).await
 }
 
 /// Runs `future` on a multi-threaded runtime.

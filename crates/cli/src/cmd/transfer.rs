@@ -6,12 +6,11 @@
 use std::io::{Read, Write};
 
 use anyhow::{Context, bail};
-use std::sync::Arc;
 
 use iscsi_initiator::Disk;
 use tokio::task::JoinSet;
 
-use super::initiator_args::{SessionArgs, block_on, connect, parse_size, target_url};
+use super::initiator_args::{SessionArgs, block_on, open_disk, parse_size};
 
 /// Commands in flight during a copy.
 const COPY_DEPTH: usize = 8;
@@ -87,10 +86,7 @@ struct Lun {
 
 impl Lun {
     async fn open(url: &str, args: &SessionArgs) -> anyhow::Result<Lun> {
-        let url = target_url(url)?;
-        let session = Arc::new(connect(&url, args).await?);
-        let disk = Disk::open(Arc::clone(&session), url.lun).await;
-        let disk = super::missing_lun::checked(&session, url.lun, "READ CAPACITY", disk).await?;
+        let disk = open_disk(&[url.to_owned()], args).await?;
         Ok(Lun { disk })
     }
 
@@ -137,7 +133,7 @@ impl Lun {
     }
 
     async fn logout(&self) -> anyhow::Result<()> {
-        self.disk.session().logout().await.context("logout")
+        self.disk.paths().logout().await.context("logout")
     }
 }
 

@@ -48,7 +48,7 @@ use iscsi_proto::state::{ConnectionEvent, Role, SessionEvent, SessionState, Sess
 use iscsi_proto::text::NegotiatedParameters;
 
 use crate::buffers::ReadBuffers;
-use crate::command::{Command, Response};
+use crate::command::{Command, Response, Sense};
 use crate::config::SessionConfig;
 use crate::connection::{CommandWindow, Connection, SendCounters, TaskEvent};
 use crate::error::Error;
@@ -112,6 +112,9 @@ struct Inner {
     connection_recoveries: AtomicU64,
     /// Tasks moved to a new connection by TASK REASSIGN.
     tasks_reassigned: AtomicU64,
+    /// UNIT ATTENTIONs ASYMMETRIC ACCESS STATE CHANGED (2Ah/06h) received:
+    /// a multipath set reads the port groups again when it moves.
+    access_changes: AtomicU64,
     /// The session's state (RFC 7143 8.3).
     lifecycle: Mutex<SessionStateMachine>,
 }
@@ -189,6 +192,7 @@ impl Session {
             expired: Mutex::new(None),
             connection_recoveries: AtomicU64::new(0),
             tasks_reassigned: AtomicU64::new(0),
+            access_changes: AtomicU64::new(0),
             lifecycle: Mutex::new(SessionStateMachine::new(Role::Initiator)),
             config,
         });
@@ -206,6 +210,26 @@ impl Session {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// The URL of LUN `lun` through this session's portal and target
+    /// (without credentials).
+    pub fn url(&self, lun: u64) -> IscsiUrl {
+        let portal = &self.inner.portal;
+        let (host, port) = portal.rsplit_once(':').unwrap_or((portal, "3260"));
+        IscsiUrl {
+            host: host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_owned(),
+            port: port.parse().unwrap_or(3260),
+            target: Some(self.inner.target_name.clone()),
+            lun,
+            lun_named: true,
+            user: None,
+            secret: None,
+            iser: self.inner.iser,
+        }
     }
 
     /// The TSIH the target gave the session (RFC 7143 section 11.13.6).
@@ -312,7 +336,22 @@ impl Session {
     /// (a read's buffer comes back in [`Response::data`]). A status other
     /// than GOOD is not an error here: see [`Response::check`].
     pub async fn execute(&self, command: Command<'_>) -> Result<Response, Error> {
-        self.inner.execute(command).await
+        let response = self.inner.execute(command).await?;
+        if response.status == crate::command::STATUS_CHECK_CONDITION
+            && response
+                .sense()
+                .is_some_and(|s| (s.key, s.asc, s.ascq) == (Sense::UNIT_ATTENTION, 0x2A, 0x06))
+        {
+            self.inner.access_changes.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(response)
+    }
+
+    /// How many UNIT ATTENTIONs ASYMMETRIC ACCESS STATE CHANGED (SPC-5
+    /// 5.16.2.5) this session has received: the LU's target port groups
+    /// changed state, and a host with several paths chooses again.
+    pub fn access_changes(&self) -> u64 {
+        self.inner.access_changes.load(Ordering::Relaxed)
     }
 
     /// Sends a NOP-Out ping and waits for its NOP-In (RFC 7143 section

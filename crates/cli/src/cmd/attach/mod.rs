@@ -28,16 +28,19 @@ use std::io::Write;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use iscsi_initiator::Disk;
 
 use super::claim::{Claim, Refused};
-use super::initiator_args::{SessionArgs, connect, target_url};
+use super::initiator_args::{SessionArgs, open_disk, target_url};
 
 /// Options of `iscsi attach`.
 #[derive(clap::Args, Debug)]
 pub struct AttachArgs {
-    /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun
-    url: String,
+    /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun; more than one
+    /// (a URL per portal or gateway of the same LU) makes one device over
+    /// all of them, I/O following ALUA to the active/optimized path and
+    /// moving to another when a path fails.
+    #[arg(required = true, num_args = 1..)]
+    urls: Vec<String>,
     /// ublk hardware queues (one serving thread each). One session serves
     /// every queue; with --connections (MC/S) queue q uses connection q mod
     /// the connection count (the next live one while it is down).
@@ -61,7 +64,7 @@ pub struct DetachArgs {
 pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
     // Before logging in: without ublk there is nothing to attach to.
     ublk::check_available()?;
-    let url = target_url(&args.url)?;
+    let url = target_url(&args.urls[0])?;
     let identity = serde_json::json!({
         "portal": url.portal(),
         "target": url.target_name()?,
@@ -100,11 +103,7 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
     .enable_all()
     .build()
     .context("starting the runtime")?;
-    let disk = runtime.block_on(async {
-        let session = Arc::new(connect(&url, &args.session.for_disk()).await?);
-        let disk = Disk::open(Arc::clone(&session), url.lun).await;
-        super::missing_lun::checked(&session, url.lun, "READ CAPACITY", disk).await
-    })?;
+    let disk = runtime.block_on(open_disk(&args.urls, &args.session.for_disk()))?;
     let disk = Arc::new(disk);
 
     // The id reaches the signal watcher once the device is live; a signal
@@ -124,8 +123,13 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
     let served = ublk::serve(Arc::clone(&disk), &runtime, shape, identity, live);
     watcher.abort();
     tracing::info!(
-        per_connection = ?disk.session().commands_per_connection(),
-        "SCSI commands carried, by connection (CID, count)"
+        per_connection = ?disk
+            .paths()
+            .sessions()
+            .iter()
+            .map(|s| s.commands_per_connection())
+            .collect::<Vec<_>>(),
+        "SCSI commands carried, by path and connection (CID, count)"
     );
     // Every queue has ended: nothing is in flight. Make what was written
     // durable and leave the session cleanly, whatever ended the device.
@@ -135,7 +139,7 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
         } else {
             Ok(())
         };
-        let logged_out = disk.session().logout().await.context("logging out");
+        let logged_out = disk.paths().logout().await.context("logging out");
         flushed.and(logged_out)
     });
     served?;
