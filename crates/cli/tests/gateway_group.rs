@@ -15,7 +15,7 @@ mod common;
 use std::process::Command as Process;
 use std::time::{Duration, Instant};
 
-use common::ceph::{Image, conf};
+use common::ceph::Image;
 use iscsi_initiator::{Command, IscsiUrl, Response, Session, SessionConfig};
 use iscsi_test_peers::{Peer, free_port};
 
@@ -23,21 +23,7 @@ const NAME: &str = "iqn.2026-11.rs.iscsi:gateway-group";
 
 /// Gateway `id` of the group {1, 2}, on a port of its own.
 fn gateway(image: &str, id: u16) -> Peer {
-    let port = free_port();
-    let mut command = Process::new(env!("CARGO_BIN_EXE_iscsi"));
-    command
-        .args(["target", "--listen", &format!("127.0.0.1:{port}")])
-        .args(["--name", NAME, "--control", "none"])
-        .args([
-            "--target-port-id",
-            &id.to_string(),
-            "--gateway-group",
-            "1,2",
-        ])
-        .arg("--lun")
-        .arg(format!("rbd:{image},conf={}", conf()))
-        .env("RUST_LOG", "warn");
-    Peer::spawn(command, port)
+    common::ceph::group_gateway(image, NAME, id, free_port())
 }
 
 async fn connect(peer: &Peer) -> Session {

@@ -4,6 +4,8 @@
 
 use std::process::{Command, Output};
 
+use iscsi_test_peers::Peer;
+
 /// The cluster's conf.
 pub fn conf() -> String {
     std::env::var("ISCSI_CEPH_CONF").unwrap_or_else(|_| "/run/iscsi-rs-ceph/ceph.conf".into())
@@ -50,4 +52,23 @@ impl Drop for Image {
     fn drop(&mut self) {
         let _ = rbd(&["rm", &self.0]);
     }
+}
+
+/// `iscsi target` as gateway `id` of the group {1, 2} serving `image` as
+/// LUN 0 of target `name` on 127.0.0.1:`port`.
+pub fn group_gateway(image: &str, name: &str, id: u16, port: u16) -> Peer {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_iscsi"));
+    command
+        .args(["target", "--listen", &format!("127.0.0.1:{port}")])
+        .args(["--name", name, "--control", "none"])
+        .args([
+            "--target-port-id",
+            &id.to_string(),
+            "--gateway-group",
+            "1,2",
+        ])
+        .arg("--lun")
+        .arg(format!("rbd:{image},conf={}", conf()))
+        .env("RUST_LOG", "warn");
+    Peer::spawn(command, port)
 }
