@@ -659,3 +659,24 @@ fn two_mounts_started_together_mount_once() {
         let _ = std::fs::remove_dir(dir);
     }
 }
+
+/// A URL per portal: each LUN is served through a multipath set over both,
+/// its bytes land on the LU, and the unmount logs every path out.
+#[test]
+fn a_url_per_portal_mounts_each_lun_over_both() {
+    let second = iscsi_test_peers::free_port();
+    let name = "iqn.2026-11.rs.iscsi:mount-paths";
+    let (_target, url) = our_target(name, &["--listen", &format!("127.0.0.1:{second}")]);
+    let first = url.trim_end_matches("/0").to_owned();
+    let other = format!("iscsi://127.0.0.1:{second}/{name}");
+    let mut mount = Mount::start(&first, &[&other]);
+    let data = pattern(7, 4 * MIB);
+    mount
+        .open_direct("lun0")
+        .write_all_at(&data, MIB as u64)
+        .unwrap();
+    assert!(lun_bytes(&url, MIB, 4 * MIB) == data, "the bytes on the LU");
+    run("fusermount3", &["-u", mount.dir.to_str().unwrap()]);
+    let status = mount.wait(Duration::from_secs(30));
+    assert!(status.success(), "{status}: {}", mount.log());
+}

@@ -12,16 +12,21 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use iscsi_initiator::multipath::alua::Resend;
 use iscsi_initiator::scsi::{rw10_cdb, rw16_cdb};
-use iscsi_initiator::{Command, Session};
+use iscsi_initiator::{Command, Multipath, Session};
 
-use super::initiator_args::{SessionArgs, connect, parse_size, target_url};
+use super::initiator_args::{SessionArgs, connect, multipath, parse_size, target_url};
 
 /// Options of `iscsi bench`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun
-    url: String,
+    /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun; more than one
+    /// (a URL per portal or gateway of the same LU) runs the load through
+    /// the initiator's multipath set (one session per path, I/O on the
+    /// active/optimized one, moved when it fails).
+    #[arg(required = true, num_args = 1..)]
+    urls: Vec<String>,
     /// read, write, randread or randwrite.
     #[arg(long, default_value = "read")]
     rw: String,
@@ -271,14 +276,39 @@ pub fn check_load(load: &Load, geometry: &Geometry) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Runs the load on an open session: `qd` workers each keep one command in
-/// flight until `time` has passed.
-pub async fn run_load(
+/// Where a load's commands go.
+#[derive(Clone)]
+pub enum Lu {
+    /// LUN `.1` of one session.
+    Session(Session, u64),
+    /// The LU of a multipath set: each command through
+    /// [`Multipath::run`], moved to another path if its own fails.
+    Paths(Arc<Multipath>),
+}
+
+/// One command made by `command` (for a LUN) on `session`, sent again
+/// after a unit attention (a reinstated session is a new I_T nexus) or a
+/// transport CRC failure, as the library's own helpers do; its pooled
+/// buffer, if any, back to the session.
+async fn one_command<'a>(
     session: &Session,
     lun: u64,
-    geometry: &Geometry,
-    load: &Load,
-) -> anyhow::Result<Measured> {
+    command: &impl Fn(u64) -> Command<'a>,
+) -> Result<(), iscsi_initiator::Error> {
+    let mut response = session.execute(command(lun)).await?;
+    for _ in 0..RETRIES {
+        if !response.may_retry() {
+            break;
+        }
+        response = session.execute(command(lun)).await?;
+    }
+    session.recycle(response.check()?.data);
+    Ok(())
+}
+
+/// Runs the load on an open session or multipath set: `qd` workers each
+/// keep one command in flight until `time` has passed.
+pub async fn run_load(lu: &Lu, geometry: &Geometry, load: &Load) -> anyhow::Result<Measured> {
     check_load(load, geometry)?;
     let Load {
         write,
@@ -296,7 +326,7 @@ pub async fn run_load(
     let start = Instant::now();
     let mut workers = tokio::task::JoinSet::new();
     for worker in 0..qd {
-        let session: Session = session.clone();
+        let lu = lu.clone();
         let next = next.clone();
         workers.spawn(async move {
             let mut latencies: Vec<u32> = Vec::with_capacity(1 << 16);
@@ -330,7 +360,7 @@ pub async fn run_load(
                     }
                 };
                 let issued = Instant::now();
-                let command = || {
+                let command = |lun| {
                     if write {
                         Command::write_shared(lun, cdb, data.clone())
                     } else if keep_data {
@@ -339,18 +369,18 @@ pub async fn run_load(
                         Command::read_discarded(lun, cdb, transfer_length)
                     }
                 };
-                let mut response = session.execute(command()).await?;
-                // As the library's own helpers do: a unit attention (a
-                // reinstated session is a new I_T nexus) or a transport CRC
-                // failure ends this attempt, not the run.
-                for _ in 0..RETRIES {
-                    if !response.may_retry() {
-                        break;
+                match &lu {
+                    Lu::Session(session, lun) => one_command(session, *lun, &command).await?,
+                    Lu::Paths(paths) => {
+                        let command = &command;
+                        paths
+                            .run(Resend::Idempotent, |s, lun| async move {
+                                one_command(&s, lun, command).await
+                            })
+                            .await?
                     }
-                    response = session.execute(command()).await?;
                 }
                 let elapsed = issued.elapsed();
-                session.recycle(response.check()?.data);
                 latencies.push(u32::try_from(elapsed.as_micros()).unwrap_or(u32::MAX));
             }
             Ok::<_, iscsi_initiator::Error>(latencies)
@@ -373,9 +403,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         bail!("--bs, --qd and --time must be positive");
     }
     u32::try_from(bs).context("--bs must be below 4 GiB")?;
-    let url = target_url(&args.url)?;
+    let url = target_url(&args.urls[0])?;
     if args.sessions == 0 || args.mix_large_qd == 0 {
         bail!("--sessions and --mix-large-qd must be positive");
+    }
+    if args.urls.len() > 1 && (args.sessions > 1 || args.mix) {
+        bail!("--sessions and --mix take one URL");
     }
     if args.sessions > 1 || args.mix {
         return run_sessions(args, &url, write, random, bs);
@@ -389,9 +422,27 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         keep_data: args.keep_data,
     };
     let report = runtime(args.threads)?.block_on(async {
-        let session = connect(&url, &args.session).await?;
+        let (session, lu) = match args.urls.len() {
+            1 => {
+                let session = connect(&url, &args.session).await?;
+                let lu = Lu::Session(session.clone(), url.lun);
+                (session, lu)
+            }
+            _ => {
+                let paths = Arc::new(multipath(&args.urls, &args.session).await?);
+                let session = paths.session().context("no path logged in")?;
+                (Session::clone(&session), Lu::Paths(paths))
+            }
+        };
         let geometry = geometry(&session, url.lun).await?;
-        let measured = run_load(&session, url.lun, &geometry, &load).await?;
+        let measured = run_load(&lu, &geometry, &load).await?;
+        if let Lu::Paths(paths) = &lu {
+            for path in paths.paths() {
+                let state = path.failed.unwrap_or_else(|| format!("{:?}", path.access));
+                eprintln!("iscsi bench: path {}: {state}", path.url);
+            }
+            let _ = paths.logout().await;
+        }
         let connections = session.connection_count();
         let sends = session.send_statistics();
         let error_recovery_level = session.parameters().map_or(0, |p| p.error_recovery_level);
@@ -694,7 +745,8 @@ fn run_sharded(
                 let (i, session, geometry) = (*i, session.clone(), *geometry);
                 let load = loads[i].clone();
                 let lun = url.lun;
-                runs.spawn(async move { (i, run_load(&session, lun, &geometry, &load).await) });
+                let lu = Lu::Session(session, lun);
+                runs.spawn(async move { (i, run_load(&lu, &geometry, &load).await) });
             }
             let mut measured = Vec::with_capacity(sessions.len());
             let mut error = None;

@@ -158,20 +158,36 @@ pub async fn open_disk(urls: &[String], args: &SessionArgs) -> anyhow::Result<Di
         .map(|url| target_url(url))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let [url] = parsed.as_slice() else {
-        let mut multipath = MultipathConfig::default();
-        if let Some(seconds) = args.replacement_timeout {
-            multipath.no_path_timeout = Duration::from_secs_f64(seconds.max(0.0));
-        }
-        let paths = Multipath::connect(&parsed, args.config()?, multipath)
-            .await
-            .with_context(|| format!("logging in to {}", urls.join(" and ")))?;
-        return Disk::over(Arc::new(paths))
+        return Disk::over(Arc::new(multipath(urls, args).await?))
             .await
             .context("opening the LU through its paths");
     };
     let session = Arc::new(connect(url, args).await?);
     let disk = Disk::open(Arc::clone(&session), url.lun).await;
     super::missing_lun::checked(&session, url.lun, "READ CAPACITY", disk).await
+}
+
+/// A multipath set over `urls` (one per portal or gateway of one LU):
+/// commands wait for a path as long as `--replacement-timeout` says (30 s
+/// by default, 120 s behind a disk).
+pub async fn multipath(urls: &[String], args: &SessionArgs) -> anyhow::Result<Multipath> {
+    let parsed = urls
+        .iter()
+        .map(|url| target_url(url))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    multipath_of(&parsed, args).await
+}
+
+/// [`multipath`] over URLs already parsed.
+pub async fn multipath_of(urls: &[IscsiUrl], args: &SessionArgs) -> anyhow::Result<Multipath> {
+    let mut config = MultipathConfig::default();
+    if let Some(seconds) = args.replacement_timeout {
+        config.no_path_timeout = Duration::from_secs_f64(seconds.max(0.0));
+    }
+    let names: Vec<String> = urls.iter().map(ToString::to_string).collect();
+    Multipath::connect(urls, args.config()?, config)
+        .await
+        .with_context(|| format!("logging in to {}", names.join(" and ")))
 }
 
 /// Runs `future` on a multi-threaded runtime.

@@ -27,7 +27,7 @@ use iscsi_analysis::{Row, RowWriter};
 use iscsi_initiator::{IscsiUrl, Session, SessionConfig, WireCounts};
 use nix::sys::resource::{UsageWho, getrusage};
 
-use super::bench::{Load, check_load, geometry, parse_rw, run_load, runtime};
+use super::bench::{Load, Lu, check_load, geometry, parse_rw, run_load, runtime};
 use super::initiator_args::{SessionArgs, parse_size, target_url};
 
 /// Options of `iscsi sweep`.
@@ -287,7 +287,8 @@ impl Plan {
         let load = self.load(cell, time);
         let wire_before = session.wire_counts();
         let cpu_before = cpu_seconds()?;
-        let measured = run_load(&session, self.url.lun, &geometry, &load).await;
+        let lu = Lu::Session(session.clone(), self.url.lun);
+        let measured = run_load(&lu, &geometry, &load).await;
         let cpu = cpu_seconds()? - cpu_before;
         let wire = session.wire_counts().since(&wire_before);
         let _ = session.logout().await;

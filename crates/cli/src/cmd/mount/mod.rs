@@ -29,14 +29,17 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use self::fs::{LunFile, LunFs};
 use super::claim::{Claim, Refused};
-use super::initiator_args::{SessionArgs, connect, target_url};
+use super::initiator_args::{SessionArgs, connect, multipath_of, target_url};
 
 /// Options of `iscsi mount`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
     /// iscsi://[user[%secret]@]host[:port]/target-iqn[/lun]: every LUN of
-    /// the target is mounted (the LUN in the URL is ignored).
-    url: String,
+    /// the target is mounted (the LUN in the URL is ignored). More than one
+    /// (a URL per portal or gateway of the target) mounts each LUN through
+    /// the initiator's multipath set over all of them.
+    #[arg(required = true, num_args = 1..)]
+    urls: Vec<String>,
     /// The directory to mount on (it must exist).
     dir: PathBuf,
     /// Refuse writes to every file (a write-protected LUN is read-only
@@ -61,7 +64,7 @@ pub struct Args {
 /// Mounts, serves until unmounted or signalled, then flushes and logs out.
 pub fn run(args: &Args) -> anyhow::Result<()> {
     check_mount_point(&args.dir)?;
-    let source = source_name(&target_url(&args.url)?);
+    let source = source_name(&target_url(&args.urls[0])?);
     let _claim = if args.shared {
         None
     } else {
@@ -88,7 +91,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mounted = match fuser::spawn_mount(filesystem, &args.dir, &config(args, &source)) {
         Ok(mounted) => mounted,
         Err(error) => {
-            let _ = runtime.block_on(session.logout());
+            let _ = runtime.block_on(log_out(session.as_deref(), &disks));
             return Err(mount_error(&args.dir, error));
         }
     };
@@ -98,7 +101,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     }
     tracing::info!(dir = %args.dir.display(), "mounted");
     let outcome = runtime.block_on(serve(mounted, &args.dir));
-    let ended = runtime.block_on(finish(&session, &disks));
+    let ended = runtime.block_on(finish(session.as_deref(), &disks));
     // After a second signal the unmount still waits for open files on a
     // blocking task, which dropping the runtime would wait for too.
     runtime.shutdown_timeout(Duration::from_secs(1));
@@ -182,19 +185,33 @@ fn check_mount_point(dir: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Logs in and opens every LUN the target reports.
-async fn open(args: &Args) -> anyhow::Result<(Arc<Session>, Vec<LunFile>)> {
-    let url = target_url(&args.url)?;
-    let session = Arc::new(connect(&url, &args.session.for_disk()).await?);
+/// Logs in and opens every LUN the target reports: through the first
+/// URL's session, or, with several URLs, through a multipath set per LUN
+/// (the session that asked REPORT LUNS is logged out then).
+async fn open(args: &Args) -> anyhow::Result<(Option<Arc<Session>>, Vec<LunFile>)> {
+    let urls = args
+        .urls
+        .iter()
+        .map(|url| target_url(url))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let url = &urls[0];
+    let session_args = args.session.for_disk();
+    let session = Arc::new(connect(url, &session_args).await?);
     let luns = session.report_luns().await.context("REPORT LUNS")?;
     if luns.is_empty() {
         bail!("the target {url} has no LUNs");
     }
+    let several = urls.len() > 1;
     let mut files = Vec::with_capacity(luns.len());
     for lun in luns {
-        let disk = Disk::open(Arc::clone(&session), lun)
-            .await
-            .with_context(|| format!("opening LUN {lun}"))?;
+        let disk = if several {
+            let paths: Vec<IscsiUrl> = urls.iter().map(|u| IscsiUrl { lun, ..u.clone() }).collect();
+            let paths = multipath_of(&paths, &session_args).await?;
+            Disk::over(Arc::new(paths)).await
+        } else {
+            Disk::open(Arc::clone(&session), lun).await
+        };
+        let disk = disk.with_context(|| format!("opening LUN {lun}"))?;
         let read_only = args.read_only || disk.limits().read_only;
         files.push(LunFile {
             name: format!("lun{lun}"),
@@ -202,7 +219,11 @@ async fn open(args: &Args) -> anyhow::Result<(Arc<Session>, Vec<LunFile>)> {
             read_only,
         });
     }
-    Ok((session, files))
+    if several {
+        let _ = session.logout().await;
+        return Ok((None, files));
+    }
+    Ok((Some(session), files))
 }
 
 /// The FUSE mount options: named after the target, permissions checked by
@@ -333,13 +354,26 @@ fn finished(result: std::io::Result<()>) -> anyhow::Result<()> {
 }
 
 /// Makes every acknowledged write durable and logs out.
-async fn finish(session: &Session, disks: &[Arc<Disk>]) -> anyhow::Result<()> {
+async fn finish(session: Option<&Session>, disks: &[Arc<Disk>]) -> anyhow::Result<()> {
     for disk in disks {
         disk.flush()
             .await
             .with_context(|| format!("SYNCHRONIZE CACHE of LUN {}", disk.lun()))?;
     }
-    session.logout().await.context("logout")
+    log_out(session, disks).await
+}
+
+/// Logs out the one session, or every LUN's paths.
+async fn log_out(session: Option<&Session>, disks: &[Arc<Disk>]) -> anyhow::Result<()> {
+    match session {
+        Some(session) => session.logout().await.context("logout"),
+        None => {
+            for disk in disks {
+                disk.paths().logout().await.context("logout")?;
+            }
+            Ok(())
+        }
+    }
 }
 
 #[cfg(test)]

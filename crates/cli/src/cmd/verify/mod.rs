@@ -35,10 +35,11 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use iscsi_initiator::Session;
+use iscsi_initiator::multipath::alua::Resend;
+use iscsi_initiator::{Error, Multipath, PathStatus, Session};
 
 use super::bench::{geometry, runtime};
-use super::initiator_args::{SessionArgs, connect, parse_size, target_url};
+use super::initiator_args::{SessionArgs, connect, multipath, parse_size, target_url};
 use disrupt::{Current, Disruption, DisruptionReport};
 use journal::{Journal, Layout};
 
@@ -56,8 +57,13 @@ pub enum Durability {
 /// Options of `iscsi verify`.
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun
-    url: String,
+    /// iscsi://[user[%secret]@]host[:port]/target-iqn/lun; more than one
+    /// (a URL per portal or gateway of the same LU) runs the load through
+    /// the initiator's multipath set, which follows ALUA and moves
+    /// commands off a failed path: an error it lets through counts as a
+    /// failed command.
+    #[arg(required = true, num_args = 1..)]
+    urls: Vec<String>,
     /// read (a filled region read at random), write (random rewrites) or
     /// mixed (half each).
     #[arg(long, default_value = "mixed")]
@@ -146,6 +152,19 @@ struct Report {
     tasks_reassigned: u64,
     /// What --disrupt cost.
     disruption: Option<DisruptionReport>,
+    /// With several URLs: each path at the end.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    paths: Vec<String>,
+}
+
+/// A path at the end of a run, in words.
+fn describe_path(path: &PathStatus) -> String {
+    let state = match &path.failed {
+        Some(why) => format!("failed ({why})"),
+        None => format!("{:?}", path.access),
+    };
+    let current = if path.current { ", current" } else { "" };
+    format!("{}: {state}{current}", path.url)
 }
 
 /// The 16-byte header of every block: a magic, the slot and generation.
@@ -232,6 +251,8 @@ struct Slot {
 
 struct Shared {
     current: Arc<Current>,
+    /// The multipath set, when the load runs over several URLs.
+    paths: Option<Arc<Multipath>>,
     disruption: Option<Disruption>,
     lun: u64,
     durability: Durability,
@@ -258,6 +279,20 @@ impl Shared {
     /// The session now (a --disrupt logout replaces it).
     fn session(&self) -> Session {
         self.current.get()
+    }
+
+    /// Runs `op` on the LU: through the multipath set if there is one
+    /// (every command verify sends may run twice), else on the session
+    /// now.
+    async fn on_lu<T, F, Fut>(&self, op: F) -> Result<T, Error>
+    where
+        F: Fn(Arc<Session>, u64) -> Fut,
+        Fut: std::future::Future<Output = Result<T, Error>>,
+    {
+        match &self.paths {
+            Some(paths) => paths.run(Resend::Idempotent, op).await,
+            None => op(Arc::new(self.session()), self.lun).await,
+        }
     }
 
     /// Counts a command `what` begun at `started` that ended with `error`
@@ -299,13 +334,15 @@ impl Shared {
         self.log(|j| j.issued(slot, generation));
         let lba = slot * self.blocks_per_slot;
         let fua = self.durability == Durability::Fua;
-        let result = if fua {
-            let block = self.block as u32;
-            self.session().write_fua(self.lun, lba, block, &data).await
-        } else {
-            let block = self.block as u32;
-            self.session().write(self.lun, lba, block, &data).await
-        };
+        let (block, data) = (self.block as u32, &data[..]);
+        let result = self
+            .on_lu(|s, lun| async move {
+                match fua {
+                    true => s.write_fua(lun, lba, block, data).await,
+                    false => s.write(lun, lba, block, data).await,
+                }
+            })
+            .await;
         if result.is_ok() {
             self.log(|j| j.acknowledged(slot, generation, fua));
         }
@@ -326,14 +363,9 @@ impl Shared {
 
     async fn read(&self, slot: u64) {
         let started = Instant::now();
+        let (lba, block, bs) = (slot * self.blocks_per_slot, self.block as u32, self.bs);
         let result = self
-            .session()
-            .read(
-                self.lun,
-                slot * self.blocks_per_slot,
-                self.block as u32,
-                vec![0; self.bs],
-            )
+            .on_lu(|s, lun| async move { s.read(lun, lba, block, vec![0; bs]).await })
             .await;
         let mut slots = self.lock_slots();
         let state = &mut slots[slot as usize];
@@ -440,7 +472,9 @@ async fn flush(shared: Arc<Shared>, flushing: Arc<AtomicBool>, interval: Duratio
         number += 1;
         shared.log(|j| j.flush_started(number));
         let started = Instant::now();
-        let result = shared.session().synchronize_cache(shared.lun).await;
+        let result = shared
+            .on_lu(|s, lun| async move { s.synchronize_cache(lun).await })
+            .await;
         if result.is_ok() {
             shared.log(|j| j.flush_done(number));
         }
@@ -465,7 +499,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if bs == 0 || args.qd == 0 || args.time < 0.0 {
         bail!("--bs and --qd must be positive, --time not negative");
     }
-    let url = target_url(&args.url)?;
+    let url = target_url(&args.urls[0])?;
+    let several = args.urls.len() > 1;
+    if several && (args.check.is_some() || args.disrupt.is_some()) {
+        bail!("--check and --disrupt take one URL");
+    }
     if let Some(journal) = &args.check {
         return match &args.snapshot {
             Some(name) => moment::run(&url, journal, name, args),
@@ -473,7 +511,14 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         };
     }
     let report = runtime(args.threads)?.block_on(async {
-        let session = connect(&url, &args.session).await?;
+        let (session, paths) = match several {
+            true => {
+                let paths = Arc::new(multipath(&args.urls, &args.session).await?);
+                let session = paths.session().context("no path logged in")?;
+                (Session::clone(&session), Some(paths))
+            }
+            false => (connect(&url, &args.session).await?, None),
+        };
         let geometry = geometry(&session, url.lun).await?;
         if bs % geometry.block_size != 0 {
             bail!(
@@ -498,6 +543,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         };
         let shared = Arc::new(Shared {
             current: Current::new(session),
+            paths: paths.clone(),
             disruption: args.disrupt,
             lun: url.lun,
             durability: args.durability,
@@ -595,7 +641,15 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         report.reinstatements = session.reinstatements();
         report.connection_recoveries = session.connection_recoveries();
         report.tasks_reassigned = session.tasks_reassigned();
-        let _ = session.logout().await;
+        match &paths {
+            Some(paths) => {
+                report.paths = paths.paths().iter().map(describe_path).collect();
+                let _ = paths.logout().await;
+            }
+            None => {
+                let _ = session.logout().await;
+            }
+        }
         Ok::<_, anyhow::Error>(report)
     })?;
     if args.json {
@@ -625,6 +679,9 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             report.connection_recoveries,
             report.tasks_reassigned,
         );
+        for path in &report.paths {
+            println!("path {path}");
+        }
         if let Some(d) = &report.disruption {
             println!(
                 "{}: {} issued ({} found nothing to abort), worst {:.0} ms, median {:.0} ms, {} commands ended by it, {} failed{}, {} left in flight",
