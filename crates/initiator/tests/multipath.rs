@@ -202,7 +202,12 @@ async fn until_paths(
     }
 }
 
-async fn over_relay_and_direct() -> (
+/// LU 0 through the relay (in `mode` at the login) and directly, with
+/// `config`: the relay, the set, a disk over it, the target's stop.
+async fn over_relay_and_direct(
+    mode: Mode,
+    config: MultipathConfig,
+) -> (
     Relay,
     Arc<Multipath>,
     Arc<Disk>,
@@ -210,22 +215,17 @@ async fn over_relay_and_direct() -> (
 ) {
     let (one, two, stop) = target().await;
     let relay = Relay::start(one).await;
-    let paths = Arc::new(
-        Multipath::connect(
-            &[url(relay.addr, 0), url(two, 0)],
-            SessionConfig::default(),
-            quick(),
-        )
-        .await
-        .unwrap(),
-    );
+    relay.set(mode);
+    let urls = [url(relay.addr, 0), url(two, 0)];
+    let connected = Multipath::connect(&urls, SessionConfig::default(), config).await;
+    let paths = Arc::new(connected.unwrap());
     let disk = Arc::new(Disk::over(Arc::clone(&paths)).await.unwrap());
     (relay, paths, disk, stop)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_path_moves_io_to_the_other_and_is_used_again_when_it_returns() {
-    let (relay, paths, disk, _stop) = over_relay_and_direct().await;
+    let (relay, paths, disk, _stop) = over_relay_and_direct(Mode::Pass, quick()).await;
     // Without ALUA every path is active; I/O keeps to the first.
     let status = paths.paths();
     assert!(
@@ -254,7 +254,7 @@ async fn a_cut_path_moves_io_to_the_other_and_is_used_again_when_it_returns() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_path_is_failed_by_its_ping_and_its_commands_move() {
-    let (relay, paths, disk, _stop) = over_relay_and_direct().await;
+    let (relay, paths, disk, _stop) = over_relay_and_direct(Mode::Pass, quick()).await;
     let load = Load::start(Arc::clone(&disk));
     load.advance(20).await;
     let hung = Instant::now();
@@ -280,19 +280,7 @@ async fn a_hung_path_is_failed_by_its_ping_and_its_commands_move() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_down_at_the_start_joins_once_it_is_up() {
-    let (one, two, _stop) = target().await;
-    let relay = Relay::start(one).await;
-    relay.set(Mode::Cut);
-    let paths = Arc::new(
-        Multipath::connect(
-            &[url(relay.addr, 0), url(two, 0)],
-            SessionConfig::default(),
-            quick(),
-        )
-        .await
-        .unwrap(),
-    );
-    let disk = Arc::new(Disk::over(Arc::clone(&paths)).await.unwrap());
+    let (relay, paths, disk, _stop) = over_relay_and_direct(Mode::Cut, quick()).await;
     assert!(paths.paths()[1].current);
     let load = Load::start(disk);
     load.advance(10).await;
@@ -331,22 +319,11 @@ async fn urls_that_reach_different_lus_are_refused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_every_path_gone_commands_fail_after_the_no_path_timeout() {
-    let (one, _two, stop) = target().await;
-    let relay = Relay::start(one).await;
     let config = MultipathConfig {
         no_path_timeout: Duration::from_secs(2),
         ..MultipathConfig::default()
     };
-    let paths = Arc::new(
-        Multipath::connect(
-            &[url(relay.addr, 0), url(one, 0)],
-            SessionConfig::default(),
-            config,
-        )
-        .await
-        .unwrap(),
-    );
-    let disk = Disk::over(Arc::clone(&paths)).await.unwrap();
+    let (relay, _paths, disk, stop) = over_relay_and_direct(Mode::Pass, config).await;
     drop(stop);
     relay.set(Mode::Cut);
     let started = Instant::now();
