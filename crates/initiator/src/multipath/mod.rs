@@ -144,8 +144,9 @@ struct Shared {
     /// The index of the path I/O goes to, or [`NONE`].
     current: AtomicUsize,
     /// Held while the paths' states are read again, so that the commands
-    /// that found the current path gone read them once, not each.
-    choosing: tokio::sync::Mutex<()>,
+    /// that found the current path gone read them once, not each; it holds
+    /// when they were last read.
+    choosing: tokio::sync::Mutex<Option<Instant>>,
 }
 
 /// An LU through several paths. See the module doc.
@@ -190,7 +191,7 @@ impl Multipath {
                 config: MultipathConfig::default(),
                 session_config,
                 current: AtomicUsize::new(0),
-                choosing: tokio::sync::Mutex::new(()),
+                choosing: tokio::sync::Mutex::new(None),
             }),
             checker: None,
         }
@@ -244,7 +245,7 @@ impl Multipath {
             config: multipath,
             session_config,
             current: AtomicUsize::new(NONE),
-            choosing: tokio::sync::Mutex::new(()),
+            choosing: tokio::sync::Mutex::new(None),
         });
         let mut first_error = None;
         for index in 0..shared.paths.len() {
@@ -446,20 +447,25 @@ impl Shared {
     /// Reads the states again (failed paths: a login is tried) and makes
     /// the best path current. Returns whether one takes I/O.
     async fn choose(&self) -> bool {
-        let _choosing = self.choosing.lock().await;
+        let mut read_at = self.choosing.lock().await;
         let index = self.current.load(Ordering::Acquire);
         if self.paths.get(index).and_then(Path::usable).is_some() {
             return true;
         }
-        // Failed paths are the checker's (a login to a stopped gateway
-        // can take seconds, which nobody should wait for here), except
-        // the one path of a set without a checker.
-        let lone = self.paths.len() == 1;
-        for (index, path) in self.paths.iter().enumerate() {
-            if lone || path.lock().failed.is_none() {
-                // Errors are the path's state now; nothing more to do here.
-                let _ = self.probe(index).await;
+        // Another command read them a moment ago: what it found stands.
+        let fresh = read_at.is_some_and(|at| at.elapsed() < self.config.poll_interval / 2);
+        if !fresh {
+            // Failed paths are the checker's (a login to a stopped gateway
+            // can take seconds, which nobody should wait for here), except
+            // the one path of a set without a checker.
+            let lone = self.paths.len() == 1;
+            for (index, path) in self.paths.iter().enumerate() {
+                if lone || path.lock().failed.is_none() {
+                    // Errors are the path's state now; nothing more to do.
+                    let _ = self.probe(index).await;
+                }
             }
+            *read_at = Some(Instant::now());
         }
         let best = self
             .paths
