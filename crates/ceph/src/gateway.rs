@@ -215,7 +215,7 @@ pub(super) fn start(
                     if e.raw_os_error() == Some(EBLOCKLISTED) {
                         return;
                     }
-                    eprintln!("{name}: gateway {}: {e}", group.port);
+                    tracing::warn!(image = name, gateway = group.port, error = %e, "a look at the LU's owner failed");
                 }
                 std::thread::sleep(BEAT);
             }
@@ -270,10 +270,12 @@ impl Look<'_> {
                     .set(AluaView::owned_by(self.group.members.clone(), None));
                 if action == Action::TakeOver {
                     for o in self.image.lock_owners()? {
-                        eprintln!(
-                            "{}: gateway {me}: the owner ({holder:?}, client {o}) stopped beating; \
-                             breaking its lock (it is blocklisted)",
-                            self.name
+                        tracing::warn!(
+                            image = self.name,
+                            gateway = me,
+                            owner = ?holder,
+                            client = %o,
+                            "the owner stopped beating: breaking its lock (it is blocklisted)"
                         );
                         self.image.lock_break(&o)?;
                     }
@@ -288,11 +290,20 @@ impl Look<'_> {
                     Ok(()) => {
                         self.image
                             .set_xattr(self.object, OWNER, me.to_string().as_bytes())?;
-                        eprintln!("{}: gateway {me} owns the LU (active/optimized)", self.name);
+                        tracing::info!(
+                            image = self.name,
+                            gateway = me,
+                            "this gateway owns the LU (active/optimized)"
+                        );
                         owner = Some(me);
                     }
                     // Another gateway was quicker: it holds the lock now.
-                    Err(e) => eprintln!("{}: gateway {me}: taking the lock: {e}", self.name),
+                    Err(e) => tracing::warn!(
+                        image = self.name,
+                        gateway = me,
+                        error = %e,
+                        "taking the lock failed"
+                    ),
                 }
             }
         }
