@@ -60,25 +60,17 @@ pub struct DetachArgs {
     device: String,
 }
 
-/// Runs `iscsi attach`.
-pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
-    // Before logging in: without ublk there is nothing to attach to.
-    ublk::check_available()?;
-    let url = target_url(&args.urls[0])?;
-    let identity = serde_json::json!({
-        "portal": url.portal(),
-        "target": url.target_name()?,
-        "lun": url.lun,
-    });
-    // Held until this process ends: an attach started beside this one
-    // waits for nothing and is refused here, not after both looked.
-    let _claim = match Claim::take("attach", &identity.to_string()) {
+/// Claims the LUN `url` names for this process (held until it ends), so
+/// that an attach started beside this one is refused here, not after both
+/// looked; refuses a LUN attached already.
+fn claim(url: &iscsi_initiator::IscsiUrl, identity: &serde_json::Value) -> anyhow::Result<Claim> {
+    let claim = match Claim::take("attach", &identity.to_string()) {
         Ok(claim) => claim,
         Err(Refused::Held(pid)) => {
             let holder = pid
                 .map(|pid| format!(" (process {pid})"))
                 .unwrap_or_default();
-            match ublk::attached_already(&identity) {
+            match ublk::attached_already(identity) {
                 Some(device) => bail!(
                     "{url} is attached already as {device} by iscsi attach{holder} \
                      (`iscsi detach {device}` first)"
@@ -88,9 +80,32 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
         }
         Err(Refused::Failed(error)) => return Err(error),
     };
-    if let Some(device) = ublk::attached_already(&identity) {
+    if let Some(device) = ublk::attached_already(identity) {
         bail!("{url} is attached already as {device} (`iscsi detach {device}` first)");
     }
+    Ok(claim)
+}
+
+/// Runs `iscsi attach`.
+pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
+    // Before logging in: without ublk there is nothing to attach to.
+    ublk::check_available()?;
+    // Each URL's LUN is claimed (the claims held until this process ends),
+    // so that no other attach takes it through any of the paths; the
+    // device is known by the first URL's.
+    let mut claims = Vec::with_capacity(args.urls.len());
+    let mut identity = None;
+    for text in &args.urls {
+        let url = target_url(text)?;
+        let this = serde_json::json!({
+            "portal": url.portal(),
+            "target": url.target_name()?,
+            "lun": url.lun,
+        });
+        claims.push(claim(&url, &this)?);
+        identity.get_or_insert(this);
+    }
+    let identity = identity.context("no URL")?;
     // One queue: one thread for everything, the queue's ring and the
     // session's sockets on one reactor, no request crossing threads. More
     // queues: each on a thread of its own, the session's connections on
