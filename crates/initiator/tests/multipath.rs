@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use iscsi_initiator::multipath::alua::Access;
+use iscsi_initiator::multipath::alua::{Access, Resend};
 use iscsi_initiator::{Disk, Error, IscsiUrl, Multipath, MultipathConfig, SessionConfig};
 use iscsi_test_peers::free_port;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -323,13 +323,148 @@ async fn with_every_path_gone_commands_fail_after_the_no_path_timeout() {
         no_path_timeout: Duration::from_secs(2),
         ..MultipathConfig::default()
     };
-    let (relay, _paths, disk, stop) = over_relay_and_direct(Mode::Pass, config).await;
-    drop(stop);
-    relay.set(Mode::Cut);
+    // Both paths through relays: the target's own stop ends its listeners,
+    // not (at once) the connections it serves.
+    let (one, two, _stop) = target().await;
+    let relays = [Relay::start(one).await, Relay::start(two).await];
+    let urls = [url(relays[0].addr, 0), url(relays[1].addr, 0)];
+    let connected = Multipath::connect(&urls, SessionConfig::default(), config).await;
+    let disk = Disk::over(Arc::new(connected.unwrap())).await.unwrap();
+    for relay in &relays {
+        relay.set(Mode::Cut);
+    }
     let started = Instant::now();
     let error = disk.read(0, 4096).await.expect_err("no path is left");
     let waited = started.elapsed();
     assert!(matches!(error, Error::NoPath { .. }), "{error}");
+    assert!(
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(15),
+        "{waited:?}"
+    );
+}
+
+/// A fake target whose every port reports active/optimized in REPORT
+/// TARGET PORT GROUPS (TPGS 1, one group) and refuses every READ as
+/// standby (NOT READY, 04h/0Bh): it contradicts itself.
+async fn contradicting_target(listener: TcpListener) {
+    use iscsi_datamover::tcp::TcpDatamover;
+    use iscsi_datamover::{PduReceiver, PduSender};
+    use iscsi_proto::pdu::{DataIn, Header, Pdu, ScsiResponse};
+    use iscsi_proto::serial::{DataSn, StatSn};
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            return;
+        };
+        tokio::spawn(async move {
+            let mut dm = TcpDatamover::new(stream).unwrap();
+            let mut stat_sn = StatSn::new(1);
+            while let Ok(Some(received)) = dm.receiver.receive().await {
+                let command = match received.header.pdu {
+                    Pdu::LoginRequest(request) => {
+                        let data = &received.data;
+                        common::answer_login(&mut dm, &request, data, &mut stat_sn, 32, &[])
+                            .await
+                            .unwrap();
+                        continue;
+                    }
+                    Pdu::ScsiCommand(command) => command,
+                    _ => continue,
+                };
+                let data: Vec<u8> = match command.cdb {
+                    [0x12, 0, ..] => {
+                        let mut inquiry = vec![0u8; 36];
+                        (inquiry[2], inquiry[4], inquiry[5]) = (6, 31, 0x10);
+                        inquiry
+                    }
+                    [0x12, 1, 0x83, ..] => vec![
+                        0, 0x83, 0, 28, 0x01, 0x03, 0, 8, 0x60, 1, 2, 3, 4, 5, 6, 7, 0x51, 0x94, 0,
+                        4, 0, 0, 0, 1, 0x51, 0x95, 0, 4, 0, 0, 0, 1,
+                    ],
+                    [0xA3, ..] => vec![
+                        0, 0, 0, 16, 0x10, 10, 0, 0, 0x00, 0x8D, 0, 1, 0, 0, 0, 1, 0, 0, 0, 1,
+                    ],
+                    _ => Vec::new(),
+                };
+                let (header, segment) = if command.cdb[0] == 0x28 {
+                    let mut sense = vec![0, 18, 0x70, 0, 0x02, 0, 0, 0, 0, 10];
+                    sense.extend_from_slice(&[0, 0, 0, 0, 0x04, 0x0B, 0, 0, 0, 0]);
+                    let response = ScsiResponse {
+                        status: 0x02,
+                        initiator_task_tag: command.initiator_task_tag,
+                        stat_sn,
+                        exp_cmd_sn: command.cmd_sn.next(),
+                        max_cmd_sn: command.cmd_sn.wrapping_add(32),
+                        ..ScsiResponse::default()
+                    };
+                    (
+                        Header::new(Pdu::ScsiResponse(response), sense.len() as u32),
+                        sense,
+                    )
+                } else {
+                    let sent = data
+                        .len()
+                        .min(command.expected_data_transfer_length as usize);
+                    let short = command.expected_data_transfer_length - sent as u32;
+                    let data_in = DataIn {
+                        final_flag: true,
+                        status: Some(0),
+                        initiator_task_tag: command.initiator_task_tag,
+                        target_transfer_tag: 0xffff_ffff,
+                        stat_sn,
+                        exp_cmd_sn: command.cmd_sn.next(),
+                        max_cmd_sn: command.cmd_sn.wrapping_add(32),
+                        data_sn: DataSn::new(0),
+                        residual_underflow: short > 0,
+                        residual_count: short,
+                        ..DataIn::default()
+                    };
+                    (
+                        Header::new(Pdu::DataIn(data_in), sent as u32),
+                        data[..sent].to_vec(),
+                    )
+                };
+                stat_sn = stat_sn.next();
+                if dm.sender.send_control(&header, &segment).await.is_err() {
+                    return;
+                }
+            }
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_target_whose_states_contradict_its_answers_fails_the_command_in_bounded_time() {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(contradicting_target(listener));
+    let urls: Vec<IscsiUrl> = (0..2)
+        .map(|_| {
+            format!("iscsi://{addr}/iqn.2026-11.test:contradicting/0")
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    let config = MultipathConfig {
+        no_path_timeout: Duration::from_secs(2),
+        ..MultipathConfig::default()
+    };
+    let paths = Multipath::connect(&urls, SessionConfig::default(), config)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let read = paths.run(Resend::Idempotent, |s, lun| async move {
+        s.read(lun, 0, 512, vec![0; 512]).await
+    });
+    let error = tokio::time::timeout(Duration::from_secs(20), read)
+        .await
+        .expect("the command must not go from path to path for ever")
+        .expect_err("every READ is refused");
+    let waited = started.elapsed();
+    // Either the last refusal or the wait for a path ends it, whichever
+    // finds the bound passed first; both name standby.
+    let standby = matches!(&error, Error::Status { sense: Some(s), .. } if (s.key, s.asc, s.ascq) == (2, 4, 0x0B));
+    let no_path = matches!(&error, Error::NoPath { paths, .. } if paths.contains("Standby"));
+    assert!(standby || no_path, "{error}");
     assert!(
         waited >= Duration::from_secs(2) && waited < Duration::from_secs(15),
         "{waited:?}"

@@ -301,6 +301,13 @@ impl Multipath {
                     }
                 }
             }
+            // Moved from path to path for as long as a command may wait for
+            // one, then failed: a target whose RTPG says active/optimized
+            // where its commands say standby must not hold it forever.
+            let since = *waiting.get_or_insert_with(Instant::now);
+            if since.elapsed() >= shared.config.no_path_timeout {
+                return Err(error);
+            }
         }
     }
 
