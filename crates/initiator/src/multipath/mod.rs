@@ -24,9 +24,11 @@
 //!   NOP-Out ping unanswered for [`MultipathConfig::ping_timeout`]) is
 //!   failed: its commands end at once and go again on the next path by the
 //!   rule of [`alua::Resend`] (reads and writes yes, COMPARE AND WRITE and
-//!   reservations no). A checker task pings every live path and tries a
-//!   login on every failed one each [`MultipathConfig::check_interval`],
-//!   so a gateway that returns is used again.
+//!   reservations no). A checker task pings every live path (and reads
+//!   its state again) and tries a login on every failed one each
+//!   [`MultipathConfig::check_interval`], so a gateway that returns is
+//!   used again, and I/O goes back to an active/optimized path that
+//!   appears while it is on a worse one.
 //!
 //! A set of one path ([`Multipath::single`]) is a plain session: no
 //! checker, the session's own recovery and timeouts, and only the waiting
@@ -607,6 +609,32 @@ impl Shared {
     }
 }
 
+impl Shared {
+    /// Reads live path `index`'s state (where the LU has ALUA) and, when
+    /// it is now better than the current path's, has the next command
+    /// choose again (failback: I/O back on an active/optimized path).
+    async fn refresh(&self, index: usize) {
+        if !self.alua.load(Ordering::Acquire) {
+            return;
+        }
+        // The outcome is the path's state.
+        let _ = self.probe(index).await;
+        let current = self.current.load(Ordering::Acquire);
+        let preference = |i: usize| {
+            self.paths
+                .get(i)
+                .map_or(0, |p| p.lock().access.preference())
+        };
+        if current != index
+            && self.paths[index].usable().is_some()
+            && preference(index) > preference(current)
+        {
+            tracing::info!(url = %self.paths[index].url, "a better path: choosing again");
+            self.forget(current);
+        }
+    }
+}
+
 /// The checker: every check interval, checks each path on a task of its
 /// own (a stopped gateway's login takes its bound, and the other paths
 /// should not wait for it), one check per path at a time. Ends with the
@@ -647,7 +675,14 @@ impl Shared {
             Some(session) if !failed => {
                 let ping = tokio::time::timeout(self.config.ping_timeout, session.ping()).await;
                 let why = match ping {
-                    Ok(Ok(_)) => return,
+                    Ok(Ok(_)) => {
+                        // Alive: its state read again too, as dm-multipath's
+                        // checker does, so that a path I/O is not on (a
+                        // standby, a gateway that rejoined) is never known
+                        // by a stale state.
+                        self.refresh(index).await;
+                        return;
+                    }
                     Ok(Err(error)) => format!("NOP-Out ping: {error}"),
                     Err(_) => format!("no NOP-In within {:?}", self.config.ping_timeout),
                 };
