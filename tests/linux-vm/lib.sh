@@ -186,6 +186,19 @@ target_stop() {
 # target_kill NAME: kills the target at once (SIGKILL): no logout, no goodbye.
 target_kill() { target_stop "$1" KILL; }
 
+# vm_kill_then_restart NAME: the failover handshake of the gateway jobs. SIGKILLs target NAME under
+# the guest's fio and tells it (./target-killed); once the guest asks (out/restart-target), starts
+# NAME again on its port and tells it (./target-restarted). A guest that ends first fails the job.
+vm_kill_then_restart() {
+    vm_log "SIGKILL to the owner $1 (PID $(target_pid "$1")) under fio"
+    target_kill "$1"
+    touch "$VM_SHARE/target-killed"
+    vm_wait_file "$VM_SHARE/out/restart-target" 600 "$VM_RUN_PID" || { wait "$VM_RUN_PID" || true; vm_fail "the guest did not finish the failover"; }
+    vm_log "starting $1 again"
+    target_restart "$1"
+    touch "$VM_SHARE/target-restarted"
+}
+
 target_pid() { echo "${VM_TARGET_PID[$1]:-}"; }
 # process_stop PID: SIGSTOP, returning once every thread of PID has stopped. kill only queues the
 # signal; on a loaded host the threads not chosen to take it run on until the group stop reaches

@@ -126,28 +126,16 @@ ok "the owner's path $sdo carries every write, the standby's $sds none (state $(
 # (the port not yet written through the share: CI, two jobs side by side).
 echo "$owner" >out/kill-target.part
 mv out/kill-target.part out/kill-target
-for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.05; done
-[ -e target-killed ] || fail "the host did not kill the owner"
-t0=$(date +%s%N)
-base=$(writes "$mp")
-first=
-for _ in $(seq 1 12000); do
-    [ "$(writes "$mp")" -gt "$base" ] && { first=$(date +%s%N); break; }
-    kill -0 "$fio_pid" 2>/dev/null || break
-    sleep 0.005
-done
-[ -n "$first" ] || fail "no write completed through $dev after the kill"
-ms=$(((first - t0) / 1000000))
-echo "$ms" >out/failover-ms
+map_writes() { writes "$mp"; }
+failover_after_kill map_writes "$fio_pid" "$dev"
+ms=$failover_ms
 [ "$(writes "$sds")" -gt 0 ] || fail "the survivor's path $sds completed no write"
-ok "failover: the first write completed through the survivor $((ms / 1000)).$(printf %03d $((ms % 1000))) s after the kill"
+ok "failover: the first write completed through the survivor $(seconds_of "$ms") s after the kill"
 write_pass_ended "$fio_pid" out/fio-write.txt "the failover"
 ok "fio wrote 160 MiB at QD32 across the owner's SIGKILL without an I/O error"
 verify_only_pass out/fio-verify.txt "the failover" "${job[@]}"
 
-touch out/restart-target
-for _ in $(seq 1 1200); do [ -e target-restarted ] && break; sleep 0.1; done
-[ -e target-restarted ] || fail "the host did not restart the killed gateway"
+restart_killed
 t1=$(date +%s%N)
 # The path returns when open-iscsi has logged in again (its next reconnect try), the session's
 # disk answers, and multipathd's checker (every polling_interval) sees it: the kernel's path state

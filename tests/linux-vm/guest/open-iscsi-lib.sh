@@ -133,3 +133,35 @@ fio_verify() {
     fi
 }
 fio_rate() { awk '/WRITE: bw=/ {print "write " $2; exit}' "out/fio-$1.txt" 2>/dev/null | tr -d ',' || true; }
+
+# failover_after_kill COUNT FIO-PID DEV: once the host says ./target-killed (within 30 s), the time
+# in ms until COUNT (a command printing a count of completed writes) grows, written to
+# out/failover-ms and set in $failover_ms; fails if no write completes through DEV in 60 s, or
+# fio (FIO-PID) ends first.
+failover_after_kill() {
+    local count=$1 fio_pid=$2 dev=$3 t0 base first= _
+    for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.05; done
+    [ -e target-killed ] || fail "the host did not kill the owner"
+    t0=$(date +%s%N)
+    base=$($count)
+    for _ in $(seq 1 12000); do
+        [ "$($count)" -gt "$base" ] && { first=$(date +%s%N); break; }
+        kill -0 "$fio_pid" 2>/dev/null || break
+        sleep 0.005
+    done
+    [ -n "$first" ] || fail "no write completed through $dev after the kill"
+    failover_ms=$(((first - t0) / 1000000))
+    echo "$failover_ms" >out/failover-ms
+}
+
+# seconds_of MS: "3.558".
+seconds_of() { echo "$(($1 / 1000)).$(printf %03d $(($1 % 1000)))"; }
+
+# restart_killed: asks the host to start the killed target again (out/restart-target) and waits
+# for ./target-restarted (120 s at most).
+restart_killed() {
+    local _
+    touch out/restart-target
+    for _ in $(seq 1 1200); do [ -e target-restarted ] && break; sleep 0.1; done
+    [ -e target-restarted ] || fail "the host did not restart the killed gateway"
+}

@@ -42,27 +42,14 @@ for _ in $(seq 1 100); do
 done
 [ $(($(writes) - w0)) -gt 200 ] || fail "fio completed no writes through $dev"
 touch out/writing
-for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.05; done
-[ -e target-killed ] || fail "the host did not kill the owner"
-t0=$(date +%s%N)
-base=$(writes)
-first=
-for _ in $(seq 1 12000); do
-    [ "$(writes)" -gt "$base" ] && { first=$(date +%s%N); break; }
-    kill -0 "$fio_pid" 2>/dev/null || break
-    sleep 0.005
-done
-[ -n "$first" ] || fail "no write completed through $dev after the kill"
-ms=$(((first - t0) / 1000000))
-echo "$ms" >out/failover-ms
-ok "failover: the first write completed through $dev $((ms / 1000)).$(printf %03d $((ms % 1000))) s after the kill"
+failover_after_kill writes "$fio_pid" "$dev"
+ms=$failover_ms
+ok "failover: the first write completed through $dev $(seconds_of "$ms") s after the kill"
 write_pass_ended "$fio_pid" out/fio-write.txt "the owner's SIGKILL"
 ok "fio wrote 160 MiB at QD32 across the owner's SIGKILL without an I/O error"
 verify_only_pass out/fio-verify.txt "the failover" "${job[@]}"
 
-touch out/restart-target
-for _ in $(seq 1 1200); do [ -e target-restarted ] && break; sleep 0.1; done
-[ -e target-restarted ] || fail "the host did not restart the killed gateway"
+restart_killed
 back=
 for _ in $(seq 1 300); do
     grep -q "path works again" out/attach.log && { back=1; break; }

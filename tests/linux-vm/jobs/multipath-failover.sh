@@ -47,13 +47,7 @@ case $owner in
     "$port2") killed=g2 ;;
     *) vm_fail "the guest names port '$owner' as the owner's" ;;
 esac
-vm_log "SIGKILL to the owner $killed (PID $(target_pid "$killed")) under fio"
-target_kill "$killed"
-touch "$VM_SHARE/target-killed"
-vm_wait_file "$VM_SHARE/out/restart-target" 600 "$VM_RUN_PID" || { wait "$VM_RUN_PID" || true; vm_fail "the guest did not finish the failover"; }
-vm_log "starting $killed again"
-target_restart "$killed"
-touch "$VM_SHARE/target-restarted"
+vm_kill_then_restart "$killed"
 rc=0
 wait "$VM_RUN_PID" || rc=$?
 grep -E '^(ok|not ok) - |^# ' console.log || true
