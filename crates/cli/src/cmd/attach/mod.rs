@@ -137,15 +137,15 @@ pub fn run_attach(args: &AttachArgs) -> anyhow::Result<()> {
     };
     let served = ublk::serve(Arc::clone(&disk), &runtime, shape, identity, live);
     watcher.abort();
-    tracing::info!(
-        per_connection = ?disk
-            .paths()
-            .sessions()
-            .iter()
-            .map(|s| s.commands_per_connection())
-            .collect::<Vec<_>>(),
-        "SCSI commands carried, by path and connection (CID, count)"
-    );
+    // One line per path's session: `per_connection=[(CID, count), ...]`,
+    // the form the ublk-attach VM job reads for one path.
+    for session in disk.paths().sessions() {
+        tracing::info!(
+            portal = %session.url(disk.lun()).portal(),
+            per_connection = ?session.commands_per_connection(),
+            "SCSI commands carried, by connection (CID, count)"
+        );
+    }
     // Every queue has ended: nothing is in flight. Make what was written
     // durable and leave the session cleanly, whatever ended the device.
     let finished = runtime.block_on(async {
