@@ -438,8 +438,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         let measured = run_load(&lu, &geometry, &load).await?;
         if let Lu::Paths(paths) = &lu {
             for path in paths.paths() {
-                let state = path.failed.unwrap_or_else(|| format!("{:?}", path.access));
-                eprintln!("iscsi bench: path {}: {state}", path.url);
+                eprintln!("iscsi bench: path {path}");
             }
             let _ = paths.logout().await;
         }

@@ -80,7 +80,7 @@ impl Access {
 }
 
 /// Who a path reaches and how: from standard INQUIRY and VPD 83h.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PathIdentity {
     /// The LU's designator (type, bytes): NAA if it has one, else EUI-64,
     /// a SCSI name string or a T10 vendor id. Two paths reach the same LU
@@ -103,11 +103,7 @@ const LU_DESIGNATOR_ORDER: [u8; 4] = [3, 2, 8, 1];
 /// descriptors.
 pub fn parse_device_identification(page: &[u8]) -> PathIdentity {
     let mut lu: Option<(u8, Vec<u8>)> = None;
-    let mut identity = PathIdentity {
-        lu: None,
-        relative_port: None,
-        port_group: None,
-    };
+    let mut identity = PathIdentity::default();
     let length = page
         .get(2..4)
         .map_or(0, |b| usize::from(u16::from_be_bytes([b[0], b[1]])));

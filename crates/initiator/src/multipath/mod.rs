@@ -88,6 +88,21 @@ pub struct PathStatus {
     pub current: bool,
 }
 
+/// "URL: Optimized, current", "URL: failed (connection lost)".
+impl std::fmt::Display for PathStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: ", self.url)?;
+        match &self.failed {
+            Some(why) => write!(f, "failed ({why})")?,
+            None => write!(f, "{:?}", self.access)?,
+        }
+        if self.current {
+            write!(f, ", current")?;
+        }
+        Ok(())
+    }
+}
+
 /// A path: a URL, its session once logged in, and what is known of it.
 struct Path {
     url: IscsiUrl,
@@ -107,6 +122,26 @@ struct PathState {
 }
 
 impl Path {
+    fn new(
+        url: IscsiUrl,
+        session: Option<Arc<Session>>,
+        access: Access,
+        failed: Option<String>,
+        access_changes: u64,
+    ) -> Path {
+        Path {
+            url,
+            checking: AtomicBool::new(false),
+            state: Mutex::new(PathState {
+                session,
+                identity: PathIdentity::default(),
+                access,
+                failed,
+                access_changes,
+            }),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, PathState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -170,31 +205,10 @@ impl Multipath {
     pub fn single(session: Arc<Session>, lun: u64) -> Multipath {
         let url = session.url(lun);
         let session_config = session.config().clone();
-        let path = Path {
-            url,
-            checking: AtomicBool::new(false),
-            state: Mutex::new(PathState {
-                access_changes: session.access_changes(),
-                session: Some(session),
-                identity: PathIdentity {
-                    lu: None,
-                    relative_port: None,
-                    port_group: None,
-                },
-                access: Access::Active,
-                failed: None,
-            }),
-        };
+        let access_changes = session.access_changes();
+        let path = Path::new(url, Some(session), Access::Active, None, access_changes);
         Multipath {
-            shared: Arc::new(Shared {
-                paths: vec![path],
-                lu: Mutex::new(None),
-                alua: AtomicBool::new(false),
-                config: MultipathConfig::default(),
-                session_config,
-                current: AtomicUsize::new(0),
-                choosing: tokio::sync::Mutex::new(None),
-            }),
+            shared: Shared::new(vec![path], MultipathConfig::default(), session_config, 0),
             checker: None,
         }
     }
@@ -224,31 +238,12 @@ impl Multipath {
         }
         let paths = urls
             .iter()
-            .map(|url| Path {
-                url: url.clone(),
-                checking: AtomicBool::new(false),
-                state: Mutex::new(PathState {
-                    session: None,
-                    identity: PathIdentity {
-                        lu: None,
-                        relative_port: None,
-                        port_group: None,
-                    },
-                    access: Access::Unavailable,
-                    failed: Some("not logged in yet".into()),
-                    access_changes: 0,
-                }),
+            .map(|url| {
+                let why = Some("not logged in yet".to_owned());
+                Path::new(url.clone(), None, Access::Unavailable, why, 0)
             })
             .collect();
-        let shared = Arc::new(Shared {
-            paths,
-            lu: Mutex::new(None),
-            alua: AtomicBool::new(false),
-            config: multipath,
-            session_config,
-            current: AtomicUsize::new(NONE),
-            choosing: tokio::sync::Mutex::new(None),
-        });
+        let shared = Shared::new(paths, multipath, session_config, NONE);
         let mut first_error = None;
         for index in 0..shared.paths.len() {
             if let Err(error) = shared.probe(index).await {
@@ -321,21 +316,7 @@ impl Multipath {
 
     /// The paths and what is known of each.
     pub fn paths(&self) -> Vec<PathStatus> {
-        let current = self.shared.current.load(Ordering::Acquire);
-        self.shared
-            .paths
-            .iter()
-            .enumerate()
-            .map(|(index, path)| {
-                let state = path.lock();
-                PathStatus {
-                    url: path.url.to_string(),
-                    access: state.access,
-                    failed: state.failed.clone(),
-                    current: index == current,
-                }
-            })
-            .collect()
+        self.shared.statuses()
     }
 
     /// The sessions of the paths logged in now.
@@ -386,6 +367,41 @@ impl Multipath {
 }
 
 impl Shared {
+    fn new(
+        paths: Vec<Path>,
+        config: MultipathConfig,
+        session_config: SessionConfig,
+        current: usize,
+    ) -> Arc<Shared> {
+        Arc::new(Shared {
+            paths,
+            lu: Mutex::new(None),
+            alua: AtomicBool::new(false),
+            config,
+            session_config,
+            current: AtomicUsize::new(current),
+            choosing: tokio::sync::Mutex::new(None),
+        })
+    }
+
+    /// Each path and what is known of it.
+    fn statuses(&self) -> Vec<PathStatus> {
+        let current = self.current.load(Ordering::Acquire);
+        self.paths
+            .iter()
+            .enumerate()
+            .map(|(index, path)| {
+                let state = path.lock();
+                PathStatus {
+                    url: path.url.to_string(),
+                    access: state.access,
+                    failed: state.failed.clone(),
+                    current: index == current,
+                }
+            })
+            .collect()
+    }
+
     fn lu_known(&self) -> Option<(u8, Vec<u8>)> {
         self.lu
             .lock()
@@ -439,17 +455,7 @@ impl Shared {
 
     /// What each path is, for an error.
     fn describe(&self) -> String {
-        let each: Vec<String> = self
-            .paths
-            .iter()
-            .map(|path| {
-                let state = path.lock();
-                match &state.failed {
-                    Some(why) => format!("{}: failed ({why})", path.url),
-                    None => format!("{}: {:?}", path.url, state.access),
-                }
-            })
-            .collect();
+        let each: Vec<String> = self.statuses().iter().map(ToString::to_string).collect();
         each.join("; ")
     }
 

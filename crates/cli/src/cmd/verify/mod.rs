@@ -36,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use iscsi_initiator::multipath::alua::Resend;
-use iscsi_initiator::{Error, Multipath, PathStatus, Session};
+use iscsi_initiator::{Error, Multipath, Session};
 
 use super::bench::{geometry, runtime};
 use super::initiator_args::{SessionArgs, connect, multipath, parse_size, target_url};
@@ -155,16 +155,6 @@ struct Report {
     /// With several URLs: each path at the end.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     paths: Vec<String>,
-}
-
-/// A path at the end of a run, in words.
-fn describe_path(path: &PathStatus) -> String {
-    let state = match &path.failed {
-        Some(why) => format!("failed ({why})"),
-        None => format!("{:?}", path.access),
-    };
-    let current = if path.current { ", current" } else { "" };
-    format!("{}: {state}{current}", path.url)
 }
 
 /// The 16-byte header of every block: a magic, the slot and generation.
@@ -643,7 +633,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         report.tasks_reassigned = session.tasks_reassigned();
         match &paths {
             Some(paths) => {
-                report.paths = paths.paths().iter().map(describe_path).collect();
+                report.paths = paths.paths().iter().map(ToString::to_string).collect();
                 let _ = paths.logout().await;
             }
             None => {
