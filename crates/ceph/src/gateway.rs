@@ -6,8 +6,10 @@
 //! in an extended attribute of the image's header object
 //! (`iscsi-rs.hb.<port>` of `rbd_header.<image id>`: it goes with the
 //! image, and librbd keeps no xattrs there) every [`BEAT`], and a peer whose
-//! counter has not moved for [`DEAD_AFTER`] by the observer's own monotonic
-//! clock is dead (no clocks compared between hosts). Ceph 16's C API has no
+//! counter has not moved for `DEAD_AFTER` by the observer's own monotonic
+//! clock is dead (no clocks compared between hosts); one whose counter is
+//! late and whose liveness port refuses a connection is dead at once
+//! (`liveness.rs`: a killed gateway is seen dead in under a second). Ceph 16's C API has no
 //! `rados_list_watchers`, so a watch's liveness could only be read back
 //! through `rados_notify2`'s Ceph-encoded reply, and watching needs a
 //! callback on librados's threads (which the FFI keeps free of Rust code);
@@ -28,24 +30,25 @@
 //! breaks its lock (which blocklists it: fenced even if it was only
 //! paused) and takes it.
 
-use std::collections::HashMap;
 use std::io;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::fence::Fence;
+use super::liveness::{self, Liveness};
+use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use super::ffi::Image;
 use iscsi_scsi::alua::{AluaGroup, AluaView, GatewayGroup};
 
-/// How often a gateway beats and looks at the lock.
-pub const BEAT: Duration = Duration::from_millis(500);
-/// A gateway whose heartbeat has not moved for this long is dead. With
-/// [`BEAT`], a kill is seen in 3 to 3.5 s and a takeover done well within
-/// the 10 s a host's multipath waits.
-pub const DEAD_AFTER: Duration = Duration::from_secs(3);
+/// How often a gateway beats and looks at the lock. With the liveness
+/// probe's [`LATE`](super::liveness::LATE), a killed owner is seen dead
+/// 0.2 to 0.8 s after its death; a stopped one after
+/// [`DEAD_AFTER`](super::liveness::DEAD_AFTER) (3 to 3.3 s). Each look is
+/// a handful of RADOS operations on the image's header object.
+pub const BEAT: Duration = Duration::from_millis(300);
 /// Image metadata naming the gateway (its port number) that should own the
 /// image when nobody does (`rbd image-meta set POOL/IMAGE
 /// iscsi-rs.preferred-gateway 2`).
@@ -128,38 +131,6 @@ pub(super) fn decide(
     }
 }
 
-/// The heartbeats seen, with when each last changed (this process's clock).
-#[derive(Debug, Default)]
-pub(super) struct Liveness {
-    seen: HashMap<u16, (Vec<u8>, Instant)>,
-}
-
-impl Liveness {
-    /// Records `member`'s heartbeat as read at `now` (`None`: not there).
-    pub fn observe(&mut self, member: u16, beat: Option<Vec<u8>>, now: Instant) {
-        match beat {
-            None => {
-                self.seen.remove(&member);
-            }
-            Some(beat) => {
-                let changed = self.seen.get(&member).is_none_or(|(b, _)| *b != beat);
-                if changed {
-                    self.seen.insert(member, (beat, now));
-                }
-            }
-        }
-    }
-
-    /// Whether `member`'s heartbeat moved within [`DEAD_AFTER`] of `now`
-    /// (a heartbeat first seen counts as moved then: a gateway that starts
-    /// gives its peers the benefit of the doubt for one period).
-    pub fn alive(&self, member: u16, now: Instant) -> bool {
-        self.seen
-            .get(&member)
-            .is_some_and(|(_, at)| now.saturating_duration_since(*at) < DEAD_AFTER)
-    }
-}
-
 /// The thread that keeps one LU's ownership; stopped (and the lock let go,
 /// so that a peer takes over at once) when the store goes.
 pub(super) struct Keeper {
@@ -207,6 +178,19 @@ pub(super) fn start(
                 group: &group,
                 alua: &alua,
                 beat: 0,
+                port: group.address.and_then(|address| {
+                    liveness::liveness_port(address)
+                        .inspect_err(|e| {
+                            tracing::warn!(
+                                image = name,
+                                gateway = group.port,
+                                %address,
+                                error = %e,
+                                "no liveness port: a peer sees this gateway's death by its heartbeat alone"
+                            );
+                        })
+                        .ok()
+                }),
                 liveness: Liveness::default(),
             };
             while !stopping.load(Ordering::Acquire) && fence.serving(generation) {
@@ -237,6 +221,8 @@ struct Look<'a> {
     group: &'a GatewayGroup,
     alua: &'a AluaGroup,
     beat: u64,
+    /// This gateway's liveness port, written with its heartbeat.
+    port: Option<SocketAddr>,
     liveness: Liveness,
 }
 
@@ -248,12 +234,19 @@ impl Look<'_> {
         self.image.set_xattr(
             self.object,
             &format!("{PREFIX}hb.{me}"),
-            self.beat.to_string().as_bytes(),
+            liveness::heartbeat(self.beat, self.port).as_bytes(),
         )?;
         let now = Instant::now();
         for &m in self.group.members.iter().filter(|&&m| m != me) {
             let beat = self.image.xattr(self.object, &format!("{PREFIX}hb.{m}"))?;
-            self.liveness.observe(m, beat, now);
+            if self.liveness.observe(m, beat, now, &mut liveness::probe) {
+                tracing::warn!(
+                    image = self.name,
+                    gateway = me,
+                    peer = m,
+                    "a late peer's liveness port refused a connection: it is dead"
+                );
+            }
         }
         let holder = self.holder()?;
         let preferred = self
@@ -275,7 +268,7 @@ impl Look<'_> {
                             gateway = me,
                             owner = ?holder,
                             client = %o,
-                            "the owner stopped beating: breaking its lock (it is blocklisted)"
+                            "the owner is dead: breaking its lock (it is blocklisted)"
                         );
                         self.image.lock_break(&o)?;
                     }
@@ -406,20 +399,5 @@ mod tests {
             decide(&group(2), Holder::Nobody, &not_1, Some(1)).1,
             Action::Acquire
         );
-    }
-
-    #[test]
-    fn a_heartbeat_that_stops_moving_dies() {
-        let t0 = Instant::now();
-        let mut l = Liveness::default();
-        assert!(!l.alive(2, t0));
-        l.observe(2, Some(b"1".to_vec()), t0);
-        assert!(l.alive(2, t0 + Duration::from_secs(1)));
-        l.observe(2, Some(b"1".to_vec()), t0 + Duration::from_secs(2));
-        assert!(!l.alive(2, t0 + DEAD_AFTER));
-        l.observe(2, Some(b"2".to_vec()), t0 + DEAD_AFTER);
-        assert!(l.alive(2, t0 + DEAD_AFTER + Duration::from_secs(1)));
-        l.observe(2, None, t0 + DEAD_AFTER);
-        assert!(!l.alive(2, t0 + DEAD_AFTER));
     }
 }

@@ -20,6 +20,7 @@
 mod fence;
 mod ffi;
 mod gateway;
+mod liveness;
 mod pr;
 mod snapshots;
 

@@ -83,7 +83,7 @@ fn an_osd_stall_longer_than_a_heartbeat_moves_no_lu() {
     let (first, second) = (one.log_so_far(), two.log_so_far());
     for log in [&first, &second] {
         assert!(
-            !log.contains("stopped beating"),
+            !log.contains("breaking its lock"),
             "a lock was broken:\n{first}\n{second}"
         );
         assert!(!log.contains("was blocklisted"), "{first}\n{second}");

@@ -142,6 +142,12 @@ pub struct GatewayGroup {
     pub port: u16,
     /// Every member's, this one's included, ascending.
     pub members: Vec<u16>,
+    /// The address the peers reach this gateway at (its first TCP portal
+    /// bound to one address), where it answers their liveness probes so
+    /// that a killed gateway is told from a slow one at once; `None`
+    /// (portals on the unspecified address only): its death is seen by
+    /// its heartbeat alone.
+    pub address: Option<std::net::IpAddr>,
 }
 
 impl GatewayGroup {
@@ -151,7 +157,21 @@ impl GatewayGroup {
         let mut members: Vec<u16> = members.into_iter().chain([port]).collect();
         members.sort_unstable();
         members.dedup();
-        Self { port, members }
+        Self {
+            port,
+            members,
+            address: None,
+        }
+    }
+
+    /// The group with its [`GatewayGroup::address`] taken from the
+    /// gateway's TCP portals: the first one bound to one address.
+    pub fn reached_at(self, portals: &[std::net::SocketAddr]) -> Self {
+        let address = portals
+            .iter()
+            .map(std::net::SocketAddr::ip)
+            .find(|ip| !ip.is_unspecified());
+        Self { address, ..self }
     }
 }
 

@@ -135,8 +135,10 @@ fn config_from_flags(args: &Args) -> anyhow::Result<TargetConfig> {
         iscsi_target::check_gateway_group(args.target_port_id, &args.gateway_group)
             .map_err(|e| anyhow::anyhow!("--gateway-group: {e}"))?
     };
-    let group = (!gateway_group.is_empty())
-        .then(|| GatewayGroup::new(args.target_port_id, gateway_group.iter().copied()));
+    let group = (!gateway_group.is_empty()).then(|| {
+        GatewayGroup::new(args.target_port_id, gateway_group.iter().copied())
+            .reached_at(&args.listen)
+    });
     let mut luns = std::collections::BTreeMap::new();
     for (n, spec) in (0u16..).zip(&args.luns) {
         let store = open_lun_in(spec, args.block_size, &args.name, n, group.as_ref())

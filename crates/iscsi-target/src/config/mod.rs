@@ -215,6 +215,7 @@ impl TargetConfig {
                 self.portal_group_tag,
                 self.gateway_group.iter().copied(),
             )
+            .reached_at(&self.listen)
         })
     }
 
