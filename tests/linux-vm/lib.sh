@@ -186,17 +186,20 @@ target_stop() {
 # target_kill NAME: kills the target at once (SIGKILL): no logout, no goodbye.
 target_kill() { target_stop "$1" KILL; }
 
-# vm_kill_then_restart NAME: the failover handshake of the gateway jobs. SIGKILLs target NAME under
-# the guest's fio and tells it (./target-killed); once the guest asks (out/restart-target), starts
-# NAME again on its port and tells it (./target-restarted). A guest that ends first fails the job.
+# vm_kill_then_restart NAME [ROUND]: the failover handshake of the gateway jobs. SIGKILLs target
+# NAME under the guest's fio and tells it (./target-killed); once the guest asks
+# (out/restart-target), starts NAME again on its port and tells it (./target-restarted). A guest
+# that ends first fails the job. With ROUND (jobs that kill several times), each file's name ends
+# in .ROUND.
 vm_kill_then_restart() {
-    vm_log "SIGKILL to the owner $1 (PID $(target_pid "$1")) under fio"
+    local round=${2:+.$2}
+    vm_log "SIGKILL to the owner $1 (PID $(target_pid "$1")) under fio${2:+ (round $2)}"
     target_kill "$1"
-    touch "$VM_SHARE/target-killed"
-    vm_wait_file "$VM_SHARE/out/restart-target" 600 "$VM_RUN_PID" || { wait "$VM_RUN_PID" || true; vm_fail "the guest did not finish the failover"; }
+    touch "$VM_SHARE/target-killed$round"
+    vm_wait_file "$VM_SHARE/out/restart-target$round" 600 "$VM_RUN_PID" || { wait "$VM_RUN_PID" || true; vm_fail "the guest did not finish the failover"; }
     vm_log "starting $1 again"
     target_restart "$1"
-    touch "$VM_SHARE/target-restarted"
+    touch "$VM_SHARE/target-restarted$round"
 }
 
 target_pid() { echo "${VM_TARGET_PID[$1]:-}"; }

@@ -21,6 +21,8 @@ mod fence;
 mod ffi;
 mod gateway;
 mod liveness;
+
+pub use liveness::heartbeat_port;
 mod pr;
 mod snapshots;
 

@@ -99,9 +99,11 @@ pub(super) fn heartbeat(counter: u64, port: Option<SocketAddr>) -> String {
     }
 }
 
-/// The liveness port a heartbeat names, if any (a gateway without an
-/// address writes the counter alone).
-fn port_of(beat: &[u8]) -> Option<SocketAddr> {
+/// The liveness port a peer's heartbeat names, if any (a gateway without
+/// an address writes the counter alone). Any bytes a peer, or anything with
+/// write access to the pool, left in the xattr are either a port or
+/// nothing (the fuzz target `gateway_heartbeat`).
+pub fn heartbeat_port(beat: &[u8]) -> Option<SocketAddr> {
     std::str::from_utf8(beat)
         .ok()?
         .split_whitespace()
@@ -153,7 +155,7 @@ impl Liveness {
         let seen = match self.seen.get_mut(&member) {
             Some(seen) if seen.beat == beat => seen,
             old => {
-                let port = port_of(&beat);
+                let port = heartbeat_port(&beat);
                 let reached = old.is_some_and(|o| o.reached && o.port == port);
                 let seen = Seen {
                     beat,
@@ -325,14 +327,14 @@ mod tests {
 
     #[test]
     fn a_heartbeat_names_its_port_or_nothing() {
-        assert_eq!(port_of(heartbeat(7, None).as_bytes()), None);
-        assert_eq!(port_of(b"7"), None);
-        assert_eq!(port_of(b"7 not-a-port"), None);
+        assert_eq!(heartbeat_port(heartbeat(7, None).as_bytes()), None);
+        assert_eq!(heartbeat_port(b"7"), None);
+        assert_eq!(heartbeat_port(b"7 not-a-port"), None);
         assert_eq!(
-            port_of(heartbeat(7, Some(PORT.parse().unwrap())).as_bytes()),
+            heartbeat_port(heartbeat(7, Some(PORT.parse().unwrap())).as_bytes()),
             Some(PORT.parse().unwrap())
         );
-        assert_eq!(port_of(b"\xff\xfe"), None);
+        assert_eq!(heartbeat_port(b"\xff\xfe"), None);
     }
 
     #[test]

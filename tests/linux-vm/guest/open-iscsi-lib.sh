@@ -134,14 +134,14 @@ fio_verify() {
 }
 fio_rate() { awk '/WRITE: bw=/ {print "write " $2; exit}' "out/fio-$1.txt" 2>/dev/null | tr -d ',' || true; }
 
-# failover_after_kill COUNT FIO-PID DEV: once the host says ./target-killed (within 30 s), the time
-# in ms until COUNT (a command printing a count of completed writes) grows, written to
+# failover_after_kill COUNT FIO-PID DEV [ROUND]: once the host says ./target-killed (within 30 s),
+# the time in ms until COUNT (a command printing a count of completed writes) grows, written to
 # out/failover-ms and set in $failover_ms; fails if no write completes through DEV in 60 s, or
-# fio (FIO-PID) ends first.
+# fio (FIO-PID) ends first. With ROUND, the host's file is ./target-killed.ROUND.
 failover_after_kill() {
-    local count=$1 fio_pid=$2 dev=$3 t0 base first= _
-    for _ in $(seq 1 600); do [ -e target-killed ] && break; sleep 0.05; done
-    [ -e target-killed ] || fail "the host did not kill the owner"
+    local count=$1 fio_pid=$2 dev=$3 killed=target-killed${4:+.$4} t0 base first= _
+    for _ in $(seq 1 600); do [ -e "$killed" ] && break; sleep 0.05; done
+    [ -e "$killed" ] || fail "the host did not kill the owner"
     t0=$(date +%s%N)
     base=$($count)
     for _ in $(seq 1 12000); do
@@ -157,11 +157,11 @@ failover_after_kill() {
 # seconds_of MS: "3.558".
 seconds_of() { echo "$(($1 / 1000)).$(printf %03d $(($1 % 1000)))"; }
 
-# restart_killed: asks the host to start the killed target again (out/restart-target) and waits
-# for ./target-restarted (120 s at most).
+# restart_killed [ROUND]: asks the host to start the killed target again (out/restart-target) and
+# waits for ./target-restarted (120 s at most); with ROUND, each name ends in .ROUND.
 restart_killed() {
-    local _
-    touch out/restart-target
-    for _ in $(seq 1 1200); do [ -e target-restarted ] && break; sleep 0.1; done
-    [ -e target-restarted ] || fail "the host did not restart the killed gateway"
+    local round=${1:+.$1} _
+    touch "out/restart-target$round"
+    for _ in $(seq 1 1200); do [ -e "target-restarted$round" ] && break; sleep 0.1; done
+    [ -e "target-restarted$round" ] || fail "the host did not restart the killed gateway"
 }
