@@ -31,12 +31,12 @@
 //! paused) and takes it.
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::fence::Fence;
 use super::liveness::{self, Liveness};
-use std::net::SocketAddr;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 

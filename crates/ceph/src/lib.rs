@@ -21,10 +21,10 @@ mod fence;
 mod ffi;
 mod gateway;
 mod liveness;
-
-pub use liveness::heartbeat_port;
 mod pr;
 mod snapshots;
+
+pub use liveness::heartbeat_port;
 
 use std::fmt;
 use std::io;

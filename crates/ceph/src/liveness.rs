@@ -165,8 +165,7 @@ impl Liveness {
                     tried: None,
                     refused: false,
                 };
-                self.seen.insert(member, seen);
-                self.seen.get_mut(&member).expect("just inserted")
+                self.seen.entry(member).insert_entry(seen).into_mut()
             }
         };
         let Some(port) = seen.port else {

@@ -109,12 +109,15 @@ path_state() { multipathd show paths raw format "%d %T" 2>/dev/null | awk -v d="
 path_dm() { multipathd show paths raw format "%d %t" 2>/dev/null | awk -v d="$1" '$1==d {print $2}'; }
 writes() { awk '{print $5}' "/sys/block/$1/stat"; }
 
+# The failover's end is counted on the map (see round).
+map_writes() { writes "$mp"; }
+job=(--name=mpath --filename="$dev" --ioengine=libaio --direct=1 --iodepth=32 --rw=randwrite
+    --bs=16k --size=160M --verify=crc32c --verify_fatal=1 --verify_state_save=1)
+
 # round R: one kill of the owner under a write pass and its verify, then the restart and the return
 # of its path (the handshake's files end in .R); appends the failover's ms to out/failovers.txt.
 round() {
     local r=$1
-    job=(--name=mpath --filename="$dev" --ioengine=libaio --direct=1 --iodepth=32 --rw=randwrite
-        --bs=16k --size=160M --verify=crc32c --verify_fatal=1 --verify_state_save=1)
     fio "${job[@]}" --do_verify=0 --output=out/fio-write.txt >/dev/null 2>&1 &
     fio_pid=$!
     w1=$(writes "$sd1"); w2=$(writes "$sd2")
@@ -136,7 +139,6 @@ round() {
     # (the port not yet written through the share: CI, two jobs side by side).
     echo "$owner" >out/kill-target.part
     mv out/kill-target.part "out/kill-target.$r"
-    map_writes() { writes "$mp"; }
     survivor_before=$(writes "$sds")
     failover_after_kill map_writes "$fio_pid" "$dev" "$r"
     ms=$failover_ms
@@ -170,7 +172,7 @@ round() {
     fi
     rs=$(((back - t1) / 1000000))
     echo "$rs" >out/return-ms
-    ok "path return: $sdo active again $((rs / 1000)).$(printf %03d $((rs % 1000))) s after the gateway's restart"
+    ok "path return: $sdo active again $(seconds_of "$rs") s after the gateway's restart"
     # One owner: the two paths' ALUA states settle to one active/optimized (ready) and one standby
     # (ghost), the survivor's kernel path active too. multipathd's view of a path that just returned
     # can lag a check behind (seen: both ready for a moment, while multipath -ll's own check said ghost),
